@@ -1,0 +1,118 @@
+// fsdp-cpp: the communicator, the one interface every stage talks to.
+//
+// defines: ReduceOp, CollectiveKind, CollectiveInfo, CommOptions, CommCounters,
+//          Work, Communicator, make_communicator_from_env, make_local_communicator
+//
+// A Communicator runs the collectives that FSDP needs over a distributed engine
+// (Gloo over TCP today). No engine type appears here, so MPI or NCCL can sit
+// behind the same interface later.
+//
+// Ordering contract: every rank must issue the same collectives in the same
+// order (as with every collective library). Calls are queued in issue order
+// and executed by one communication thread per communicator, so several calls
+// may be in flight; Work::wait() blocks until that call finished (or throws
+// the error that ended it). Tensors passed in must stay alive and must not be
+// touched until wait() returned.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace fsdp {
+
+enum class ReduceOp { SUM, AVG };
+
+enum class CollectiveKind { ALL_GATHER = 0, REDUCE_SCATTER, ALL_REDUCE, BROADCAST, BARRIER, kCount };
+const char* to_string(CollectiveKind k);
+
+// What a collective is for; travels with the call into errors and traces.
+struct CollectiveInfo {
+  std::string label;  // e.g. the unit name "blocks.3" or "clip_grad_norm"
+};
+
+struct CommOptions {
+  // Every collective fails after this long (FSDP_TIMEOUT seconds overrides).
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  // Network interface for the Gloo device (GLOO_SOCKET_IFNAME overrides);
+  // empty: the address that reaches MASTER_ADDR.
+  std::string ifname;
+};
+
+// Per collective kind: how many calls, bytes this rank sent, seconds spent
+// inside the engine. Bytes are counted from what the algorithm really sends.
+struct CommCounters {
+  struct Entry {
+    int64_t calls = 0;
+    int64_t bytes_sent = 0;
+    double seconds = 0;
+  };
+  Entry by_kind[static_cast<int>(CollectiveKind::kCount)];
+  const Entry& operator[](CollectiveKind k) const { return by_kind[static_cast<int>(k)]; }
+  Entry& operator[](CollectiveKind k) { return by_kind[static_cast<int>(k)]; }
+  int64_t total_bytes_sent() const;
+};
+
+// Completion handle of one queued collective.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the collective finished; rethrows its error (every later
+  // call on a communicator whose collective failed also fails).
+  virtual void wait() = 0;
+  virtual bool is_completed() const = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual int local_rank() const = 0;
+  virtual int local_world_size() const = 0;
+
+  // output.numel() == world_size * input.numel(); rank-major: rank r's input
+  // lands at output[r*n, (r+1)*n). Both contiguous, same dtype.
+  virtual WorkPtr all_gather(const torch::Tensor& input, torch::Tensor output,
+                             const CollectiveInfo& info = {}) = 0;
+  // input.numel() == world_size * output.numel(); rank r receives the
+  // reduction of every rank's input[r*n, (r+1)*n). bf16/fp16 are summed in fp32.
+  virtual WorkPtr reduce_scatter(const torch::Tensor& input, torch::Tensor output, ReduceOp op,
+                                 const CollectiveInfo& info = {}) = 0;
+  // In place.
+  virtual WorkPtr all_reduce(torch::Tensor tensor, ReduceOp op, const CollectiveInfo& info = {}) = 0;
+  // In place; root's values land on every rank.
+  virtual WorkPtr broadcast(torch::Tensor tensor, int root, const CollectiveInfo& info = {}) = 0;
+  virtual WorkPtr barrier(const CollectiveInfo& info = {}) = 0;
+
+  // Snapshot of the counters (thread-safe).
+  virtual CommCounters counters() const = 0;
+  virtual void reset_counters() = 0;
+
+  virtual std::chrono::milliseconds timeout() const = 0;
+  // e.g. "gloo/tcp world=4" for messages.
+  virtual std::string describe() const = 0;
+};
+using CommPtr = std::shared_ptr<Communicator>;
+
+// Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT (torchrun's conventions, as set by `fsdp run`). With no RANK /
+// WORLD_SIZE in the environment, or WORLD_SIZE=1, returns a single-process
+// communicator without any rendezvous.
+CommPtr make_communicator_from_env(const CommOptions& opts = {});
+
+// A world of one; every collective is a local copy.
+CommPtr make_local_communicator(const CommOptions& opts = {});
+
+// The error every failed collective raises (timeouts, dead peers, misuse).
+class CollectiveError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace fsdp

@@ -1,0 +1,338 @@
+// fsdp-cpp: the public FSDP API.
+//
+// defines: ShardingStrategy, BackwardPrefetch, MixedPrecision, WrapPolicy,
+//          FsdpOptions, UnitInfo, NamedShard, Ledger, FullyShardedModel,
+//          Sharded<M>, fully_shard(), call(), verify_optimizer()
+//
+//   auto comm  = fsdp::make_communicator_from_env();
+//   auto model = fsdp::fully_shard(net, comm, opts);     // net: any module holder
+//   torch::optim::AdamW opt(model->parameters(), ...);   // 1/N of the state
+//   auto loss = model.forward(x).sum();                  // all-gathers unit by unit
+//   loss.backward();                                     // reduce-scatters unit by unit
+//   model->clip_grad_norm(1.0);  opt.step();  opt.zero_grad();
+//
+// Inside a custom module, a child that may be its own unit is called as
+//   x = fsdp::call(block, x);          // == block->forward(x) without FSDP
+// Sequential containers need no change: their children are routed for you.
+//
+// Vocabulary (docs/DESIGN.md): a unit's *original* parameters are flattened
+// into one *flat* buffer, padded to a multiple of N (padded numel); rank r
+// owns the *shard* [r*S, (r+1)*S) (S = padded/N) in fp32 (the master copy the
+// optimizer updates). The *unsharded* flat buffer (all-gather output, in
+// param_dtype) exists only while the unit computes; the module's parameters
+// are views into it.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "fsdp/comm.h"
+#include "fsdp/errors.h"
+
+namespace fsdp {
+
+enum class ShardingStrategy {
+  FULL_SHARD,     // params, grads, optimizer state sharded; params freed after forward
+  SHARD_GRAD_OP,  // params kept unsharded from forward through backward
+  NO_SHARD,       // replicas, gradients all-reduced (DDP)
+};
+const char* to_string(ShardingStrategy s);
+// Accepts full|grad-op|none and the enum names; throws UsageError otherwise.
+ShardingStrategy parse_strategy(const std::string& text);
+
+enum class BackwardPrefetch { NONE, BACKWARD_PRE, BACKWARD_POST };
+const char* to_string(BackwardPrefetch p);
+
+struct MixedPrecision {
+  // Dtype of the unsharded parameters: compute and all-gather. Undefined: fp32.
+  c10::optional<torch::ScalarType> param_dtype;
+  // Dtype of the gradient reduce-scatter / all-reduce. Undefined: param_dtype.
+  c10::optional<torch::ScalarType> reduce_dtype;
+  // Dtype of floating-point buffers. Undefined: unchanged.
+  c10::optional<torch::ScalarType> buffer_dtype;
+  bool enabled() const { return param_dtype.has_value() || reduce_dtype.has_value(); }
+};
+
+// Decides which submodules become their own unit. Applied bottom-up (children
+// first); `unwrapped_numel` counts the module's parameters not already inside
+// a nested unit. The root module is always a unit holding the rest.
+struct WrapPolicy {
+  using Fn = std::function<bool(const std::string& name, const torch::nn::Module& m,
+                                int64_t unwrapped_numel)>;
+  Fn fn;                    // empty: no auto-wrap (the whole model is one unit)
+  std::string description;  // for messages and the unit table
+
+  static WrapPolicy none();
+  static WrapPolicy size_based(int64_t min_num_params);
+  static WrapPolicy predicate(Fn fn, std::string description = "custom predicate");
+  // One unit per module of type Impl (e.g. a transformer block).
+  template <class Impl>
+  static WrapPolicy module_type(std::string type_name = "module type") {
+    return predicate([](const std::string&, const torch::nn::Module& m,
+                        int64_t) { return dynamic_cast<const Impl*>(&m) != nullptr; },
+                     "by " + type_name);
+  }
+  // "block" style helpers are in the examples; "size:N" parses to size_based.
+};
+
+struct FsdpOptions {
+  ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
+  WrapPolicy wrap = WrapPolicy::none();
+  MixedPrecision mixed_precision;
+  // Overlap (docs/DESIGN.md#prefetch): all-gather the next unit early.
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::NONE;
+  bool forward_prefetch = false;
+  // Unsharded units allowed at once beyond the one computing (prefetch bound).
+  int limit_all_gathers = 2;
+  // Broadcast parameters and buffers from rank 0 when wrapping.
+  bool sync_module_states = true;
+  // Reduce-scatter asynchronously; waited for before the optimizer needs it.
+  bool async_reduce = true;
+
+  // Throws fsdp::Error naming the bad field.
+  void validate() const;
+};
+
+struct UnitInfo {
+  int index = 0;
+  std::string name;  // module path, "" for the root ("<root>" in tables)
+  std::vector<std::string> param_names;
+  int64_t numel = 0;         // original parameters in this unit
+  int64_t padded_numel = 0;  // multiple of world size
+  int64_t shard_numel = 0;   // padded_numel / world size
+  int64_t unsharded_bytes = 0;  // padded_numel * sizeof(param_dtype): its P_block
+  int64_t shard_bytes = 0;      // shard_numel * 4 (fp32 master)
+};
+
+// This rank's slice of one original parameter: elements [lo, hi) of the
+// flattened original tensor. `tensor` is what the optimizer owns (a 1-D leaf
+// view into the unit's shard; may have 0 elements on some ranks).
+struct NamedShard {
+  std::string name;               // the unwrapped model's parameter name
+  std::vector<int64_t> full_shape;
+  int64_t lo = 0, hi = 0;
+  int unit = 0;
+  torch::Tensor tensor;
+};
+
+// The seed's ledger, measured on this rank (bytes).
+struct Ledger {
+  int world_size = 1;
+  std::string strategy;
+  int64_t total_numel = 0;    // original parameters of the whole model
+  int64_t P_full = 0;         // unsharded parameter bytes (fp32)
+  int64_t P = 0;              // resident parameter bytes on this rank (shards + kept replicas)
+  int64_t G = 0;              // resident gradient bytes (sharded grads)
+  int64_t O = 0;              // optimizer state bytes (when an optimizer is given)
+  int64_t P_block = 0;        // largest unit's unsharded bytes
+  std::string P_block_unit;   // its name
+  int64_t A = 0;              // activation bytes of the last forward (measured)
+  int64_t peak = 0;           // counting allocator peak since reset
+  int64_t current = 0;        // counting allocator now
+  // Predictions from the seed's formulas with this run's sizes.
+  int64_t predicted_rest = 0;  // (P+G+O)/N (+ replicas for NO_SHARD / SHARD_GRAD_OP params)
+  int64_t predicted_peak = 0;  // P/N + G/N + O/N + P_block (+ prefetched units) + A
+  std::string str() const;     // the table printed by the examples
+};
+
+namespace detail {
+class ShardedState;  // src/unit/sharded_state.h
+struct Unit;
+}  // namespace detail
+
+// The engine of one wrapped model: owns the units, their flat buffers, the
+// hooks. Obtained from fully_shard(); used through Sharded<M>'s operator->.
+class FullyShardedModel {
+ public:
+  FullyShardedModel(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FsdpOptions opts);
+  ~FullyShardedModel();
+  FullyShardedModel(const FullyShardedModel&) = delete;
+  FullyShardedModel& operator=(const FullyShardedModel&) = delete;
+
+  // The local shards: what an optimizer owns (one 1-D leaf per original
+  // parameter, in named_parameters() order; empty slices included so every
+  // rank has the same list).
+  std::vector<torch::Tensor> parameters() const;
+  std::vector<NamedShard> named_shards() const;
+
+  // Gradient accumulation without communication: inside the scope gradients
+  // stay unsharded and accumulate locally; the first backward outside it
+  // reduce-scatters the sum. Costs the unsharded gradients' memory.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(FullyShardedModel* m);
+    ~NoSyncGuard();
+    NoSyncGuard(NoSyncGuard&& o) noexcept : m_(o.m_), prev_(o.prev_) { o.m_ = nullptr; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+
+   private:
+    FullyShardedModel* m_;
+    bool prev_;
+  };
+  NoSyncGuard no_sync() { return NoSyncGuard(this); }
+
+  // Waits for pending reductions, then scales all gradient shards so the
+  // global norm (over all ranks) is at most max_norm. Returns the norm before
+  // clipping. Collective: every rank must call it.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0);
+
+  // Blocks until every asynchronous reduce-scatter has landed in the shard
+  // gradients. Called by clip_grad_norm and ledger; call it yourself before
+  // reading gradients (optimizer.step() after backward() is safe: backward
+  // waits at its end).
+  void wait_pending();
+
+  std::vector<UnitInfo> units() const;
+  std::string describe_units() const;  // a table: unit, #params, bytes, shard
+
+  // Measured ledger; pass the optimizer to count its state O.
+  Ledger ledger(const torch::optim::Optimizer* opt = nullptr) const;
+
+  // Gathers the full parameters (and buffers) in the unwrapped model's names.
+  // Only rank `to_rank` receives tensors (others get an empty list), unit by
+  // unit so it never holds more than the output plus one unit; -1: all ranks.
+  std::vector<std::pair<std::string, torch::Tensor>> full_state(int to_rank = 0) const;
+
+  const FsdpOptions& options() const;
+  const CommPtr& comm() const;
+  torch::nn::Module& module() const;
+  detail::ShardedState& state() const { return *state_; }
+
+ private:
+  std::unique_ptr<detail::ShardedState> state_;
+};
+
+// Throws fsdp::Error when `opt` holds tensors that are not this model's
+// shards (e.g. an optimizer built on the unwrapped model's parameters, which
+// FSDP frees between steps: it would train nothing).
+void verify_optimizer(const FullyShardedModel& model, const torch::optim::Optimizer& opt);
+
+// ---------------------------------------------------------------------------
+// Routing calls through units.
+namespace detail {
+std::shared_ptr<torch::nn::Module> as_module(const std::shared_ptr<torch::nn::Module>& m);
+template <class M>
+torch::nn::Module* raw_module(const M& m) {
+  if constexpr (std::is_base_of_v<torch::nn::Module, std::remove_cv_t<std::remove_reference_t<decltype(*m)>>>)
+    return const_cast<torch::nn::Module*>(static_cast<const torch::nn::Module*>(&*m));
+  else
+    return nullptr;
+}
+template <class M>
+std::shared_ptr<torch::nn::Module> shared_module(const M& m) {
+  if constexpr (std::is_base_of_v<torch::nn::ModuleHolder<std::remove_pointer_t<decltype(m.get())>>, M>)
+    return m.ptr();
+  else
+    return m;
+}
+
+// Unit owning module `m` (nullptr when m is not a unit root).
+Unit* unit_of(const torch::nn::Module* m);
+
+// Pre-forward (unshard, state checks) and post-forward (reshard, register
+// pre-backward hooks on the outputs) of one unit call; restores state when
+// the forward throws, and explains use of freed parameters.
+class UnitCall {
+ public:
+  explicit UnitCall(Unit* u);
+  ~UnitCall();
+  void finish(const std::vector<torch::Tensor>& outputs);
+  [[noreturn]] void rethrow(const std::exception_ptr& e);
+  // Casts floating tensors to the unit's param dtype (mixed precision).
+  torch::Tensor cast_input(const torch::Tensor& t) const;
+
+ private:
+  Unit* u_;
+  bool finished_ = false;
+};
+
+inline void collect(std::vector<torch::Tensor>& out, const torch::Tensor& t) { out.push_back(t); }
+inline void collect(std::vector<torch::Tensor>& out, const std::vector<torch::Tensor>& v) {
+  out.insert(out.end(), v.begin(), v.end());
+}
+template <class... Ts>
+void collect(std::vector<torch::Tensor>& out, const std::tuple<Ts...>& t) {
+  std::apply([&](const auto&... x) { (collect(out, x), ...); }, t);
+}
+template <class T>
+void collect(std::vector<torch::Tensor>&, const T&) {}  // non-tensor outputs: no hooks
+
+template <class T>
+decltype(auto) cast_arg(UnitCall& c, T&& x) {
+  if constexpr (std::is_same_v<std::decay_t<T>, torch::Tensor>)
+    return c.cast_input(x);
+  else
+    return std::forward<T>(x);
+}
+
+torch::nn::AnyValue run_sequential(torch::nn::SequentialImpl& seq, std::vector<torch::nn::AnyValue> inputs);
+}  // namespace detail
+
+// Runs module->forward(args...) through its unit when it is one; a plain call
+// otherwise (so model code reads the same with and without FSDP).
+template <class M, class... Args>
+auto call(const M& module, Args&&... args) {
+  using Impl = std::remove_cv_t<std::remove_reference_t<decltype(*module)>>;
+  if constexpr (std::is_base_of_v<torch::nn::SequentialImpl, Impl>) {
+    std::vector<torch::nn::AnyValue> in;
+    (in.emplace_back(torch::nn::AnyValue(std::forward<Args>(args))), ...);
+    auto& seq = const_cast<torch::nn::SequentialImpl&>(static_cast<const torch::nn::SequentialImpl&>(*module));
+    return detail::run_sequential(seq, std::move(in)).template get<torch::Tensor>();
+  } else {
+    detail::Unit* u = detail::unit_of(detail::raw_module(module));
+    if (!u) return module->forward(std::forward<Args>(args)...);
+    detail::UnitCall c(u);
+    try {
+      auto out = module->forward(detail::cast_arg(c, std::forward<Args>(args))...);
+      std::vector<torch::Tensor> ts;
+      detail::collect(ts, out);
+      c.finish(ts);
+      return out;
+    } catch (...) {
+      c.rethrow(std::current_exception());
+    }
+  }
+}
+
+// A wrapped model: forward() routes through the root unit; -> reaches the
+// FullyShardedModel (parameters, no_sync, clip_grad_norm, ledger, ...).
+template <class M>
+class Sharded {
+ public:
+  Sharded(M module, std::shared_ptr<FullyShardedModel> impl)
+      : module_(std::move(module)), impl_(std::move(impl)) {}
+  template <class... Args>
+  auto forward(Args&&... args) {
+    return call(module_, std::forward<Args>(args)...);
+  }
+  template <class... Args>
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+  FullyShardedModel* operator->() const { return impl_.get(); }
+  FullyShardedModel& operator*() const { return *impl_; }
+  const M& module() const { return module_; }
+  std::shared_ptr<FullyShardedModel> shared() const { return impl_; }
+
+ private:
+  M module_;
+  std::shared_ptr<FullyShardedModel> impl_;
+};
+
+// Wraps `module` (a module holder such as torch::nn::Sequential or a
+// TORCH_MODULE, or a std::shared_ptr<Impl>): decides the units, broadcasts
+// rank 0's parameters, shards them and frees the unsharded copies.
+template <class M>
+Sharded<M> fully_shard(M module, CommPtr comm, FsdpOptions opts = {}) {
+  auto impl = std::make_shared<FullyShardedModel>(detail::shared_module(module), std::move(comm),
+                                                  std::move(opts));
+  return Sharded<M>(std::move(module), std::move(impl));
+}
+
+}  // namespace fsdp

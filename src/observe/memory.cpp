@@ -1,0 +1,152 @@
+// fsdp-cpp: the counting CPU allocator (see include/fsdp/memory.h).
+//
+// Each allocation is forwarded to the allocator that was current at install
+// time; the returned DataPtr's context owns the inner DataPtr plus the size,
+// so the deleter knows exactly what to subtract. Counters are atomics: the
+// allocator is called from compute threads and the communication thread.
+#include "fsdp/memory.h"
+
+#include <c10/core/CPUAllocator.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+
+#include "fsdp/errors.h"
+
+namespace fsdp::memory {
+namespace {
+
+std::atomic<int64_t> g_current{0};
+std::atomic<int64_t> g_peak{0};
+std::atomic<int64_t> g_allocs{0};
+std::atomic<int64_t> g_limit{0};
+std::mutex g_explainer_mu;
+std::function<std::string(int64_t, const Stats&)> g_explainer;
+
+struct Block {
+  c10::DataPtr inner;
+  int64_t size;
+};
+
+void release(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  g_current.fetch_sub(b->size, std::memory_order_relaxed);
+  delete b;  // frees through the inner allocator's deleter
+}
+
+class CountingAllocator final : public c10::Allocator {
+ public:
+  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
+
+  c10::DataPtr allocate(size_t n) const override {
+    int64_t size = static_cast<int64_t>(n);
+    int64_t limit = g_limit.load(std::memory_order_relaxed);
+    int64_t now = g_current.fetch_add(size, std::memory_order_relaxed) + size;
+    if (limit > 0 && now > limit && size > 0) {
+      g_current.fetch_sub(size, std::memory_order_relaxed);
+      Stats s = stats();
+      std::string why;
+      {
+        std::lock_guard<std::mutex> g(g_explainer_mu);
+        if (g_explainer) why = g_explainer(size, s);
+      }
+      throw OutOfMemory("out of memory: allocating " + format_bytes(size) + " with " +
+                        format_bytes(s.current) + " in use would exceed the per-rank limit of " +
+                        format_bytes(limit) + (why.empty() ? std::string(".") : ".\n" + why));
+    }
+    int64_t peak = g_peak.load(std::memory_order_relaxed);
+    while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+    g_allocs.fetch_add(1, std::memory_order_relaxed);
+    c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    auto device = inner.device();
+    auto* b = new Block{std::move(inner), size};
+    return c10::DataPtr(data, b, &release, device);
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+ private:
+  c10::Allocator* base_;
+};
+
+std::atomic<bool> g_installed{false};
+
+}  // namespace
+
+bool install() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static CountingAllocator alloc(c10::GetCPUAllocator());
+    // Priority above the default so later registrations at default priority
+    // do not replace it.
+    c10::SetCPUAllocator(&alloc, /*priority=*/10);
+    g_installed = true;
+  });
+  return g_installed;
+}
+
+bool installed() { return g_installed; }
+
+Stats stats() {
+  Stats s;
+  s.current = g_current.load(std::memory_order_relaxed);
+  s.peak = g_peak.load(std::memory_order_relaxed);
+  s.allocations = g_allocs.load(std::memory_order_relaxed);
+  s.limit = g_limit.load(std::memory_order_relaxed);
+  return s;
+}
+
+void reset_peak() { g_peak.store(g_current.load()); }
+
+void set_limit(int64_t bytes) { g_limit.store(bytes < 0 ? 0 : bytes); }
+
+void set_oom_explainer(std::function<std::string(int64_t, const Stats&)> fn) {
+  std::lock_guard<std::mutex> g(g_explainer_mu);
+  g_explainer = std::move(fn);
+}
+
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (std::fabs(v) >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[64];
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
+  else
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  return buf;
+}
+
+int64_t parse_bytes(const std::string& text) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &pos);
+  } catch (...) {
+    throw UsageError("expected a size such as 2GiB, 512MiB or 1e9, found '" + text + "'");
+  }
+  std::string unit = text.substr(pos);
+  for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double mult = 1;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kib" || unit == "kb") mult = 1024.0;
+  else if (unit == "m" || unit == "mib" || unit == "mb") mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib" || unit == "gb") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tib" || unit == "tb") mult = 1024.0 * 1024 * 1024 * 1024;
+  else
+    throw UsageError("unknown size unit '" + text.substr(pos) + "' in '" + text +
+                     "': use B, KiB, MiB, GiB or TiB");
+  if (!(v > 0) || !std::isfinite(v))
+    throw UsageError("expected a positive size, found '" + text + "'");
+  return static_cast<int64_t>(v * mult);
+}
+
+}  // namespace fsdp::memory

@@ -1,0 +1,83 @@
+// fsdp-cpp tests: process helpers (see test_util.h).
+#include "test_util.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+namespace fsdp::testing {
+
+std::string bin_path(const std::string& name) { return std::string(FSDP_BIN_DIR) + "/" + name; }
+std::string source_path(const std::string& rel) { return std::string(FSDP_SOURCE_DIR) + "/" + rel; }
+
+ProcResult run_command(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                       double timeout_s) {
+  ProcResult r;
+  int fds[2];
+  if (pipe(fds) != 0) return r;
+  auto t0 = std::chrono::steady_clock::now();
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    close(fds[1]);
+    setpgid(0, 0);
+    for (auto& kv : env) putenv(strdup(kv.c_str()));
+    std::vector<char*> a;
+    for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+    a.push_back(nullptr);
+    execv(a[0], a.data());
+    std::fprintf(stderr, "exec %s: %s\n", a[0], std::strerror(errno));
+    _exit(127);
+  }
+  close(fds[1]);
+  char buf[65536];
+  bool killed = false;
+  for (;;) {
+    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!killed && elapsed > timeout_s) {
+      kill(-pid, SIGKILL);
+      killed = true;
+      r.output += "\n[test_util: killed after timeout]\n";
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    int k = poll(&p, 1, 100);
+    if (k > 0) {
+      ssize_t n = read(fds[0], buf, sizeof buf);
+      if (n <= 0) break;
+      r.output.append(buf, n);
+    }
+  }
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+ProcResult run_ranks(int n, const std::string& scenario, const std::vector<std::string>& args,
+                     const std::vector<std::string>& env, double timeout_s) {
+  std::vector<std::string> argv = {bin_path("fsdp"), "run", "-n", std::to_string(n), "--",
+                                   bin_path("fsdp_test_worker"), scenario};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_command(argv, env, timeout_s);
+}
+
+std::vector<std::string> lines_with(const std::string& text, const std::string& needle) {
+  std::vector<std::string> out;
+  std::istringstream is(text);
+  std::string line;
+  while (std::getline(is, line))
+    if (line.find(needle) != std::string::npos) out.push_back(line);
+  return out;
+}
+
+}  // namespace fsdp::testing

@@ -1,0 +1,45 @@
+// fsdp-cpp: the `fsdp` command. Subcommands live in tools/cmd_*.cpp.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "command.h"
+
+namespace fsdp::tools {
+std::vector<Command>& commands() {
+  static std::vector<Command> all;
+  return all;
+}
+}  // namespace fsdp::tools
+
+static void usage(FILE* out) {
+  auto cmds = fsdp::tools::commands();
+  std::sort(cmds.begin(), cmds.end(), [](auto& a, auto& b) { return a.name < b.name; });
+  std::fprintf(out, "usage: fsdp <command> [args...]\n\ncommands:\n");
+  for (auto& c : cmds) std::fprintf(out, "  %-10s %s\n", c.name.c_str(), c.summary.c_str());
+  std::fprintf(out, "\n'fsdp <command> --help' describes one command.\n");
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (auto& c : fsdp::tools::commands()) {
+    if (c.name == argv[1]) {
+      std::string name = std::string("fsdp ") + argv[1];
+      argv[1] = name.data();
+      try {
+        return c.main(argc - 1, argv + 1);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "fsdp %s: error: %s\n", c.name.c_str(), e.what());
+        return 1;
+      }
+    }
+  }
+  std::fprintf(stderr, "fsdp: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return 2;
+}
