@@ -1,0 +1,268 @@
+// fsdp-cpp: checkpoints — safetensors files, sharded checkpoint directories,
+// resharding N -> M, full state dicts. Independent of the FSDP engine.
+//
+// defines: ckpt::Slice, ckpt::TensorSpec, ckpt::shard_range,
+//          ckpt::SafetensorsWriter, ckpt::SafetensorsReader (range reads),
+//          ckpt::SaveOptions, ckpt::SaveResult, ckpt::save_sharded,
+//          ckpt::LoadOptions, ckpt::LoadResult, ckpt::load_sharded,
+//          ckpt::resolve_checkpoint, ckpt::write_full_safetensors,
+//          ckpt::load_full_safetensors, ckpt::CheckpointInfo, ckpt::read_info
+//
+// Vocabulary (docs/CHECKPOINT_FORMAT.md): a *slice* is the elements [lo, hi)
+// of the row-major flattened full tensor that one rank holds. Every sharding
+// strategy maps onto slices: FULL_SHARD's flat shards give each parameter a
+// contiguous range per rank; NO_SHARD gives lo = 0, hi = numel. A *piece* is a
+// slice as stored in one shard file of a checkpoint.
+//
+//   // save (collective: every rank calls it with its own slices)
+//   ckpt::save_sharded(*comm, "ckpts", step, model_slices, optim_slices,
+//                      {{"step", step}, {"data_pos", pos}}, {/*keep_last=*/3});
+//   // load at any world size (collective); destinations are the slices' data
+//   auto r = ckpt::load_sharded(*comm, "ckpts", model_slices, optim_slices);
+//   if (!r.found) { /* start fresh */ }
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm.h"
+#include "fsdp/errors.h"
+
+namespace fsdp::ckpt {
+
+// Elements [lo, hi) of the flattened full tensor `name` held by this rank.
+// For saving, `data` holds them (1-D or any contiguous-able shape with
+// hi - lo elements, CPU, dtype == `dtype`); for loading, `data` is the
+// destination and is written only after every rank validated everything.
+// hi == lo (an empty slice) is allowed and means "this rank holds none of it
+// but knows the tensor exists" — list every tensor on every rank.
+struct Slice {
+  std::string name;
+  std::vector<int64_t> full_shape;
+  torch::ScalarType dtype = torch::kFloat32;
+  int64_t lo = 0, hi = 0;
+  torch::Tensor data;
+
+  int64_t numel() const { return hi - lo; }
+};
+
+// A tensor declared before its bytes are written (streaming writers).
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  torch::ScalarType dtype = torch::kFloat32;
+};
+
+// FSDP's even split of `numel` elements over `world` ranks with padding:
+// rank r owns [r*S, (r+1)*S) ∩ [0, numel), S = ceil(numel / world).
+std::pair<int64_t, int64_t> shard_range(int64_t numel, int rank, int world);
+
+// Names as safetensors spells them: "F32", "BF16", ... (throws fsdp::Error for
+// a dtype the format has no name for).
+const char* safetensors_dtype_name(torch::ScalarType t);
+int64_t numel_of(const std::vector<int64_t>& shape);
+std::string shape_str(const std::vector<int64_t>& shape);
+
+// ---------------------------------------------------------------------------
+// safetensors: 8-byte little-endian header length N, N bytes of JSON
+// {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__":
+// {str: str}}, then the raw little-endian data (offsets relative to it).
+
+// Streaming writer: declare every tensor first (the header needs every
+// offset), then write them in declaration order, each in one or more parts,
+// so a whole state dict can be written unit by unit with bounded memory.
+// Writes `path`.tmp and renames it into place in finish() after fsync (a crash
+// never leaves a half-written `path`). Without finish() the temp file is
+// removed by the destructor.
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(std::string path, std::vector<TensorSpec> specs,
+                    std::map<std::string, std::string> metadata = {}, bool fsync = true);
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // Appends elements of the next tensor (the current one until its numel is
+  // reached). `part` must have the declared dtype; any shape, any device.
+  void write(const torch::Tensor& part);
+  // Checks every declared tensor was fully written, fsyncs, renames into
+  // place, fsyncs the directory. Returns the file size.
+  int64_t finish();
+
+  // CRC32C of every byte written so far (the whole file after finish()), and
+  // of each chunk of `chunk_bytes` bytes (last one may be shorter).
+  uint32_t file_crc32c() const;
+  const std::vector<uint32_t>& chunk_crc32c() const;
+  static constexpr int64_t kChunkBytes = 1 << 20;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// One tensor entry of a parsed, validated header.
+struct SafetensorsEntry {
+  std::string name;
+  torch::ScalarType dtype;
+  std::vector<int64_t> shape;
+  int64_t begin = 0, end = 0;  // byte offsets relative to the data section
+};
+
+// Reader: parses and validates the header at open (bounded, checked against
+// the file size: never allocates from an unchecked length), then reads byte
+// ranges of single tensors on demand. Not thread-safe (one file position).
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(std::string path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::string& path() const;
+  int64_t file_size() const;
+  int64_t header_bytes() const;  // 8 + N: where the data section starts
+  const std::vector<SafetensorsEntry>& entries() const;  // in data order
+  const SafetensorsEntry* find(const std::string& name) const;  // nullptr: absent
+  const std::map<std::string, std::string>& metadata() const;
+
+  // Elements [lo, hi) of the flattened tensor `name`, as a 1-D tensor.
+  torch::Tensor read(const std::string& name, int64_t lo, int64_t hi);
+  torch::Tensor read_all(const std::string& name);
+  // Raw bytes [offset, offset+n) of the file into `dst`.
+  void pread_exact(int64_t offset, int64_t n, void* dst) const;
+
+  static constexpr int64_t kMaxHeaderBytes = 100 << 20;  // as the reference implementation
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---------------------------------------------------------------------------
+// Sharded checkpoints: root/step-000010/{metadata.json, rank-*-of-*.safetensors},
+// root/latest names the newest complete one.
+
+struct SaveOptions {
+  // Delete the oldest complete checkpoints so that at most this many remain
+  // under root (0: keep all).
+  int keep_last = 0;
+  // Caller's sharding strategy, recorded for messages ("FULL_SHARD").
+  std::string strategy = "unknown";
+  // fsync files and directories (off only for tests of speed; never in training).
+  bool fsync = true;
+};
+
+struct SaveResult {
+  std::string path;       // root/step-000010
+  int64_t bytes_written = 0;  // by this rank
+  double seconds = 0;
+};
+
+// Collective: every rank calls it with the slices it holds. Each rank writes
+// one shard file into root/.tmp-step-N, fsyncs it; rank 0 writes
+// metadata.json, renames the directory into place, fsyncs root, updates
+// `latest` atomically and deletes checkpoints beyond keep_last. A process
+// killed at any point leaves the previous checkpoint and `latest` intact.
+// Replicated tensors (NO_SHARD): pass each replica's part from one rank only
+// (e.g. shard_range(numel, rank, world)) so the bytes are written once; the
+// loader accepts overlapping pieces too.
+SaveResult save_sharded(Communicator& comm, const std::string& root, int64_t step,
+                        const std::vector<Slice>& model, const std::vector<Slice>& optim,
+                        const nlohmann::json& train_state, const SaveOptions& opts = {});
+
+struct LoadOptions {
+  // Unexpected keys (in the checkpoint, wanted by nobody) are errors. An empty
+  // wanted list for a section (e.g. optimizer) skips that section entirely.
+  bool strict = true;
+  // Allow loading a tensor saved in another floating dtype (converted).
+  bool allow_dtype_cast = false;
+  // Verify the CRC32C of every chunk this rank reads (always on in training).
+  bool verify_checksums = true;
+};
+
+struct LoadResult {
+  bool found = false;       // false: path is a root with no checkpoint yet
+  std::string path;         // the checkpoint directory loaded
+  int64_t step = -1;
+  int saved_world_size = 0;
+  std::string saved_strategy;
+  nlohmann::json train_state;
+  std::string note;         // e.g. "latest pointed to a missing dir; used step-000008"
+  int64_t bytes_read = 0;   // by this rank
+};
+
+// Collective. Reads only the byte ranges of the saved files that overlap this
+// rank's wanted slices (any world size). All or nothing: everything is read
+// and validated into temporaries, the ranks agree (all_reduce), and only then
+// the destinations are written; on any error on any rank every rank throws
+// fsdp::Error and no destination was touched.
+LoadResult load_sharded(Communicator& comm, const std::string& path_or_root,
+                        std::vector<Slice>& model, std::vector<Slice>& optim,
+                        const LoadOptions& opts = {});
+
+// "root" (has `latest` or step-* dirs) or a checkpoint dir (has metadata.json)
+// -> the checkpoint dir; "" when root has no checkpoint. Throws when `path`
+// does not exist at all or is neither. `note` receives fallbacks taken.
+std::string resolve_checkpoint(const std::string& path, std::string* note = nullptr);
+
+// What `fsdp ckpt inspect` prints.
+struct CheckpointInfo {
+  std::string path;
+  int format_version = 0;
+  int64_t step = -1;
+  int world_size = 0;
+  std::string strategy, fingerprint;
+  nlohmann::json train_state;
+  struct Tensor {
+    std::string section;  // "model" or "optim"
+    std::string name;
+    std::vector<int64_t> shape;
+    torch::ScalarType dtype;
+    int pieces = 0;
+  };
+  std::vector<Tensor> tensors;
+  struct File {
+    std::string name;
+    int64_t bytes = 0;
+    uint32_t crc32c = 0;
+  };
+  std::vector<File> files;
+};
+CheckpointInfo read_info(const std::string& checkpoint_dir);
+
+// Reads every byte of every file and checks sizes, checksums, headers against
+// metadata and that every tensor is fully covered. Returns the faults found
+// (empty: sound). Never throws for a fault in the files.
+std::vector<std::string> verify_checkpoint(const std::string& checkpoint_dir);
+
+// ---------------------------------------------------------------------------
+// Full state dicts (one safetensors file, the unwrapped model's names).
+
+// Streams tensors from `produce` (called once per spec, in order, e.g. the
+// engine gathering unit by unit on rank 0) into `path` atomically. Only the
+// calling process writes; call it on rank 0. Returns bytes written.
+int64_t write_full_safetensors(const std::string& path, const std::vector<TensorSpec>& specs,
+                               const std::function<torch::Tensor(const TensorSpec&)>& produce,
+                               const std::map<std::string, std::string>& metadata = {});
+
+// Collective: each rank reads only its slices' byte ranges of a full
+// safetensors file (ours or from PyTorch); same all-or-nothing contract and
+// key/shape/dtype checks as load_sharded (safetensors has no checksums).
+void load_full_safetensors(Communicator& comm, const std::string& path, std::vector<Slice>& wanted,
+                           const LoadOptions& opts = {});
+
+// Offline tools (`fsdp ckpt convert`): single process, bounded memory (one
+// tensor piece at a time).
+int64_t convert_to_full(const std::string& checkpoint_dir, const std::string& out_file,
+                        const std::string& section = "model");
+std::string reshard_offline(const std::string& checkpoint_dir, int new_world,
+                            const std::string& out_root);
+
+}  // namespace fsdp::ckpt

@@ -1,0 +1,251 @@
+// fsdp-cpp checkpoints: finding and loading checkpoints (collective), all or
+// nothing.
+//
+// The load path: resolve the directory -> parse and check metadata.json ->
+// check keys, shapes, dtypes against what this rank wants -> plan the reads
+// (only pieces overlapping this rank's slices: N -> M resharding) -> read them
+// into temporaries, checking every chunk's CRC32C -> all ranks agree -> copy
+// into the destinations. Until the agreement nothing the caller owns is
+// written, so any error on any rank leaves every model and optimizer as it was.
+// Memory: the temporaries are one extra copy of this rank's slices.
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "checkpoint/collective.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/piece_reader.h"
+#include "checkpoint/safetensors.h"
+
+namespace fsdp::ckpt {
+using fsdp::detail::cat;
+namespace d = detail;
+
+std::string resolve_checkpoint(const std::string& path, std::string* note) {
+  if (!d::path_exists(path))
+    throw Error(cat("checkpoint path '", path, "' does not exist. Pass a checkpoint root (a directory with `latest`) "
+                    "or a checkpoint directory (with metadata.json)."));
+  if (!d::is_directory(path))
+    throw Error(cat("checkpoint path '", path, "' is a file; expected a checkpoint root or checkpoint directory "
+                    "(a full .safetensors file loads with load_full_safetensors)."));
+  if (d::path_exists(d::join_path(path, d::kMetadataFile))) return path;
+  std::string latest_target;
+  std::string lp = d::join_path(path, d::kLatestFile);
+  if (d::path_exists(lp)) {
+    std::string t = d::read_small_file(lp, 4096);
+    while (!t.empty() && (t.back() == '\n' || t.back() == ' ' || t.back() == '\r')) t.pop_back();
+    int64_t step;
+    if (d::parse_step_dir_name(t, &step) && d::path_exists(d::join_path(d::join_path(path, t), d::kMetadataFile)))
+      return d::join_path(path, t);
+    latest_target = t;
+  }
+  // No usable `latest`: the newest complete step directory (a kill can leave
+  // `latest` behind a published directory, never ahead of one).
+  int64_t best = -1;
+  std::string best_name;
+  for (auto& n : d::list_dir(path)) {
+    int64_t step;
+    if (d::parse_step_dir_name(n, &step) && step > best &&
+        d::path_exists(d::join_path(d::join_path(path, n), d::kMetadataFile))) {
+      best = step;
+      best_name = n;
+    }
+  }
+  if (best_name.empty()) return "";
+  if (note && d::path_exists(lp))
+    *note = cat("`latest` in '", path, "' names '", latest_target, "', which is not a complete checkpoint; used ",
+                best_name, ", the newest complete one");
+  return d::join_path(path, best_name);
+}
+
+namespace {
+
+struct Available {
+  std::vector<int64_t> shape;
+  torch::ScalarType dtype;
+};
+
+// Staged result for one wanted slice: what will be copied in after agreement.
+struct Staged {
+  Slice* dst;
+  torch::Tensor tmp;
+};
+
+template <class... Ts>
+[[noreturn]] void fail(const Ts&... xs) {
+  throw Error(cat(xs...));
+}
+
+std::string list_names(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < 5; ++i) s += (i ? ", '" : "'") + v[i] + "'";
+  if (v.size() > 5) s += cat(" and ", v.size() - 5, " more");
+  return s;
+}
+
+// Missing / unexpected keys, shapes, dtypes: throws the first problem found,
+// naming the key, expected vs found and what to do.
+void check_keys(const std::string& ctx, const char* section, const std::vector<Slice>& wanted,
+                const std::map<std::string, Available>& avail, const LoadOptions& opts, const std::string& other_model) {
+  std::set<std::string> wanted_names;
+  std::vector<std::string> missing, unexpected;
+  for (auto& s : wanted) {
+    wanted_names.insert(s.name);
+    if (!avail.count(s.name)) missing.push_back(s.name);
+  }
+  for (auto& [name, a] : avail)
+    if (!wanted_names.count(name)) unexpected.push_back(name);
+  if (!missing.empty())
+    fail(ctx, ": ", other_model, missing.size(), " ", section, " tensor(s) this model expects are missing: ",
+         list_names(missing), ". Load a checkpoint saved from this model (same parameter names), or "
+         "initialise those tensors yourself and load the rest from a checkpoint that has them.");
+  if (!unexpected.empty() && opts.strict)
+    fail(ctx, ": ", other_model, unexpected.size(), " unexpected ", section, " tensor(s) in the checkpoint that this ",
+         "model does not have: ", list_names(unexpected), ". Load with LoadOptions::strict = false to ignore them.");
+  for (auto& s : wanted) {
+    const Available& a = avail.at(s.name);
+    if (a.shape != s.full_shape)
+      fail(ctx, ": ", other_model, section, " tensor '", s.name, "': checkpoint has shape ", shape_str(a.shape),
+           ", this model expects ", shape_str(s.full_shape), ". Build the model with the configuration it was saved with.");
+    if (a.dtype != s.dtype) {
+      bool castable = opts.allow_dtype_cast && c10::isFloatingType(a.dtype) && c10::isFloatingType(s.dtype);
+      if (!castable)
+        fail(ctx, ": ", section, " tensor '", s.name, "': checkpoint has dtype ", safetensors_dtype_name(a.dtype),
+             ", this model expects ", safetensors_dtype_name(s.dtype),
+             ". Set LoadOptions::allow_dtype_cast = true to convert floating-point values, or build the model in ",
+             safetensors_dtype_name(a.dtype), ".");
+    }
+  }
+}
+
+// After every rank agreed: the only writes to caller-owned tensors.
+void commit(std::vector<Staged>& staged) {
+  torch::NoGradGuard no_grad;
+  for (auto& s : staged) {
+    torch::Tensor t = s.tmp.to(s.dst->dtype);
+    s.dst->data.copy_(t.reshape(s.dst->data.sizes()));
+  }
+}
+
+}  // namespace
+
+LoadResult load_sharded(Communicator& comm, const std::string& path_or_root, std::vector<Slice>& model,
+                        std::vector<Slice>& optim, const LoadOptions& opts) {
+  const int rank = comm.rank(), world = comm.world_size();
+  const std::string consequence = "nothing was loaded: every model and optimizer tensor is unchanged";
+  LoadResult res;
+  std::string err;
+
+  // Phase 1: where is it? Every rank must find the same answer.
+  try {
+    res.path = resolve_checkpoint(path_or_root, &res.note);
+  } catch (const std::exception& e) {
+    err = cat("rank ", rank, ": ", e.what());
+  }
+  d::agree(comm, "loading a checkpoint (finding it)", err, consequence);
+  {
+    auto found = torch::full({1}, res.path.empty() ? 0.0f : 1.0f);
+    comm.all_reduce(found, ReduceOp::SUM, CollectiveInfo{"checkpoint load: found"})->wait();
+    float n = found.item<float>();
+    if (n == 0.0f) return res;  // nothing yet: start fresh
+    if (n != static_cast<float>(world))
+      throw Error(cat("loading '", path_or_root, "': only ", static_cast<int>(n), " of ", world,
+                      " ranks see a checkpoint there. Every rank must see the same file system (shared storage)."));
+  }
+  res.found = true;
+
+  // Phase 2: read and check everything into temporaries.
+  std::vector<Staged> staged;
+  d::Metadata meta;
+  try {
+    meta = d::Metadata::load(res.path);
+    res.step = meta.step;
+    res.saved_world_size = meta.world_size;
+    res.saved_strategy = meta.strategy;
+    const std::string ctx = cat("checkpoint '", res.path, "' (step ", meta.step, ", saved at world size ",
+                                meta.world_size, " with ", meta.strategy, "; loading at world size ", world, ")");
+    d::check_slices(d::kModel, model, true);
+    d::check_slices(d::kOptim, optim, true);
+
+    std::string other_model;
+    if (!model.empty()) {
+      std::map<std::string, std::vector<int64_t>> shapes;
+      for (auto& s : model) shapes[s.name] = s.full_shape;
+      std::string fp = d::model_fingerprint(shapes);
+      if (fp != meta.fingerprint)
+        other_model = cat("the checkpoint is from another model (fingerprint ", meta.fingerprint,
+                          ", this model ", fp, "): ");
+    }
+    d::PieceReader reader(res.path, meta, opts.verify_checksums);
+    for (auto sec : {std::make_pair(d::kModel, &model), std::make_pair(d::kOptim, &optim)}) {
+      std::vector<Slice>& wanted = *sec.second;
+      if (wanted.empty()) continue;  // e.g. weights only: the optimizer section is skipped
+      static const std::map<std::string, d::TensorMeta> kNone;
+      auto it = meta.sections.find(sec.first);
+      const auto& tensors = it == meta.sections.end() ? kNone : it->second;
+      std::map<std::string, Available> avail;
+      for (auto& [name, t] : tensors) avail[name] = {t.shape, t.dtype};
+      check_keys(ctx, sec.first, wanted, avail, opts, sec.first == std::string(d::kModel) ? other_model : "");
+      for (auto& s : wanted) {
+        if (s.hi == s.lo) continue;
+        const d::TensorMeta& t = tensors.at(s.name);
+        std::string what = cat(ctx, ": ", sec.first, " tensor '", s.name, "'");
+        auto tmp = torch::empty({s.hi - s.lo}, torch::TensorOptions().dtype(t.dtype));
+        char* base = static_cast<char*>(tmp.data_ptr());
+        int64_t es = d::element_size(t.dtype);
+        for (auto& op : d::plan_reads(what, t, s.lo, s.hi))
+          reader.read(sec.first, s.name, t, t.pieces[op.piece], op.src_lo, op.src_hi, base + op.dst_offset * es);
+        staged.push_back({&s, tmp});
+      }
+    }
+    res.bytes_read = reader.bytes_read();
+    res.train_state = meta.train_state;
+  } catch (const std::exception& e) {
+    err = cat("rank ", rank, ": ", e.what());
+  }
+  d::agree(comm, "loading a checkpoint", err, consequence);
+
+  // Phase 3: every rank has everything; now, and only now, write destinations.
+  commit(staged);
+  return res;
+}
+
+void load_full_safetensors(Communicator& comm, const std::string& path, std::vector<Slice>& wanted,
+                           const LoadOptions& opts) {
+  const int rank = comm.rank();
+  std::vector<Staged> staged;
+  std::string err;
+  try {
+    d::check_slices("model", wanted, true);
+    SafetensorsReader r(path);
+    std::map<std::string, Available> avail;
+    for (auto& e : r.entries()) avail[e.name] = {e.shape, e.dtype};
+    check_keys(cat("safetensors file '", path, "'"), "model", wanted, avail, opts, "");
+    for (auto& s : wanted) {
+      if (s.hi == s.lo) continue;
+      staged.push_back({&s, r.read(s.name, s.lo, s.hi)});
+    }
+  } catch (const std::exception& e) {
+    err = cat("rank ", rank, ": ", e.what());
+  }
+  d::agree(comm, "loading a safetensors file", err, "nothing was loaded: every tensor is unchanged");
+  commit(staged);
+}
+
+int64_t write_full_safetensors(const std::string& path, const std::vector<TensorSpec>& specs,
+                               const std::function<torch::Tensor(const TensorSpec&)>& produce,
+                               const std::map<std::string, std::string>& metadata) {
+  std::map<std::string, std::string> md = metadata;
+  md.emplace("format", "pt");  // what Hugging Face loaders look for
+  SafetensorsWriter w(path, specs, md);
+  for (auto& s : specs) {
+    torch::Tensor t = produce(s);
+    if (!t.defined() || t.numel() != numel_of(s.shape))
+      throw Error(cat("writing '", path, "': tensor '", s.name, "' declared ", shape_str(s.shape), " but produced ",
+                      t.defined() ? shape_str(t.sizes().vec()) : std::string("nothing"), "."));
+    w.write(t);
+  }
+  return w.finish();
+}
+
+}  // namespace fsdp::ckpt

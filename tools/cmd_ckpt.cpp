@@ -1,0 +1,109 @@
+// fsdp-cpp: `fsdp ckpt` — inspect, verify and convert checkpoints.
+//
+//   fsdp ckpt inspect PATH            world size, strategy, step, tensors
+//   fsdp ckpt verify PATH             every checksum and the metadata; exit 1 on a fault
+//   fsdp ckpt convert DIR --to model.safetensors     sharded -> one full file (streaming)
+//   fsdp ckpt convert DIR --world M --to DIR2        reshard offline to M ranks
+//
+// PATH is a checkpoint root (follows `latest`), a checkpoint directory, or
+// (inspect) a .safetensors file.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+
+#include "command.h"
+#include "fsdp/checkpoint.h"
+
+namespace {
+using namespace fsdp::ckpt;
+
+std::string human_bytes(int64_t b) {
+  char buf[32];
+  if (b >= (int64_t(1) << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(int64_t(1) << 30));
+  else if (b >= (1 << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", b / double(1 << 20));
+  else if (b >= (1 << 10)) std::snprintf(buf, sizeof buf, "%.1f KiB", b / double(1 << 10));
+  else std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
+  return buf;
+}
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+int inspect(const std::string& path) {
+  if (ends_with(path, ".safetensors")) {
+    SafetensorsReader r(path);
+    std::printf("safetensors file %s: %zu tensors, %s\n", path.c_str(), r.entries().size(),
+                human_bytes(r.file_size()).c_str());
+    for (auto& [k, v] : r.metadata()) std::printf("  metadata %s = %s\n", k.c_str(), v.c_str());
+    std::printf("  %-48s %-6s %-20s %s\n", "name", "dtype", "shape", "bytes");
+    for (auto& e : r.entries())
+      std::printf("  %-48s %-6s %-20s %s\n", e.name.c_str(), safetensors_dtype_name(e.dtype),
+                  shape_str(e.shape).c_str(), human_bytes(e.end - e.begin).c_str());
+    return 0;
+  }
+  CheckpointInfo info = read_info(path);
+  int64_t total = 0;
+  for (auto& f : info.files) total += f.bytes;
+  std::printf("checkpoint %s\n  format version %d, step %lld, saved at world size %d with %s\n"
+              "  model fingerprint %s, %zu files, %s\n  train state %s\n",
+              info.path.c_str(), info.format_version, static_cast<long long>(info.step), info.world_size,
+              info.strategy.c_str(), info.fingerprint.c_str(), info.files.size(), human_bytes(total).c_str(),
+              info.train_state.dump().c_str());
+  std::printf("  %-6s %-48s %-6s %-20s %-10s %s\n", "section", "name", "dtype", "shape", "bytes", "pieces");
+  for (auto& t : info.tensors) {
+    int64_t bytes = numel_of(t.shape) * static_cast<int64_t>(c10::elementSize(t.dtype));
+    std::printf("  %-6s %-48s %-6s %-20s %-10s %d\n", t.section.c_str(), t.name.c_str(),
+                safetensors_dtype_name(t.dtype), shape_str(t.shape).c_str(), human_bytes(bytes).c_str(), t.pieces);
+  }
+  return 0;
+}
+
+int verify(const std::string& path) {
+  auto faults = verify_checkpoint(path);
+  if (faults.empty()) {
+    std::printf("%s: OK (metadata, every file's size and checksums, every tensor covered)\n",
+                resolve_checkpoint(path).c_str());
+    return 0;
+  }
+  for (auto& f : faults) std::fprintf(stderr, "FAULT: %s\n", f.c_str());
+  std::fprintf(stderr, "%s: %zu fault(s)\n", path.c_str(), faults.size());
+  return 1;
+}
+
+int cmd_ckpt(int argc, char** argv) {
+  CLI::App app{"inspect, verify and convert fsdp-cpp checkpoints", "fsdp ckpt"};
+  app.require_subcommand(1);
+  std::string path, to, section = "model";
+  int world = 0;
+  auto* ins = app.add_subcommand("inspect", "world size, strategy, step, tensors (also a .safetensors file)");
+  ins->add_option("PATH", path, "checkpoint root, checkpoint directory or .safetensors file")->required();
+  auto* ver = app.add_subcommand("verify", "check every checksum and the metadata; exit 1 on any fault");
+  ver->add_option("PATH", path, "checkpoint root or directory")->required();
+  auto* conv = app.add_subcommand("convert", "to one full safetensors file, or reshard to --world M");
+  conv->add_option("DIR", path, "checkpoint root or directory")->required();
+  conv->add_option("--to", to, "output .safetensors file, or output root with --world")->required();
+  conv->add_option("--world", world, "reshard to this many ranks (writes a sharded checkpoint)")
+      ->check(CLI::PositiveNumber);
+  conv->add_option("--section", section, "model or optim (full-file conversion)")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (*ins) return inspect(path);
+  if (*ver) return verify(path);
+  if (world > 0) {
+    std::string out = reshard_offline(path, world, to);
+    std::printf("wrote %s (world size %d)\n", out.c_str(), world);
+    return 0;
+  }
+  int64_t bytes = convert_to_full(path, to, section);
+  std::printf("wrote %s (%s)\n", to.c_str(), human_bytes(bytes).c_str());
+  return 0;
+}
+
+}  // namespace
+
+FSDP_COMMAND(ckpt, "inspect, verify and convert checkpoints", cmd_ckpt);
