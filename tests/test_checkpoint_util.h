@@ -8,9 +8,9 @@
 // the same code through `fsdp run`).
 #pragma once
 
-#include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -137,6 +137,14 @@ inline std::vector<Param> make_param_set(torch::ScalarType dtype = torch::kFloat
   return out;
 }
 
+// The model the process tests save at `step` (values encode the step); `big`
+// adds 12 MiB so a save takes long enough to be killed in the middle of it.
+inline std::vector<Param> model_at_step(int64_t step, bool big) {
+  auto m = make_param_set(torch::kFloat32, static_cast<int>(step));
+  if (big) m.push_back({"big", torch::arange(0, 3 << 20, torch::kFloat32).add(static_cast<double>(step))});
+  return m;
+}
+
 // FSDP's FULL_SHARD layout: parameters flattened and concatenated, padded to
 // a multiple of world, rank r owns [r*S, (r+1)*S), mapped back to each
 // parameter's [lo, hi). `data` views the flat shard (as the engine's would);
@@ -167,7 +175,8 @@ inline std::vector<ckpt::Slice> fsdp_slices(const std::vector<Param>& params, in
   return out;
 }
 
-// The full tensor a set of slices (from all ranks) describes.
+#if defined(EXPECT_TRUE)  // gtest included first (tests; the worker has no gtest)
+// Each slice holds exactly its range of the matching parameter.
 inline void expect_slices_equal(const std::vector<ckpt::Slice>& got, const std::vector<Param>& params,
                                 const std::string& suffix = "") {
   ASSERT_EQ(got.size(), params.size());
@@ -177,5 +186,6 @@ inline void expect_slices_equal(const std::vector<ckpt::Slice>& got, const std::
     EXPECT_TRUE(torch::equal(got[i].data, want)) << got[i].name << " [" << got[i].lo << "," << got[i].hi << ")";
   }
 }
+#endif
 
 }  // namespace fsdp::testing
