@@ -51,10 +51,10 @@ int inspect(const std::string& path) {
               info.path.c_str(), info.format_version, static_cast<long long>(info.step), info.world_size,
               info.strategy.c_str(), info.fingerprint.c_str(), info.files.size(), human_bytes(total).c_str(),
               info.train_state.dump().c_str());
-  std::printf("  %-6s %-48s %-6s %-20s %-10s %s\n", "section", "name", "dtype", "shape", "bytes", "pieces");
+  std::printf("  %-7s %-48s %-6s %-20s %-10s %s\n", "section", "name", "dtype", "shape", "bytes", "pieces");
   for (auto& t : info.tensors) {
     int64_t bytes = numel_of(t.shape) * static_cast<int64_t>(c10::elementSize(t.dtype));
-    std::printf("  %-6s %-48s %-6s %-20s %-10s %d\n", t.section.c_str(), t.name.c_str(),
+    std::printf("  %-7s %-48s %-6s %-20s %-10s %d\n", t.section.c_str(), t.name.c_str(),
                 safetensors_dtype_name(t.dtype), shape_str(t.shape).c_str(), human_bytes(bytes).c_str(), t.pieces);
   }
   return 0;
@@ -90,7 +90,8 @@ int cmd_ckpt(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    int rc = app.exit(e);  // prints help or the problem
+    return rc == 0 ? 0 : 2;  // usage errors exit 2, like every fsdp command
   }
   if (*ins) return inspect(path);
   if (*ver) return verify(path);
