@@ -1,0 +1,139 @@
+// fsdp-cpp: argument checks shared by every communicator (see checks.h).
+#include "comm/checks.h"
+
+#include "fsdp/errors.h"
+#include "fsdp/memory.h"
+
+namespace fsdp::comm {
+namespace {
+
+bool reducible(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat: case c10::kDouble: case c10::kBFloat16: case c10::kHalf:
+    case c10::kInt: case c10::kLong:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool movable(c10::ScalarType t) { return reducible(t) || t == c10::kByte || t == c10::kChar || t == c10::kBool; }
+
+[[noreturn]] void misuse(const char* what, const std::string& msg) {
+  throw CollectiveError(detail::cat(what, ": ", msg));
+}
+
+void check_tensor(const char* what, const char* role, const torch::Tensor& t) {
+  if (!t.defined()) misuse(what, detail::cat("the ", role, " tensor is undefined; pass an allocated tensor"));
+  if (!t.device().is_cpu())
+    misuse(what, detail::cat("the ", role, " tensor is on ", t.device().str(),
+                             "; this communicator moves CPU tensors only, copy it to the CPU first"));
+  if (!t.is_contiguous())
+    misuse(what, detail::cat("the ", role, " tensor (shape ", t.sizes(),
+                             ") is not contiguous; call .contiguous() first"));
+  if (!movable(t.scalar_type()))
+    misuse(what, detail::cat("the ", role, " tensor has dtype ", t.scalar_type(),
+                             "; supported: fp32, fp64, bf16, fp16, int32, int64, uint8, int8, bool"));
+}
+
+void check_reduce(const char* what, c10::ScalarType t, ReduceOp op) {
+  if (!reducible(t))
+    misuse(what, detail::cat("cannot reduce dtype ", t, "; reduce fp32, fp64, bf16, fp16, int32 or int64"));
+  if (op == ReduceOp::AVG && (t == c10::kInt || t == c10::kLong))
+    misuse(what, detail::cat("ReduceOp::AVG of integer dtype ", t,
+                             " would truncate; use SUM and divide, or reduce a floating tensor"));
+}
+
+CallShape shape(CollectiveKind k, const CollectiveInfo& info, const torch::Tensor& t) {
+  CallShape s;
+  s.kind = k;
+  s.label = info.label;
+  s.dtype = t.scalar_type();
+  s.numel = t.numel();
+  s.elem_size = static_cast<int64_t>(t.element_size());
+  return s;
+}
+
+}  // namespace
+
+CallShape check_all_gather(const torch::Tensor& input, const torch::Tensor& output, int world,
+                           const CollectiveInfo& info) {
+  const char* what = "all_gather";
+  check_tensor(what, "input", input);
+  check_tensor(what, "output", output);
+  if (input.scalar_type() != output.scalar_type())
+    misuse(what, detail::cat("input is ", input.scalar_type(), " but output is ", output.scalar_type(),
+                             "; both must have the same dtype"));
+  if (output.numel() != world * input.numel())
+    misuse(what, detail::cat("expected output.numel() == world_size * input.numel() = ", world, " * ",
+                             input.numel(), " = ", world * input.numel(), ", found ", output.numel()));
+  return shape(CollectiveKind::ALL_GATHER, info, input);
+}
+
+CallShape check_reduce_scatter(const torch::Tensor& input, const torch::Tensor& output,
+                               ReduceOp op, int world, const CollectiveInfo& info) {
+  const char* what = "reduce_scatter";
+  check_tensor(what, "input", input);
+  check_tensor(what, "output", output);
+  if (input.scalar_type() != output.scalar_type())
+    misuse(what, detail::cat("input is ", input.scalar_type(), " but output is ", output.scalar_type(),
+                             "; both must have the same dtype"));
+  check_reduce(what, input.scalar_type(), op);
+  if (input.numel() != world * output.numel())
+    misuse(what, detail::cat("expected input.numel() == world_size * output.numel() = ", world, " * ",
+                             output.numel(), " = ", world * output.numel(), ", found ", input.numel(),
+                             "; pad the input to a multiple of the world size"));
+  return shape(CollectiveKind::REDUCE_SCATTER, info, input);
+}
+
+CallShape check_all_reduce(const torch::Tensor& tensor, ReduceOp op, const CollectiveInfo& info) {
+  check_tensor("all_reduce", "", tensor);
+  check_reduce("all_reduce", tensor.scalar_type(), op);
+  return shape(CollectiveKind::ALL_REDUCE, info, tensor);
+}
+
+CallShape check_broadcast(const torch::Tensor& tensor, int root, int world, const CollectiveInfo& info) {
+  check_tensor("broadcast", "", tensor);
+  if (root < 0 || root >= world)
+    misuse("broadcast", detail::cat("root ", root, " is not a rank of this world of ", world,
+                                    "; pass a root in [0, ", world, ")"));
+  return shape(CollectiveKind::BROADCAST, info, tensor);
+}
+
+const char* dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat: return "fp32";
+    case c10::kDouble: return "fp64";
+    case c10::kBFloat16: return "bf16";
+    case c10::kHalf: return "fp16";
+    case c10::kInt: return "int32";
+    case c10::kLong: return "int64";
+    case c10::kByte: return "uint8";
+    case c10::kChar: return "int8";
+    case c10::kBool: return "bool";
+    default: return c10::toString(t);
+  }
+}
+
+std::string describe_call(const CallShape& s) {
+  std::string out = to_string(s.kind);
+  if (!s.label.empty()) out += " '" + s.label + "'";
+  if (s.kind != CollectiveKind::BARRIER)
+    out += detail::cat(" (", dtype_name(s.dtype), ", ", s.numel, " elements, ",
+                       memory::format_bytes(s.numel * s.elem_size), ")");
+  return out;
+}
+
+Chunks ring_chunks(int64_t numel, int world) {
+  Chunks c;
+  int64_t base = numel / world, extra = numel % world, at = 0;
+  for (int j = 0; j < world; ++j) {
+    int64_t n = base + (j < extra ? 1 : 0);
+    c.offset.push_back(at);
+    c.count.push_back(n);
+    at += n;
+  }
+  return c;
+}
+
+}  // namespace fsdp::comm

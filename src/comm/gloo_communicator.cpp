@@ -1,0 +1,229 @@
+// fsdp-cpp: the Gloo communicator (see backends.h).
+//
+// Lifetimes: the caller's tensors are captured by handle into each queued
+// task, so their storage outlives the transfer even if the caller drops them
+// early. The Gloo context outlives the queue (members are destroyed in
+// reverse order: queue first, which runs what is still queued).
+//
+// Failure: a collective that throws (timeout, dead peer) is turned into one
+// CollectiveError that names the call, its sequence number, the world and the
+// ranks that never arrived (read from the store's progress keys); the queue
+// then fails every later call with that same error.
+#include <gloo/context.h>
+#include <gloo/rendezvous/context.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "comm/backends.h"
+#include "comm/checks.h"
+#include "comm/rendezvous.h"
+#include "comm/ring.h"
+#include "comm/work_queue.h"
+#include "fsdp/errors.h"
+
+namespace fsdp::comm {
+namespace {
+
+// Diagnosis reads the store after a failure; it must not eat the slack
+// between the timeout and the promised "timeout + 2 s".
+constexpr std::chrono::milliseconds kDiagnosisBudget{1500};
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(const WorldEnv& world, const ResolvedOptions& opts)
+      : world_(world), opts_(opts),
+        rdv_(std::make_unique<Rendezvous>(world, opts.rendezvous_timeout)),
+        ctx_(rdv_->connect_gloo(opts.ifname)),
+        queue_(std::make_unique<WorkQueue>()) {}
+
+  ~GlooCommunicator() override {
+    queue_.reset();  // runs what is queued, each bounded by its timeout
+    // After a failure the others are failing too: nobody waits for anybody.
+    if (!failed_) rdv_->leave(opts_.timeout);
+  }
+
+  int rank() const override { return world_.rank; }
+  int world_size() const override { return world_.world_size; }
+  int local_rank() const override { return world_.local_rank; }
+  int local_world_size() const override { return world_.local_world_size; }
+
+  WorkPtr all_gather(const torch::Tensor& input, torch::Tensor output, const CollectiveInfo& info) override {
+    CallShape shape = checked([&] { return check_all_gather(input, output, world_.world_size, info); });
+    return submit(shape, [input, output, this](const Step& s) {
+      const int n = world_.world_size, r = world_.rank;
+      const int64_t block = input.numel() * input.element_size();
+      char* out = static_cast<char*>(output.data_ptr());
+      // In-place use (input is block r of output) needs no copy.
+      if (block > 0 && input.data_ptr() != out + r * block) std::memmove(out + r * block, input.data_ptr(), block);
+      std::vector<int64_t> offset(n), count(n, block);
+      for (int j = 0; j < n; ++j) offset[j] = j * block;
+      return ring_all_gather(s, out, offset, count);
+    });
+  }
+
+  WorkPtr reduce_scatter(const torch::Tensor& input, torch::Tensor output, ReduceOp op,
+                         const CollectiveInfo& info) override {
+    CallShape shape =
+        checked([&] { return check_reduce_scatter(input, output, op, world_.world_size, info); });
+    return submit(shape, [input, output, op, this](const Step& s) {
+      const int n = world_.world_size;
+      const int64_t m = output.numel();
+      std::vector<int64_t> offset(n), count(n, m);
+      for (int j = 0; j < n; ++j) offset[j] = j * m;
+      return ring_reduce_scatter(s, input.data_ptr(), output.data_ptr(), offset, count,
+                                 input.scalar_type(), op == ReduceOp::AVG ? n : 1);
+    });
+  }
+
+  WorkPtr all_reduce(torch::Tensor tensor, ReduceOp op, const CollectiveInfo& info) override {
+    CallShape shape = checked([&] { return check_all_reduce(tensor, op, info); });
+    return submit(shape, [tensor, op, this](const Step& s) {
+      // Ring reduce-scatter into our own chunk, then ring all-gather of the
+      // chunks (uneven when numel % N != 0), all in place.
+      const int n = world_.world_size, r = world_.rank;
+      const int64_t es = tensor.element_size();
+      Chunks c = ring_chunks(tensor.numel(), n);
+      char* data = static_cast<char*>(tensor.data_ptr());
+      int64_t sent = ring_reduce_scatter(s, data, data + c.offset[r] * es, c.offset, c.count,
+                                         tensor.scalar_type(), op == ReduceOp::AVG ? n : 1);
+      for (int j = 0; j < n; ++j) {
+        c.offset[j] *= es;
+        c.count[j] *= es;
+      }
+      return sent + ring_all_gather(s, data, c.offset, c.count, /*step_base=*/n);
+    });
+  }
+
+  WorkPtr broadcast(torch::Tensor tensor, int root, const CollectiveInfo& info) override {
+    CallShape shape = checked([&] { return check_broadcast(tensor, root, world_.world_size, info); });
+    return submit(shape, [tensor, root](const Step& s) {
+      return direct_broadcast(s, tensor.data_ptr(), tensor.numel() * tensor.element_size(), root);
+    });
+  }
+
+  WorkPtr barrier(const CollectiveInfo& info) override {
+    CallShape shape;
+    shape.kind = CollectiveKind::BARRIER;
+    shape.label = info.label;
+    return submit(shape, [](const Step& s) { return dissemination_barrier(s); });
+  }
+
+  CommCounters counters() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counters_;
+  }
+  void reset_counters() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    counters_ = {};
+  }
+  std::chrono::milliseconds timeout() const override { return opts_.timeout; }
+  std::string describe() const override {
+    return detail::cat("gloo/tcp world=", world_.world_size, " rank=", world_.rank);
+  }
+
+ private:
+  // Misuse is reported to the caller right away and poisons the queue: the
+  // other ranks issued this call, so this rank is out of step for good.
+  template <class Check>
+  CallShape checked(Check check) {
+    if (auto f = queue_->failure()) std::rethrow_exception(f);
+    try {
+      return check();
+    } catch (...) {
+      failed_ = true;
+      queue_->fail(std::current_exception());
+      throw;
+    }
+  }
+
+  WorkPtr submit(const CallShape& shape, std::function<int64_t(const Step&)> algo) {
+    return queue_->submit([this, shape, algo = std::move(algo)] { execute(shape, algo); });
+  }
+
+  // On the communication thread, in issue order.
+  void execute(const CallShape& shape, const std::function<int64_t(const Step&)>& algo) {
+    const uint64_t seq = ++seq_;
+    std::string what = describe_call(shape);
+    rdv_->record_entered(seq, what);
+    const auto t0 = Clock::now();
+    Step step{ctx_.get(), seq, t0 + opts_.timeout};
+    int64_t bytes = 0;
+    try {
+      bytes = algo(step);
+    } catch (const std::exception& e) {
+      failed_ = true;
+      throw CollectiveError(diagnose(seq, what, e.what(), Clock::now() - t0));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& entry = counters_[shape.kind];
+    entry.calls += 1;
+    entry.bytes_sent += bytes;
+    entry.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
+  std::string diagnose(uint64_t seq, const std::string& what, const std::string& engine_error,
+                       Clock::duration elapsed) {
+    const double secs = std::chrono::duration<double>(elapsed).count();
+    const double limit = opts_.timeout.count() / 1000.0;
+    const bool timed_out = secs >= 0.9 * limit;
+    std::string msg = detail::cat(what, ", collective #", seq, " of rank ", world_.rank, " in a world of ",
+                                  world_.world_size, " (", describe(), "), ",
+                                  timed_out ? "timed out" : "failed", " after ", secs, " s (timeout ",
+                                  limit, " s, FSDP_TIMEOUT).");
+    auto progress = rdv_->read_progress(kDiagnosisBudget);
+    std::string missing, mismatched, unknown;
+    for (int q = 0; q < world_.world_size; ++q) {
+      const auto& p = progress[q];
+      if (p.seq < 0) {
+        unknown += detail::cat(unknown.empty() ? "" : ", ", q);
+      } else if (p.seq < static_cast<int64_t>(seq)) {
+        missing += detail::cat(missing.empty() ? "" : ", ", "rank ", q, " (last entered #", p.seq,
+                               p.seq > 0 ? " " + p.what : std::string(" none"), ")");
+      } else if (p.seq == static_cast<int64_t>(seq) && p.what != what) {
+        mismatched += detail::cat("\n  rank ", q, " entered #", seq, " as ", p.what);
+      }
+    }
+    if (!missing.empty())
+      msg += detail::cat("\nRanks that never arrived at #", seq, ": ", missing, ".");
+    if (!mismatched.empty())
+      msg += detail::cat("\nRanks issued different collectives at #", seq, ":", mismatched,
+                         "\nEvery rank must issue the same collectives in the same order.");
+    if (!unknown.empty())
+      msg += detail::cat("\nProgress of ranks ", unknown, " is unknown: the store at ",
+                         rdv_->describe_store(), " is unreachable (rank 0 may have exited).");
+    if (missing.empty() && mismatched.empty() && unknown.empty())
+      msg += "\nEvery rank entered this collective, so the transfer itself failed: a peer died "
+             "mid-transfer or the network stalled.";
+    msg += timed_out ? "\nWhat to do: make every rank issue the same collectives in the same order; "
+                       "a rank that is legitimately slower (data loading, checkpointing) needs a "
+                       "larger FSDP_TIMEOUT."
+                     : "\nWhat to do: look at the first rank that failed in the launcher's output.";
+    msg += "\n(gloo: " + engine_error + ")";
+    return msg;
+  }
+
+  // Constant after construction.
+  const WorldEnv world_;
+  const ResolvedOptions opts_;
+  std::unique_ptr<Rendezvous> rdv_;
+  std::shared_ptr<gloo::Context> ctx_;
+
+  // Touched only on the communication thread.
+  uint64_t seq_ = 0;
+
+  std::atomic<bool> failed_{false};
+  mutable std::mutex mu_;
+  CommCounters counters_;  // guarded by mu_
+
+  // Declared last: destroyed first, while everything its tasks use is alive.
+  std::unique_ptr<WorkQueue> queue_;
+};
+
+}  // namespace
+
+CommPtr make_gloo_communicator(const WorldEnv& world, const ResolvedOptions& opts) {
+  return std::make_shared<GlooCommunicator>(world, opts);
+}
+
+}  // namespace fsdp::comm

@@ -1,0 +1,102 @@
+// fsdp-cpp: the world of one (see backends.h).
+//
+// Runs each collective synchronously on the caller's thread: with one rank
+// every collective is a copy (or nothing), so a queue would only add latency.
+// Misuse still poisons it, like the Gloo communicator, so code that is wrong
+// at N=1 fails the same way it would at N=4.
+#include <cstring>
+#include <mutex>
+
+#include "comm/backends.h"
+#include "comm/checks.h"
+#include "comm/work_queue.h"
+
+namespace fsdp::comm {
+namespace {
+
+class WorldOfOne final : public Communicator {
+ public:
+  explicit WorldOfOne(const ResolvedOptions& opts) : timeout_(opts.timeout) {}
+
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  int local_rank() const override { return 0; }
+  int local_world_size() const override { return 1; }
+
+  WorkPtr all_gather(const torch::Tensor& input, torch::Tensor output, const CollectiveInfo& info) override {
+    return run([&] { return check_all_gather(input, output, 1, info); },
+               [&] { copy(output, input); });
+  }
+  WorkPtr reduce_scatter(const torch::Tensor& input, torch::Tensor output, ReduceOp op,
+                         const CollectiveInfo& info) override {
+    // The sum (and the mean) over one rank is the input itself.
+    return run([&] { return check_reduce_scatter(input, output, op, 1, info); },
+               [&] { copy(output, input); });
+  }
+  WorkPtr all_reduce(torch::Tensor tensor, ReduceOp op, const CollectiveInfo& info) override {
+    return run([&] { return check_all_reduce(tensor, op, info); }, [] {});
+  }
+  WorkPtr broadcast(torch::Tensor tensor, int root, const CollectiveInfo& info) override {
+    return run([&] { return check_broadcast(tensor, root, 1, info); }, [] {});
+  }
+  WorkPtr barrier(const CollectiveInfo& info) override {
+    return run([&] {
+      CallShape s;
+      s.kind = CollectiveKind::BARRIER;
+      s.label = info.label;
+      return s;
+    }, [] {});
+  }
+
+  CommCounters counters() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counters_;
+  }
+  void reset_counters() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    counters_ = {};
+  }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+  std::string describe() const override { return "local world=1"; }
+
+ private:
+  static void copy(torch::Tensor& dst, const torch::Tensor& src) {
+    if (dst.data_ptr() != src.data_ptr() && src.numel() > 0)
+      std::memmove(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size());
+  }
+
+  template <class Check, class Body>
+  WorkPtr run(Check check, Body body) {
+    auto work = std::make_shared<CompletionWork>();
+    std::unique_lock<std::mutex> lock(mu_);
+    if (failure_) {
+      work->complete(failure_);
+      return work;
+    }
+    CallShape shape;
+    try {
+      shape = check();
+    } catch (...) {
+      failure_ = std::current_exception();
+      throw;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    body();
+    auto& e = counters_[shape.kind];
+    e.calls += 1;
+    e.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    work->complete(nullptr);
+    return work;
+  }
+
+  const std::chrono::milliseconds timeout_;
+  mutable std::mutex mu_;
+  CommCounters counters_;        // guarded by mu_
+  std::exception_ptr failure_;   // guarded by mu_
+};
+
+}  // namespace
+
+CommPtr make_world_of_one(const ResolvedOptions& opts) { return std::make_shared<WorldOfOne>(opts); }
+
+}  // namespace fsdp::comm

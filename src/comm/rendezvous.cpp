@@ -1,0 +1,253 @@
+// fsdp-cpp: rendezvous through c10d::TCPStore (see rendezvous.h).
+#include "comm/rendezvous.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "fsdp/errors.h"
+
+namespace fsdp::comm {
+namespace {
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+double seconds(std::chrono::milliseconds ms) { return ms.count() / 1000.0; }
+
+// One store per master address for the life of the process (see header).
+c10d::TCPStore* shared_store(const WorldEnv& w, std::chrono::milliseconds timeout) {
+  static std::mutex mu;
+  static std::map<std::string, c10d::TCPStore*> stores;
+  std::lock_guard<std::mutex> lock(mu);
+  std::string key = w.master_addr + ":" + std::to_string(w.master_port);
+  auto it = stores.find(key);
+  if (it != stores.end()) return it->second;
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(w.master_port);
+  o.isServer = w.rank == 0;
+  o.waitWorkers = false;  // fsdp's own join (below) names the ranks that are missing
+  o.timeout = timeout;
+  c10d::TCPStore* store = nullptr;
+  try {
+    store = new c10d::TCPStore(w.master_addr, o);
+  } catch (const std::exception& e) {
+    if (w.rank == 0)
+      throw Error(detail::cat("rank 0 could not start the rendezvous store on port ", w.master_port,
+                              " (MASTER_ADDR=", w.master_addr, "): ", e.what(),
+                              "\nPick a free port (MASTER_PORT, or let `fsdp run` choose one)."));
+    throw Error(detail::cat("rank ", w.rank, " could not reach the rendezvous store at ", key,
+                            " within ", seconds(timeout), " s: ", e.what(),
+                            "\nIs rank 0 running, and do MASTER_ADDR/MASTER_PORT name its host from "
+                            "here? (FSDP_RENDEZVOUS_TIMEOUT sets the wait)"));
+  }
+  stores[key] = store;  // never freed: rank 0's server must serve until exit
+  return store;
+}
+
+// The address of this host on the route to the master: connect() on a UDP
+// socket picks the route without sending anything.
+std::string local_address_toward(const std::string& host, int port) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_DGRAM;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
+    throw Error(detail::cat("cannot resolve MASTER_ADDR '", host, "'; set it to a host name or IP of rank 0"));
+  std::string out;
+  int fd = socket(res->ai_family, SOCK_DGRAM, 0);
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    char buf[INET6_ADDRSTRLEN] = {0};
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+      const void* a = ss.ss_family == AF_INET
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&ss)->sin_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr);
+      if (inet_ntop(ss.ss_family, a, buf, sizeof buf)) out = buf;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  if (out.empty())
+    throw Error(detail::cat("no route from this host to MASTER_ADDR '", host,
+                            "'; set GLOO_SOCKET_IFNAME to the interface that reaches it"));
+  return out;
+}
+
+// Gloo's address exchange, through our store under a prefix; waits poll.
+class GlooStore final : public gloo::rendezvous::Store {
+ public:
+  GlooStore(c10d::TCPStore* s, std::string prefix, std::chrono::milliseconds timeout)
+      : s_(s), prefix_(std::move(prefix)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    s_->set(prefix_ + key, std::vector<uint8_t>(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    wait({key});
+    auto v = s_->get(prefix_ + key);
+    return {v.begin(), v.end()};
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    auto deadline = Clock::now() + timeout;
+    for (auto& k : keys) {
+      for (int i = 0; !s_->check({prefix_ + k}); ++i) {
+        if (Clock::now() > deadline)
+          throw Error(detail::cat("Gloo rendezvous: key '", k, "' did not appear within ",
+                                  seconds(timeout), " s; a rank stopped while connecting"));
+        std::this_thread::sleep_for(std::chrono::milliseconds(i < 50 ? 1 : 10));
+      }
+    }
+  }
+
+ private:
+  c10d::TCPStore* s_;
+  std::string prefix_;
+  std::chrono::milliseconds timeout_;
+};
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+}  // namespace
+
+Rendezvous::Rendezvous(const WorldEnv& world, std::chrono::milliseconds timeout)
+    : world_(world), timeout_(timeout) {
+  // Every rank creates its communicators in the same order, so the n-th
+  // communicator of each process shares the prefix of generation n.
+  static std::atomic<int> generation{0};
+  prefix_ = "fsdp/c" + std::to_string(generation++) + "/";
+  where_ = world.master_addr + ":" + std::to_string(world.master_port);
+  auto deadline = Clock::now() + timeout;
+  store_ = shared_store(world, timeout);
+
+  const int n = world.world_size, r = world.rank;
+  try {
+    store_->set(prefix_ + "seq/" + std::to_string(r), bytes("0"));
+    if (r == 0) store_->set(prefix_ + "world_size", bytes(std::to_string(n)));
+    if (!wait_keys({prefix_ + "world_size"}, deadline).empty())
+      throw Error(detail::cat("rank 0 did not publish its world size at ", where_, " within ",
+                              seconds(timeout), " s"));
+    int theirs = std::stoi(get(prefix_ + "world_size"));
+    if (theirs != n) {
+      std::string why = detail::cat("ranks disagree on the world size: rank ", r, " has WORLD_SIZE=", n,
+                                    " but rank 0 has WORLD_SIZE=", theirs,
+                                    ". Start every rank with the same WORLD_SIZE (`fsdp run` "
+                                    "does), and the same --nnodes/-n on every node.");
+      store_->set(prefix_ + "abort", bytes(why));
+      throw Error(why);
+    }
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    store_->set(prefix_ + "joined/" + std::to_string(r),
+                bytes(detail::cat(host, " pid ", getpid())));
+    std::vector<std::string> keys;
+    for (int q = 0; q < n; ++q) keys.push_back(prefix_ + "joined/" + std::to_string(q));
+    auto missing = wait_keys(keys, deadline);
+    if (!missing.empty()) {
+      std::vector<int> ranks;
+      for (auto& k : missing) ranks.push_back(std::stoi(k.substr(k.rfind('/') + 1)));
+      throw Error(detail::cat("rank ", r, ": ranks ", join_ranks(ranks), " of a world of ", n,
+                              " did not join within ", seconds(timeout), " s (store ", where_,
+                              "). Did they start, with the same MASTER_ADDR/MASTER_PORT? "
+                              "(FSDP_RENDEZVOUS_TIMEOUT sets the wait)"));
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(detail::cat("rank ", r, ": rendezvous through the store at ", where_, " failed: ", e.what()));
+  }
+}
+
+bool Rendezvous::has(const std::string& key) { return store_->check({key}); }
+std::string Rendezvous::get(const std::string& key) { return text(store_->get(key)); }
+
+std::vector<std::string> Rendezvous::wait_keys(const std::vector<std::string>& keys,
+                                               Clock::time_point deadline) {
+  std::vector<std::string> pending = keys;
+  for (int i = 0;; ++i) {
+    std::vector<std::string> still;
+    for (auto& k : pending)
+      if (!has(k)) still.push_back(k);
+    pending.swap(still);
+    if (pending.empty()) return {};
+    if (has(prefix_ + "abort")) throw Error(get(prefix_ + "abort"));
+    if (Clock::now() > deadline) return pending;
+    std::this_thread::sleep_for(std::chrono::milliseconds(i < 50 ? 1 : 10));
+  }
+}
+
+std::shared_ptr<gloo::Context> Rendezvous::connect_gloo(const std::string& ifname) {
+  gloo::transport::tcp::attr attr;
+  if (!ifname.empty())
+    attr.iface = ifname;
+  else
+    attr.hostname = local_address_toward(world_.master_addr, world_.master_port);
+  try {
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(world_.rank, world_.world_size);
+    ctx->setTimeout(timeout_);
+    GlooStore gs(store_, prefix_ + "gloo/", timeout_);
+    ctx->connectFullMesh(gs, device);
+    return ctx;
+  } catch (const std::exception& e) {
+    throw Error(detail::cat("rank ", world_.rank, ": connecting the Gloo TCP mesh (",
+                            ifname.empty() ? "address " + attr.hostname : "interface " + ifname,
+                            ") failed: ", e.what(),
+                            "\nIf this host has several networks, set GLOO_SOCKET_IFNAME."));
+  }
+}
+
+void Rendezvous::record_entered(uint64_t seq, const std::string& what) {
+  try {
+    store_->set(prefix_ + "seq/" + std::to_string(world_.rank), bytes(detail::cat(seq, " ", what)));
+  } catch (const std::exception&) {
+    // The store is gone (rank 0 ended); the collective itself will report it.
+  }
+}
+
+std::vector<Rendezvous::Progress> Rendezvous::read_progress(std::chrono::milliseconds budget) {
+  std::vector<Progress> seqs(world_.world_size);
+  auto deadline = Clock::now() + budget;
+  for (int q = 0; q < world_.world_size && Clock::now() < deadline; ++q) {
+    try {
+      std::string k = prefix_ + "seq/" + std::to_string(q);
+      if (!has(k)) continue;
+      std::string v = get(k);
+      size_t sp = v.find(' ');
+      seqs[q].seq = std::stoll(v.substr(0, sp));
+      seqs[q].what = sp == std::string::npos ? "" : v.substr(sp + 1);
+    } catch (const std::exception&) {
+      break;  // store unreachable: the remaining entries stay unknown
+    }
+  }
+  return seqs;
+}
+
+void Rendezvous::leave(std::chrono::milliseconds budget) {
+  try {
+    std::string k = prefix_ + "left";
+    store_->add(k, 1);
+    if (world_.rank != 0) return;
+    auto deadline = Clock::now() + budget;
+    while (store_->add(k, 0) < world_.world_size && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  } catch (const std::exception&) {
+    // Shutting down anyway; a peer that died is reported by the launcher.
+  }
+}
+
+}  // namespace fsdp::comm

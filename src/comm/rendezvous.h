@@ -1,0 +1,84 @@
+// fsdp-cpp: rendezvous through libtorch's c10d::TCPStore.
+// defines: Rendezvous
+//
+// Rank 0 hosts the TCPStore server at MASTER_PORT; every rank (rank 0 too)
+// talks to it as a client. The store is shared by every communicator of the
+// process (each under its own key prefix) and lives until the process ends,
+// so a later communicator never races a server being torn down.
+//
+// Nothing here blocks past a deadline: a key is awaited by polling
+// check() instead of TCPStore::wait, because a TCPStore wait that times out
+// leaves its connection out of step (the late reply answers the next request).
+//
+// Keys, under "fsdp/c<generation>/":
+//   world_size      rank 0's WORLD_SIZE, checked by every rank
+//   abort           the first rank that finds a mismatch writes why
+//   joined/<r>      rank r arrived (host and pid)
+//   seq/<r>         "<seq> <what>": the last collective rank r entered (0: none)
+//   left            ranks that finished cleanly (rank 0 waits for all)
+//   gloo/...        Gloo's own address exchange
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/world_env.h"
+
+namespace c10d {
+class TCPStore;
+}
+namespace gloo {
+class Context;
+}
+
+namespace fsdp::comm {
+
+using Clock = std::chrono::steady_clock;
+
+class Rendezvous {
+ public:
+  // Connects to (rank 0: starts) the store, checks that every rank agrees on
+  // the world size and waits until all have joined. Throws fsdp::Error that
+  // names the ranks that never arrived, or the disagreement.
+  Rendezvous(const WorldEnv& world, std::chrono::milliseconds timeout);
+
+  // A full mesh of Gloo TCP pairs (device on `ifname`, or on the address
+  // that reaches MASTER_ADDR). Collective timeouts are passed per wait.
+  std::shared_ptr<gloo::Context> connect_gloo(const std::string& ifname);
+
+  // The last collective a rank entered: its sequence number and what it is.
+  struct Progress {
+    int64_t seq = -1;  // -1: unknown (store unreachable)
+    std::string what;  // e.g. "all_reduce 'blocks.3' (bf16, ...)"
+  };
+  // A cheap one-way store write (no reply awaited); errors are swallowed:
+  // progress only feeds diagnoses.
+  void record_entered(uint64_t seq, const std::string& what);
+  // Every rank's progress, read within `budget`.
+  std::vector<Progress> read_progress(std::chrono::milliseconds budget);
+
+  // Clean shutdown: count this rank out; rank 0 then waits (bounded) until
+  // every rank did, so its store outlives the others' last use of it.
+  void leave(std::chrono::milliseconds budget);
+
+  const std::string& describe_store() const { return where_; }
+
+ private:
+  bool has(const std::string& key);
+  std::string get(const std::string& key);
+  // Missing keys at the deadline (empty: all present). Stops early and throws
+  // when the abort key appears.
+  std::vector<std::string> wait_keys(const std::vector<std::string>& keys, Clock::time_point deadline);
+
+  // Constant after construction.
+  WorldEnv world_;
+  std::chrono::milliseconds timeout_;
+  std::string prefix_;  // "fsdp/c<generation>/"
+  std::string where_;   // "127.0.0.1:29500"
+  c10d::TCPStore* store_ = nullptr;  // process-wide, never freed (see above)
+};
+
+}  // namespace fsdp::comm

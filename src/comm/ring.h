@@ -1,0 +1,57 @@
+// fsdp-cpp: the collective algorithms, on Gloo's unbound buffers.
+// defines: Step, ring_all_gather, ring_reduce_scatter, direct_broadcast,
+//          dissemination_barrier
+//
+// Rank r talks to its ring neighbours r+1 (right) and r-1 (left). Each message
+// travels in its own Gloo slot, derived from the collective's sequence number
+// and the step, so two collectives can never match each other's messages.
+// Every wait is bounded by the call's deadline; Gloo throws on expiry and
+// fails the whole context, which the caller turns into a CollectiveError.
+//
+// Bytes sent by rank r (what the counters record):
+//   all_gather       sum of the blocks except block r+1    ((N-1)/N of output)
+//   reduce_scatter   sum of the chunks except chunk r      ((N-1)/N of input)
+//   broadcast        root: (N-1) x tensor, others 0
+//   barrier          ceil(log2 N) single bytes
+// Zero-byte blocks are neither sent nor received (both sides know the sizes).
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+namespace gloo {
+class Context;
+}
+
+namespace fsdp::comm {
+
+// One collective's identity on the wire and its deadline.
+struct Step {
+  gloo::Context* ctx = nullptr;
+  uint64_t seq = 0;
+  std::chrono::steady_clock::time_point deadline;
+};
+
+// Blocks are byte ranges of `buf`; rank r already holds block r. Afterwards
+// every rank holds every block. Returns bytes sent. `step_base` offsets the
+// slots so an all_reduce can run this after its reduce-scatter.
+int64_t ring_all_gather(const Step& s, void* buf, const std::vector<int64_t>& offset_bytes,
+                        const std::vector<int64_t>& count_bytes, int step_base = 0);
+
+// Chunks are element ranges of `in`; writes the reduction of every rank's
+// chunk r to `out_chunk` (which may alias chunk r of `in`; nothing else of
+// `in` is written). divisor N turns the sum into a mean. Returns bytes sent.
+int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
+                            const std::vector<int64_t>& offset, const std::vector<int64_t>& count,
+                            c10::ScalarType dtype, int divisor);
+
+// root's bytes land on every rank. Returns bytes sent.
+int64_t direct_broadcast(const Step& s, void* buf, int64_t nbytes, int root);
+
+// Returns once every rank entered; bytes sent.
+int64_t dissemination_barrier(const Step& s);
+
+}  // namespace fsdp::comm

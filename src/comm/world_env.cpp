@@ -1,0 +1,71 @@
+// fsdp-cpp: the world read from the environment (see world_env.h).
+#include "comm/world_env.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+#include "fsdp/errors.h"
+
+namespace fsdp::comm {
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? v : nullptr;
+}
+
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* v = env(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  long x = std::strtol(v, &end, 10);
+  if (errno || *end || x < lo || x > hi)
+    throw Error(detail::cat(name, "='", v, "' is not an integer in [", lo, ", ", hi,
+                            "]; start ranks with `fsdp run` or set it correctly"));
+  return static_cast<int>(x);
+}
+
+std::chrono::milliseconds env_seconds(const char* name, std::chrono::milliseconds fallback) {
+  const char* v = env(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  double s = std::strtod(v, &end);
+  if (*end || !std::isfinite(s) || s <= 0 || s > 86400 * 7)
+    throw Error(detail::cat(name, "='", v, "' is not a positive number of seconds (e.g. 30 or 2.5)"));
+  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(s * 1000)));
+}
+
+}  // namespace
+
+WorldEnv read_world_env() {
+  WorldEnv w;
+  w.from_env = env("RANK") && env("WORLD_SIZE");
+  w.world_size = env_int("WORLD_SIZE", 1, 1, 1 << 20);
+  w.rank = env_int("RANK", 0, 0, 1 << 20);
+  if (w.rank >= w.world_size)
+    throw Error(detail::cat("RANK=", w.rank, " is not below WORLD_SIZE=", w.world_size,
+                            "; every rank must be in [0, WORLD_SIZE)"));
+  w.local_world_size = env_int("LOCAL_WORLD_SIZE", w.from_env ? w.world_size : 1, 1, w.world_size);
+  w.local_rank = env_int("LOCAL_RANK", w.rank % w.local_world_size, 0, 1 << 20);
+  if (w.local_rank >= w.local_world_size)
+    throw Error(detail::cat("LOCAL_RANK=", w.local_rank, " is not below LOCAL_WORLD_SIZE=",
+                            w.local_world_size));
+  if (const char* a = env("MASTER_ADDR")) w.master_addr = a;
+  w.master_port = env_int("MASTER_PORT", w.master_port, 1, 65535);
+  return w;
+}
+
+ResolvedOptions resolve_options(const CommOptions& opts) {
+  ResolvedOptions r;
+  r.timeout = env_seconds("FSDP_TIMEOUT", opts.timeout);
+  if (r.timeout.count() <= 0)
+    throw Error(detail::cat("CommOptions::timeout must be positive, found ", r.timeout.count(), " ms"));
+  r.rendezvous_timeout = env_seconds("FSDP_RENDEZVOUS_TIMEOUT", std::chrono::seconds(60));
+  r.ifname = opts.ifname;
+  if (const char* i = env("GLOO_SOCKET_IFNAME")) r.ifname = i;
+  return r;
+}
+
+}  // namespace fsdp::comm

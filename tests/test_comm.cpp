@@ -1,0 +1,145 @@
+// fsdp-cpp tests: the communicator, in-process (world of one) and as real
+// rank processes started through `fsdp run` (scenarios in
+// tests/workers/comm_scenarios.cpp).
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <regex>
+
+#include "fsdp/comm.h"
+#include "test_util.h"
+
+namespace {
+
+using fsdp::testing::lines_with;
+using fsdp::testing::run_command;
+using fsdp::testing::run_ranks;
+
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+TEST(CommLocal, WorldOfOneCopiesAndCounts) {
+  auto c = fsdp::make_local_communicator();
+  EXPECT_EQ(c->world_size(), 1);
+  auto in = torch::arange(7, torch::kFloat);
+  auto out = torch::empty({7}, torch::kFloat);
+  c->all_gather(in, out, {"x"})->wait();
+  EXPECT_TRUE(torch::equal(in, out));
+  auto rs_out = torch::empty({7}, torch::kBFloat16);
+  c->reduce_scatter(in.to(torch::kBFloat16), rs_out, fsdp::ReduceOp::AVG)->wait();
+  EXPECT_TRUE(torch::equal(rs_out, in.to(torch::kBFloat16)));
+  auto t = in.clone();
+  c->all_reduce(t, fsdp::ReduceOp::SUM)->wait();
+  c->broadcast(t, 0)->wait();
+  c->barrier()->wait();
+  EXPECT_TRUE(torch::equal(t, in));
+  auto counters = c->counters();
+  EXPECT_EQ(counters[fsdp::CollectiveKind::ALL_GATHER].calls, 1);
+  EXPECT_EQ(counters.total_bytes_sent(), 0);
+  c->reset_counters();
+  EXPECT_EQ(c->counters()[fsdp::CollectiveKind::ALL_GATHER].calls, 0);
+}
+
+TEST(CommLocal, MisuseSaysWhatWasExpectedAndPoisons) {
+  auto c = fsdp::make_local_communicator();
+  auto in = torch::ones({4}, torch::kFloat);
+  auto out = torch::empty({5}, torch::kFloat);
+  try {
+    c->all_gather(in, out);
+    FAIL() << "a wrong output size must throw";
+  } catch (const fsdp::CollectiveError& e) {
+    EXPECT_TRUE(contains(e.what(), "expected output.numel() == world_size * input.numel()")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "found 5")) << e.what();
+  }
+  // Every later call fails with the same error.
+  EXPECT_THROW(c->barrier()->wait(), fsdp::CollectiveError);
+}
+
+TEST(CommLocal, IntegerAverageIsRejected) {
+  auto c = fsdp::make_local_communicator();
+  auto t = torch::ones({3}, torch::kLong);
+  try {
+    c->all_reduce(t, fsdp::ReduceOp::AVG);
+    FAIL() << "integer AVG must throw";
+  } catch (const fsdp::CollectiveError& e) {
+    EXPECT_TRUE(contains(e.what(), "AVG")) << e.what();
+  }
+}
+
+TEST(CommLocal, TimeoutFromEnvironment) {
+  setenv("FSDP_TIMEOUT", "2.5", 1);
+  auto c = fsdp::make_local_communicator();
+  unsetenv("FSDP_TIMEOUT");
+  EXPECT_EQ(c->timeout().count(), 2500);
+}
+
+// Every collective x dtype x size at N ranks, checked in each rank.
+class CommCollectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(CommCollectives, GridMatchesLocalReference) {
+  auto r = run_ranks(GetParam(), "comm_collectives", {}, {}, 240);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(lines_with(r.output, "comm_collectives passed").size(), static_cast<size_t>(GetParam()))
+      << r.output;
+  EXPECT_TRUE(lines_with(r.output, "MISMATCH").empty()) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CommCollectives, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return "N" + std::to_string(info.param); });
+
+TEST(CommFailure, TimeoutNamesCollectiveAndMissingRank) {
+  // Rank 2 never arrives at collective #3; ranks 0 and 1 must fail within
+  // timeout + 2 s and say what, where and who.
+  auto r = run_ranks(3, "comm_timeout", {"2", "3"}, {"FSDP_TIMEOUT=2"}, 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  auto elapsed = lines_with(r.output, "[rank 0] elapsed=");
+  ASSERT_EQ(elapsed.size(), 1u) << r.output;
+  double s = std::stod(elapsed[0].substr(elapsed[0].find('=') + 1));
+  EXPECT_GE(s, 1.9) << r.output;
+  EXPECT_LT(s, 4.0) << r.output;
+  auto error = lines_with(r.output, "[rank 0] error:");
+  ASSERT_EQ(error.size(), 1u) << r.output;
+  EXPECT_TRUE(contains(error[0], "all_reduce 'blocks.3'")) << error[0];
+  EXPECT_TRUE(contains(error[0], "collective #3")) << error[0];
+  EXPECT_TRUE(contains(error[0], "world of 3")) << error[0];
+  EXPECT_TRUE(contains(error[0], "timed out")) << error[0];
+  EXPECT_FALSE(lines_with(r.output, "[rank 0] Ranks that never arrived at #3: rank 2 (last entered #2").empty())
+      << r.output;
+  EXPECT_FALSE(lines_with(r.output, "[rank 0] later call failed after 0.0").empty()) << r.output;
+  EXPECT_LT(r.seconds, 15) << r.output;
+}
+
+TEST(CommFailure, WorldSizeDisagreementIsAnErrorNotAHang) {
+  auto r = run_ranks(2, "comm_world_mismatch", {"1", "3"}, {"FSDP_RENDEZVOUS_TIMEOUT=20"}, 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(lines_with(r.output, "disagree on the world size").empty()) << r.output;
+  EXPECT_LT(r.seconds, 10) << r.output;
+}
+
+int closed_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);  // nothing listens there now
+  return ntohs(a.sin_port);
+}
+
+TEST(CommFailure, UnreachableMasterIsAClearError) {
+  auto r = run_command({fsdp::testing::bin_path("fsdp_test_worker"), "comm_hello"},
+                       {"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                        "MASTER_PORT=" + std::to_string(closed_port()), "FSDP_RENDEZVOUS_TIMEOUT=2"},
+                       60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "could not reach the rendezvous store at 127.0.0.1:")) << r.output;
+  EXPECT_LT(r.seconds, 10) << r.output;
+}
+
+}  // namespace

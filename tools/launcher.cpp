@@ -1,0 +1,382 @@
+// fsdp-cpp: the `fsdp run` launcher (see launcher.h).
+//
+// One single-threaded event loop per attempt: poll() over every rank's stdout
+// and stderr pipes plus a self-pipe woken by SIGCHLD/SIGINT/SIGTERM. Each rank
+// runs in its own process group, so stopping a rank also stops whatever it
+// started, and PR_SET_PDEATHSIG kills the ranks if the launcher itself dies.
+#include "launcher.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <thread>
+
+#include "fsdp/errors.h"
+
+extern char** environ;
+
+namespace fsdp::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Written only by the signal handler; read by the loop.
+volatile sig_atomic_t g_stop_signal = 0;
+int g_wake[2] = {-1, -1};
+
+void on_signal(int sig) {
+  if (sig == SIGINT || sig == SIGTERM) g_stop_signal = sig;
+  int saved = errno;
+  if (write(g_wake[1], "x", 1) < 0) {
+  }  // a full pipe already wakes the loop
+  errno = saved;
+}
+
+void install_handlers() {
+  if (g_wake[0] < 0 && pipe2(g_wake, O_CLOEXEC | O_NONBLOCK) != 0)
+    throw Error(detail::cat("fsdp run: pipe: ", std::strerror(errno)));
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM}) sigaction(sig, &sa, nullptr);
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? detail::cat("SIG", abbrev, " (", sig, ")") : detail::cat("signal ", sig);
+}
+
+// The program as execv() needs it: a path, searched in PATH like a shell.
+std::string resolve_program(const std::string& prog) {
+  auto runnable = [](const std::string& p) {
+    struct stat st {};
+    return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(p.c_str(), X_OK) == 0;
+  };
+  if (prog.find('/') != std::string::npos) {
+    if (runnable(prog)) return prog;
+  } else if (const char* path = std::getenv("PATH")) {
+    std::string dirs = path;
+    size_t at = 0;
+    while (at <= dirs.size()) {
+      size_t end = dirs.find(':', at);
+      if (end == std::string::npos) end = dirs.size();
+      std::string dir = dirs.substr(at, end - at);
+      std::string cand = (dir.empty() ? "." : dir) + "/" + prog;
+      if (runnable(cand)) return cand;
+      at = end + 1;
+    }
+  }
+  throw UsageError(detail::cat("program '", prog, "' was not found or is not executable; give a path "
+                               "to an executable file (or a command in PATH) after --"));
+}
+
+int pick_free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) close(fd);
+    throw Error(detail::cat("fsdp run: could not find a free port: ", std::strerror(errno),
+                            "; pass --master-port"));
+  }
+  close(fd);  // the store binds it moments later; a race is possible but rare
+  return ntohs(a.sin_port);
+}
+
+int cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+struct Rank {
+  int local = 0, global = 0;
+  pid_t pid = -1;
+  int fd[2] = {-1, -1};       // stdout, stderr pipes (read ends)
+  std::string partial[2];     // an unfinished line per stream
+  std::deque<std::string> tail;
+  bool running = false;
+  int status = 0;
+};
+
+struct Outcome {
+  int failed = -1;     // index of the first rank that failed, -1: none
+  int status = 0;      // its wait status
+  int interrupted = 0; // SIGINT/SIGTERM received by the launcher
+};
+
+class Attempt {
+ public:
+  Attempt(const LaunchOptions& o, const std::string& program, int port, int restart)
+      : o_(o), program_(program), port_(port), restart_(restart), ranks_(o.nproc) {}
+
+  Outcome run() {
+    for (int i = 0; i < o_.nproc; ++i) spawn(i);
+    Clock::time_point kill_at{}, all_exited_at{};
+    bool stopping = false;
+    for (;;) {
+      poll_once();
+      if (g_stop_signal && !out_.interrupted) {
+        out_.interrupted = g_stop_signal;
+        std::fprintf(stderr, "fsdp run: received %s, forwarding it to every rank\n",
+                     signal_name(out_.interrupted).c_str());
+        signal_all(out_.interrupted);
+        stopping = true;
+        kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int>(o_.grace_s * 1000));
+      }
+      reap();
+      if (!stopping && out_.failed >= 0) {
+        signal_all(SIGTERM);
+        stopping = true;
+        kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int>(o_.grace_s * 1000));
+      }
+      if (stopping && Clock::now() > kill_at) signal_all(SIGKILL);
+      bool any_running = false, any_open = false;
+      for (auto& r : ranks_) {
+        any_running |= r.running;
+        any_open |= r.fd[0] >= 0 || r.fd[1] >= 0;
+      }
+      if (!any_running) {
+        if (all_exited_at == Clock::time_point{}) all_exited_at = Clock::now();
+        // A grandchild may hold a pipe open; do not wait for it long.
+        if (!any_open || Clock::now() - all_exited_at > std::chrono::milliseconds(500)) break;
+      }
+    }
+    for (auto& r : ranks_)
+      for (int s = 0; s < 2; ++s) {
+        if (!r.partial[s].empty()) emit(r, s, r.partial[s]);
+        if (r.fd[s] >= 0) close(r.fd[s]);
+      }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    return out_;
+  }
+
+  const Rank& rank(int i) const { return ranks_[i]; }
+
+ private:
+  std::vector<std::string> env_for(const Rank& r) const {
+    std::vector<std::pair<std::string, std::string>> set = {
+        {"RANK", std::to_string(r.global)},
+        {"LOCAL_RANK", std::to_string(r.local)},
+        {"WORLD_SIZE", std::to_string(o_.nproc * o_.nnodes)},
+        {"LOCAL_WORLD_SIZE", std::to_string(o_.nproc)},
+        {"GROUP_RANK", std::to_string(o_.node_rank)},
+        {"MASTER_ADDR", o_.master_addr},
+        {"MASTER_PORT", std::to_string(port_)},
+        {"FSDP_RESTART_COUNT", std::to_string(restart_)},
+    };
+    int threads = o_.threads > 0 ? o_.threads : std::max(1, cores() / o_.nproc);
+    for (const char* k : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"})
+      if (o_.threads > 0 || !std::getenv(k)) set.push_back({k, std::to_string(threads)});
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) {
+      std::string kv = *e;
+      std::string key = kv.substr(0, kv.find('='));
+      bool overridden = false;
+      for (auto& s : set) overridden |= s.first == key;
+      if (!overridden) env.push_back(kv);
+    }
+    for (auto& s : set) env.push_back(s.first + "=" + s.second);
+    return env;
+  }
+
+  void spawn(int i) {
+    Rank& r = ranks_[i];
+    r.local = i;
+    r.global = o_.node_rank * o_.nproc + i;
+    int p[2][2];
+    for (auto& pp : p)
+      if (pipe2(pp, O_CLOEXEC) != 0) throw Error(detail::cat("fsdp run: pipe: ", std::strerror(errno)));
+    // Everything the child needs is built before fork(): no allocation after.
+    std::vector<std::string> env = env_for(r);
+    std::vector<char*> envp, argv;
+    for (auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+    argv.push_back(const_cast<char*>(program_.c_str()));
+    for (size_t a = 1; a < o_.argv.size(); ++a) argv.push_back(const_cast<char*>(o_.argv[a].c_str()));
+    argv.push_back(nullptr);
+    pid_t launcher = getpid();
+    pid_t pid = fork();
+    if (pid < 0) throw Error(detail::cat("fsdp run: fork: ", std::strerror(errno)));
+    if (pid == 0) {
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(127);  // the launcher died before prctl
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGPIPE}) sigaction(sig, &dfl, nullptr);
+      dup2(p[0][1], 1);
+      dup2(p[1][1], 2);
+      execve(argv[0], argv.data(), envp.data());
+      const char* msg = "fsdp run: exec failed\n";
+      if (write(2, msg, std::strlen(msg)) < 0) {
+      }
+      _exit(127);
+    }
+    setpgid(pid, pid);  // also here: no race with an early signal_all()
+    r.pid = pid;
+    r.running = true;
+    for (int s = 0; s < 2; ++s) {
+      close(p[s][1]);
+      r.fd[s] = p[s][0];
+    }
+  }
+
+  void poll_once() {
+    std::vector<pollfd> fds{{g_wake[0], POLLIN, 0}};
+    std::vector<std::pair<int, int>> who{{-1, -1}};
+    for (int i = 0; i < o_.nproc; ++i)
+      for (int s = 0; s < 2; ++s)
+        if (ranks_[i].fd[s] >= 0) {
+          fds.push_back({ranks_[i].fd[s], POLLIN, 0});
+          who.push_back({i, s});
+        }
+    if (poll(fds.data(), fds.size(), 100) <= 0) return;
+    char buf[65536];
+    if (fds[0].revents) while (read(g_wake[0], buf, sizeof buf) > 0) {}
+    for (size_t k = 1; k < fds.size(); ++k) {
+      if (!fds[k].revents) continue;
+      Rank& r = ranks_[who[k].first];
+      int s = who[k].second;
+      ssize_t n = read(r.fd[s], buf, sizeof buf);
+      if (n <= 0) {
+        if (n < 0 && errno == EINTR) continue;
+        close(r.fd[s]);
+        r.fd[s] = -1;
+        continue;
+      }
+      r.partial[s].append(buf, n);
+      size_t nl;
+      while ((nl = r.partial[s].find('\n')) != std::string::npos) {
+        emit(r, s, r.partial[s].substr(0, nl));
+        r.partial[s].erase(0, nl + 1);
+      }
+    }
+  }
+
+  void emit(Rank& r, int stream, const std::string& line) {
+    std::FILE* f = stream == 0 ? stdout : stderr;
+    std::fprintf(f, "[rank %d] %s\n", r.global, line.c_str());
+    std::fflush(f);
+    r.tail.push_back(line);
+    if (static_cast<int>(r.tail.size()) > o_.tail_lines) r.tail.pop_front();
+  }
+
+  void reap() {
+    for (int i = 0; i < o_.nproc; ++i) {
+      Rank& r = ranks_[i];
+      if (!r.running) continue;
+      int status = 0;
+      pid_t got = waitpid(r.pid, &status, WNOHANG);
+      if (got != r.pid) continue;
+      r.running = false;
+      r.status = status;
+      bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      // Only the first failure is the cause; later ones are our SIGTERMs.
+      if (!ok && out_.failed < 0 && !out_.interrupted) {
+        out_.failed = i;
+        out_.status = status;
+      }
+    }
+  }
+
+  void signal_all(int sig) {
+    for (auto& r : ranks_)
+      if (r.running) kill(-r.pid, sig);
+  }
+
+  const LaunchOptions& o_;
+  const std::string program_;
+  const int port_, restart_;
+  std::vector<Rank> ranks_;
+  Outcome out_;
+};
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    return detail::cat("was killed by signal ", signal_name(sig),
+                       sig == SIGKILL ? " (the kernel's out-of-memory killer sends SIGKILL too)" : "");
+  }
+  return detail::cat("exited with code ", WEXITSTATUS(status));
+}
+
+int exit_code_of(int status) {
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  int c = WEXITSTATUS(status);
+  return c == 0 ? 1 : c;
+}
+
+void validate(LaunchOptions& o) {
+  if (o.argv.empty())
+    throw UsageError("no program given; usage: fsdp run -n N [options] -- PROGRAM [ARGS...]");
+  if (o.nproc < 1) throw UsageError(detail::cat("-n must be at least 1, found ", o.nproc));
+  if (o.nnodes < 1) throw UsageError(detail::cat("--nnodes must be at least 1, found ", o.nnodes));
+  if (o.node_rank < 0 || o.node_rank >= o.nnodes)
+    throw UsageError(detail::cat("--node-rank must be in [0, ", o.nnodes, "), found ", o.node_rank));
+  if (o.master_port < 0 || o.master_port > 65535)
+    throw UsageError(detail::cat("--master-port must be in [1, 65535], found ", o.master_port));
+  if (o.nnodes > 1 && (o.master_addr.empty() || o.master_port == 0))
+    throw UsageError(detail::cat("with --nnodes ", o.nnodes, " every node needs the same --master-addr "
+                                 "(the host of node 0) and --master-port"));
+  if (o.threads < 0) throw UsageError(detail::cat("--threads must be positive, found ", o.threads));
+  if (o.max_restarts < 0)
+    throw UsageError(detail::cat("--max-restarts must be 0 or more, found ", o.max_restarts));
+  if (o.master_addr.empty()) o.master_addr = "127.0.0.1";
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(o.master_addr.c_str(), nullptr, &hints, &res) != 0)
+    throw UsageError(detail::cat("--master-addr '", o.master_addr, "' does not resolve to an address"));
+  freeaddrinfo(res);
+}
+
+}  // namespace
+
+int launch(LaunchOptions o) {
+  validate(o);
+  const std::string program = resolve_program(o.argv[0]);
+  install_handlers();
+  for (int restart = 0;; ++restart) {
+    int port = o.master_port > 0 ? o.master_port : pick_free_port();
+    Attempt attempt(o, program, port, restart);
+    Outcome out = attempt.run();
+    if (out.interrupted) return 128 + out.interrupted;
+    if (out.failed < 0) return 0;
+    const Rank& r = attempt.rank(out.failed);
+    std::string why = detail::cat("rank ", r.global, " (local rank ", r.local, ", pid ", r.pid, ") ",
+                                  describe_status(out.status));
+    if (restart < o.max_restarts) {
+      std::fprintf(stderr, "fsdp run: %s; restarting all %d ranks (restart %d of %d)\n", why.c_str(),
+                   o.nproc, restart + 1, o.max_restarts);
+      continue;
+    }
+    std::string msg = detail::cat("fsdp run: ", why, "; stopped the other ", o.nproc - 1, " local rank",
+                                  o.nproc == 2 ? "" : "s", ".");
+    if (o.max_restarts > 0) msg += detail::cat(" Gave up after ", o.max_restarts, " restarts.");
+    msg += detail::cat("\nfsdp run: last ", r.tail.size(), " lines of rank ", r.global, ":");
+    for (auto& line : r.tail) msg += "\n  | " + line;
+    std::fprintf(stderr, "%s\n", msg.c_str());
+    return exit_code_of(out.status);
+  }
+}
+
+}  // namespace fsdp::tools

@@ -1,0 +1,37 @@
+// fsdp-cpp: `fsdp run`, the launcher that starts the ranks of one node.
+// defines: LaunchOptions, launch
+//
+// torchrun's conventions: each rank gets RANK, LOCAL_RANK, WORLD_SIZE,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (plus FSDP_RESTART_COUNT), and
+// OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS = cores / local
+// ranks unless the user set them or passed --threads.
+//
+// Fail together: the first rank that exits non-zero or dies by a signal stops
+// the others (SIGTERM, then SIGKILL after a grace period) and the launcher
+// reports that one rank: exit code or signal name and its last lines.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace fsdp::tools {
+
+struct LaunchOptions {
+  int nproc = 1;             // local ranks on this node
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr;   // empty: 127.0.0.1 (single node only)
+  int master_port = 0;       // 0: a free port (single node only)
+  int threads = 0;           // 0: cores / nproc
+  int max_restarts = 0;      // restart every rank this many times after a failure
+  double grace_s = 3;        // SIGTERM -> SIGKILL
+  int tail_lines = 10;       // lines of the failed rank quoted in the report
+  std::vector<std::string> argv;  // the program and its arguments
+};
+
+// Checks the options (throws fsdp::UsageError on bad input), runs the ranks to
+// the end and returns the launcher's exit code: 0 when every rank exited 0;
+// the failed rank's exit code (128 + signal when killed) otherwise.
+int launch(LaunchOptions opts);
+
+}  // namespace fsdp::tools
