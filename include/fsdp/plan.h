@@ -1,0 +1,180 @@
+// fsdp-cpp: the planner -- the seed's ledger and traffic formulas, before a run.
+//
+// defines: plan::Optimizer, plan::UnitSpec, plan::PlanOptions, plan::UnitPlan,
+//          plan::Traffic, plan::Plan, plan::make_plan, plan::traffic,
+//          plan::Candidate, plan::Recommendation, plan::recommend,
+//          plan::GptShape, plan::gpt_units, plan::gpt_activations,
+//          plan::units_from, plan::measure_loopback_bandwidth, plan::parse_bandwidth
+//
+// The core takes a list of units {name, numel} and an activation estimate, so
+// it plans a real wrapped model as well as a model described by flags:
+//   auto plan = fsdp::plan::make_plan(fsdp::plan::units_from(model->units()), A, opts);
+//   std::printf("%s", plan.str().c_str());
+//
+// All quantities are per rank, in bytes (element counts where named numel).
+//   P, G, O   resident parameters (fp32 master), gradients, optimizer state
+//             (Adam 2 values per parameter, SGD with momentum 1, plain SGD 0)
+//   rest      P + G + O                       (FULL_SHARD: (P+G+O)_full / N)
+//   P_block   the largest unit unsharded, in the compute dtype
+//   G_block   its unsharded gradient before the reduce-scatter
+//   A         activations kept for backward (+ the head's transient gradients)
+//   peak      rest + working set + A, where the working set is
+//               FULL_SHARD     P_block * (1 + prefetch) + G_block
+//               SHARD_GRAD_OP  every unit unsharded (kept from forward to backward) + G_block
+//               NO_SHARD       nothing extra (fp32), the compute-dtype copy otherwise
+//   traffic   bytes this rank SENDS per optimizer step (ring algorithms):
+//               FULL_SHARD     AG forward + AG backward + RS = 3P * (N-1)/N
+//               SHARD_GRAD_OP  AG forward + RS                = 2P * (N-1)/N
+//               NO_SHARD       all-reduce                     = 2P * (N-1)/N
+//             with P = padded numel * bytes of the collective's dtype, times
+//             micro_steps (every micro-step gathers and reduces).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fsdp/fully_shard.h"
+
+namespace fsdp::plan {
+
+enum class Optimizer { ADAM, SGD_MOMENTUM, SGD };
+const char* to_string(Optimizer o);
+// adam|adamw|sgd|sgd-momentum (sgd = SGD with momentum, the common case); throws UsageError.
+Optimizer parse_optimizer(const std::string& text);
+int state_per_param(Optimizer o);  // Adam 2, SGD with momentum 1, plain SGD 0
+
+struct UnitSpec {
+  std::string name;  // module path, "" = root
+  int64_t numel = 0;
+};
+
+struct PlanOptions {
+  int world = 1;
+  ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
+  int param_bytes = 4;   // compute / all-gather dtype: fp32 4, bf16 2
+  int reduce_bytes = 0;  // gradient reduction dtype; 0 = param_bytes
+  int master_bytes = 4;  // the sharded master copy (always fp32 in fsdp-cpp)
+  Optimizer optimizer = Optimizer::ADAM;
+  int micro_steps = 1;   // gradient accumulation steps per optimizer step
+  int prefetch = 0;      // units gathered ahead (FsdpOptions::forward_prefetch / backward_prefetch)
+  double bandwidth = 0;  // bytes/s per rank for the time estimate; 0 = unknown
+  // Throws fsdp::UsageError naming the field.
+  void validate() const;
+  int reduce() const { return reduce_bytes > 0 ? reduce_bytes : param_bytes; }
+};
+
+struct UnitPlan {
+  std::string name;
+  int64_t numel = 0;
+  int64_t padded_numel = 0;     // multiple of the world size
+  int64_t shard_numel = 0;      // padded / N
+  int64_t unsharded_bytes = 0;  // padded * param_bytes
+  int64_t shard_bytes = 0;      // shard * master_bytes
+};
+
+struct Traffic {
+  int64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0;  // bytes sent per rank per step
+  int64_t total() const { return all_gather + reduce_scatter + all_reduce; }
+};
+
+struct Plan {
+  PlanOptions options;
+  std::vector<UnitPlan> units;
+  int64_t numel = 0, padded_numel = 0;
+  int64_t P_full = 0;  // numel * master_bytes: the seed's P
+  int64_t P = 0, G = 0, O = 0, rest = 0;
+  int64_t P_block = 0, G_block = 0;
+  std::string P_block_unit;
+  int64_t working = 0;  // unsharded parameters / gradients at the peak (see above)
+  int64_t A = 0;
+  int64_t peak = 0;
+  Traffic traffic;                                  // for options.strategy
+  Traffic full_shard, shard_grad_op, no_shard;      // all three, for comparison
+  double comm_seconds = 0;                          // traffic / bandwidth (0 when unknown)
+
+  std::string str() const;  // the table `fsdp plan` prints
+  nlohmann::json to_json() const;
+};
+
+// Pads every unit to a multiple of N and applies the formulas above.
+Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, const PlanOptions& opts);
+Traffic traffic(ShardingStrategy s, int64_t padded_numel, const PlanOptions& opts);
+
+// The units of a wrapped model (fully_shard's unit table).
+inline std::vector<UnitSpec> units_from(const std::vector<UnitInfo>& infos) {
+  std::vector<UnitSpec> out;
+  for (auto& u : infos) out.push_back({u.name, u.numel});
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Choosing a strategy and a wrapping under a memory budget (the seed's
+// decision tree): the model fits replicated -> NO_SHARD (least traffic, no
+// gathers); else it fits with parameters unsharded through the step ->
+// SHARD_GRAD_OP (2P instead of 3P); else FULL_SHARD with the coarsest wrapping
+// that fits (fewer, larger collectives); nothing fits -> the finest wrapping
+// and what to change. A plan fits when its peak is at most 90% of the budget
+// (the allocator's fragmentation and small buffers are not in the ledger).
+struct Candidate {
+  std::string wrap;  // e.g. "none", "block", "size:65536" (coarse to fine)
+  std::vector<UnitSpec> units;
+};
+
+struct Recommendation {
+  bool fits = false;
+  ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
+  std::string wrap;
+  Plan plan;
+  std::string why;  // plain words, several lines
+};
+
+Recommendation recommend(const std::vector<Candidate>& candidates_coarse_to_fine, int64_t activation_bytes,
+                         const PlanOptions& base, int64_t budget);
+
+// ---------------------------------------------------------------------------
+// GPT-mini (GPT_MINI.md) described by its flags.
+struct GptShape {
+  int64_t layers = 6, dim = 256, heads = 4, vocab = 256, seq = 128, batch = 8;
+  int64_t num_params() const;  // V*d + T*d + L*(12d^2 + 13d) + 2d + V*d + V
+  void validate() const;       // throws UsageError
+};
+
+// "block": root (tok, pos, ln, head) + one unit per block; "none": one unit;
+// "size:N": the size-based policy (a module whose parameters not already in a
+// nested unit number at least N becomes a unit, children first), as
+// WrapPolicy::size_based does. Units in parameter order, root first.
+std::vector<UnitSpec> gpt_units(const GptShape& s, const std::string& wrap);
+
+// What autograd keeps alive for GPT-mini's forward (libtorch 1.13 kernels):
+// per block the LayerNorm inputs and stats, the qkv/proj/fc/out inputs, the
+// copies matmul makes of q, k^T and v, the softmax output [B,h,T,T], the
+// GELU input and the causal mask; at the end the final LayerNorm, the head's
+// input, log_softmax's output and the logits [B,T,V] the caller holds; plus
+// the two [B,T,V] gradients that exist when backward starts.
+struct ActivationEstimate {
+  int64_t per_block = 0;      // bytes saved by one block
+  int64_t attention = 0;      // of which the softmax output [B,h,T,T]
+  int64_t head = 0;           // final LayerNorm, head input, log_softmax, logits
+  int64_t backward_transient = 0;
+  int64_t total = 0;          // L*per_block + head + embeddings + transient
+  std::string str() const;
+};
+ActivationEstimate gpt_activations(const GptShape& s, int act_bytes = 4);
+
+// Wrappings to try for GPT, coarse to fine: none, block, then size-based
+// thresholds that split blocks into their Linear layers.
+std::vector<Candidate> gpt_candidates(const GptShape& s);
+
+// ---------------------------------------------------------------------------
+// Bandwidth.
+// Sends `bytes` through a loopback TCP connection on this host and returns
+// bytes/s (what ranks on one machine get from Gloo's TCP transport, at best).
+double measure_loopback_bandwidth(int64_t bytes = int64_t(256) << 20);
+// "2GB/s", "500MiB/s", "10Gbit/s", "1e9" (bytes/s); throws UsageError.
+double parse_bandwidth(const std::string& text);
+std::string format_bandwidth(double bytes_per_s);
+
+}  // namespace fsdp::plan

@@ -1,0 +1,240 @@
+// fsdp-cpp: the planner's formulas (see include/fsdp/plan.h for the ledger).
+#include "fsdp/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "fsdp/errors.h"
+#include "fsdp/memory.h"
+#include "plan/names.h"
+
+namespace fsdp::plan {
+
+const char* to_string(Optimizer o) {
+  switch (o) {
+    case Optimizer::ADAM: return "adam";
+    case Optimizer::SGD_MOMENTUM: return "sgd-momentum";
+    case Optimizer::SGD: return "sgd-plain";
+  }
+  return "?";
+}
+
+Optimizer parse_optimizer(const std::string& t) {
+  if (t == "adam" || t == "adamw") return Optimizer::ADAM;
+  if (t == "sgd" || t == "sgd-momentum") return Optimizer::SGD_MOMENTUM;
+  if (t == "sgd-plain") return Optimizer::SGD;
+  throw UsageError("--optimizer: expected adam|adamw|sgd|sgd-momentum|sgd-plain, found '" + t + "'");
+}
+
+int state_per_param(Optimizer o) { return o == Optimizer::ADAM ? 2 : o == Optimizer::SGD_MOMENTUM ? 1 : 0; }
+
+void PlanOptions::validate() const {
+  FSDP_USER_CHECK(world >= 1, "plan: --world must be >= 1, found ", world);
+  FSDP_USER_CHECK(param_bytes == 2 || param_bytes == 4, "plan: param dtype bytes must be 2 (bf16) or 4 (fp32), found ",
+                  param_bytes);
+  FSDP_USER_CHECK(reduce_bytes == 0 || reduce_bytes == 2 || reduce_bytes == 4,
+                  "plan: reduce dtype bytes must be 2 or 4, found ", reduce_bytes);
+  FSDP_USER_CHECK(micro_steps >= 1, "plan: micro_steps must be >= 1, found ", micro_steps);
+  FSDP_USER_CHECK(prefetch >= 0, "plan: prefetch must be >= 0, found ", prefetch);
+  FSDP_USER_CHECK(bandwidth >= 0, "plan: bandwidth must be >= 0, found ", bandwidth);
+}
+
+Traffic traffic(ShardingStrategy s, int64_t padded, const PlanOptions& o) {
+  // Ring collectives: each rank sends (N-1)/N of the buffer per all-gather or
+  // reduce-scatter, twice that per all-reduce. Integer math on the padded
+  // numel keeps the numbers exact (padded is a multiple of N).
+  const int64_t N = o.world, K = o.micro_steps;
+  const int64_t sent = padded / N * (N - 1);  // elements a rank sends per AG / RS
+  Traffic t;
+  switch (s) {
+    case ShardingStrategy::FULL_SHARD:
+      t.all_gather = 2 * K * sent * o.param_bytes;
+      t.reduce_scatter = K * sent * o.reduce();
+      break;
+    case ShardingStrategy::SHARD_GRAD_OP:
+      t.all_gather = K * sent * o.param_bytes;
+      t.reduce_scatter = K * sent * o.reduce();
+      break;
+    case ShardingStrategy::NO_SHARD:
+      t.all_reduce = 2 * K * sent * o.reduce();
+      break;
+  }
+  return t;
+}
+
+Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, const PlanOptions& opts) {
+  opts.validate();
+  FSDP_USER_CHECK(!units.empty(), "plan: expected at least one unit, found none.");
+  Plan p;
+  p.options = opts;
+  const int64_t N = opts.world;
+  const bool no_shard = opts.strategy == ShardingStrategy::NO_SHARD;
+  const int k = state_per_param(opts.optimizer);
+  int64_t largest = -1;
+  for (auto& u : units) {
+    FSDP_USER_CHECK(u.numel >= 0, "plan: unit '", u.name, "' has negative numel ", u.numel);
+    UnitPlan up;
+    up.name = u.name;
+    up.numel = u.numel;
+    up.padded_numel = (u.numel + N - 1) / N * N;
+    up.shard_numel = up.padded_numel / N;
+    up.unsharded_bytes = up.padded_numel * opts.param_bytes;
+    up.shard_bytes = up.shard_numel * opts.master_bytes;
+    p.numel += up.numel;
+    p.padded_numel += up.padded_numel;
+    if (up.padded_numel > largest) {
+      largest = up.padded_numel;
+      p.P_block = up.unsharded_bytes;
+      p.G_block = up.padded_numel * opts.reduce();
+      p.P_block_unit = up.name;
+    }
+    p.units.push_back(std::move(up));
+  }
+  p.P_full = p.numel * opts.master_bytes;
+  const int64_t resident_numel = no_shard ? p.padded_numel : p.padded_numel / N;
+  p.P = resident_numel * opts.master_bytes;
+  p.G = p.P;
+  p.O = k * p.P;
+  p.rest = p.P + p.G + p.O;
+  switch (opts.strategy) {
+    case ShardingStrategy::FULL_SHARD: {
+      // The computing unit plus the prefetched ones: the next largest units.
+      std::vector<int64_t> sizes;
+      for (auto& u : p.units) sizes.push_back(u.unsharded_bytes);
+      std::sort(sizes.rbegin(), sizes.rend());
+      for (int i = 0; i <= opts.prefetch && i < (int)sizes.size(); ++i) p.working += sizes[i];
+      p.working += p.G_block;
+      break;
+    }
+    case ShardingStrategy::SHARD_GRAD_OP:
+      p.working = p.padded_numel * opts.param_bytes + p.G_block;
+      break;
+    case ShardingStrategy::NO_SHARD:
+      p.working = opts.param_bytes != opts.master_bytes ? p.padded_numel * opts.param_bytes : 0;
+      break;
+  }
+  p.A = activation_bytes;
+  p.peak = p.rest + p.working + p.A;
+  p.full_shard = traffic(ShardingStrategy::FULL_SHARD, p.padded_numel, opts);
+  p.shard_grad_op = traffic(ShardingStrategy::SHARD_GRAD_OP, p.padded_numel, opts);
+  p.no_shard = traffic(ShardingStrategy::NO_SHARD, p.padded_numel, opts);
+  p.traffic = traffic(opts.strategy, p.padded_numel, opts);
+  p.comm_seconds = opts.bandwidth > 0 ? p.traffic.total() / opts.bandwidth : 0;
+  return p;
+}
+
+namespace {
+
+std::string b(int64_t x) { return fsdp::memory::format_bytes(x); }
+
+std::string line(const char* label, const std::string& value, const std::string& note = "") {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "  %-30s %14s   %s\n", label, value.c_str(), note.c_str());
+  return buf;
+}
+
+std::string millions(int64_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.3f M", n / 1e6);
+  return buf;
+}
+
+}  // namespace
+
+std::string Plan::str() const {
+  std::ostringstream os;
+  const auto& o = options;
+  const int k = state_per_param(o.optimizer);
+  os << "plan: " << strategy_name(o.strategy) << ", world N = " << o.world << ", " << units.size()
+     << " unit(s), " << (o.param_bytes == 2 ? "bf16" : "fp32") << " compute, optimizer " << to_string(o.optimizer)
+     << (o.micro_steps > 1 ? ", " + std::to_string(o.micro_steps) + " micro-steps" : "") << "\n";
+  os << "\nmodel\n";
+  os << line("parameters", millions(numel), "padded to multiples of N: " + millions(padded_numel));
+  os << line("P (fp32, whole model)", b(P_full), "the seed's P = num_params x 4 B");
+  os << "\nper rank (every rank the same)\n";
+  const bool ns = o.strategy == ShardingStrategy::NO_SHARD;
+  os << line("P  params resident", b(P), ns ? "full replica" : "P/N (fp32 master shard)");
+  os << line("G  grads resident", b(G), ns ? "full replica" : "G/N");
+  os << line("O  optimizer state", b(O), std::to_string(k) + " x P" + (ns ? "" : "/N"));
+  os << line("rest = P + G + O", b(rest), ns ? "" : "(P+G+O)/N, the seed's ledger");
+  os << line("P_block (largest unit)", b(P_block), "unit " + (P_block_unit.empty() ? std::string("<root>") : P_block_unit));
+  std::string wnote = o.strategy == ShardingStrategy::FULL_SHARD
+                          ? "P_block x " + std::to_string(1 + o.prefetch) + " + its unsharded grad " + b(G_block)
+                      : o.strategy == ShardingStrategy::SHARD_GRAD_OP
+                          ? "all units unsharded fwd->bwd + grad of one unit"
+                          : (working ? "compute-dtype copy" : "none (computes on the replica)");
+  os << line("working set at the peak", b(working), wnote);
+  os << line("A  activations", b(A), "");
+  os << line("predicted peak", b(peak), "rest + working + A");
+  os << "\ntraffic per step, bytes sent per rank (N = " << o.world << ")\n";
+  auto tl = [&](const char* name, const Traffic& t, const char* formula) {
+    std::string note = formula;
+    if (o.bandwidth > 0) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "  ~%.1f ms at %s", 1e3 * t.total() / o.bandwidth,
+                    format_bandwidth(o.bandwidth).c_str());
+      note += buf;
+    }
+    return line(name, b(t.total()), note);
+  };
+  os << tl("FULL_SHARD", full_shard, "3P(N-1)/N: AG fwd + AG bwd + RS");
+  os << tl("SHARD_GRAD_OP", shard_grad_op, "2P(N-1)/N: AG fwd + RS");
+  os << tl("NO_SHARD (DDP)", no_shard, "2P(N-1)/N: all-reduce");
+  if (o.bandwidth <= 0) os << "  (communication time: pass --bandwidth 2GB/s or --measure)\n";
+  os << "\nunits\n";
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "  %-4s %-22s %12s %12s %12s %12s\n", "#", "unit", "numel", "padded", "shard",
+                "unsharded");
+  os << buf;
+  for (size_t i = 0; i < units.size(); ++i) {
+    auto& u = units[i];
+    std::snprintf(buf, sizeof buf, "  %-4zu %-22s %12lld %12lld %12lld %12s\n", i,
+                  u.name.empty() ? "<root>" : u.name.c_str(), (long long)u.numel, (long long)u.padded_numel,
+                  (long long)u.shard_numel, b(u.unsharded_bytes).c_str());
+    os << buf;
+  }
+  return os.str();
+}
+
+nlohmann::json Plan::to_json() const {
+  auto tj = [](const Traffic& t) {
+    return nlohmann::json{{"all_gather", t.all_gather}, {"reduce_scatter", t.reduce_scatter},
+                          {"all_reduce", t.all_reduce}, {"total", t.total()}};
+  };
+  nlohmann::json us = nlohmann::json::array();
+  for (auto& u : units)
+    us.push_back({{"name", u.name}, {"numel", u.numel}, {"padded_numel", u.padded_numel},
+                  {"shard_numel", u.shard_numel}, {"unsharded_bytes", u.unsharded_bytes},
+                  {"shard_bytes", u.shard_bytes}});
+  return {{"strategy", strategy_name(options.strategy)},
+          {"world", options.world},
+          {"param_bytes_per_elem", options.param_bytes},
+          {"reduce_bytes_per_elem", options.reduce()},
+          {"master_bytes_per_elem", options.master_bytes},
+          {"optimizer", to_string(options.optimizer)},
+          {"optimizer_state_per_param", state_per_param(options.optimizer)},
+          {"micro_steps", options.micro_steps},
+          {"prefetch", options.prefetch},
+          {"numel", numel},
+          {"padded_numel", padded_numel},
+          {"P_full", P_full},
+          {"P", P},
+          {"G", G},
+          {"O", O},
+          {"rest", rest},
+          {"P_block", P_block},
+          {"G_block", G_block},
+          {"P_block_unit", P_block_unit},
+          {"working", working},
+          {"A", A},
+          {"peak", peak},
+          {"traffic", tj(traffic)},
+          {"traffic_by_strategy",
+           {{"FULL_SHARD", tj(full_shard)}, {"SHARD_GRAD_OP", tj(shard_grad_op)}, {"NO_SHARD", tj(no_shard)}}},
+          {"bandwidth_bytes_per_s", options.bandwidth},
+          {"comm_seconds", comm_seconds},
+          {"units", us}};
+}
+
+}  // namespace fsdp::plan

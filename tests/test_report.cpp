@@ -1,0 +1,388 @@
+// Tests of `fsdp report`: the analysis (numbers) on a synthetic trace that
+// follows the schema of include/fsdp/trace.h, the HTML's self-containment,
+// and the page in a real headless browser (Debian's chromium).
+//
+// The synthetic trace is what the engine will write: 3 ranks, a GPT-like
+// model (root + 4 blocks, d=64) under FULL_SHARD, 4 steps with all-gathers
+// on the communication thread, forward/backward on the compute thread,
+// reduce-scatters, the optimizer, memory samples and a checkpoint save.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "fsdp/errors.h"
+#include "fsdp/trace.h"
+#include "test_util.h"
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int kWorld = 3, kSteps = 4, kLayers = 4, kDim = 64, kVocab = 256, kSeq = 32;
+
+json param(const std::string& name, std::vector<int64_t> shape, int64_t& offset) {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  json p = {{"name", name}, {"shape", shape}, {"offset", offset}, {"numel", n}};
+  offset += n;
+  return p;
+}
+
+json unit(int index, const std::string& name, json params, int world) {
+  int64_t numel = 0;
+  for (auto& p : params) numel += p["numel"].get<int64_t>();
+  int64_t padded = (numel + world - 1) / world * world;
+  return {{"index", index},
+          {"name", name},
+          {"numel", numel},
+          {"padded_numel", padded},
+          {"shard_numel", padded / world},
+          {"unsharded_bytes", padded * 4},
+          {"shard_bytes", padded / world * 4},
+          {"params", params}};
+}
+
+// GPT-mini's units under --wrap block (root = tok, pos, ln, head).
+json synthetic_units(int world) {
+  const int64_t d = kDim;
+  json units = json::array();
+  int64_t off = 0;
+  json root = json::array();
+  root.push_back(param("tok.weight", {kVocab, d}, off));
+  root.push_back(param("pos.weight", {kSeq, d}, off));
+  root.push_back(param("ln.weight", {d}, off));
+  root.push_back(param("ln.bias", {d}, off));
+  root.push_back(param("head.weight", {kVocab, d}, off));
+  root.push_back(param("head.bias", {kVocab}, off));
+  units.push_back(unit(0, "", root, world));
+  for (int i = 0; i < kLayers; ++i) {
+    std::string p = "blocks." + std::to_string(i) + ".";
+    json ps = json::array();
+    off = 0;
+    ps.push_back(param(p + "ln1.weight", {d}, off));
+    ps.push_back(param(p + "ln1.bias", {d}, off));
+    ps.push_back(param(p + "qkv.weight", {3 * d, d}, off));
+    ps.push_back(param(p + "qkv.bias", {3 * d}, off));
+    ps.push_back(param(p + "proj.weight", {d, d}, off));
+    ps.push_back(param(p + "proj.bias", {d}, off));
+    ps.push_back(param(p + "ln2.weight", {d}, off));
+    ps.push_back(param(p + "ln2.bias", {d}, off));
+    ps.push_back(param(p + "fc.weight", {4 * d, d}, off));
+    ps.push_back(param(p + "fc.bias", {4 * d}, off));
+    ps.push_back(param(p + "out.weight", {d, 4 * d}, off));
+    ps.push_back(param(p + "out.bias", {d}, off));
+    units.push_back(unit(i + 1, "blocks." + std::to_string(i), ps, world));
+  }
+  return units;
+}
+
+int64_t padded_total(const json& units) {
+  int64_t n = 0;
+  for (auto& u : units) n += u["padded_numel"].get<int64_t>();
+  return n;
+}
+
+struct RankWriter {
+  int rank;
+  json events = json::array();
+  int64_t mem = 0, peak = 0;
+  void span(int tid, const std::string& name, const std::string& cat, double ts, double dur, json args = json::object()) {
+    events.push_back({{"ph", "X"}, {"pid", rank}, {"tid", tid}, {"ts", ts}, {"dur", dur}, {"name", name},
+                      {"cat", cat}, {"args", args}});
+  }
+  void memory(double ts, int64_t delta) {
+    mem += delta;
+    peak = std::max(peak, mem);
+    events.push_back({{"ph", "C"}, {"pid", rank}, {"tid", 0}, {"ts", ts}, {"name", "memory"},
+                      {"args", {{"current", mem}, {"peak", peak}}}});
+  }
+};
+
+// Writes DIR/trace-rank<R>.json for every rank; returns the units metadata.
+json write_synthetic_trace(const std::string& dir, int world = kWorld) {
+  ::mkdir(dir.c_str(), 0755);
+  json units = synthetic_units(world);
+  const int64_t Np = padded_total(units);
+  const int64_t rest = 4 * Np / world * 4;  // P + G + 2P (Adam), fp32 shards
+  int64_t p_block = 0;
+  std::string p_block_unit;
+  for (auto& u : units)
+    if (u["unsharded_bytes"].get<int64_t>() > p_block) {
+      p_block = u["unsharded_bytes"];
+      p_block_unit = u["name"];
+    }
+  const int64_t act_per_block = 16 * 8 * kSeq * kDim * 4 + 8 * 4 * kSeq * kSeq * 4;  // B=8
+  const int64_t A = kLayers * act_per_block;
+  for (int r = 0; r < world; ++r) {
+    RankWriter w{r};
+    const double us_per_byte = 1e-3;  // 1 GB/s
+    double t = 1.7e15 + 250 * r;      // wall-clock microseconds, ranks slightly apart
+    w.memory(t, rest);
+    auto ag = [&](const json& u, double at, const char* phase) {
+      int64_t bytes = (world - 1) * u["shard_numel"].get<int64_t>() * 4;
+      double dur = 60 + bytes * us_per_byte;
+      w.span(1, "all_gather", "comm", at, dur, {{"unit", u["name"]}, {"bytes", bytes}, {"phase", phase}});
+      return at + dur;
+    };
+    auto rs = [&](const json& u, double at) {
+      int64_t bytes = (world - 1) * u["shard_numel"].get<int64_t>() * 4;
+      double dur = 80 + bytes * us_per_byte;
+      w.span(1, "reduce_scatter", "comm", at, dur, {{"unit", u["name"]}, {"bytes", bytes}});
+      return at + dur;
+    };
+    for (int s = 0; s < kSteps; ++s) {
+      double step0 = t;
+      // forward: root gathered first and kept until its own forward ends
+      t = ag(units[0], t, "forward");
+      w.memory(t, units[0]["unsharded_bytes"].get<int64_t>());
+      double root_fwd0 = t;
+      for (int i = 1; i <= kLayers; ++i) {
+        t = ag(units[i], t, "forward");
+        w.memory(t, units[i]["unsharded_bytes"].get<int64_t>());
+        double dur = 1800 + 40 * r;
+        w.span(0, "forward", "forward", t, dur, {{"unit", units[i]["name"]}});
+        t += dur;
+        w.memory(t, act_per_block - units[i]["unsharded_bytes"].get<int64_t>());
+      }
+      w.span(0, "forward", "forward", root_fwd0, t + 300 - root_fwd0, {{"unit", ""}});
+      t += 300;
+      w.memory(t, -units[0]["unsharded_bytes"].get<int64_t>());
+      // backward: root's head first, then blocks in reverse
+      t = ag(units[0], t, "backward");
+      w.memory(t, 2 * units[0]["unsharded_bytes"].get<int64_t>());
+      double root_bwd0 = t;
+      t += 400;
+      double comm_free = t;
+      for (int i = kLayers; i >= 1; --i) {
+        t = ag(units[i], std::max(t, comm_free), "backward");
+        w.memory(t, 2 * units[i]["unsharded_bytes"].get<int64_t>());
+        double dur = 3300 + 60 * r;
+        w.span(0, "backward", "backward", t, dur, {{"unit", units[i]["name"]}});
+        t += dur;
+        w.memory(t, -act_per_block - units[i]["unsharded_bytes"].get<int64_t>());
+        comm_free = rs(units[i], t);
+        w.memory(comm_free, -units[i]["unsharded_bytes"].get<int64_t>());
+      }
+      w.span(0, "backward", "backward", root_bwd0, t + 200 - root_bwd0, {{"unit", ""}});
+      t += 200;
+      t = rs(units[0], std::max(t, comm_free));
+      w.memory(t, -2 * units[0]["unsharded_bytes"].get<int64_t>());
+      w.span(0, "optimizer_step", "optim", t, 1500);
+      t += 1500;
+      w.span(0, "step", "step", step0, t - step0, {{"step", s}, {"loss", 5.5 - 0.4 * s}});
+      t += 200;
+      if (s == 2) {
+        w.span(0, "save", "ckpt", t, 5000 + 300 * r,
+               {{"path", "ckpt/step-3/rank" + std::to_string(r) + ".safetensors"}, {"bytes", rest}, {"step", 3}});
+        t += 5600;
+      }
+    }
+    json meta = {{"schema", "fsdp-trace/1"},
+                 {"rank", r},
+                 {"world", world},
+                 {"dropped_events", 0},
+                 {"strategy", "FULL_SHARD"},
+                 {"param_dtype", "fp32"},
+                 {"param_bytes_per_elem", 4},
+                 {"master_bytes_per_elem", 4},
+                 {"reduce_bytes_per_elem", 4},
+                 {"optimizer", "adamw"},
+                 {"optimizer_state_per_param", 2},
+                 {"model", "gpt L=4 d=64 V=256 T=32 (synthetic)"},
+                 {"units", units},
+                 {"ledger",
+                  {{"P_full", Np * 4},
+                   {"P", Np / world * 4},
+                   {"G", Np / world * 4},
+                   {"O", 2 * Np / world * 4},
+                   {"P_block", p_block},
+                   {"P_block_unit", p_block_unit},
+                   {"A", A},
+                   {"predicted_rest", rest},
+                   {"predicted_peak", rest + 2 * p_block + A}}}};
+    json file = {{"traceEvents", w.events}, {"displayTimeUnit", "ms"}, {"otherData", meta}};
+    file["traceEvents"].push_back({{"ph", "M"}, {"pid", r}, {"tid", 1}, {"name", "thread_name"},
+                                   {"args", {{"name", "comm"}}}});
+    std::ofstream(dir + "/trace-rank" + std::to_string(r) + ".json") << file.dump();
+  }
+  return units;
+}
+
+std::string fresh_dir(const std::string& tag) {
+  std::string d = ::testing::TempDir() + "fsdp_report_" + tag + "_" + std::to_string(::getpid());
+  std::system(("rm -rf '" + d + "'").c_str());
+  ::mkdir(d.c_str(), 0755);
+  return d;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+TEST(Report, AnalyzeSyntheticTraceTrafficStepsCheckpoints) {
+  std::string dir = fresh_dir("analyze");
+  json units = write_synthetic_trace(dir);
+  json m = fsdp::report::analyze(dir);
+  EXPECT_EQ(m["world"], kWorld);
+  EXPECT_EQ(m["strategy"], "FULL_SHARD");
+  ASSERT_EQ(m["ranks"].size(), (size_t)kWorld);
+  EXPECT_TRUE(m["warnings"].empty()) << m["warnings"].dump();
+  const double Np = padded_total(units);
+  const double full = 3.0 * (kWorld - 1) / kWorld * Np * 4;
+  EXPECT_DOUBLE_EQ(m["traffic_lines"]["full_3p"].get<double>(), full);
+  EXPECT_DOUBLE_EQ(m["traffic_lines"]["grad_op_2p"].get<double>(), 2.0 * (kWorld - 1) / kWorld * Np * 4);
+  for (auto& r : m["ranks"]) {
+    ASSERT_EQ(r["steps"].size(), (size_t)kSteps);
+    for (auto& s : r["steps"]) {
+      // every unit gathered twice and reduce-scattered once: exactly 3P(N-1)/N
+      EXPECT_DOUBLE_EQ(s["total_bytes"].get<double>(), full);
+      EXPECT_EQ(s["n_ag"], 2 * (kLayers + 1));
+      EXPECT_EQ(s["n_rs"], kLayers + 1);
+      EXPECT_GT(s["peak_mem"].get<double>(), 0);
+    }
+    EXPECT_EQ(r["steps"][1]["loss"], 5.1);
+    ASSERT_EQ(r["ckpt"].size(), 1u);
+    EXPECT_EQ(r["ckpt"][0]["name"], "save");
+    EXPECT_EQ(r["ckpt"][0]["step"], 3);
+    EXPECT_GT(r["peak"].get<double>(), r["meta"]["ledger"]["predicted_rest"].get<double>());
+    EXPECT_EQ(r["threads"]["1"], "comm");
+  }
+  // times start at 0 (the earliest event of any rank)
+  EXPECT_DOUBLE_EQ(m["ranks"][0]["memory"][0][0].get<double>(), 0.0);
+}
+
+TEST(Report, MergedTraceGivesTheSameNumbers) {
+  std::string dir = fresh_dir("merged");
+  write_synthetic_trace(dir);
+  json a = fsdp::report::analyze(dir);
+  std::string merged = fsdp::trace::merge(dir);
+  json b = fsdp::report::analyze(merged);
+  ASSERT_EQ(b["ranks"].size(), a["ranks"].size());
+  for (size_t r = 0; r < a["ranks"].size(); ++r) {
+    EXPECT_EQ(b["ranks"][r]["steps"], a["ranks"][r]["steps"]);
+    EXPECT_EQ(b["ranks"][r]["meta"]["ledger"], a["ranks"][r]["meta"]["ledger"]);
+  }
+  EXPECT_EQ(b["units"], a["units"]);
+}
+
+TEST(Report, MissingRankAndMetadataBecomeWarnings) {
+  std::string dir = fresh_dir("partial");
+  write_synthetic_trace(dir);
+  std::remove((dir + "/trace-rank2.json").c_str());
+  json m = fsdp::report::analyze(dir);
+  ASSERT_FALSE(m["warnings"].empty());
+  EXPECT_NE(m["warnings"][0].get<std::string>().find("did not write"), std::string::npos);
+  EXPECT_THROW(fsdp::report::analyze(dir + "/nope"), fsdp::Error);
+}
+
+TEST(Report, HtmlIsSelfContainedAndEscapesData) {
+  std::string dir = fresh_dir("html");
+  write_synthetic_trace(dir);
+  json m = fsdp::report::analyze(dir);
+  m["model"] = "evil </script><script>alert(1)</script>";
+  std::string out = dir + "/report.html";
+  int64_t n = fsdp::report::write_html(m, out);
+  std::string page = slurp(out);
+  EXPECT_EQ((int64_t)page.size(), n);
+  // Nothing is loaded from elsewhere; the only URL is the SVG namespace name.
+  EXPECT_EQ(page.find("<script src"), std::string::npos);
+  EXPECT_EQ(page.find("<link"), std::string::npos);
+  EXPECT_EQ(page.find("@import"), std::string::npos);
+  EXPECT_EQ(page.find("https://"), std::string::npos);
+  size_t http = page.find("http://");
+  while (http != std::string::npos) {
+    EXPECT_EQ(page.compare(http, 26, "http://www.w3.org/2000/svg"), 0) << page.substr(http, 60);
+    http = page.find("http://", http + 1);
+  }
+  // The data cannot close its <script> block.
+  EXPECT_EQ(page.find("</script><script>alert"), std::string::npos);
+  EXPECT_NE(page.find("\\u003c/script>"), std::string::npos);
+}
+
+TEST(Report, CommandWritesPageAndMergedTrace) {
+  std::string dir = fresh_dir("cmd");
+  write_synthetic_trace(dir);
+  auto r = fsdp::testing::run_command({fsdp::testing::bin_path("fsdp"), "report", dir, "-o", dir + "/r.html"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("3 rank(s), 4 step(s), 5 unit(s)"), std::string::npos) << r.output;
+  struct stat st;
+  EXPECT_EQ(::stat((dir + "/r.html").c_str(), &st), 0);
+  EXPECT_EQ(::stat((dir + "/trace.json").c_str(), &st), 0);
+  auto bad = fsdp::testing::run_command({fsdp::testing::bin_path("fsdp"), "report", dir + "/missing"});
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("--trace"), std::string::npos) << bad.output;
+}
+
+// The page in a real browser: JS runs without errors, the DOM holds the rank
+// columns and unit names, and the screenshot is not blank. The artifacts stay
+// in the build folder (report-test/) for a person to look at.
+TEST(Report, HeadlessChromiumRendersTheReport) {
+  const std::string chromium = "/usr/bin/chromium";
+  if (::access(chromium.c_str(), X_OK) != 0)
+    GTEST_SKIP() << "headless browser test skipped: " << chromium
+                 << " not found (install Debian's chromium: apt-get install chromium; make deps does it)";
+  std::string out = std::string(FSDP_BIN_DIR) + "/../report-test";
+  std::system(("rm -rf '" + out + "' && mkdir -p '" + out + "'").c_str());
+  write_synthetic_trace(out);
+  fsdp::report::write_html(fsdp::report::analyze(out), out + "/report.html", "fsdp-cpp report (synthetic trace)");
+  std::string profile = out + "/chromium-profile";
+  std::vector<std::string> flags = {chromium,
+                                    "--headless",
+                                    "--no-sandbox",
+                                    "--disable-gpu",
+                                    "--disable-quic",
+                                    "--no-first-run",
+                                    "--disable-background-networking",
+                                    "--disable-component-update",
+                                    "--disable-sync",
+                                    "--hide-scrollbars",
+                                    "--user-data-dir=" + profile,
+                                    "--window-size=1400,1000"};
+  std::string url = "file://" + out + "/report.html";
+
+  auto dom_args = flags;
+  dom_args.push_back("--dump-dom");
+  dom_args.push_back(url);
+  auto dom = fsdp::testing::run_command(dom_args, {}, 120);
+  ASSERT_EQ(dom.exit_code, 0) << dom.output;
+  std::ofstream(out + "/dom.html") << dom.output;
+  EXPECT_NE(dom.output.find("data-rendered=\"ok\""), std::string::npos)
+      << "the page's script did not finish; its errors: " << dom.output.substr(0, 4000);
+  EXPECT_NE(dom.output.find("<pre id=\"fsdp-errors\"></pre>"), std::string::npos)
+      << "script errors were reported in #fsdp-errors";
+  for (int r = 0; r < kWorld; ++r)
+    EXPECT_NE(dom.output.find("data-rank-col=\"G" + std::to_string(r) + "\""), std::string::npos) << "G" << r;
+  for (auto name : {"blocks.0", "blocks.3", "&lt;root&gt;"})
+    EXPECT_NE(dom.output.find(name), std::string::npos) << name;
+  EXPECT_NE(dom.output.find("blocks.2.qkv.weight"), std::string::npos) << "per-parameter hover titles";
+  EXPECT_NE(dom.output.find("ckpt/step-3/rank1.safetensors"), std::string::npos) << "checkpoint table";
+
+  auto shot_args = flags;
+  shot_args.push_back("--screenshot=" + out + "/report.png");
+  shot_args.push_back(url);
+  auto shot = fsdp::testing::run_command(shot_args, {}, 120);
+  ASSERT_EQ(shot.exit_code, 0) << shot.output;
+  auto stats = fsdp::testing::run_command(
+      {"/usr/bin/env", "python3", fsdp::testing::source_path("tests/browser/png_stats.py"), out + "/report.png"}, {}, 120);
+  ASSERT_EQ(stats.exit_code, 0) << stats.output;
+  double nonblank = -1;
+  int w = 0, h = 0, colors = 0;
+  ASSERT_EQ(std::sscanf(stats.output.c_str(), "width=%d height=%d nonblank=%lf colors=%d", &w, &h, &nonblank, &colors),
+            4)
+      << stats.output;
+  EXPECT_EQ(w, 1400);
+  EXPECT_EQ(h, 1000);
+  EXPECT_GT(nonblank, 0.15) << "screenshot is mostly one colour: " << stats.output;
+  EXPECT_GT(colors, 50) << stats.output;
+  std::system(("rm -rf '" + profile + "'").c_str());
+}
+
+}  // namespace

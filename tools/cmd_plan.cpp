@@ -1,0 +1,114 @@
+// `fsdp plan --model gpt ...`: the seed's ledger and traffic for a model, before running it.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+
+#include "command.h"
+#include "fsdp/memory.h"
+#include "fsdp/plan.h"
+#include "plan/names.h"
+
+namespace {
+
+using namespace fsdp::plan;
+
+int cmd_plan(int argc, char** argv) {
+  std::string model = "gpt", strategy = "full", wrap = "block", dtype = "fp32", optimizer = "adam";
+  std::string budget_text, bandwidth_text;
+  GptShape s;
+  int world = 2, micro_steps = 1, prefetch = 0;
+  bool as_json = false, measure = false;
+  CLI::App app{"Predict per-rank memory (P, G, O, P_block, A, peak) and traffic per step for a model, "
+               "and recommend a strategy under a memory budget (the seed's ledger and decision tree)",
+               "fsdp plan"};
+  app.add_option("--model", model, "model family (gpt: GPT-mini of GPT_MINI.md)")->capture_default_str();
+  app.add_option("--layers", s.layers, "L: transformer blocks")->capture_default_str();
+  app.add_option("--dim", s.dim, "d: width")->capture_default_str();
+  app.add_option("--heads", s.heads, "h: attention heads")->capture_default_str();
+  app.add_option("--vocab", s.vocab, "V: vocabulary")->capture_default_str();
+  app.add_option("--seq", s.seq, "T: context length")->capture_default_str();
+  app.add_option("--batch", s.batch, "B: micro-batch per rank")->capture_default_str();
+  app.add_option("--world,-n", world, "N: ranks")->capture_default_str();
+  app.add_option("--strategy", strategy, "full|grad-op|none|auto (auto needs --budget)")->capture_default_str();
+  app.add_option("--wrap", wrap, "block|none|size:N (N parameters)")->capture_default_str();
+  app.add_option("--dtype", dtype, "compute / communication dtype: fp32|bf16")->capture_default_str();
+  app.add_option("--optimizer", optimizer, "adam|sgd (with momentum)|sgd-plain")->capture_default_str();
+  app.add_option("--micro-steps", micro_steps, "gradient accumulation steps per optimizer step")->capture_default_str();
+  app.add_option("--prefetch", prefetch, "units all-gathered ahead of the computing one")->capture_default_str();
+  app.add_option("--budget", budget_text, "memory per rank, e.g. 2GiB: recommend strategy and wrapping");
+  app.add_option("--bandwidth", bandwidth_text, "link rate per rank for time estimates, e.g. 2GB/s");
+  app.add_flag("--measure", measure, "measure this host's loopback TCP rate and use it as --bandwidth");
+  app.add_flag("--json", as_json, "print JSON instead of tables");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "fsdp plan: usage error: %s\nrun 'fsdp plan --help' for the flags\n", e.what());
+    return 2;
+  }
+  if (model != "gpt") throw fsdp::UsageError("--model: expected gpt, found '" + model + "'");
+  if (dtype != "fp32" && dtype != "bf16") throw fsdp::UsageError("--dtype: expected fp32|bf16, found '" + dtype + "'");
+  s.validate();
+
+  PlanOptions o;
+  o.world = world;
+  o.param_bytes = dtype == "bf16" ? 2 : 4;
+  o.optimizer = parse_optimizer(optimizer);
+  o.micro_steps = micro_steps;
+  o.prefetch = prefetch;
+  if (measure) o.bandwidth = measure_loopback_bandwidth();
+  if (!bandwidth_text.empty()) o.bandwidth = parse_bandwidth(bandwidth_text);
+  auto chosen = parse_strategy_or_auto(strategy);
+  int64_t budget = budget_text.empty() ? 0 : fsdp::memory::parse_bytes(budget_text);
+  if (!chosen && budget <= 0)
+    throw fsdp::UsageError("--strategy auto needs --budget (e.g. --budget 2GiB) to decide.");
+
+  ActivationEstimate act = gpt_activations(s, o.param_bytes);
+  char head[256];
+  std::snprintf(head, sizeof head, "GPT-mini L=%lld d=%lld h=%lld V=%lld T=%lld, batch %lld per rank: %.3f M parameters\n",
+                (long long)s.layers, (long long)s.dim, (long long)s.heads, (long long)s.vocab, (long long)s.seq,
+                (long long)s.batch, s.num_params() / 1e6);
+
+  nlohmann::json j;
+  std::string text = head;
+  text += "activations A = " + fsdp::memory::format_bytes(act.total) + ": " + act.str() + "\n";
+  if (measure) text += "measured loopback TCP: " + format_bandwidth(o.bandwidth) + "\n";
+  text += "\n";
+  Plan plan;
+  if (chosen) {
+    o.strategy = *chosen;
+    plan = make_plan(gpt_units(s, wrap), act.total, o);
+    text += plan.str();
+    j["plan"] = plan.to_json();
+    j["wrap"] = wrap;
+  }
+  if (budget > 0) {
+    Recommendation r = recommend(gpt_candidates(s), act.total, o, budget);
+    std::string verdict = std::string(r.fits ? "recommended: " : "closest (does NOT fit): ") +
+                          strategy_name(r.strategy) + " with --wrap " + r.wrap;
+    if (!chosen) {
+      text += r.plan.str();
+      j["plan"] = r.plan.to_json();
+      j["wrap"] = r.wrap;
+    }
+    text += "\n" + r.why + "\n=> " + verdict + "\n";
+    j["recommendation"] = {{"fits", r.fits}, {"strategy", strategy_name(r.strategy)}, {"wrap", r.wrap},
+                           {"why", r.why}, {"budget", budget}, {"peak", r.plan.peak}};
+  }
+  j["model"] = {{"family", "gpt"}, {"layers", s.layers}, {"dim", s.dim}, {"heads", s.heads}, {"vocab", s.vocab},
+                {"seq", s.seq}, {"batch", s.batch}, {"num_params", s.num_params()}};
+  j["activations"] = {{"total", act.total}, {"per_block", act.per_block}, {"attention", act.attention},
+                      {"head", act.head}, {"backward_transient", act.backward_transient}};
+  if (as_json)
+    std::printf("%s\n", j.dump(2).c_str());
+  else
+    std::printf("%s", text.c_str());
+  return 0;
+}
+
+}  // namespace
+
+FSDP_COMMAND(plan, "predict memory per rank and traffic per step; recommend a strategy for a budget", cmd_plan);

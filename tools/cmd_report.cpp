@@ -1,0 +1,57 @@
+// `fsdp report DIR -o report.html`: a trace directory -> one self-contained page.
+//
+// Also merges the rank files into DIR/trace.json (for Perfetto) unless
+// --no-merge, so one command leaves both views of the run.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+
+#include "command.h"
+#include "fsdp/memory.h"
+#include "fsdp/trace.h"
+
+namespace {
+
+int cmd_report(int argc, char** argv) {
+  std::string in, out = "report.html", title = "fsdp-cpp report";
+  bool no_merge = false, print_json = false;
+  CLI::App app{"Turn a trace (DIR written by --trace, or a trace.json) into one HTML page: shard map, "
+               "step timeline, memory vs the ledger, traffic vs 3P / 2P, checkpoints",
+               "fsdp report"};
+  app.add_option("trace", in, "trace directory (trace-rank<R>.json files) or a merged trace.json")->required();
+  app.add_option("-o,--out", out, "output HTML file")->capture_default_str();
+  app.add_option("--title", title, "page title")->capture_default_str();
+  app.add_flag("--no-merge", no_merge, "do not write DIR/trace.json");
+  app.add_flag("--json", print_json, "print the report's data model (JSON) to stdout instead of a summary");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "fsdp report: usage error: %s\nrun 'fsdp report --help' for the flags\n", e.what());
+    return 2;
+  }
+  nlohmann::json model = fsdp::report::analyze(in);
+  int64_t bytes = fsdp::report::write_html(model, out, title);
+  std::string merged;
+  bool is_file = in.size() > 5 && in.compare(in.size() - 5, 5, ".json") == 0;
+  if (!no_merge && !is_file) merged = fsdp::trace::merge(in);
+  if (print_json) {
+    std::printf("%s\n", model.dump(1).c_str());
+    return 0;
+  }
+  size_t steps = 0;
+  for (auto& r : model["ranks"]) steps = std::max(steps, r["steps"].size());
+  std::printf("fsdp report: %zu rank(s), %zu step(s), %zu unit(s) -> %s (%s)\n", model["ranks"].size(), steps,
+              model["units"].size(), out.c_str(), fsdp::memory::format_bytes(bytes).c_str());
+  if (!merged.empty()) std::printf("fsdp report: merged trace for Perfetto / chrome://tracing: %s\n", merged.c_str());
+  for (auto& w : model["warnings"]) std::printf("fsdp report: warning: %s\n", w.get<std::string>().c_str());
+  return 0;
+}
+
+}  // namespace
+
+FSDP_COMMAND(report, "trace DIR -> one self-contained HTML report (shard map, timeline, memory, traffic)",
+             cmd_report);
