@@ -74,6 +74,7 @@ double memcpy_gbps(size_t bytes, int reps) {
 struct Row {
   int64_t bytes;
   double ag_busbw, rs_busbw;  // GB/s
+  double ag_us, rs_us;        // per call
 };
 
 // Seconds per call, timed on every rank between barriers; rank 0's figure.
@@ -119,14 +120,14 @@ int main(int argc, char** argv) {
     double ag = time_calls(*c, bytes, [&] { c->all_gather(shard_t, full_t)->wait(); });
     double rs = time_calls(*c, bytes, [&] { c->reduce_scatter(full_t, shard_t, fsdp::ReduceOp::SUM)->wait(); });
     double moved = double(shard * n * 4) * (n - 1) / n;
-    rows.push_back({bytes, n > 1 ? moved / ag / 1e9 : 0, n > 1 ? moved / rs / 1e9 : 0});
+    rows.push_back({bytes, n > 1 ? moved / ag / 1e9 : 0, n > 1 ? moved / rs / 1e9 : 0, ag * 1e6, rs * 1e6});
   }
   if (!lead) return 0;
 
   std::printf("bench_comm: %s, loopback TCP %.2f GB/s, memcpy %.2f GB/s (1 thread)\n",
               c->describe().c_str(), tcp, mem);
-  std::printf("%10s | %9s %7s %7s | %9s %7s %7s\n", "size", "AG GB/s", "/tcp", "/memcpy", "RS GB/s", "/tcp",
-              "/memcpy");
+  std::printf("%8s | %9s %8s %7s %7s | %9s %8s %7s %7s\n", "size", "AG us", "AG GB/s", "/tcp", "/memcpy",
+              "RS us", "RS GB/s", "/tcp", "/memcpy");
   nlohmann::json j = {{"bench", "comm"}, {"world", n}, {"engine", c->describe()},
                       {"tcp_GBps", tcp}, {"memcpy_GBps", mem}, {"rows", nlohmann::json::array()}};
   for (auto& r : rows) {
@@ -135,9 +136,11 @@ int main(int argc, char** argv) {
       std::snprintf(size, sizeof size, "%lld MiB", static_cast<long long>(r.bytes >> 20));
     else
       std::snprintf(size, sizeof size, "%lld KiB", static_cast<long long>(r.bytes >> 10));
-    std::printf("%10s | %9.3f %7.3f %7.3f | %9.3f %7.3f %7.3f\n", size, r.ag_busbw, r.ag_busbw / tcp,
-                r.ag_busbw / mem, r.rs_busbw, r.rs_busbw / tcp, r.rs_busbw / mem);
+    std::printf("%8s | %9.0f %8.3f %7.3f %7.3f | %9.0f %8.3f %7.3f %7.3f\n", size, r.ag_us, r.ag_busbw,
+                r.ag_busbw / tcp, r.ag_busbw / mem, r.rs_us, r.rs_busbw, r.rs_busbw / tcp, r.rs_busbw / mem);
     j["rows"].push_back({{"bytes", r.bytes},
+                         {"all_gather_us", r.ag_us},
+                         {"reduce_scatter_us", r.rs_us},
                          {"all_gather_busbw_GBps", r.ag_busbw},
                          {"reduce_scatter_busbw_GBps", r.rs_busbw},
                          {"all_gather_vs_tcp", r.ag_busbw / tcp},

@@ -12,6 +12,7 @@
 #include <gloo/context.h>
 #include <gloo/rendezvous/context.h>
 
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 
@@ -167,10 +168,11 @@ class GlooCommunicator final : public Communicator {
     const double secs = std::chrono::duration<double>(elapsed).count();
     const double limit = opts_.timeout.count() / 1000.0;
     const bool timed_out = secs >= 0.9 * limit;
+    char took[64];
+    std::snprintf(took, sizeof took, "%s after %.2f s (timeout %g s, FSDP_TIMEOUT).",
+                  timed_out ? "timed out" : "failed", secs, limit);
     std::string msg = detail::cat(what, ", collective #", seq, " of rank ", world_.rank, " in a world of ",
-                                  world_.world_size, " (", describe(), "), ",
-                                  timed_out ? "timed out" : "failed", " after ", secs, " s (timeout ",
-                                  limit, " s, FSDP_TIMEOUT).");
+                                  world_.world_size, " (", describe(), "), ", took);
     auto progress = rdv_->read_progress(kDiagnosisBudget);
     std::string missing, mismatched, unknown;
     for (int q = 0; q < world_.world_size; ++q) {
