@@ -53,8 +53,8 @@ start=$(date +%s)
   --data "$DATA/train.bin" --val "$DATA/val.bin" \
   --strategy full --wrap block --dtype fp32 \
   --seq 128 --dim 128 --layers 4 --heads 4 \
-  --batch 16 --accum 1 --steps 300 \
-  --lr 2e-3 --warmup 20 --min-lr 2e-4 --weight-decay 0.1 --clip 1.0 \
+  --batch 16 --accum 1 --steps 500 \
+  --lr 4e-3 --warmup 30 --min-lr 4e-4 --weight-decay 0.1 --clip 1.0 \
   --log-every 10 --eval-every 50 --eval-batches 8 \
   --sample 300 --top-k 5 --sample-seed 1 --prompt $'\n' \
   --save "$RUN/gpt.safetensors" \

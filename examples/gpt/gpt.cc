@@ -113,6 +113,9 @@ bool parse_args(int argc, char** argv, Args& a) {
   app.add_option("--trace", a.trace, "write a trace to DIR (not wired yet)");
   app.add_option("--max-memory", a.max_memory, "per-rank memory limit, e.g. 512MiB (fails like a GPU OOM)");
   app.add_option("--timeout", a.timeout, "seconds before a collective fails (0: default)")->check(CLI::NonNegativeNumber);
+  // A repeated single-value flag takes the last value (scripts append overrides).
+  for (CLI::Option* o : app.get_options())
+    if (o->get_expected_max() == 1) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
