@@ -5,7 +5,7 @@
 SHELL := /bin/bash
 BUILD ?= build
 JOBS ?= $(shell nproc)
-DEBS := build-essential cmake libtorch-dev libgloo-dev nlohmann-json3-dev libcli11-dev \
+DEBS := build-essential cmake chromium libtorch-dev libgloo-dev nlohmann-json3-dev libcli11-dev \
         libgtest-dev libbenchmark-dev libopenblas0-pthread fortunes python3-torch zlib1g-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

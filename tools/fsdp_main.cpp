@@ -6,6 +6,7 @@
 #include <string>
 
 #include "command.h"
+#include "fsdp/errors.h"
 
 namespace fsdp::tools {
 std::vector<Command>& commands() {
@@ -33,6 +34,9 @@ int main(int argc, char** argv) {
       argv[1] = name.data();
       try {
         return c.main(argc - 1, argv + 1);
+      } catch (const fsdp::UsageError& e) {
+        std::fprintf(stderr, "fsdp %s: usage error: %s\n", c.name.c_str(), e.what());
+        return 2;
       } catch (const std::exception& e) {
         std::fprintf(stderr, "fsdp %s: error: %s\n", c.name.c_str(), e.what());
         return 1;

@@ -141,6 +141,9 @@ struct Ledger {
   std::string str() const;     // the table printed by the examples
 };
 
+namespace trace {
+class Span;
+}
 namespace detail {
 class ShardedState;  // src/unit/sharded_state.h
 struct Unit;
@@ -224,9 +227,14 @@ torch::nn::Module* raw_module(const M& m) {
   else
     return nullptr;
 }
+template <class M, class = void>
+struct is_module_holder : std::false_type {};
+template <class M>
+struct is_module_holder<M, std::void_t<decltype(std::declval<const M&>().ptr())>> : std::true_type {};
+
 template <class M>
 std::shared_ptr<torch::nn::Module> shared_module(const M& m) {
-  if constexpr (std::is_base_of_v<torch::nn::ModuleHolder<std::remove_pointer_t<decltype(m.get())>>, M>)
+  if constexpr (is_module_holder<M>::value)
     return m.ptr();
   else
     return m;
@@ -250,6 +258,7 @@ class UnitCall {
  private:
   Unit* u_;
   bool finished_ = false;
+  std::unique_ptr<trace::Span> span_;  // "forward" of this unit when tracing
 };
 
 inline void collect(std::vector<torch::Tensor>& out, const torch::Tensor& t) { out.push_back(t); }
@@ -277,12 +286,12 @@ torch::nn::AnyValue run_sequential(torch::nn::SequentialImpl& seq, std::vector<t
 // Runs module->forward(args...) through its unit when it is one; a plain call
 // otherwise (so model code reads the same with and without FSDP).
 template <class M, class... Args>
-auto call(const M& module, Args&&... args) {
+auto call(M module, Args&&... args) {  // M: a module holder or (shared) pointer, copied cheaply
   using Impl = std::remove_cv_t<std::remove_reference_t<decltype(*module)>>;
   if constexpr (std::is_base_of_v<torch::nn::SequentialImpl, Impl>) {
     std::vector<torch::nn::AnyValue> in;
     (in.emplace_back(torch::nn::AnyValue(std::forward<Args>(args))), ...);
-    auto& seq = const_cast<torch::nn::SequentialImpl&>(static_cast<const torch::nn::SequentialImpl&>(*module));
+    auto& seq = static_cast<torch::nn::SequentialImpl&>(*module);
     return detail::run_sequential(seq, std::move(in)).template get<torch::Tensor>();
   } else {
     detail::Unit* u = detail::unit_of(detail::raw_module(module));

@@ -1,12 +1,13 @@
 // fsdp-cpp: the counting CPU allocator (see include/fsdp/memory.h).
 //
-// Each allocation is forwarded to the allocator that was current at install
-// time; the returned DataPtr's context owns the inner DataPtr plus the size,
-// so the deleter knows exactly what to subtract. Counters are atomics: the
-// allocator is called from compute threads and the communication thread.
+// Blocks come from c10::alloc_cpu (what the default CPU allocator uses) with
+// the size in a header in front, so the deleter knows exactly what to
+// subtract. Counters are atomics: the allocator is called from compute
+// threads and the communication thread.
 #include "fsdp/memory.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
 
 #include <atomic>
 #include <cmath>
@@ -25,26 +26,28 @@ std::atomic<int64_t> g_limit{0};
 std::mutex g_explainer_mu;
 std::function<std::string(int64_t, const Stats&)> g_explainer;
 
-struct Block {
-  c10::DataPtr inner;
-  int64_t size;
-};
+// Each block carries a 64-byte header in front of the data holding its size,
+// so the DataPtr's context can equal its data pointer: some kernels (GELU's
+// scratch space, for one) use Allocator::raw_allocate, which requires that.
+constexpr size_t kHeader = 64;  // keeps the data 64-byte aligned like the default
 
-void release(void* ctx) {
-  auto* b = static_cast<Block*>(ctx);
-  g_current.fetch_sub(b->size, std::memory_order_relaxed);
-  delete b;  // frees through the inner allocator's deleter
+void release(void* data) {
+  if (!data) return;
+  char* raw = static_cast<char*>(data) - kHeader;
+  int64_t size = *reinterpret_cast<int64_t*>(raw);
+  g_current.fetch_sub(size, std::memory_order_relaxed);
+  c10::free_cpu(raw);
 }
 
 class CountingAllocator final : public c10::Allocator {
  public:
-  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-
   c10::DataPtr allocate(size_t n) const override {
+    const c10::Device cpu(c10::DeviceType::CPU);
     int64_t size = static_cast<int64_t>(n);
+    if (n == 0) return c10::DataPtr(nullptr, nullptr, &release, cpu);
     int64_t limit = g_limit.load(std::memory_order_relaxed);
     int64_t now = g_current.fetch_add(size, std::memory_order_relaxed) + size;
-    if (limit > 0 && now > limit && size > 0) {
+    if (limit > 0 && now > limit) {
       g_current.fetch_sub(size, std::memory_order_relaxed);
       Stats s = stats();
       std::string why;
@@ -60,17 +63,13 @@ class CountingAllocator final : public c10::Allocator {
     while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
     }
     g_allocs.fetch_add(1, std::memory_order_relaxed);
-    c10::DataPtr inner = base_->allocate(n);
-    void* data = inner.get();
-    auto device = inner.device();
-    auto* b = new Block{std::move(inner), size};
-    return c10::DataPtr(data, b, &release, device);
+    char* raw = static_cast<char*>(c10::alloc_cpu(n + kHeader));  // throws c10::Error when the OS says no
+    *reinterpret_cast<int64_t*>(raw) = size;
+    void* data = raw + kHeader;
+    return c10::DataPtr(data, data, &release, cpu);
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-
- private:
-  c10::Allocator* base_;
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
 };
 
 std::atomic<bool> g_installed{false};
@@ -80,7 +79,7 @@ std::atomic<bool> g_installed{false};
 bool install() {
   static std::once_flag once;
   std::call_once(once, [] {
-    static CountingAllocator alloc(c10::GetCPUAllocator());
+    static CountingAllocator alloc;
     // Priority above the default so later registrations at default priority
     // do not replace it.
     c10::SetCPUAllocator(&alloc, /*priority=*/10);

@@ -1,0 +1,10 @@
+// fsdp-cpp: everything a training program includes.
+#pragma once
+
+#include "fsdp/checkpoint.h"
+#include "fsdp/comm.h"
+#include "fsdp/errors.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/memory.h"
+#include "fsdp/state_dict.h"
+#include "fsdp/trace.h"

@@ -1,0 +1,80 @@
+// fsdp-cpp: every libtorch-version-specific call, in one place.
+// defines: compat::free_storage, compat::alloc_storage, compat::storage_allocated,
+//          compat::grad_accumulator, compat::add_post_hook, compat::queue_backward_callback,
+//          compat::optimizer_state_key
+//
+// Written against libtorch 1.13 (Debian); the 2.x spellings are noted where
+// they differ so a port changes this file only.
+#pragma once
+
+#include <c10/core/CPUAllocator.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace fsdp::compat {
+
+// Frees a tensor's storage in place: every view (module parameters, tensors
+// autograd saved such as weight.t()) keeps pointing at the same StorageImpl,
+// which now holds no bytes. PyTorch FSDP does the same with
+// untyped_storage().resize_(0).
+inline void free_storage(const torch::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
+// Re-allocates the storage freed by free_storage (contents undefined).
+inline void alloc_storage(const torch::Tensor& t, size_t nbytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  c10::Allocator* a = c10::GetCPUAllocator();
+  s->set_data_ptr_noswap(a->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+inline bool storage_allocated(const torch::Tensor& t) {
+  return t.defined() && t.storage().nbytes() > 0;
+}
+
+// The AccumulateGrad node of a leaf. A post-hook on it fires only while
+// someone holds this shared_ptr, so the caller must keep it.
+inline std::shared_ptr<torch::autograd::Node> grad_accumulator(const torch::Tensor& leaf) {
+  return torch::autograd::impl::grad_accumulator(leaf);
+}
+
+class LambdaPostHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit LambdaPostHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+inline void add_post_hook(const std::shared_ptr<torch::autograd::Node>& node, std::function<void()> fn) {
+  node->add_post_hook(std::make_unique<LambdaPostHook>(std::move(fn)));
+}
+
+// Runs fn once the current backward pass has finished (must be called from
+// inside a backward, e.g. from a tensor hook).
+inline void queue_backward_callback(std::function<void()> fn) {
+  torch::autograd::Engine::get_default_engine().queue_callback(std::move(fn));
+}
+
+// How torch::optim keys per-parameter state (1.13 and 2.x: the TensorImpl
+// address as a string).
+inline std::string optimizer_state_key(const torch::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
+
+}  // namespace fsdp::compat

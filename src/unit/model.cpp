@@ -1,0 +1,303 @@
+// fsdp-cpp: FullyShardedModel — the public face of the engine.
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+#include <unordered_set>
+
+#include "compat/torch_compat.h"
+#include "fsdp/memory.h"
+#include "unit/sharded_state.h"
+
+namespace fsdp {
+namespace detail {
+
+ShardedState::ShardedState(std::shared_ptr<torch::nn::Module> root_, CommPtr comm_, FsdpOptions opts_)
+    : root(std::move(root_)), comm(std::move(comm_)), opts(std::move(opts_)) {
+  FSDP_USER_CHECK(root, "fully_shard: the module is null");
+  FSDP_USER_CHECK(comm, "fully_shard: the communicator is null (use fsdp::make_communicator_from_env())");
+  opts.validate();
+  memory::install();
+  build_units();
+  for (auto& u : units) init_flat_params(*u);
+  // Buffers are replicated: rank 0's values everywhere, cast if asked.
+  torch::NoGradGuard ng;
+  for (auto& b : root->named_buffers(/*recurse=*/true)) {
+    torch::Tensor t = b.value();
+    if (opts.sync_module_states && world() > 1 && t.numel() > 0) {
+      auto tmp = t.contiguous().clone();
+      comm->broadcast(tmp, 0, {"sync_module_states buffer " + b.key()})->wait();
+      t.copy_(tmp);
+    }
+    if (opts.mixed_precision.buffer_dtype && t.is_floating_point())
+      t.set_data(t.to(*opts.mixed_precision.buffer_dtype));
+  }
+  for (auto& u : units) register_unit(u->module, u.get());
+  publish_trace_metadata();
+}
+
+void ShardedState::publish_trace_metadata() const {
+  nlohmann::json us = nlohmann::json::array();
+  for (auto& u : units) {
+    nlohmann::json ps = nlohmann::json::array();
+    for (auto& s : u->params) ps.push_back({{"name", s.name}, {"shape", s.shape}, {"offset", s.offset}, {"numel", s.numel}});
+    const int64_t pb = static_cast<int64_t>(c10::elementSize(u->param_dtype));
+    us.push_back({{"index", u->index}, {"name", u->name}, {"numel", u->numel}, {"padded_numel", u->padded_numel},
+                  {"shard_numel", u->shard_numel}, {"unsharded_bytes", u->padded_numel * pb},
+                  {"shard_bytes", u->shard_numel * 4}, {"params", ps}});
+  }
+  const auto pd = opts.mixed_precision.param_dtype.value_or(torch::kFloat32);
+  const auto rd = opts.mixed_precision.reduce_dtype.value_or(pd);
+  trace::set_metadata("units", us);
+  trace::set_metadata("strategy", to_string(opts.strategy));
+  trace::set_metadata("param_dtype", pd == torch::kFloat32 ? "fp32" : pd == torch::kBFloat16 ? "bf16" : "fp16");
+  trace::set_metadata("param_bytes_per_elem", static_cast<int>(c10::elementSize(pd)));
+  trace::set_metadata("master_bytes_per_elem", 4);
+  trace::set_metadata("reduce_bytes_per_elem", static_cast<int>(c10::elementSize(rd)));
+}
+
+ShardedState::~ShardedState() {
+  for (auto& u : units) unregister_unit(u->module);
+}
+
+}  // namespace detail
+
+using detail::ShardedState;
+using detail::Unit;
+
+FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FsdpOptions opts)
+    : state_(std::make_unique<ShardedState>(std::move(root), std::move(comm), std::move(opts))) {}
+
+FullyShardedModel::~FullyShardedModel() = default;
+
+std::vector<torch::Tensor> FullyShardedModel::parameters() const {
+  std::vector<torch::Tensor> out;
+  std::unordered_set<const detail::ParamSlot*> seen;
+  for (auto& [name, slot] : state_->named_slots)
+    if (seen.insert(slot).second) out.push_back(slot->shard_view);
+  return out;
+}
+
+std::vector<NamedShard> FullyShardedModel::named_shards() const {
+  std::vector<NamedShard> out;
+  std::unordered_set<const detail::ParamSlot*> seen;
+  for (auto& [name, slot] : state_->named_slots) {
+    if (!seen.insert(slot).second) continue;
+    int unit = 0;
+    for (auto& u : state_->units)
+      if (&u->params.front() <= slot && slot <= &u->params.back()) unit = u->index;
+    out.push_back({slot->name, slot->shape, slot->lo, slot->hi, unit, slot->shard_view});
+  }
+  return out;
+}
+
+FullyShardedModel::NoSyncGuard::NoSyncGuard(FullyShardedModel* m) : m_(m), prev_(m->state_->no_sync) {
+  m_->state_->no_sync = true;
+}
+FullyShardedModel::NoSyncGuard::~NoSyncGuard() {
+  if (m_) m_->state_->no_sync = prev_;
+}
+
+void FullyShardedModel::wait_pending() { state_->wait_pending(); }
+
+double FullyShardedModel::clip_grad_norm(double max_norm, double norm_type) {
+  FSDP_USER_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, found ", max_norm);
+  FSDP_USER_CHECK(norm_type == 2.0 || std::isinf(norm_type),
+                  "clip_grad_norm: norm_type must be 2 or infinity, found ", norm_type);
+  state_->wait_pending();
+  FSDP_TRACE_SPAN("clip_grad_norm", "optim");
+  torch::NoGradGuard ng;
+  const bool replicated = state_->opts.strategy == ShardingStrategy::NO_SHARD;
+  const bool inf = std::isinf(norm_type);
+  double local = 0;
+  for (auto& u : state_->units) {
+    if (!u->shard_grad.defined()) continue;
+    auto g = u->shard_grad;
+    local = inf ? std::max(local, g.abs().max().item<double>()) : local + g.pow(2).sum().item<double>();
+  }
+  double total = local;
+  if (!replicated && state_->world() > 1) {
+    if (inf) {
+      auto in = torch::full({1}, local, torch::kFloat32);
+      auto all = torch::empty({state_->world()}, torch::kFloat32);
+      state_->comm->all_gather(in, all, {"clip_grad_norm"})->wait();
+      total = all.max().item<double>();
+    } else {
+      auto t = torch::full({1}, local, torch::kFloat32);
+      state_->comm->all_reduce(t, ReduceOp::SUM, {"clip_grad_norm"})->wait();
+      total = t.item<double>();
+    }
+  }
+  double norm = inf ? total : std::sqrt(total);
+  double coef = max_norm / (norm + 1e-6);
+  if (coef < 1)
+    for (auto& u : state_->units)
+      if (u->shard_grad.defined()) u->shard_grad.mul_(coef);
+  return norm;
+}
+
+std::vector<UnitInfo> FullyShardedModel::units() const {
+  std::vector<UnitInfo> out;
+  for (auto& u : state_->units) {
+    UnitInfo i;
+    i.index = u->index;
+    i.name = u->name;
+    for (auto& s : u->params) i.param_names.push_back(s.name);
+    i.numel = u->numel;
+    i.padded_numel = u->padded_numel;
+    i.shard_numel = u->shard_numel;
+    i.unsharded_bytes = u->padded_numel * static_cast<int64_t>(c10::elementSize(u->param_dtype));
+    i.shard_bytes = u->shard_numel * 4;
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+std::string FullyShardedModel::describe_units() const {
+  std::ostringstream os;
+  os << "FSDP units (" << to_string(state_->opts.strategy) << ", world " << state_->world()
+     << ", wrap: " << state_->opts.wrap.description << ")\n";
+  os << std::left << std::setw(4) << "#" << std::setw(22) << "unit" << std::right << std::setw(12)
+     << "params" << std::setw(12) << "padded" << std::setw(12) << "shard" << std::setw(14) << "unsharded"
+     << "\n";
+  for (auto& i : units())
+    os << std::left << std::setw(4) << i.index << std::setw(22) << (i.name.empty() ? "<root>" : i.name)
+       << std::right << std::setw(12) << i.numel << std::setw(12) << i.padded_numel << std::setw(12)
+       << i.shard_numel << std::setw(14) << memory::format_bytes(i.unsharded_bytes) << "\n";
+  return os.str();
+}
+
+namespace {
+int64_t tensor_bytes(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& opt, const torch::Tensor& p) {
+  auto it = opt.state().find(compat::optimizer_state_key(p));
+  if (it == opt.state().end()) return 0;
+  const auto* st = it->second.get();
+  if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(st))
+    return tensor_bytes(a->exp_avg()) + tensor_bytes(a->exp_avg_sq()) + tensor_bytes(a->max_exp_avg_sq());
+  if (auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(st))
+    return tensor_bytes(a->exp_avg()) + tensor_bytes(a->exp_avg_sq()) + tensor_bytes(a->max_exp_avg_sq());
+  if (auto* s = dynamic_cast<const torch::optim::SGDParamState*>(st)) return tensor_bytes(s->momentum_buffer());
+  if (auto* r = dynamic_cast<const torch::optim::RMSpropParamState*>(st))
+    return tensor_bytes(r->square_avg()) + tensor_bytes(r->momentum_buffer()) + tensor_bytes(r->grad_avg());
+  if (auto* g = dynamic_cast<const torch::optim::AdagradParamState*>(st)) return tensor_bytes(g->sum());
+  return 0;
+}
+}  // namespace
+
+Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
+  state_->wait_pending();
+  Ledger l;
+  l.world_size = state_->world();
+  l.strategy = to_string(state_->opts.strategy);
+  for (auto& u : state_->units) {
+    l.total_numel += u->numel;
+    l.P_full += u->numel * 4;
+    l.P += tensor_bytes(u->shard);
+    if (u->keeps_unsharded && !u->aliased) l.P += tensor_bytes(u->full);
+    l.G += tensor_bytes(u->shard_grad);
+    const int64_t block = u->padded_numel * static_cast<int64_t>(c10::elementSize(u->param_dtype));
+    if (block > l.P_block) {
+      l.P_block = block;
+      l.P_block_unit = u->display_name();
+    }
+    if (opt)
+      for (auto& s : u->params) l.O += optimizer_state_bytes(*opt, s.shard_view);
+  }
+  l.A = state_->activation_bytes;
+  auto ms = memory::stats();
+  l.peak = ms.peak;
+  l.current = ms.current;
+  const int64_t N = l.world_size;
+  int64_t padded_bytes = 0;
+  for (auto& u : state_->units) padded_bytes += u->padded_numel * 4;
+  // The seed's formulas with this run's sizes: G = P, O as measured (Adam: 2P).
+  const double o_ratio = l.P > 0 ? double(l.O) / double(l.P) : 0.0;
+  if (state_->opts.strategy == ShardingStrategy::NO_SHARD) {
+    l.predicted_rest = l.P + l.G + l.O;
+    l.predicted_peak = l.predicted_rest + l.A;
+  } else {
+    l.predicted_rest = static_cast<int64_t>(padded_bytes * (2.0 + o_ratio)) / N;
+    const int in_flight = (state_->opts.forward_prefetch || state_->opts.backward_prefetch != BackwardPrefetch::NONE)
+                              ? state_->opts.limit_all_gathers
+                              : 1;
+    l.predicted_peak = l.predicted_rest + in_flight * l.P_block + l.A;
+  }
+  trace::set_metadata("ledger", {{"P_full", l.P_full}, {"P", l.P}, {"G", l.G}, {"O", l.O}, {"P_block", l.P_block},
+                                 {"P_block_unit", l.P_block_unit}, {"A", l.A}, {"predicted_rest", l.predicted_rest},
+                                 {"predicted_peak", l.predicted_peak}});
+  return l;
+}
+
+std::string Ledger::str() const {
+  using memory::format_bytes;
+  std::ostringstream os;
+  auto row = [&](const std::string& k, int64_t v, const std::string& note) {
+    os << "  " << std::left << std::setw(10) << k << std::right << std::setw(14) << format_bytes(v) << "   "
+       << note << "\n";
+  };
+  os << "ledger (this rank, " << strategy << ", N=" << world_size << ", " << total_numel << " params)\n";
+  row("P_full", P_full, "unsharded parameters (fp32)");
+  row("P", P, "parameters resident here (shards; replicas for NO_SHARD)");
+  row("G", G, "gradients resident here");
+  row("O", O, "optimizer state here");
+  row("P+G+O", P + G + O, "model state at rest  | seed: (P+G+O)/N = " + format_bytes(predicted_rest));
+  row("P_block", P_block, "largest unit unsharded: '" + P_block_unit + "'");
+  row("A", A, "activations of the last forward (measured)");
+  row("peak", peak, "measured peak (counting allocator) | seed: P/N + P_block + A (+G/N+O/N) = " +
+                        format_bytes(predicted_peak));
+  return os.str();
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> FullyShardedModel::full_state(int to_rank) const {
+  state_->wait_pending();
+  torch::NoGradGuard ng;
+  const int r = state_->rank();
+  const bool keep = to_rank < 0 || r == to_rank;
+  std::unordered_map<const detail::ParamSlot*, torch::Tensor> values;
+  for (auto& u : state_->units) {
+    if (u->empty()) continue;
+    torch::Tensor full;
+    if (u->keeps_unsharded) {
+      full = u->shard;
+    } else {
+      full = torch::empty({u->padded_numel}, torch::kFloat32);
+      state_->comm->all_gather(u->shard, full, {"full_state " + u->display_name()})->wait();
+    }
+    if (keep)
+      for (auto& s : u->params) values[&s] = full.narrow(0, s.offset, s.numel).view(s.shape).clone();
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  if (!keep) return out;
+  for (auto& [name, slot] : state_->named_slots) out.emplace_back(name, values.at(slot));
+  for (auto& b : state_->root->named_buffers(/*recurse=*/true)) out.emplace_back(b.key(), b.value().clone());
+  return out;
+}
+
+const FsdpOptions& FullyShardedModel::options() const { return state_->opts; }
+const CommPtr& FullyShardedModel::comm() const { return state_->comm; }
+torch::nn::Module& FullyShardedModel::module() const { return *state_->root; }
+
+void verify_optimizer(const FullyShardedModel& model, const torch::optim::Optimizer& opt) {
+  std::unordered_set<const c10::TensorImpl*> ours, originals;
+  for (auto& t : model.parameters()) ours.insert(t.unsafeGetTensorImpl());
+  for (auto& p : model.module().parameters()) originals.insert(p.unsafeGetTensorImpl());
+  int64_t foreign = 0, unwrapped = 0, total = 0;
+  for (auto& g : opt.param_groups())
+    for (auto& p : g.params()) {
+      ++total;
+      if (ours.count(p.unsafeGetTensorImpl())) continue;
+      if (originals.count(p.unsafeGetTensorImpl())) ++unwrapped;
+      else ++foreign;
+    }
+  if (unwrapped)
+    throw Error("the optimizer holds " + std::to_string(unwrapped) + " of the unwrapped model's parameters: "
+                "FSDP frees those between steps, so it would train nothing. Expected: an optimizer built on "
+                "the wrapped model's shards. Fix: torch::optim::AdamW opt(model->parameters(), ...) (or "
+                "groups from model->named_shards()).");
+  if (foreign)
+    throw Error("the optimizer holds " + std::to_string(foreign) + " tensors that are not this model's shards "
+                "(of " + std::to_string(total) + "). Fix: build it from model->parameters().");
+}
+
+}  // namespace fsdp

@@ -1,0 +1,289 @@
+// fsdp-cpp: checkpoint — the model's and optimizer's shards as checkpoint
+// slices (include/fsdp/state_dict.h; the file format is src/checkpoint/).
+//
+// A shard view is elements [lo, hi) of its flattened original parameter, the
+// exact notion of ckpt::Slice, so every strategy saves and loads the same
+// way and resharding N -> M is the checkpoint layer's interval overlap.
+#include <unordered_map>
+#include <unordered_set>
+
+#include "compat/torch_compat.h"
+#include "fsdp/state_dict.h"
+#include "unit/sharded_state.h"
+
+namespace fsdp {
+namespace {
+
+using detail::ParamSlot;
+using detail::ShardedState;
+
+// Distinct slots in canonical order.
+std::vector<const ParamSlot*> slots(const FullyShardedModel& m) {
+  std::vector<const ParamSlot*> out;
+  std::unordered_set<const ParamSlot*> seen;
+  for (auto& [name, slot] : m.state().named_slots)
+    if (seen.insert(slot).second) out.push_back(slot);
+  return out;
+}
+
+// For NO_SHARD every rank holds the whole tensor; write each byte once by
+// letting rank r save only its even part (the loader accepts any split).
+std::pair<int64_t, int64_t> saved_range(const FullyShardedModel& m, const ParamSlot& s) {
+  if (m.options().strategy == ShardingStrategy::NO_SHARD)
+    return ckpt::shard_range(s.numel, m.comm()->rank(), m.comm()->world_size());
+  return {s.lo, s.hi};
+}
+
+enum class OptKind { NONE, ADAM, ADAMW, SGD };
+OptKind kind_of(const torch::optim::Optimizer* opt) {
+  if (!opt) return OptKind::NONE;
+  if (dynamic_cast<const torch::optim::AdamW*>(opt)) return OptKind::ADAMW;
+  if (dynamic_cast<const torch::optim::Adam*>(opt)) return OptKind::ADAM;
+  if (dynamic_cast<const torch::optim::SGD*>(opt)) return OptKind::SGD;
+  throw Error("checkpoints save the state of Adam, AdamW and SGD; this optimizer is another type. "
+              "Fix: use one of those, or save the model alone (pass no optimizer).");
+}
+
+std::vector<std::string> state_fields(OptKind k, bool amsgrad) {
+  switch (k) {
+    case OptKind::ADAM:
+    case OptKind::ADAMW:
+      return amsgrad ? std::vector<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}
+                     : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+    case OptKind::SGD: return {"momentum_buffer"};
+    default: return {};
+  }
+}
+
+bool amsgrad_of(const torch::optim::Optimizer* opt, OptKind k) {
+  if (k == OptKind::ADAM)
+    return static_cast<const torch::optim::AdamOptions&>(opt->param_groups()[0].options()).amsgrad();
+  if (k == OptKind::ADAMW)
+    return static_cast<const torch::optim::AdamWOptions&>(opt->param_groups()[0].options()).amsgrad();
+  return false;
+}
+
+torch::Tensor state_tensor(const torch::optim::OptimizerParamState* st, OptKind k, const std::string& f) {
+  if (!st) return {};
+  if (k == OptKind::ADAM) {
+    auto* a = static_cast<const torch::optim::AdamParamState*>(st);
+    return f == "exp_avg" ? a->exp_avg() : f == "exp_avg_sq" ? a->exp_avg_sq() : a->max_exp_avg_sq();
+  }
+  if (k == OptKind::ADAMW) {
+    auto* a = static_cast<const torch::optim::AdamWParamState*>(st);
+    return f == "exp_avg" ? a->exp_avg() : f == "exp_avg_sq" ? a->exp_avg_sq() : a->max_exp_avg_sq();
+  }
+  if (k == OptKind::SGD) return static_cast<const torch::optim::SGDParamState*>(st)->momentum_buffer();
+  return {};
+}
+
+int64_t state_step(const torch::optim::OptimizerParamState* st, OptKind k) {
+  if (!st) return 0;
+  if (k == OptKind::ADAM) return static_cast<const torch::optim::AdamParamState*>(st)->step();
+  if (k == OptKind::ADAMW) return static_cast<const torch::optim::AdamWParamState*>(st)->step();
+  return 0;
+}
+
+const char* kind_name(OptKind k) {
+  switch (k) {
+    case OptKind::ADAM: return "adam";
+    case OptKind::ADAMW: return "adamw";
+    case OptKind::SGD: return "sgd";
+    default: return "none";
+  }
+}
+
+}  // namespace
+
+std::vector<ckpt::Slice> model_slices(const FullyShardedModel& m) {
+  std::vector<ckpt::Slice> out;
+  for (auto* s : slots(m)) {
+    auto [lo, hi] = saved_range(m, *s);
+    torch::Tensor data = s->shard_view.detach();
+    if (m.options().strategy == ShardingStrategy::NO_SHARD) data = data.narrow(0, lo, hi - lo);
+    out.push_back({s->name, s->shape, torch::kFloat32, lo, hi, data});
+  }
+  return out;
+}
+
+ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::Optimizer* opt,
+                                 const std::string& root, int64_t step, const nlohmann::json& train_state,
+                                 const CheckpointOptions& copts) {
+  model.wait_pending();
+  trace::Span span("checkpoint_save", "ckpt", {{"step", step}});
+  const OptKind k = kind_of(opt);
+  const bool ams = amsgrad_of(opt, k);
+  const bool no_shard = model.options().strategy == ShardingStrategy::NO_SHARD;
+  std::vector<ckpt::Slice> optim;
+  nlohmann::json steps = nlohmann::json::object();
+  for (auto* s : slots(model)) {
+    const torch::optim::OptimizerParamState* st = nullptr;
+    if (opt) {
+      auto it = opt->state().find(compat::optimizer_state_key(s->shard_view));
+      if (it != opt->state().end()) st = it->second.get();
+    }
+    steps[s->name] = state_step(st, k);
+    auto [lo, hi] = saved_range(model, *s);
+    for (auto& f : state_fields(k, ams)) {
+      torch::Tensor t = state_tensor(st, k, f);
+      // No state yet (before the first step): zeros, which is what the
+      // optimizers initialise it to.
+      torch::Tensor data = t.defined() ? t.detach().reshape(-1) : torch::zeros({s->hi - s->lo});
+      if (no_shard) data = data.narrow(0, lo, hi - lo);
+      optim.push_back({s->name + "." + f, s->shape, torch::kFloat32, lo, hi, data});
+    }
+  }
+  nlohmann::json ts = train_state;
+  ts["optimizer"] = {{"type", kind_name(k)}, {"step", steps}};
+  ckpt::SaveOptions so;
+  so.keep_last = copts.keep_last;
+  so.fsync = copts.fsync;
+  so.strategy = to_string(model.options().strategy);
+  return ckpt::save_sharded(*model.comm(), root, step, model_slices(model), optim, ts, so);
+}
+
+ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimizer* opt,
+                                 const std::string& path_or_root, const ckpt::LoadOptions& lopts) {
+  model.wait_pending();
+  trace::Span span("checkpoint_load", "ckpt");
+  const OptKind k = kind_of(opt);
+  const bool ams = amsgrad_of(opt, k);
+  // Destinations: temporaries for everything, copied into the model and the
+  // optimizer only once load_sharded succeeded on every rank.
+  std::vector<ckpt::Slice> want_model, want_optim;
+  std::vector<std::pair<const ParamSlot*, torch::Tensor>> param_tmp;
+  struct OptTmp {
+    const ParamSlot* slot;
+    std::string field;
+    torch::Tensor tmp;
+  };
+  std::vector<OptTmp> opt_tmp;
+  for (auto* s : slots(model)) {
+    auto t = torch::empty({s->hi - s->lo}, torch::kFloat32);
+    want_model.push_back({s->name, s->shape, torch::kFloat32, s->lo, s->hi, t});
+    param_tmp.emplace_back(s, t);
+    for (auto& f : state_fields(k, ams)) {
+      auto o = torch::empty({s->hi - s->lo}, torch::kFloat32);
+      want_optim.push_back({s->name + "." + f, s->shape, torch::kFloat32, s->lo, s->hi, o});
+      opt_tmp.push_back({s, f, o});
+    }
+  }
+  auto r = ckpt::load_sharded(*model.comm(), path_or_root, want_model, want_optim, lopts);
+  if (!r.found) return r;
+  // The optimizer type must match what was saved (its state has other fields).
+  std::string saved_type = r.train_state.contains("optimizer") ? r.train_state["optimizer"].value("type", "none") : "none";
+  if (k != OptKind::NONE && saved_type != kind_name(k))
+    throw Error("checkpoint " + r.path + " holds " + saved_type + " optimizer state, but the optimizer given is " +
+                kind_name(k) + ". Fix: build the same optimizer type as when saving.");
+  torch::NoGradGuard ng;
+  for (auto& [s, t] : param_tmp) s->shard_view.detach().copy_(t);
+  if (k != OptKind::NONE) {
+    auto& steps = r.train_state["optimizer"]["step"];
+    for (auto* s : slots(model)) {
+      const auto key = compat::optimizer_state_key(s->shard_view);
+      const int64_t step = steps.value(s->name, int64_t(0));
+      std::unique_ptr<torch::optim::OptimizerParamState> st;
+      auto get = [&](const std::string& f) {
+        for (auto& o : opt_tmp)
+          if (o.slot == s && o.field == f) return o.tmp;
+        return torch::Tensor();
+      };
+      if (k == OptKind::ADAM) {
+        auto a = std::make_unique<torch::optim::AdamParamState>();
+        a->step(step).exp_avg(get("exp_avg")).exp_avg_sq(get("exp_avg_sq"));
+        if (ams) a->max_exp_avg_sq(get("max_exp_avg_sq"));
+        st = std::move(a);
+      } else if (k == OptKind::ADAMW) {
+        auto a = std::make_unique<torch::optim::AdamWParamState>();
+        a->step(step).exp_avg(get("exp_avg")).exp_avg_sq(get("exp_avg_sq"));
+        if (ams) a->max_exp_avg_sq(get("max_exp_avg_sq"));
+        st = std::move(a);
+      } else {
+        auto a = std::make_unique<torch::optim::SGDParamState>();
+        a->momentum_buffer(get("momentum_buffer"));
+        st = std::move(a);
+      }
+      opt->state()[key] = std::move(st);
+    }
+  }
+  // NO_SHARD in low precision refreshes its compute copy at the next forward.
+  return r;
+}
+
+void save_full(const FullyShardedModel& model, const std::string& path) {
+  auto& st = model.state();
+  st.wait_pending();
+  trace::Span span("checkpoint_save_full", "ckpt");
+  const bool writer = st.rank() == 0;
+  std::vector<ckpt::TensorSpec> specs;
+  for (auto& u : st.units)
+    for (auto& s : u->params) {
+      specs.push_back({s.name, s.shape, torch::kFloat32});
+      for (auto& a : s.aliases) specs.push_back({a, s.shape, torch::kFloat32});
+    }
+  auto buffers = st.root->named_buffers(/*recurse=*/true);
+  for (auto& b : buffers) specs.push_back({b.key(), b.value().sizes().vec(), b.value().scalar_type()});
+
+  // Rank 0 streams unit by unit; the others take part in the gathers. A
+  // failure to write on rank 0 is agreed on at the end so no rank hangs.
+  std::unique_ptr<ckpt::SafetensorsWriter> w;
+  std::string error;
+  try {
+    if (writer) w = std::make_unique<ckpt::SafetensorsWriter>(path, specs, std::map<std::string, std::string>{{"format", "pt"}});
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  torch::NoGradGuard ng;
+  for (auto& u : st.units) {
+    if (u->empty()) continue;
+    torch::Tensor full;
+    if (u->keeps_unsharded) {
+      full = u->shard;
+    } else {
+      full = torch::empty({u->padded_numel}, torch::kFloat32);
+      st.comm->all_gather(u->shard, full, {"save_full " + u->display_name()})->wait();
+    }
+    if (w && error.empty()) try {
+        for (auto& s : u->params)
+          for (size_t i = 0; i <= s.aliases.size(); ++i) w->write(full.narrow(0, s.offset, s.numel));
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+  }
+  if (w && error.empty()) try {
+      for (auto& b : buffers) w->write(b.value());
+      w->finish();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  auto flag = torch::full({1}, error.empty() ? 0.0f : 1.0f);
+  st.comm->all_reduce(flag, ReduceOp::SUM, {"save_full status"})->wait();
+  if (flag.item<float>() > 0)
+    throw Error("saving the full state dict to '" + path + "' failed" +
+                (error.empty() ? std::string(" on rank 0") : ": " + error));
+}
+
+void load_full(FullyShardedModel& model, const std::string& path, const ckpt::LoadOptions& lopts) {
+  auto& st = model.state();
+  st.wait_pending();
+  trace::Span span("checkpoint_load_full", "ckpt");
+  std::vector<ckpt::Slice> want;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // dst, tmp
+  for (auto* s : slots(model)) {
+    auto t = torch::empty({s->hi - s->lo}, torch::kFloat32);
+    want.push_back({s->name, s->shape, torch::kFloat32, s->lo, s->hi, t});
+    copies.emplace_back(s->shard_view.detach(), t);
+    for (auto& a : s->aliases)  // tied names: present in the file, read and dropped
+      want.push_back({a, s->shape, torch::kFloat32, s->lo, s->hi, torch::empty({s->hi - s->lo})});
+  }
+  for (auto& b : st.root->named_buffers(/*recurse=*/true)) {
+    auto t = torch::empty({b.value().numel()}, b.value().scalar_type());
+    want.push_back({b.key(), b.value().sizes().vec(), b.value().scalar_type(), 0, b.value().numel(), t});
+    copies.emplace_back(b.value(), t);
+  }
+  ckpt::load_full_safetensors(*st.comm, path, want, lopts);
+  torch::NoGradGuard ng;
+  for (auto& [dst, tmp] : copies) dst.view({-1}).copy_(tmp);
+}
+
+}  // namespace fsdp

@@ -1,0 +1,208 @@
+// fsdp-cpp: compute — what happens around one unit's forward, and the hook
+// that brings its parameters back for backward.
+//
+//   pre_forward:  unshard (waiting for a prefetch), prefetch the next unit
+//   forward:      the module's own code, on the unsharded parameters
+//   post_forward: FULL_SHARD frees the parameters again; a hook on every
+//                 output that requires grad will call pre_backward when the
+//                 gradient of that output arrives, i.e. right before autograd
+//                 runs this unit's ops backwards
+//   pre_backward: unshard again, point the parameters' .grad at a zeroed flat
+//                 gradient buffer, make sure the end-of-backward callback is
+//                 queued
+#include <mutex>
+#include <unordered_map>
+
+#include "compat/torch_compat.h"
+#include "fsdp/memory.h"
+#include "unit/sharded_state.h"
+
+namespace fsdp::detail {
+namespace {
+std::mutex g_registry_mu;
+std::unordered_map<const torch::nn::Module*, Unit*>& registry() {
+  static std::unordered_map<const torch::nn::Module*, Unit*> r;
+  return r;
+}
+}  // namespace
+
+void register_unit(const torch::nn::Module* m, Unit* u) {
+  std::lock_guard<std::mutex> g(g_registry_mu);
+  registry()[m] = u;
+}
+void unregister_unit(const torch::nn::Module* m) {
+  std::lock_guard<std::mutex> g(g_registry_mu);
+  registry().erase(m);
+}
+Unit* unit_of(const torch::nn::Module* m) {
+  if (!m) return nullptr;
+  std::lock_guard<std::mutex> g(g_registry_mu);
+  auto it = registry().find(m);
+  return it == registry().end() ? nullptr : it->second;
+}
+
+void ShardedState::pre_forward(Unit& u) {
+  const bool is_root = u.index == 0;
+  if (is_root && depth == 0) {
+    // A new iteration. Reductions of the previous backward landed at its
+    // end; a forward that never got a backward leaves units FORWARD_DONE.
+    wait_pending();
+    for (auto& x : units)
+      if (x->training == TrainingState::FORWARD_DONE) x->training = TrainingState::IDLE;
+    root_forward_start_bytes = memory::stats().current;
+  }
+  if (!forward_order_final && std::find(forward_order.begin(), forward_order.end(), &u) == forward_order.end())
+    forward_order.push_back(&u);
+  if (u.keeps_unsharded && !u.aliased && u.training == TrainingState::IDLE) {
+    // NO_SHARD with mixed precision: refresh the low-precision copy from the
+    // fp32 master the optimizer updated.
+    torch::NoGradGuard ng;
+    u.full.copy_(u.shard);
+  }
+  unshard(u);
+  if (opts.forward_prefetch) prefetch_after(u, /*backward=*/false);
+  u.training = TrainingState::FORWARD;
+  ++depth;
+}
+
+void ShardedState::post_forward(Unit& u, const std::vector<torch::Tensor>& outputs) {
+  --depth;
+  const bool grad_mode = torch::GradMode::is_enabled();
+  bool will_backward = false;
+  for (auto& t : outputs) will_backward = will_backward || (t.defined() && t.requires_grad());
+  will_backward = will_backward && grad_mode;
+  if (u.reshard_after_forward || !will_backward) reshard(u);
+  if (will_backward) {
+    u.training = TrainingState::FORWARD_DONE;
+    Unit* up = &u;
+    for (auto& t : outputs)
+      if (t.defined() && t.requires_grad()) t.register_hook([this, up](const torch::Tensor&) { pre_backward(*up); });
+  } else {
+    u.training = TrainingState::IDLE;
+  }
+  if (u.index == 0 && depth == 0) {
+    activation_bytes = memory::stats().current - root_forward_start_bytes;
+    forward_order_final = true;
+  }
+}
+
+void ShardedState::forward_failed(Unit& u) {
+  --depth;
+  u.training = TrainingState::IDLE;
+  if (!u.keeps_unsharded) reshard(u);
+}
+
+void ShardedState::pre_backward(Unit& u) {
+  if (!callback_queued) {
+    callback_queued = true;
+    compat::queue_backward_callback([this] { end_of_backward(); });
+  }
+  if (u.training == TrainingState::BACKWARD || u.training == TrainingState::BACKWARD_DONE) return;
+  if (trace::enabled()) u.backward_span = std::make_unique<trace::Span>("backward", "backward", nlohmann::json{{"unit", u.name}});
+  unshard(u);
+  if (opts.backward_prefetch == BackwardPrefetch::BACKWARD_PRE) prefetch_after(u, /*backward=*/true);
+  prepare_grads(u);
+  u.grads_ready = 0;
+  u.training = TrainingState::BACKWARD;
+}
+
+// ---------------------------------------------------------------------------
+// UnitCall: the RAII frame of fsdp::call().
+
+UnitCall::UnitCall(Unit* u) : u_(u) {
+  if (trace::enabled()) span_ = std::make_unique<trace::Span>("forward", "forward", nlohmann::json{{"unit", u->name}});
+  u_->owner->pre_forward(*u_);
+}
+
+UnitCall::~UnitCall() {
+  if (!finished_) u_->owner->forward_failed(*u_);
+}
+
+void UnitCall::finish(const std::vector<torch::Tensor>& outputs) {
+  finished_ = true;
+  u_->owner->post_forward(*u_, outputs);
+  if (span_) span_->end();
+}
+
+torch::Tensor UnitCall::cast_input(const torch::Tensor& t) const {
+  if (t.defined() && t.is_floating_point() && t.scalar_type() != u_->param_dtype && u_->index == 0 &&
+      u_->owner->opts.mixed_precision.param_dtype)
+    return t.to(u_->param_dtype);
+  return t;
+}
+
+void UnitCall::rethrow(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const c10::Error& err) {
+    std::string what = err.what();
+    if (what.find("data is not allocated yet") != std::string::npos ||
+        what.find("doesn't have storage") != std::string::npos) {
+      std::string sharded;
+      for (auto& x : u_->owner->units)
+        if (x->state == UnitState::SHARDED && !x->empty())
+          sharded += (sharded.empty() ? "'" : ", '") + x->display_name() + "'";
+      throw Error(
+          "a parameter of a sharded FSDP unit was used while its storage is freed (inside the call of '" +
+          u_->display_name() + "'). Units sharded right now: " + sharded +
+          ". Expected: a module that is its own unit runs through its unit. Fix: call it as "
+          "fsdp::call(child, x) instead of child->forward(x) (Sequential containers do this for you).");
+    }
+    throw;
+  }
+}
+
+// Sequential containers: route each child through its unit.
+torch::nn::AnyValue run_sequential(torch::nn::SequentialImpl& seq, std::vector<torch::nn::AnyValue> inputs) {
+  Unit* self = unit_of(&seq);
+  std::unique_ptr<UnitCall> frame;
+  if (self) frame = std::make_unique<UnitCall>(self);
+  try {
+    FSDP_USER_CHECK(!seq.is_empty(), "fsdp::call on an empty Sequential");
+    bool first = true;
+    torch::nn::AnyValue v = std::move(inputs[0]);
+    if (frame)
+      if (auto* t = v.try_get<torch::Tensor>()) v = torch::nn::AnyValue(frame->cast_input(*t));
+    for (auto& child : seq) {
+      torch::nn::Module* cm = child.ptr().get();
+      auto call_child = [&](torch::nn::AnyValue in) -> torch::nn::AnyValue {
+        if (first && inputs.size() > 1) {
+          FSDP_USER_CHECK(inputs.size() <= 3, "fsdp::call on a Sequential takes at most 3 inputs");
+          if (inputs.size() == 2) return child.any_forward(std::move(in), std::move(inputs[1]));
+          return child.any_forward(std::move(in), std::move(inputs[1]), std::move(inputs[2]));
+        }
+        return child.any_forward(std::move(in));
+      };
+      if (auto* nested = dynamic_cast<torch::nn::SequentialImpl*>(cm)) {
+        std::vector<torch::nn::AnyValue> in;
+        in.push_back(std::move(v));
+        v = run_sequential(*nested, std::move(in));
+      } else if (Unit* u = unit_of(cm)) {
+        UnitCall c(u);
+        try {
+          if (auto* t = v.try_get<torch::Tensor>()) v = torch::nn::AnyValue(c.cast_input(*t));
+          v = call_child(std::move(v));
+          std::vector<torch::Tensor> outs;
+          if (auto* t = v.try_get<torch::Tensor>()) outs.push_back(*t);
+          c.finish(outs);
+        } catch (...) {
+          c.rethrow(std::current_exception());
+        }
+      } else {
+        v = call_child(std::move(v));
+      }
+      first = false;
+    }
+    if (frame) {
+      std::vector<torch::Tensor> outs;
+      if (auto* t = v.try_get<torch::Tensor>()) outs.push_back(*t);
+      frame->finish(outs);
+    }
+    return v;
+  } catch (...) {
+    if (frame) frame->rethrow(std::current_exception());
+    throw;
+  }
+}
+
+}  // namespace fsdp::detail

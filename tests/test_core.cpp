@@ -1,0 +1,240 @@
+// fsdp-cpp tests: the FSDP core — parity with unsharded training, the
+// ledger, misuse. Multi-rank cases run real processes through `fsdp run`.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "core_model.h"
+#include "fsdp/comm.h"
+#include "fsdp/fully_shard.h"
+#include "test_util.h"
+
+namespace fsdp::testing {
+namespace {
+
+std::map<std::string, long long> parse_kv(const std::string& line) {
+  std::map<std::string, long long> kv;
+  std::regex re("(\\w+)=(-?\\d+)");
+  for (std::sregex_iterator it(line.begin(), line.end(), re), end; it != end; ++it)
+    kv[(*it)[1]] = std::stoll((*it)[2]);
+  return kv;
+}
+
+// ---------------------------------------------------------------- parity
+using ParityParam = std::tuple<int, std::string, std::string>;
+class CoreParity : public ::testing::TestWithParam<ParityParam> {};
+
+TEST_P(CoreParity, MatchesUnshardedReference) {
+  auto [n, strategy, mode] = GetParam();
+  auto r = run_ranks(n, "core_parity", {strategy, mode});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto ok = lines_with(r.output, "PARITY");
+  ASSERT_EQ(static_cast<int>(ok.size()), n) << r.output;
+  for (auto& l : ok) EXPECT_NE(l.find(" OK"), std::string::npos) << l;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, CoreParity,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values("full", "grad-op", "none"),
+                                            ::testing::Values("plain", "nosync", "rs")),
+                         [](const auto& info) {
+                           auto s = std::get<1>(info.param);
+                           for (auto& c : s)
+                             if (c == '-') c = '_';
+                           return "N" + std::to_string(std::get<0>(info.param)) + "_" + s + "_" +
+                                  std::get<2>(info.param);
+                         });
+
+// Prefetch and asynchronous reduce-scatter keep parity, also with a delay
+// injected before collectives (rank r sleeps 5r ms) to expose a missing wait.
+using PrefetchParam = std::tuple<int, std::string, std::string>;
+class CorePrefetch : public ::testing::TestWithParam<PrefetchParam> {};
+TEST_P(CorePrefetch, KeepsParity) {
+  auto [n, strategy, prefetch] = GetParam();
+  auto r = run_ranks(n, "core_parity", {strategy, "rs", prefetch}, {"FSDP_TEST_DELAY=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (auto& l : lines_with(r.output, "PARITY")) EXPECT_NE(l.find(" OK"), std::string::npos) << l;
+}
+INSTANTIATE_TEST_SUITE_P(Grid, CorePrefetch,
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Values("full", "grad-op"),
+                                            ::testing::Values("pre", "post", "fwd")),
+                         [](const auto& info) {
+                           auto s = std::get<1>(info.param);
+                           for (auto& c : s)
+                             if (c == '-') c = '_';
+                           return "N" + std::to_string(std::get<0>(info.param)) + "_" + s + "_" +
+                                  std::get<2>(info.param);
+                         });
+
+TEST(CoreMixedPrecision, Bf16TrainsCloseToFp32) {
+  auto r = run_ranks(2, "core_parity", {"full", "plain", "none", "bf16"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (auto& l : lines_with(r.output, "PARITY")) EXPECT_NE(l.find(" OK"), std::string::npos) << l;
+}
+
+// ---------------------------------------------------------------- ledger
+struct LedgerCase {
+  int n;
+  std::string strategy;
+};
+class CoreLedger : public ::testing::TestWithParam<LedgerCase> {};
+
+TEST_P(CoreLedger, RestingStateAndTrafficMatchTheSeedFormulas) {
+  auto c = GetParam();
+  auto r = run_ranks(c.n, "core_ledger", {c.strategy});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto traffic = lines_with(r.output, "TRAFFIC");
+  auto ledger = lines_with(r.output, "LEDGER");
+  ASSERT_EQ(static_cast<int>(traffic.size()), c.n) << r.output;
+  ASSERT_EQ(static_cast<int>(ledger.size()), c.n) << r.output;
+  long long local_sum = 0, ar_sum = 0;
+  const long long N = c.n;
+  for (int i = 0; i < c.n; ++i) {
+    auto t = parse_kv(traffic[i]);
+    auto l = parse_kv(ledger[i]);
+    const long long padded_bytes = l["padded"] * 4, S_bytes = padded_bytes / N;
+    local_sum += l["local"];
+    ar_sum += t["ar"];
+    if (c.strategy == "full") {
+      // Forward all-gather + backward all-gather + reduce-scatter: (N-1)/N x 3P.
+      EXPECT_EQ(t["ag"], 2 * (N - 1) * S_bytes) << traffic[i];
+      EXPECT_EQ(t["rs"], (N - 1) * S_bytes) << traffic[i];
+      EXPECT_EQ(t["ar"], 0);
+    } else if (c.strategy == "grad-op") {
+      EXPECT_EQ(t["ag"], (N - 1) * S_bytes) << traffic[i];
+      EXPECT_EQ(t["rs"], (N - 1) * S_bytes) << traffic[i];
+    } else {
+      EXPECT_EQ(t["ag"], 0);
+      EXPECT_EQ(t["rs"], 0);
+    }
+    // At rest: P = G = padded/N (fp32), O = Adam's 2 x this rank's elements.
+    if (c.strategy != "none") {
+      EXPECT_EQ(l["P"], S_bytes) << ledger[i];
+      EXPECT_EQ(l["G"], S_bytes) << ledger[i];
+    } else {
+      EXPECT_EQ(l["P"], l["numel"] * 4) << ledger[i];
+      EXPECT_EQ(l["G"], l["numel"] * 4) << ledger[i];
+    }
+    EXPECT_EQ(l["O"], 2 * 4 * l["local"]) << ledger[i];
+  }
+  auto l0 = parse_kv(ledger[0]);
+  if (c.strategy != "none")
+    EXPECT_EQ(local_sum, l0["numel"]);  // the shards cover every element exactly once
+  else
+    EXPECT_EQ(ar_sum, 2 * (N - 1) * l0["numel"] * 4);  // ring all-reduce: 2(N-1)/N x P per rank
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, CoreLedger,
+                         ::testing::Values(LedgerCase{1, "full"}, LedgerCase{2, "full"}, LedgerCase{3, "full"},
+                                           LedgerCase{4, "full"}, LedgerCase{2, "grad-op"},
+                                           LedgerCase{3, "grad-op"}, LedgerCase{2, "none"},
+                                           LedgerCase{3, "none"}),
+                         [](const auto& info) {
+                           auto s = info.param.strategy;
+                           for (auto& ch : s)
+                             if (ch == '-') ch = '_';
+                           return "N" + std::to_string(info.param.n) + "_" + s;
+                         });
+
+// ---------------------------------------------------------------- misuse
+struct BypassImpl : torch::nn::Module {
+  Block block{nullptr};
+  BypassImpl() { block = register_module("block", Block(4)); }
+  torch::Tensor forward(const torch::Tensor& x) { return block->forward(x); }  // not through fsdp::call
+};
+TORCH_MODULE(Bypass);
+
+TEST(CoreMisuse, CallingAUnitOutsideItsPathIsAClearError) {
+  Bypass net;
+  FsdpOptions o;
+  o.wrap = WrapPolicy::module_type<BlockImpl>("Block");
+  auto model = fully_shard(net, make_local_communicator(), o);
+  try {
+    model.forward(torch::randn({2, 4}));
+    FAIL() << "expected an error";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fsdp::call"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'block'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CoreMisuse, WrappingTwiceIsAClearError) {
+  Net net;
+  auto a = fully_shard(net, make_local_communicator());
+  try {
+    auto b = fully_shard(net, make_local_communicator());
+    FAIL() << "expected an error";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already part of a fully_shard"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CoreMisuse, OptimizerOnTheUnwrappedModelIsDetected) {
+  Net net;
+  auto model = fully_shard(net, make_local_communicator());
+  torch::optim::Adam wrong(net->parameters());
+  EXPECT_THROW(verify_optimizer(*model, wrong), fsdp::Error);
+  torch::optim::Adam right(model->parameters());
+  EXPECT_NO_THROW(verify_optimizer(*model, right));
+}
+
+TEST(CoreWrap, SequentialNeedsNoChangeAndNamesStay) {
+  torch::manual_seed(0);
+  torch::nn::Sequential ref(torch::nn::Linear(8, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3));
+  torch::manual_seed(0);
+  torch::nn::Sequential seq(torch::nn::Linear(8, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3));
+  FsdpOptions o;
+  o.wrap = WrapPolicy::size_based(20);
+  auto model = fully_shard(seq, make_local_communicator(), o);
+  EXPECT_EQ(model->units().size(), 3u);  // root + two Linear units
+  auto x = torch::randn({4, 8});
+  auto y = model.forward(x);
+  EXPECT_TRUE(torch::allclose(y, ref->forward(x)));
+  auto full = model->full_state();
+  std::vector<std::string> names;
+  for (auto& kv : full) names.push_back(kv.first);
+  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}));
+}
+
+struct TiedImpl : torch::nn::Module {
+  torch::nn::Embedding emb{nullptr};
+  torch::nn::Linear head{nullptr};
+  TiedImpl() {
+    emb = register_module("emb", torch::nn::Embedding(10, 4));
+    head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(4, 10).bias(false)));
+    head->weight = head->register_parameter("weight", emb->weight);
+  }
+  torch::Tensor forward(const torch::Tensor& idx) { return fsdp::call(head, fsdp::call(emb, idx)); }
+};
+TORCH_MODULE(Tied);
+
+TEST(CoreWrap, TiedWeightsSplitAcrossSiblingUnitsIsAClearError) {
+  Tied net;
+  FsdpOptions o;
+  o.wrap = WrapPolicy::predicate([](const std::string& n, const torch::nn::Module&, int64_t) {
+    return n == "emb" || n == "head";
+  });
+  try {
+    auto model = fully_shard(net, make_local_communicator(), o);
+    FAIL() << "expected an error";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shared by"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CoreWrap, TiedWeightsInOneUnitTrain) {
+  Tied net;
+  auto model = fully_shard(net, make_local_communicator());
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  auto idx = torch::tensor({1, 2, 3}, torch::kLong);
+  auto before = model->full_state()[0].second.clone();
+  model.forward(idx).sum().backward();
+  opt.step();
+  auto full = model->full_state();
+  ASSERT_EQ(full.size(), 2u);  // emb.weight and head.weight: one tensor, two names
+  EXPECT_TRUE(torch::equal(full[0].second, full[1].second));
+  EXPECT_FALSE(torch::equal(full[0].second, before));
+}
+
+}  // namespace
+}  // namespace fsdp::testing

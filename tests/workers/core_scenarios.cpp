@@ -1,0 +1,172 @@
+// fsdp-cpp tests: rank-side logic of the core tests (tests/test_core.cpp).
+//
+// core_parity STRATEGY MODE PREFETCH DTYPE: every rank trains the wrapped
+// model on its slice of each batch and, in the same process, an unwrapped
+// reference on the whole batch (all ranks' rows, all micro-steps); after the
+// steps the gathered parameters must equal the reference's.
+//   MODE: plain (1 micro-step) | nosync (3, no_sync on the first two) |
+//         rs (3, reduce-scatter every micro-step)
+//   PREFETCH: none | pre | post | fwd (forward + backward pre)
+//   DTYPE: fp32 | bf16 (bf16: loose tolerance, checks it trains)
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+#include "../core_model.h"
+#include "fsdp/comm.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/memory.h"
+#include "scenario.h"
+
+namespace fsdp::testing {
+namespace {
+
+std::vector<torch::optim::OptimizerParamGroup> groups_by_dim(const std::vector<torch::Tensor>& params,
+                                                             const std::vector<int64_t>& dims) {
+  std::vector<torch::Tensor> decay, no_decay;
+  for (size_t i = 0; i < params.size(); ++i) (dims[i] == 2 ? decay : no_decay).push_back(params[i]);
+  std::vector<torch::optim::OptimizerParamGroup> g;
+  // A moderate rate: Adam divides by sqrt(v), so on near-zero gradients it
+  // turns last-bit differences of a sum's order into visible updates.
+  g.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(2e-3));
+  static_cast<torch::optim::AdamWOptions&>(g.back().options()).weight_decay(0.1);
+  g.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(2e-3));
+  static_cast<torch::optim::AdamWOptions&>(g.back().options()).weight_decay(0.0);
+  return g;
+}
+
+FsdpOptions make_options(const std::string& strategy, const std::string& prefetch, const std::string& dtype) {
+  FsdpOptions o;
+  o.strategy = parse_strategy(strategy);
+  o.wrap = WrapPolicy::predicate(
+      [](const std::string& name, const torch::nn::Module& m, int64_t) {
+        return dynamic_cast<const BlockImpl*>(&m) || dynamic_cast<const GateImpl*>(&m);
+      },
+      "Block and Gate");
+  if (prefetch == "pre" || prefetch == "fwd") o.backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
+  if (prefetch == "post") o.backward_prefetch = BackwardPrefetch::BACKWARD_POST;
+  if (prefetch == "fwd") o.forward_prefetch = true;
+  if (dtype == "bf16") o.mixed_precision.param_dtype = torch::kBFloat16;
+  return o;
+}
+
+}  // namespace
+
+FSDP_SCENARIO(core_parity) {
+  const std::string strategy = args.at(0), mode = args.at(1);
+  const std::string prefetch = args.size() > 2 ? args[2] : "none";
+  const std::string dtype = args.size() > 3 ? args[3] : "fp32";
+  auto comm = make_communicator_from_env();
+  const int N = comm->world_size(), r = comm->rank();
+  const int K = mode == "plain" ? 1 : 3, B = 2, steps = 3;
+
+  torch::manual_seed(1234);
+  Net ref;
+  torch::manual_seed(1234);
+  Net net;
+  auto model = fully_shard(net, comm, make_options(strategy, prefetch, dtype));
+
+  std::vector<int64_t> dims;
+  for (auto& s : model->named_shards()) dims.push_back(static_cast<int64_t>(s.full_shape.size()));
+  torch::optim::AdamW opt(groups_by_dim(model->parameters(), dims));
+  verify_optimizer(*model, opt);
+  std::vector<torch::Tensor> ref_params;
+  for (auto& p : ref->named_parameters()) ref_params.push_back(p.value());
+  torch::optim::AdamW ref_opt(groups_by_dim(ref_params, dims));
+
+  const bool delay = std::getenv("FSDP_TEST_DELAY") != nullptr;
+  torch::manual_seed(99);
+  for (int step = 0; step < steps; ++step) {
+    auto X = torch::randn({N * K * B, 7});
+    auto Y = torch::randn({N * K * B, 5});
+    // Reference: one process, the whole batch.
+    ref_opt.zero_grad();
+    auto ref_loss = (ref->forward(X) - Y).pow(2).mean();
+    ref_loss.backward();
+    torch::nn::utils::clip_grad_norm_(ref_params, 0.5);
+    ref_opt.step();
+    // FSDP: micro-step k of rank r takes rows ((k*N + r)*B ...).
+    for (int k = 0; k < K; ++k) {
+      auto rows = torch::arange(int64_t(k * N + r) * B, int64_t(k * N + r + 1) * B);
+      auto x = X.index_select(0, rows), y = Y.index_select(0, rows);
+      if (delay) std::this_thread::sleep_for(std::chrono::milliseconds(5 * r));
+      auto run = [&] {
+        auto out = model.forward(x).to(torch::kFloat32);
+        auto loss = (out - y).pow(2).mean() / K;
+        loss.backward();
+      };
+      if (mode == "nosync" && k < K - 1) {
+        auto guard = model->no_sync();
+        run();
+      } else {
+        run();
+      }
+    }
+    model->clip_grad_norm(0.5);
+    opt.step();
+    opt.zero_grad();
+  }
+  auto full = model->full_state(-1);
+  double max_rel = 0, max_abs = 0;
+  size_t i = 0;
+  for (auto& p : ref->named_parameters()) {
+    FSDP_USER_CHECK(full[i].first == p.key(), "name mismatch: ", full[i].first, " vs ", p.key());
+    auto a = full[i].second, b = p.value().detach();
+    FSDP_USER_CHECK(a.sizes() == b.sizes(), "shape mismatch for ", p.key());
+    double d = (a - b).abs().max().item<double>();
+    double rel = d / std::max(1e-12, b.abs().max().item<double>());
+    max_rel = std::max(max_rel, rel);
+    max_abs = std::max(max_abs, d);
+    ++i;
+  }
+  const double tol = dtype == "bf16" ? 5e-2 : 1e-5;
+  std::printf("PARITY strategy=%s mode=%s prefetch=%s dtype=%s N=%d max_rel=%.3g max_abs=%.3g %s\n",
+              strategy.c_str(), mode.c_str(), prefetch.c_str(), dtype.c_str(), N, max_rel, max_abs,
+              max_rel <= tol ? "OK" : "MISMATCH");
+  return max_rel <= tol ? 0 : 1;
+}
+
+// core_ledger STRATEGY: one training step, then the ledger and the traffic of
+// that step, printed as key=value for the test to check against the formulas.
+FSDP_SCENARIO(core_ledger) {
+  const std::string strategy = args.at(0);
+  const std::string prefetch = args.size() > 1 ? args[1] : "none";
+  const std::string dtype = args.size() > 2 ? args[2] : "fp32";
+  auto comm = make_communicator_from_env();
+  torch::manual_seed(1);
+  Net net(7, 12, 5, 3);
+  auto model = fully_shard(net, comm, make_options(strategy, prefetch, dtype));
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
+  auto x = torch::randn({4, 7});
+  for (int step = 0; step < 2; ++step) {
+    comm->reset_counters();
+    auto loss = model.forward(x).to(torch::kFloat32).pow(2).mean();
+    loss.backward();
+    model->wait_pending();
+    auto c = comm->counters();
+    if (step == 1)
+      std::printf("TRAFFIC ag=%lld rs=%lld ar=%lld ag_calls=%lld rs_calls=%lld ar_calls=%lld\n",
+                  (long long)c[CollectiveKind::ALL_GATHER].bytes_sent,
+                  (long long)c[CollectiveKind::REDUCE_SCATTER].bytes_sent,
+                  (long long)c[CollectiveKind::ALL_REDUCE].bytes_sent,
+                  (long long)c[CollectiveKind::ALL_GATHER].calls, (long long)c[CollectiveKind::REDUCE_SCATTER].calls,
+                  (long long)c[CollectiveKind::ALL_REDUCE].calls);
+    opt.step();
+    opt.zero_grad();
+  }
+  auto l = model->ledger(&opt);
+  int64_t padded = 0, numel = 0, local = 0, pblock = 0;
+  for (auto& u : model->units()) {
+    padded += u.padded_numel;
+    numel += u.numel;
+    pblock = std::max(pblock, u.unsharded_bytes);
+  }
+  for (auto& s : model->named_shards()) local += s.hi - s.lo;
+  std::printf("LEDGER P=%lld G=%lld O=%lld P_block=%lld padded=%lld numel=%lld local=%lld A=%lld peak=%lld\n",
+              (long long)l.P, (long long)l.G, (long long)l.O, (long long)l.P_block, (long long)padded,
+              (long long)numel, (long long)local, (long long)l.A, (long long)l.peak);
+  std::printf("%s", l.str().c_str());
+  return 0;
+}
+
+}  // namespace fsdp::testing
