@@ -2,6 +2,8 @@
 #   make demo   the main job: GPT-mini trained with FULL_SHARD on 2 ranks, with a report
 #   make test   build and run the test suite (ctest)
 #   make build  build only;  make bench  benchmarks;  make deps  Debian packages only
+#   make fuzz   libFuzzer over the checkpoint parsers (clang, build-fuzz/, FUZZ_SECONDS each)
+#   make test-asan  the test suite with address+undefined sanitizers (build-asan/)
 SHELL := /bin/bash
 BUILD ?= build
 JOBS ?= $(shell nproc)
@@ -9,7 +11,7 @@ DEBS := build-essential cmake chromium libtorch-dev libgloo-dev nlohmann-json3-d
         libgtest-dev libbenchmark-dev libopenblas0-pthread fortunes python3-torch zlib1g-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps configure build test demo tiny bench clean
+.PHONY: deps configure build test demo tiny bench clean fuzz test-asan
 
 deps:
 	@missing=$$(for p in $(DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
@@ -40,3 +42,31 @@ bench: build
 
 clean:
 	rm -rf $(BUILD)
+
+# libFuzzer targets over the safetensors header and metadata.json parsers
+# (docs/RELIABILITY.md). Seeds: fuzz/corpus/ (kept) + files our writer makes;
+# what the fuzzer finds grows build-fuzz/corpus-*. Any crash, leak or
+# sanitizer report fails the target and leaves the input in build-fuzz/.
+FUZZ_SECONDS ?= 60
+FUZZ_BUILD ?= build-fuzz
+fuzz: deps
+	@command -v clang++-14 >/dev/null || { $(SUDO) apt-get install -y -qq --no-install-recommends clang-14 libclang-rt-14-dev; }
+	cmake -S fuzz -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	$(FUZZ_BUILD)/make_seed_corpus $(FUZZ_BUILD)/seeds
+	@set -eo pipefail; for t in safetensors metadata; do \
+	  mkdir -p $(FUZZ_BUILD)/corpus-$$t; \
+	  echo "== fuzz_$$t for $(FUZZ_SECONDS) s"; \
+	  (cd $(FUZZ_BUILD) && ./fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 \
+	     -print_final_stats=1 corpus-$$t ../fuzz/corpus/$$t seeds/$$t 2>&1 | tail -25); \
+	done
+
+# The suite with -fsanitize=address,undefined. libtorch is not instrumented:
+# leak detection is off because libtorch's own static allocations are never
+# freed and would be reported as ours (docs/RELIABILITY.md).
+ASAN_BUILD ?= build-asan
+test-asan: deps
+	cmake -S . -B $(ASAN_BUILD) -DFSDP_SANITIZE=ON -DFSDP_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:strict_init_order=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j 1 --timeout 1200

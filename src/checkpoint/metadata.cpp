@@ -131,7 +131,8 @@ FileMeta file_from_json(const Ctx& c, const json& j, const std::string& where) {
   f.bytes = c.integer(j, "bytes", where);
   f.crc32c = c.crc(c.field(j, "crc32c", where), where);
   f.chunk_bytes = c.integer(j, "chunk_bytes", where);
-  if (f.bytes < 0 || f.chunk_bytes <= 0) c.bad(cat(where, ": bytes/chunk_bytes out of range"));
+  if (f.bytes < 0 || f.bytes > (int64_t(1) << 62) || f.chunk_bytes <= 0 || f.chunk_bytes > (int64_t(1) << 62))
+    c.bad(cat(where, ": bytes/chunk_bytes out of range"));
   const json& ch = c.field(j, "chunk_crc32c", where);
   if (!ch.is_array()) c.bad(cat(where, ": \"chunk_crc32c\" expected an array"));
   int64_t want = (f.bytes + f.chunk_bytes - 1) / f.chunk_bytes;

@@ -52,10 +52,11 @@ const char* known_dtype_names() { return "F32, BF16, F16, F64, I64, I32, I16, I8
 int64_t element_size(torch::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
 
 int64_t checked_numel(const std::vector<int64_t>& shape) {
+  // At most 2^59 elements, so numel * element_size (<= 8) cannot overflow.
   int64_t n = 1;
   for (int64_t d : shape) {
     if (d < 0) return -1;
-    if (d != 0 && n > (int64_t(1) << 62) / d) return -1;
+    if (d != 0 && n > (int64_t(1) << 59) / d) return -1;
     n *= d;
   }
   return n;
@@ -294,7 +295,7 @@ SafetensorsReader::SafetensorsReader(std::string path) : impl_(std::make_unique<
     }
     for (int i = 0; i < 2; ++i) {
       const auto& o = v["data_offsets"][i];
-      if (!o.is_number_unsigned() && !(o.is_number_integer() && o.get<int64_t>() >= 0))
+      if (!o.is_number_integer() || (o.is_number_unsigned() ? o.get<uint64_t>() > uint64_t(INT64_MAX) : o.get<int64_t>() < 0))
         tbad(cat("data_offsets ", v["data_offsets"].dump(), " are not non-negative integers"));
     }
     e.begin = v["data_offsets"][0].get<int64_t>();
