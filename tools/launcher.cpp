@@ -101,6 +101,23 @@ int pick_free_port() {
   return ntohs(a.sin_port);
 }
 
+// 128 random bits as hex, for FSDP_JOB_TOKEN.
+std::string random_token() {
+  unsigned char b[16];
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  bool ok = fd >= 0 && read(fd, b, sizeof b) == static_cast<ssize_t>(sizeof b);
+  if (fd >= 0) close(fd);
+  if (!ok) throw Error(detail::cat("fsdp run: cannot read /dev/urandom for the job token: ", std::strerror(errno),
+                                   "; set FSDP_JOB_TOKEN yourself"));
+  std::string out;
+  char hex[3];
+  for (unsigned char c : b) {
+    std::snprintf(hex, sizeof hex, "%02x", c);
+    out += hex;
+  }
+  return out;
+}
+
 int cores() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
@@ -125,8 +142,8 @@ struct Outcome {
 
 class Attempt {
  public:
-  Attempt(const LaunchOptions& o, const std::string& program, int port, int restart)
-      : o_(o), program_(program), port_(port), restart_(restart), ranks_(o.nproc) {}
+  Attempt(const LaunchOptions& o, const std::string& program, int port, int restart, std::string token)
+      : o_(o), program_(program), port_(port), restart_(restart), token_(std::move(token)), ranks_(o.nproc) {}
 
   Outcome run() {
     for (int i = 0; i < o_.nproc; ++i) spawn(i);
@@ -184,6 +201,7 @@ class Attempt {
         {"MASTER_PORT", std::to_string(port_)},
         {"FSDP_RESTART_COUNT", std::to_string(restart_)},
     };
+    if (!token_.empty()) set.push_back({"FSDP_JOB_TOKEN", token_});
     int threads = o_.threads > 0 ? o_.threads : std::max(1, cores() / o_.nproc);
     for (const char* k : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"})
       if (o_.threads > 0 || !std::getenv(k)) set.push_back({k, std::to_string(threads)});
@@ -307,6 +325,7 @@ class Attempt {
   const LaunchOptions& o_;
   const std::string program_;
   const int port_, restart_;
+  const std::string token_;
   std::vector<Rank> ranks_;
   Outcome out_;
 };
@@ -355,9 +374,17 @@ int launch(LaunchOptions o) {
   validate(o);
   const std::string program = resolve_program(o.argv[0]);
   install_handlers();
+  if (o.job_token.empty())
+    if (const char* t = std::getenv("FSDP_JOB_TOKEN")) o.job_token = t;
+  if (o.job_token.empty() && o.nnodes > 1)
+    std::fprintf(stderr, "fsdp run: note: FSDP_JOB_TOKEN is not set, so this job's rendezvous keys are not "
+                         "private; export the same random value on every node (see docs/RELIABILITY.md)\n");
   for (int restart = 0;; ++restart) {
     int port = o.master_port > 0 ? o.master_port : pick_free_port();
-    Attempt attempt(o, program, port, restart);
+    // A fresh token per attempt on one node: a rank left over from the
+    // previous attempt can never join the next one.
+    std::string token = !o.job_token.empty() ? o.job_token : o.nnodes == 1 ? random_token() : "";
+    Attempt attempt(o, program, port, restart, token);
     Outcome out = attempt.run();
     if (out.interrupted) return 128 + out.interrupted;
     if (out.failed < 0) return 0;

@@ -2,7 +2,8 @@
 // defines: LaunchOptions, launch
 //
 // torchrun's conventions: each rank gets RANK, LOCAL_RANK, WORLD_SIZE,
-// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (plus FSDP_RESTART_COUNT), and
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (plus FSDP_RESTART_COUNT and
+// FSDP_JOB_TOKEN, the job's secret for the rendezvous store), and
 // OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS = cores / local
 // ranks unless the user set them or passed --threads.
 //
@@ -27,6 +28,11 @@ struct LaunchOptions {
   double grace_s = 3;        // SIGTERM -> SIGKILL
   int tail_lines = 10;       // lines of the failed rank quoted in the report
   std::vector<std::string> argv;  // the program and its arguments
+  // FSDP_JOB_TOKEN given to the ranks (the rendezvous store's keys live under
+  // it). Empty: the launcher's own FSDP_JOB_TOKEN if set, else on one node a
+  // fresh random token per attempt; a multi-node job needs the same token on
+  // every node (export it), otherwise it runs without one and says so.
+  std::string job_token;
 };
 
 // Checks the options (throws fsdp::UsageError on bad input), runs the ranks to

@@ -83,13 +83,17 @@ CallShape check_reduce_scatter(const torch::Tensor& input, const torch::Tensor& 
     misuse(what, detail::cat("expected input.numel() == world_size * output.numel() = ", world, " * ",
                              output.numel(), " = ", world * output.numel(), ", found ", input.numel(),
                              "; pad the input to a multiple of the world size"));
-  return shape(CollectiveKind::REDUCE_SCATTER, info, input);
+  CallShape s = shape(CollectiveKind::REDUCE_SCATTER, info, input);
+  s.reduce_op = static_cast<int>(op);
+  return s;
 }
 
 CallShape check_all_reduce(const torch::Tensor& tensor, ReduceOp op, const CollectiveInfo& info) {
   check_tensor("all_reduce", "", tensor);
   check_reduce("all_reduce", tensor.scalar_type(), op);
-  return shape(CollectiveKind::ALL_REDUCE, info, tensor);
+  CallShape s = shape(CollectiveKind::ALL_REDUCE, info, tensor);
+  s.reduce_op = static_cast<int>(op);
+  return s;
 }
 
 CallShape check_broadcast(const torch::Tensor& tensor, int root, int world, const CollectiveInfo& info) {
@@ -97,7 +101,9 @@ CallShape check_broadcast(const torch::Tensor& tensor, int root, int world, cons
   if (root < 0 || root >= world)
     misuse("broadcast", detail::cat("root ", root, " is not a rank of this world of ", world,
                                     "; pass a root in [0, ", world, ")"));
-  return shape(CollectiveKind::BROADCAST, info, tensor);
+  CallShape s = shape(CollectiveKind::BROADCAST, info, tensor);
+  s.root = root;
+  return s;
 }
 
 const char* dtype_name(c10::ScalarType t) {

@@ -24,6 +24,8 @@ struct CallShape {
   c10::ScalarType dtype = c10::kFloat;
   int64_t numel = 0;  // the input's element count (all_reduce/broadcast: the tensor's)
   int64_t elem_size = 0;
+  int root = -1;      // broadcast only
+  int reduce_op = -1; // ReduceOp of reduce_scatter / all_reduce, -1 otherwise
 };
 
 // Throw CollectiveError on misuse; return the call's shape.

@@ -9,6 +9,13 @@
 // CollectiveError that names the call, its sequence number, the world and the
 // ranks that never arrived (read from the store's progress keys); the queue
 // then fails every later call with that same error.
+//
+// FSDP_DEBUG=detail: before each collective the ranks all-gather a fixed-size
+// record of the call (kind, dtype, element count, root, reduce op, label) on
+// the same Gloo slot space, step numbers from kCheckStepBase up, so it can
+// never match a message of the collective itself. A difference becomes one
+// CollectiveError on every rank (they all see the same records) listing each
+// rank's call, instead of a hang or a silently wrong sum.
 #include <gloo/context.h>
 #include <gloo/rendezvous/context.h>
 
@@ -22,6 +29,7 @@
 #include "comm/ring.h"
 #include "comm/work_queue.h"
 #include "fsdp/errors.h"
+#include "fsdp/trace.h"
 
 namespace fsdp::comm {
 namespace {
@@ -30,11 +38,59 @@ namespace {
 // between the timeout and the promised "timeout + 2 s".
 constexpr std::chrono::milliseconds kDiagnosisBudget{1500};
 
+// Steps of the FSDP_DEBUG=detail exchange (collectives use steps < 2N).
+constexpr int kCheckStepBase = 1 << 19;
+
+// One rank's call as exchanged by the detail check: fixed layout, same host
+// architecture on every rank (Gloo moves raw bytes).
+struct CallRecord {
+  uint64_t seq;
+  int32_t kind, dtype, root, reduce_op;
+  int64_t numel;
+  char label[48];  // truncated, NUL-terminated
+};
+static_assert(sizeof(CallRecord) == 80, "CallRecord must have no hidden padding");
+
+CallRecord record_of(const CallShape& s, uint64_t seq) {
+  CallRecord r;
+  std::memset(&r, 0, sizeof r);
+  r.seq = seq;
+  r.kind = static_cast<int32_t>(s.kind);
+  r.dtype = static_cast<int32_t>(s.dtype);
+  r.root = s.root;
+  r.reduce_op = s.reduce_op;
+  r.numel = s.numel;
+  std::strncpy(r.label, s.label.c_str(), sizeof r.label - 1);
+  return r;
+}
+
+bool same_call(const CallRecord& a, const CallRecord& b) {
+  return a.kind == b.kind && a.dtype == b.dtype && a.numel == b.numel && a.root == b.root &&
+         a.reduce_op == b.reduce_op;
+}
+
+std::string describe_record(const CallRecord& r) {
+  if (r.kind < 0 || r.kind >= static_cast<int>(CollectiveKind::kCount)) return detail::cat("kind ", r.kind, "?");
+  auto kind = static_cast<CollectiveKind>(r.kind);
+  std::string out = detail::cat(to_string(kind), " '", r.label, "' #", r.seq);
+  if (kind == CollectiveKind::BARRIER) return out;
+  out += detail::cat(" (", dtype_name(static_cast<c10::ScalarType>(r.dtype)), ", ", r.numel, " elements");
+  if (r.reduce_op >= 0) out += r.reduce_op == static_cast<int>(ReduceOp::SUM) ? ", SUM" : ", AVG";
+  if (r.root >= 0) out += detail::cat(", root ", r.root);
+  return out + ")";
+}
+
+// Thrown by the detail check; already the final message (no diagnosis).
+class CallMismatch : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
+};
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(const WorldEnv& world, const ResolvedOptions& opts)
       : world_(world), opts_(opts),
-        rdv_(std::make_unique<Rendezvous>(world, opts.rendezvous_timeout)),
+        rdv_(std::make_unique<Rendezvous>(world, opts.rendezvous_timeout, opts.job_token)),
         ctx_(rdv_->connect_gloo(opts.ifname)),
         queue_(std::make_unique<WorkQueue>()) {}
 
@@ -145,22 +201,57 @@ class GlooCommunicator final : public Communicator {
   // On the communication thread, in issue order.
   void execute(const CallShape& shape, const std::function<int64_t(const Step&)>& algo) {
     const uint64_t seq = ++seq_;
+    // Times the collective on the "comm" track (the report's AG/RS lanes).
+    trace::Span span(to_string(shape.kind), "comm");
+    if (span.active()) {
+      trace::set_thread_name("comm");
+      span.arg("unit", shape.label).arg("seq", seq);
+    }
     std::string what = describe_call(shape);
     rdv_->record_entered(seq, what);
     const auto t0 = Clock::now();
     Step step{ctx_.get(), seq, t0 + opts_.timeout};
     int64_t bytes = 0;
     try {
+      if (opts_.debug_detail) check_same_call(step, shape);
       bytes = algo(step);
+    } catch (const CallMismatch&) {
+      failed_ = true;
+      throw;
     } catch (const std::exception& e) {
       failed_ = true;
       throw CollectiveError(diagnose(seq, what, e.what(), Clock::now() - t0));
     }
+    span.arg("bytes", bytes);
     std::lock_guard<std::mutex> lock(mu_);
     auto& entry = counters_[shape.kind];
     entry.calls += 1;
     entry.bytes_sent += bytes;
     entry.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
+  // FSDP_DEBUG=detail: every rank learns every rank's call before any byte
+  // of the collective moves. Costs one ring all-gather of 80 bytes per rank.
+  void check_same_call(const Step& step, const CallShape& shape) {
+    const int n = world_.world_size;
+    std::vector<CallRecord> all(n);
+    all[world_.rank] = record_of(shape, step.seq);
+    std::vector<int64_t> offset(n), count(n, sizeof(CallRecord));
+    for (int j = 0; j < n; ++j) offset[j] = j * static_cast<int64_t>(sizeof(CallRecord));
+    ring_all_gather(step, all.data(), offset, count, kCheckStepBase);
+    bool same = true;
+    for (int q = 1; q < n; ++q) same &= same_call(all[q], all[0]);
+    if (same) return;
+    std::string msg = detail::cat("FSDP_DEBUG=detail: ranks issued different collectives at #", step.seq,
+                                  " in a world of ", n, " (", describe(), "):");
+    for (int q = 0; q < n; ++q)
+      msg += detail::cat("\n  rank ", q, ": ", describe_record(all[q]),
+                         same_call(all[q], all[0]) ? "" : "   <-- differs from rank 0");
+    msg += "\nExpected every rank to issue the same kind, dtype, element count, root and reduce op "
+           "at each sequence number. What to do: find where the differing rank's code path diverges "
+           "(a rank-dependent branch, an uneven shard size, a skipped unit) and make every rank issue "
+           "the same collectives in the same order.";
+    throw CallMismatch(msg);
   }
 
   std::string diagnose(uint64_t seq, const std::string& what, const std::string& engine_error,

@@ -10,6 +10,7 @@
 #include "comm/backends.h"
 #include "comm/checks.h"
 #include "comm/work_queue.h"
+#include "fsdp/trace.h"
 
 namespace fsdp::comm {
 namespace {
@@ -80,6 +81,10 @@ class WorldOfOne final : public Communicator {
       failure_ = std::current_exception();
       throw;
     }
+    // Same span as the Gloo communicator, on the caller's thread (no bytes move).
+    const uint64_t seq = ++seq_;
+    trace::Span span(to_string(shape.kind), "comm");
+    if (span.active()) span.arg("unit", shape.label).arg("seq", seq).arg("bytes", 0);
     auto t0 = std::chrono::steady_clock::now();
     body();
     auto& e = counters_[shape.kind];
@@ -93,6 +98,7 @@ class WorldOfOne final : public Communicator {
   mutable std::mutex mu_;
   CommCounters counters_;        // guarded by mu_
   std::exception_ptr failure_;   // guarded by mu_
+  uint64_t seq_ = 0;             // guarded by mu_
 };
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/store_bind.h"
 #include "fsdp/errors.h"
 
 namespace fsdp::comm {
@@ -41,6 +42,10 @@ c10d::TCPStore* shared_store(const WorldEnv& w, std::chrono::milliseconds timeou
   o.timeout = timeout;
   c10d::TCPStore* store = nullptr;
   try {
+    // Rank 0's listening socket binds to MASTER_ADDR instead of every
+    // interface (while this guard lives; see store_bind.h).
+    std::optional<StoreBindGuard> bind_guard;
+    if (o.isServer) bind_guard.emplace(w.master_addr, w.master_port);
     store = new c10d::TCPStore(w.master_addr, o);
   } catch (const std::exception& e) {
     if (w.rank == 0)
@@ -124,18 +129,35 @@ std::string join_ranks(const std::vector<int>& ranks) {
 
 }  // namespace
 
-Rendezvous::Rendezvous(const WorldEnv& world, std::chrono::milliseconds timeout)
+Rendezvous::Rendezvous(const WorldEnv& world, std::chrono::milliseconds timeout, const std::string& job_token)
     : world_(world), timeout_(timeout) {
   // Every rank creates its communicators in the same order, so the n-th
   // communicator of each process shares the prefix of generation n.
   static std::atomic<int> generation{0};
-  prefix_ = "fsdp/c" + std::to_string(generation++) + "/";
+  const std::string gen = "c" + std::to_string(generation++) + "/";
+  prefix_ = "fsdp/" + (job_token.empty() ? std::string() : job_token + "/") + gen;
+  const std::string job_key = "fsdp/" + gen + "job";
+  const std::string job_id = job_token.empty() ? "none" : token_fingerprint(job_token);
   where_ = world.master_addr + ":" + std::to_string(world.master_port);
   auto deadline = Clock::now() + timeout;
   store_ = shared_store(world, timeout);
 
   const int n = world.world_size, r = world.rank;
   try {
+    // The job check comes first: a rank of another job (or one started by
+    // hand without the token) fails here with a clear message.
+    if (r == 0) store_->set(job_key, bytes(job_id));
+    if (!wait_keys({job_key}, deadline).empty())
+      throw Error(detail::cat("rank 0 did not register its job at ", where_, " within ", seconds(timeout), " s"));
+    std::string theirs_job = get(job_key);
+    if (theirs_job != job_id)
+      throw Error(detail::cat(
+          "rank ", r, ": the rendezvous store at ", where_, " belongs to another job: its FSDP_JOB_TOKEN ",
+          theirs_job == "none" ? "is unset" : "fingerprint is " + theirs_job, ", this rank's ",
+          job_id == "none" ? "is unset" : "fingerprint is " + job_id,
+          ". Start every rank of a job with the same FSDP_JOB_TOKEN (`fsdp run` sets one per single-node "
+          "job; export the same value on every node of a multi-node job), and give each job its own "
+          "MASTER_PORT."));
     store_->set(prefix_ + "seq/" + std::to_string(r), bytes("0"));
     if (r == 0) store_->set(prefix_ + "world_size", bytes(std::to_string(n)));
     if (!wait_keys({prefix_ + "world_size"}, deadline).empty())

@@ -10,7 +10,17 @@
 // check() instead of TCPStore::wait, because a TCPStore wait that times out
 // leaves its connection out of step (the late reply answers the next request).
 //
-// Keys, under "fsdp/c<generation>/":
+// Binding: libtorch 1.13's TCPStoreOptions has no bind address and its
+// server listens on every interface. While rank 0 constructs the server, the
+// bind() of its listening socket (only that port, only a wildcard address) is
+// redirected to MASTER_ADDR when that address is local (FSDP_STORE_BIND=all
+// turns this off); see store_bind.cpp. Keys live under the job's secret
+// FSDP_JOB_TOKEN (set by `fsdp run`), so a process outside the job cannot
+// name them. docs/RELIABILITY.md says what else to do on shared networks.
+//
+// Keys, under "fsdp/[<token>/]c<generation>/":
+//   job             (no token in the path) a hash of the token, so a rank of
+//                   another job that reaches this port fails at once
 //   world_size      rank 0's WORLD_SIZE, checked by every rank
 //   abort           the first rank that finds a mismatch writes why
 //   joined/<r>      rank r arrived (host and pid)
@@ -43,7 +53,7 @@ class Rendezvous {
   // Connects to (rank 0: starts) the store, checks that every rank agrees on
   // the world size and waits until all have joined. Throws fsdp::Error that
   // names the ranks that never arrived, or the disagreement.
-  Rendezvous(const WorldEnv& world, std::chrono::milliseconds timeout);
+  Rendezvous(const WorldEnv& world, std::chrono::milliseconds timeout, const std::string& job_token = "");
 
   // A full mesh of Gloo TCP pairs (device on `ifname`, or on the address
   // that reaches MASTER_ADDR). Collective timeouts are passed per wait.
@@ -76,7 +86,7 @@ class Rendezvous {
   // Constant after construction.
   WorldEnv world_;
   std::chrono::milliseconds timeout_;
-  std::string prefix_;  // "fsdp/c<generation>/"
+  std::string prefix_;  // "fsdp/[<token>/]c<generation>/"
   std::string where_;   // "127.0.0.1:29500"
   c10d::TCPStore* store_ = nullptr;  // process-wide, never freed (see above)
 };

@@ -1,6 +1,7 @@
 // fsdp-cpp: the world read from the environment (see world_env.h).
 #include "comm/world_env.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -65,6 +66,24 @@ ResolvedOptions resolve_options(const CommOptions& opts) {
   r.rendezvous_timeout = env_seconds("FSDP_RENDEZVOUS_TIMEOUT", std::chrono::seconds(60));
   r.ifname = opts.ifname;
   if (const char* i = env("GLOO_SOCKET_IFNAME")) r.ifname = i;
+  if (const char* d = env("FSDP_DEBUG")) {
+    std::string v = d;
+    for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (v == "detail")
+      r.debug_detail = true;
+    else if (v != "off" && v != "info" && v != "0")
+      throw Error(detail::cat("FSDP_DEBUG='", d, "' is not a known level; expected off or detail "
+                              "(detail checks that every rank issues the same collective)"));
+  }
+  if (const char* t = env("FSDP_JOB_TOKEN")) {
+    r.job_token = t;
+    bool ok = r.job_token.size() >= 16 && r.job_token.size() <= 128;
+    for (char ch : r.job_token) ok &= std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_';
+    if (!ok)
+      throw Error(detail::cat("FSDP_JOB_TOKEN has ", r.job_token.size(),
+                              " characters; expected 16 to 128 of [A-Za-z0-9_-] (e.g. `openssl rand -hex 16`), "
+                              "the same on every node of the job"));
+  }
   return r;
 }
 

@@ -6,6 +6,10 @@
 //   FSDP_TIMEOUT             seconds before a collective fails (default 60)
 //   FSDP_RENDEZVOUS_TIMEOUT  seconds to wait for every rank to join (default 60)
 //   GLOO_SOCKET_IFNAME       network interface for the Gloo device
+//   FSDP_DEBUG               "off" (default) or "detail": check before each
+//                            collective that every rank issues the same call
+//   FSDP_JOB_TOKEN           secret shared by the ranks of one job (set by
+//                            `fsdp run`); store keys live under it
 #pragma once
 
 #include <chrono>
@@ -32,6 +36,8 @@ struct ResolvedOptions {
   std::chrono::milliseconds timeout;             // per collective
   std::chrono::milliseconds rendezvous_timeout;  // joining, connecting
   std::string ifname;
+  bool debug_detail = false;  // FSDP_DEBUG=detail
+  std::string job_token;      // FSDP_JOB_TOKEN, "" when unset
 };
 ResolvedOptions resolve_options(const CommOptions& opts);
 
