@@ -4,26 +4,58 @@
 # appended as JSON lines to $BENCH_JSON.
 #
 #   bench/run.sh                 # from the repository root, after a build
+#   bench/run.sh build-rel       # the build folder (as `make bench` passes it)
 #   BIN=build-rel/bin bench/run.sh
+#
+# Besides the C++ benchmarks it runs the peers of bench_train (PyTorch DDP and
+# DDP + ZeRO in Python, bench/ddp_reference.py) in the same invocation, then
+# prints the side-by-side table and writes bench/results.json with the ratios
+# of issue 6 (see bench/README.md). BENCHES="bench_comm" bench/run.sh runs a
+# subset; BENCH_STEPS sets the measured steps of the training benchmarks.
 #
 # Adding a benchmark: write a run_<name> function and list it in BENCHES.
 set -eu
+if [ $# -ge 1 ]; then BIN=${BIN:-$1/bin}; fi
 BIN=${BIN:-build/bin}
 BENCH_JSON=${BENCH_JSON:-build/bench.jsonl}
+BENCH_STEPS=${BENCH_STEPS:-10}
+RESULTS=${RESULTS:-bench/results.json}
+PYTHON=${PYTHON:-python3}
 mkdir -p "$(dirname "$BENCH_JSON")"
+# This run's JSON lines, one file per benchmark, for the summary below.
+RUN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/fsdp-bench.XXXXXX")
+trap 'rm -rf "$RUN_DIR"' EXIT
 
 # Collectives at 2 and 4 ranks, started by the launcher like a real job.
 run_bench_comm() {
   for n in 2 4; do
-    "$BIN/fsdp" run -n "$n" -- "$BIN/bench_comm" --json "$BENCH_JSON"
+    "$BIN/fsdp" run -n "$n" -- "$BIN/bench_comm" --json "$RUN_DIR/bench_comm.jsonl"
   done
 }
 
-BENCHES="bench_comm"
+# GPT-mini training steps: every strategy x prefetch x dtype, plus compute only.
+run_bench_train() {
+  for n in 2 4; do
+    "$BIN/fsdp" run -n "$n" -- "$BIN/bench_train" --steps "$BENCH_STEPS" --json "$RUN_DIR/bench_train.jsonl"
+  done
+}
+
+# The peers on the same model, batch and threads: PyTorch DDP and DDP + ZeRO.
+run_peers() {
+  if ! "$PYTHON" -c 'import torch.distributed' 2>/dev/null; then
+    echo "bench/run.sh: $PYTHON has no torch.distributed; skipping the PyTorch peers" >&2
+    return 1
+  fi
+  for n in 2 4; do
+    "$PYTHON" bench/ddp_reference.py --world "$n" --steps "$BENCH_STEPS" --json "$RUN_DIR/peers.jsonl"
+  done
+}
+
+BENCHES=${BENCHES:-"bench_comm bench_train peers"}
 
 status=0
 for b in $BENCHES; do
-  if [ ! -x "$BIN/$b" ]; then
+  if [ "$b" != peers ] && [ ! -x "$BIN/$b" ]; then
     echo "bench/run.sh: $BIN/$b is missing; build first (make build)" >&2
     status=1
     continue
@@ -31,5 +63,113 @@ for b in $BENCHES; do
   echo "== $b"
   "run_$b" || status=1
 done
+for f in "$RUN_DIR"/*.jsonl; do
+  [ -e "$f" ] && cat "$f" >> "$BENCH_JSON"
+done
 echo "bench/run.sh: results appended to $BENCH_JSON"
+
+# Side by side, and the ratios of issue 6.
+if ls "$RUN_DIR"/bench_train.jsonl >/dev/null 2>&1; then
+  echo "== summary"
+  "$PYTHON" - "$RUN_DIR" "$RESULTS" <<'EOF' || status=1
+import json, os, sys
+
+run_dir, out = sys.argv[1], sys.argv[2]
+
+def lines(name):
+    p = os.path.join(run_dir, name)
+    return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
+
+train, peers, comm = lines("bench_train.jsonl"), lines("peers.jsonl"), lines("bench_comm.jsonl")
+
+def row(n, strategy, prefetch=True, dtype="fp32"):
+    for r in train:
+        if r["world"] == n and r["strategy"] == strategy and r["dtype"] == dtype and \
+                (r["strategy"] == "compute-only" or r["prefetch"] == prefetch):
+            return r
+    return None
+
+def peer(n, impl):
+    return next((r for r in peers if r["world"] == n and r["impl"] == impl), None)
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+def step(r):
+    return r["step_s_median"] if r else None
+
+worlds = sorted({r["world"] for r in train})
+# Side by side: one line per world, step times in ms.
+cols = [("compute fp32", lambda n: row(n, "compute-only")),
+        ("FULL fp32", lambda n: row(n, "FULL_SHARD")),
+        ("FULL bf16", lambda n: row(n, "FULL_SHARD", dtype="bf16")),
+        ("GRAD_OP fp32", lambda n: row(n, "SHARD_GRAD_OP")),
+        ("NO_SHARD fp32", lambda n: row(n, "NO_SHARD")),
+        ("torch DDP", lambda n: peer(n, "pytorch-ddp")),
+        ("torch ZeRO", lambda n: peer(n, "pytorch-zero"))]
+print("step time, ms (median; fsdp-cpp rows with prefetch on)")
+print("%4s " % "N" + " ".join("%14s" % c for c, _ in cols))
+for n in worlds:
+    cells = []
+    for _, f in cols:
+        r = f(n)
+        cells.append("%14.1f" % (r["step_s_median"] * 1e3) if r else "%14s" % "-")
+    print("%4d " % n + " ".join(cells))
+print("peak RSS, MiB")
+for n in worlds:
+    cells = []
+    for _, f in cols:
+        r = f(n)
+        cells.append("%14.1f" % (r["peak_rss_bytes"] / 2**20) if r else "%14s" % "-")
+    print("%4d " % n + " ".join(cells))
+
+res = {"description": "issue 6 ratios from one bench/run.sh invocation (see bench/README.md)",
+       "ratios": {}, "targets": {}}
+R = res["ratios"]
+for n in worlds:
+    for pf in (False, True):
+        for dt in ("fp32", "bf16"):
+            key = "full_shard_over_no_shard_N%d_%s_prefetch_%s" % (n, dt, "on" if pf else "off")
+            R[key] = ratio(step(row(n, "FULL_SHARD", pf, dt)), step(row(n, "NO_SHARD", pf, dt)))
+    R["full_shard_over_compute_N%d" % n] = ratio(step(row(n, "FULL_SHARD")), step(row(n, "compute-only")))
+    R["no_shard_over_compute_N%d" % n] = ratio(step(row(n, "NO_SHARD")), step(row(n, "compute-only")))
+    R["full_shard_over_pytorch_ddp_N%d" % n] = ratio(step(row(n, "FULL_SHARD")), step(peer(n, "pytorch-ddp")))
+    R["full_shard_over_pytorch_zero_N%d" % n] = ratio(step(row(n, "FULL_SHARD")), step(peer(n, "pytorch-zero")))
+    R["no_shard_over_pytorch_ddp_N%d" % n] = ratio(step(row(n, "NO_SHARD")), step(peer(n, "pytorch-ddp")))
+    R["compute_over_pytorch_ddp_N%d" % n] = ratio(step(row(n, "compute-only")), step(peer(n, "pytorch-ddp")))
+    for dt in ("fp32", "bf16"):
+        r = row(n, "FULL_SHARD", True, dt)
+        if r:
+            R["peak_over_bound_N%d_%s" % (n, dt)] = r["ledger"]["peak_over_bound"]
+            R["peak_over_predicted_N%d_%s" % (n, dt)] = r["ledger"]["peak_over_predicted"]
+for c in comm:
+    for x in c["rows"]:
+        if x["bytes"] == 64 << 20:
+            R["all_gather_64MiB_over_tcp_N%d" % c["world"]] = x["all_gather_vs_tcp"]
+            R["reduce_scatter_64MiB_over_tcp_N%d" % c["world"]] = x["reduce_scatter_vs_tcp"]
+
+def target(name, value, limit, cmp):
+    ok = None if value is None else (value <= limit if cmp == "<=" else value >= limit)
+    res["targets"][name] = {"value": value, "target": "%s %.2f" % (cmp, limit), "met": ok}
+
+target("full_shard_over_no_shard_N2", R.get("full_shard_over_no_shard_N2_fp32_prefetch_on"), 1.05, "<=")
+target("full_shard_over_pytorch_ddp_N2", R.get("full_shard_over_pytorch_ddp_N2"), 0.95, "<=")
+for n in worlds:
+    for dt in ("fp32", "bf16"):
+        target("peak_over_bound_N%d_%s" % (n, dt), R.get("peak_over_bound_N%d_%s" % (n, dt)), 1.05, "<=")
+for c in comm:
+    n = c["world"]
+    target("all_gather_64MiB_over_tcp_N%d" % n, R.get("all_gather_64MiB_over_tcp_N%d" % n), 0.80, ">=")
+    target("reduce_scatter_64MiB_over_tcp_N%d" % n, R.get("reduce_scatter_64MiB_over_tcp_N%d" % n), 0.80, ">=")
+res["runs"] = {"bench_train": train, "peers": peers, "bench_comm": comm}
+with open(out, "w") as f:
+    json.dump(res, f, indent=1)
+print("targets (issue 6)")
+for k, t in res["targets"].items():
+    v = "-" if t["value"] is None else "%.3f" % t["value"]
+    met = {True: "met", False: "NOT met", None: "no data"}[t["met"]]
+    print("  %-36s %8s  target %-7s %s" % (k, v, t["target"], met))
+print("bench/run.sh: ratios written to %s" % out)
+EOF
+fi
 exit $status

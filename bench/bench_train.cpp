@@ -1,0 +1,327 @@
+// fsdp-cpp bench: one GPT-mini training step under every FSDP configuration,
+// beside the same step with no communication at all (the lower bound).
+//
+//   build/bin/fsdp run -n 2 -- build/bin/bench_train [--json FILE] [--steps 10] [--warmup 3]
+//
+// Model and batch follow GPT_MINI.md's benchmark size (V=256 T=128 d=256 L=6
+// h=4, 4.90 M parameters), B=4 rows per rank, one compute thread per rank,
+// one FSDP unit per transformer block (the root unit holds the embeddings,
+// the final LayerNorm and the head), AdamW.
+//
+// One process per rank runs every configuration in turn, each on a freshly
+// built and wrapped model (so start-up and rendezvous are paid once):
+//   compute fp32 / bf16        the unwrapped model, same per-rank batch, no
+//                              communication: what the step costs at best
+//   FULL_SHARD | SHARD_GRAD_OP | NO_SHARD
+//     x prefetch off | on      on = backward_prefetch BACKWARD_PRE + forward_prefetch
+//     x fp32 | bf16            bf16 = mixed_precision.param_dtype
+//
+// Measured per configuration, after --warmup steps:
+//   step      each rank times each step (zero_grad .. optimizer step) with no
+//             barrier in the loop; a step's time is the slowest rank's, the
+//             figure is the median over --steps steps
+//   peak      counting allocator peak (fsdp::memory, reset after warm-up),
+//             the largest over ranks
+//   RSS       VmHWM after resetting it (clear_refs) at the same point; the
+//             process's ru_maxrss where that is not allowed
+//   traffic   comm->counters() deltas over the measured steps / steps (rank 0)
+//   ledger    model->ledger(&opt): peak vs the bound
+//             (P+G+O)/N + 2 P_block + A and vs the engine's own prediction
+// Rank 0 prints a table and appends one JSON line per configuration to --json.
+#include <CLI/CLI.hpp>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/memory.h"
+#include "gpt/model.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct Variant {
+  std::string name;  // the table's first column
+  bool wrapped = true;
+  fsdp::ShardingStrategy strategy = fsdp::ShardingStrategy::FULL_SHARD;
+  bool prefetch = false;
+  bool bf16 = false;
+};
+
+struct Settings {
+  gpt::Config cfg;
+  int64_t batch = 4;
+  int warmup = 3, steps = 10;
+  int limit_all_gathers = 2;
+};
+
+// ---- process memory: peak RSS of one configuration -------------------------
+void reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  if (f) f << "5";  // resets VmHWM (Linux >= 4.0)
+}
+int64_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return int64_t(u.ru_maxrss) * 1024;
+}
+
+// ---- agreeing on numbers across ranks ----------------------------------------
+// Every rank's values, rank-major.
+std::vector<double> gather(fsdp::Communicator& c, const std::vector<double>& v) {
+  auto in = torch::tensor(v, torch::kDouble);
+  auto out = torch::empty({int64_t(v.size()) * c.world_size()}, torch::kDouble);
+  c.all_gather(in, out, {"bench_train results"})->wait();
+  return std::vector<double>(out.data_ptr<double>(), out.data_ptr<double>() + out.numel());
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// AdamW of GPT_MINI.md: decay on 2-D weights only.
+std::vector<torch::optim::OptimizerParamGroup> adamw_groups(const std::vector<torch::Tensor>& params,
+                                                            const std::vector<size_t>& dims) {
+  std::vector<torch::Tensor> decay, no_decay;
+  for (size_t i = 0; i < params.size(); ++i) (dims[i] == 2 ? decay : no_decay).push_back(params[i]);
+  std::vector<torch::optim::OptimizerParamGroup> g;
+  for (double wd : {0.1, 0.0}) {
+    auto o = std::make_unique<torch::optim::AdamWOptions>(3e-4);
+    o->betas({0.9, 0.95}).eps(1e-8).weight_decay(wd);
+    g.emplace_back(wd > 0 ? decay : no_decay, std::move(o));
+  }
+  return g;
+}
+
+struct Measured {
+  std::vector<double> step_s;  // slowest rank per step
+  int64_t peak = 0;            // counting allocator, largest rank
+  int64_t rss = 0;             // largest rank
+  fsdp::CommCounters traffic;  // rank 0, per step (bytes and seconds divided by steps)
+  fsdp::Ledger ledger;         // rank 0 (wrapped only)
+  double loss_first = 0, loss_last = 0;
+};
+
+// Warm-up, reset the peaks, time the steps, collect. `step` returns the loss.
+template <class StepFn>
+Measured measure(fsdp::Communicator& c, const Settings& s, StepFn step) {
+  Measured m;
+  for (int i = 0; i < s.warmup; ++i) m.loss_first = step();
+  c.barrier({"bench_train warm-up done"})->wait();
+  fsdp::memory::reset_peak();
+  reset_peak_rss();
+  const auto before = c.counters();
+  std::vector<double> local;
+  for (int i = 0; i < s.steps; ++i) {
+    auto t0 = Clock::now();
+    m.loss_last = step();
+    local.push_back(since(t0));
+  }
+  const auto after = c.counters();
+  const int64_t peak = fsdp::memory::stats().peak, rss = peak_rss_bytes();
+  for (int k = 0; k < static_cast<int>(fsdp::CollectiveKind::kCount); ++k) {
+    m.traffic.by_kind[k].calls = (after.by_kind[k].calls - before.by_kind[k].calls) / s.steps;
+    m.traffic.by_kind[k].bytes_sent = (after.by_kind[k].bytes_sent - before.by_kind[k].bytes_sent) / s.steps;
+    m.traffic.by_kind[k].seconds = (after.by_kind[k].seconds - before.by_kind[k].seconds) / s.steps;
+  }
+  local.push_back(double(peak));
+  local.push_back(double(rss));
+  const size_t w = local.size();
+  auto all = gather(c, local);
+  m.step_s.assign(s.steps, 0.0);
+  for (int r = 0; r < c.world_size(); ++r) {
+    for (int i = 0; i < s.steps; ++i) m.step_s[i] = std::max(m.step_s[i], all[r * w + i]);
+    m.peak = std::max<int64_t>(m.peak, int64_t(all[r * w + s.steps]));
+    m.rss = std::max<int64_t>(m.rss, int64_t(all[r * w + s.steps + 1]));
+  }
+  return m;
+}
+
+Measured run_variant(const fsdp::CommPtr& comm, const Settings& s, const Variant& v, const torch::Tensor& idx,
+                     const torch::Tensor& targets) {
+  torch::manual_seed(1234);  // identical parameters on every rank
+  gpt::GPT net(s.cfg);
+  if (!v.wrapped) {
+    if (v.bf16) net->to(torch::kBFloat16);
+    std::vector<torch::Tensor> params;
+    std::vector<size_t> dims;
+    for (auto& p : net->parameters()) {
+      params.push_back(p);
+      dims.push_back(p.dim());
+    }
+    torch::optim::AdamW opt(adamw_groups(params, dims));
+    return measure(*comm, s, [&] {
+      opt.zero_grad();
+      auto loss = gpt::loss(net->forward(idx), targets);
+      loss.backward();
+      opt.step();
+      return loss.item<double>();
+    });
+  }
+  fsdp::FsdpOptions o;
+  o.strategy = v.strategy;
+  o.wrap = fsdp::WrapPolicy::module_type<gpt::BlockImpl>("Block");
+  o.limit_all_gathers = s.limit_all_gathers;
+  if (v.prefetch) {
+    o.backward_prefetch = fsdp::BackwardPrefetch::BACKWARD_PRE;
+    o.forward_prefetch = true;
+  }
+  if (v.bf16) o.mixed_precision.param_dtype = torch::kBFloat16;
+  auto model = fsdp::fully_shard(net, comm, o);
+  std::vector<size_t> dims;
+  for (auto& sh : model->named_shards()) dims.push_back(sh.full_shape.size());
+  torch::optim::AdamW opt(adamw_groups(model->parameters(), dims));
+  fsdp::verify_optimizer(*model, opt);
+  Measured m = measure(*comm, s, [&] {
+    opt.zero_grad();
+    auto loss = gpt::loss(model.forward(idx), targets);
+    loss.backward();
+    opt.step();
+    return loss.item<double>();
+  });
+  m.ledger = model->ledger(&opt);
+  return m;
+}
+
+double mib(double bytes) { return bytes / double(1 << 20); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("GPT-mini training step under every FSDP configuration, beside compute only", "bench_train");
+  Settings s;
+  std::string json_path, strategies = "full,grad-op,none", dtypes = "fp32,bf16", prefetch = "off,on";
+  bool no_compute = false;
+  app.add_option("--json", json_path, "append one JSON line per configuration to this file");
+  app.add_option("--steps", s.steps, "measured steps per configuration (median)")->check(CLI::Range(1, 100000));
+  app.add_option("--warmup", s.warmup, "steps before measuring")->check(CLI::Range(0, 100000));
+  app.add_option("--batch", s.batch, "rows per rank (B)")->check(CLI::Range(1, 4096));
+  app.add_option("--layers", s.cfg.layers, "transformer blocks (L)");
+  app.add_option("--dim", s.cfg.dim, "width (d)");
+  app.add_option("--limit-all-gathers", s.limit_all_gathers, "FsdpOptions::limit_all_gathers");
+  app.add_option("--strategies", strategies, "comma-separated subset of full,grad-op,none");
+  app.add_option("--dtypes", dtypes, "comma-separated subset of fp32,bf16");
+  app.add_option("--prefetch", prefetch, "comma-separated subset of off,on");
+  app.add_flag("--no-compute", no_compute, "skip the compute-only lower bound");
+  CLI11_PARSE(app, argc, argv);
+  s.cfg.validate();
+
+  // One compute thread per rank: N ranks share the cores, a rank's
+  // communication thread (Gloo) runs beside it.
+  torch::set_num_threads(1);
+  auto comm = fsdp::make_communicator_from_env();  // also installs the counting allocator
+  const int N = comm->world_size(), rank = comm->rank();
+  const bool lead = rank == 0;
+
+  auto split = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::stringstream ss(text);
+    for (std::string x; std::getline(ss, x, ',');)
+      if (!x.empty()) out.push_back(x);
+    return out;
+  };
+  std::vector<Variant> variants;
+  for (auto& d : split(dtypes))
+    if (!no_compute) variants.push_back({"compute " + d, false, fsdp::ShardingStrategy::NO_SHARD, false, d == "bf16"});
+  for (auto& st : split(strategies))
+    for (auto& pf : split(prefetch))
+      for (auto& d : split(dtypes)) {
+        auto strategy = fsdp::parse_strategy(st);
+        char name[64];
+        std::snprintf(name, sizeof name, "%-13s pf=%-3s %s", fsdp::to_string(strategy), pf.c_str(), d.c_str());
+        variants.push_back({name, true, strategy, pf == "on", d == "bf16"});
+      }
+
+  // The same rows every step: timing does not depend on the data.
+  torch::manual_seed(1000 + rank);
+  auto idx = torch::randint(0, s.cfg.vocab, {s.batch, s.cfg.seq}, torch::kLong);
+  auto targets = torch::randint(0, s.cfg.vocab, {s.batch, s.cfg.seq}, torch::kLong);
+
+  if (lead) {
+    std::printf("bench_train: GPT-mini %s, N=%d, B=%lld/rank, T=%lld, %d thread/rank, median of %d steps after %d, %s\n",
+                s.cfg.str().c_str(), N, (long long)s.batch, (long long)s.cfg.seq, torch::get_num_threads(), s.steps,
+                s.warmup, comm->describe().c_str());
+    std::printf("%-28s %9s %7s %9s %8s %8s %8s %8s %8s %9s %8s\n", "config", "step ms", "x comp", "peak MiB",
+                "RSS MiB", "AG MiB", "RS MiB", "AR MiB", "comm ms", "peak/bnd", "loss");
+    std::fflush(stdout);
+  }
+  double compute_s[2] = {0, 0};  // fp32, bf16
+  for (auto& v : variants) {
+    Measured m = run_variant(comm, s, v, idx, targets);
+    const double step = median(m.step_s);
+    if (!v.wrapped) compute_s[v.bf16] = step;
+    const double base = compute_s[v.bf16];
+    const auto& t = m.traffic;
+    const auto& l = m.ledger;
+    // The bound: model state at rest (P+G+O)/N, two unsharded units,
+    // the activations. NO_SHARD keeps replicas; its rest is P+G+O.
+    const int64_t bound = v.wrapped ? l.predicted_rest + 2 * l.P_block + l.A : 0;
+    double comm_s = 0;
+    for (auto& e : t.by_kind) comm_s += e.seconds;
+    if (!lead) continue;
+    std::printf("%-28s %9.1f %7.3f %9.2f %8.1f %8.2f %8.2f %8.2f %8.1f %9s %8.4f\n", v.name.c_str(), step * 1e3,
+                base > 0 ? step / base : 0.0, mib(m.peak), mib(m.rss),
+                mib(t[fsdp::CollectiveKind::ALL_GATHER].bytes_sent),
+                mib(t[fsdp::CollectiveKind::REDUCE_SCATTER].bytes_sent),
+                mib(t[fsdp::CollectiveKind::ALL_REDUCE].bytes_sent), comm_s * 1e3,
+                bound > 0 ? std::to_string(double(m.peak) / bound).substr(0, 5).c_str() : "-", m.loss_last);
+    std::fflush(stdout);
+    if (json_path.empty()) continue;
+    nlohmann::json j = {{"bench", "train"},
+                        {"impl", "fsdp-cpp"},
+                        {"world", N},
+                        {"config", v.name},
+                        {"wrapped", v.wrapped},
+                        {"strategy", v.wrapped ? fsdp::to_string(v.strategy) : "compute-only"},
+                        {"prefetch", v.prefetch},
+                        {"dtype", v.bf16 ? "bf16" : "fp32"},
+                        {"batch", s.batch},
+                        {"seq", s.cfg.seq},
+                        {"params", s.cfg.num_params()},
+                        {"threads", torch::get_num_threads()},
+                        {"step_s_median", step},
+                        {"step_s", m.step_s},
+                        {"step_vs_compute", base > 0 ? step / base : 0.0},
+                        {"peak_bytes", m.peak},
+                        {"peak_rss_bytes", m.rss},
+                        {"loss_first", m.loss_first},
+                        {"loss_last", m.loss_last}};
+    nlohmann::json traffic = nlohmann::json::object();
+    for (int k = 0; k < static_cast<int>(fsdp::CollectiveKind::kCount); ++k) {
+      const auto& e = t.by_kind[k];
+      if (e.calls == 0 && e.bytes_sent == 0) continue;
+      traffic[fsdp::to_string(static_cast<fsdp::CollectiveKind>(k))] = {
+          {"calls", e.calls}, {"bytes_sent", e.bytes_sent}, {"seconds", e.seconds}};
+    }
+    j["traffic_per_step"] = traffic;
+    j["bytes_sent_per_step"] = t.total_bytes_sent();
+    if (v.wrapped)
+      j["ledger"] = {{"P", l.P},
+                     {"G", l.G},
+                     {"O", l.O},
+                     {"P_block", l.P_block},
+                     {"A", l.A},
+                     {"predicted_rest", l.predicted_rest},
+                     {"predicted_peak", l.predicted_peak},
+                     {"bound_rest_2pblock_a", bound},
+                     {"peak_over_bound", double(m.peak) / double(bound)},
+                     {"peak_over_predicted", double(m.peak) / double(l.predicted_peak)},
+                     {"limit_all_gathers", s.limit_all_gathers}};
+    std::ofstream(json_path, std::ios::app) << j.dump() << "\n";
+  }
+  return 0;
+}

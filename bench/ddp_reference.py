@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""The peers of bench_train: GPT-mini under PyTorch DDP and DDP + ZeRO, on CPU.
+
+    python3 bench/ddp_reference.py --world 2 [--modes ddp,zero] [--json FILE]
+
+The same model as examples/gpt (GPT_MINI.md; the Python definition is
+tests/python/gpt_reference.py), the same per-rank batch (B=4, T=128), one
+compute thread per rank, AdamW (betas 0.9/0.95, weight decay 0.1 on 2-D
+weights), Gloo over loopback TCP. This script starts the N ranks itself
+(torch.multiprocessing, MASTER_ADDR=127.0.0.1 and a free port), so it does
+not depend on torchrun being packaged.
+
+Modes:
+  ddp   DistributedDataParallel (default buckets of 25 MiB) + torch.optim.AdamW
+  zero  the same DDP + torch.distributed.optim.ZeroRedundancyOptimizer(AdamW):
+        optimizer state sharded over ranks, parameters broadcast after step
+
+Timing is the same as bench_train's: each rank times every step (zero_grad,
+forward, loss, backward, optimizer step) with no barrier inside the loop; the
+step's time is the maximum over ranks, the reported figure the median over
+the measured steps. Rank 0 prints one line per mode and appends one JSON line
+per mode to --json.
+"""
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from gpt_reference import GPT  # noqa: E402  the one Python definition of GPT-mini
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def param_groups(model):
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() != 2]
+    return [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def peak_rss_bytes():
+    # VmHWM after a reset (clear_refs 5) is the peak of this mode only;
+    # ru_maxrss (KiB on Linux) is the fallback: the peak of the process.
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak_rss():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def run_mode(mode, args, rank, world):
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(1234)  # identical parameters on every rank (DDP also broadcasts)
+    net = GPT(args.vocab, args.seq, args.dim, args.layers, args.heads)
+    model = DDP(net)
+    hp = dict(lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
+    if mode == "ddp":
+        opt = torch.optim.AdamW(param_groups(net), **hp)
+    else:
+        opt = ZeroRedundancyOptimizer(param_groups(net), optimizer_class=torch.optim.AdamW, **hp)
+    gen = torch.Generator().manual_seed(1000 + rank)
+    idx = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
+    targets = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        logits = model(idx)
+        loss = F.cross_entropy(logits.view(-1, args.vocab), targets.view(-1))
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(args.warmup):
+        step()
+    dist.barrier()
+    reset_peak_rss()
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        loss = step()
+        times.append(time.perf_counter() - t0)
+    rss = peak_rss_bytes()
+
+    # Agree on one time per step (the slowest rank) and the largest RSS.
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    r = torch.tensor([float(rss)], dtype=torch.float64)
+    dist.all_reduce(r, op=dist.ReduceOp.MAX)
+    step_times = t.tolist()
+    return {
+        "bench": "train_peer",
+        "impl": "pytorch-" + mode,
+        "world": world,
+        "batch": args.batch,
+        "seq": args.seq,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "step_s_median": statistics.median(step_times),
+        "step_s": step_times,
+        "peak_rss_bytes": int(r.item()),
+        "loss": float(loss.item()),
+    }
+
+
+def worker(rank, world, port, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for mode in args.modes.split(","):
+            res = run_mode(mode, args, rank, world)
+            if rank == 0:
+                print("  pytorch %-5s N=%d  step %7.1f ms (median of %d)  peak RSS %6.1f MiB  loss %.4f" %
+                      (mode, world, res["step_s_median"] * 1e3, args.steps, res["peak_rss_bytes"] / 2**20,
+                       res["loss"]), flush=True)
+                if args.json:
+                    with open(args.json, "a") as f:
+                        f.write(json.dumps(res) + "\n")
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--modes", default="ddp,zero", help="comma-separated: ddp, zero")
+    p.add_argument("--steps", type=int, default=10, help="measured steps (after --warmup)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--threads", type=int, default=1, help="compute threads per rank")
+    p.add_argument("--json", default="", help="append one JSON line per mode")
+    args = p.parse_args()
+    for m in args.modes.split(","):
+        if m not in ("ddp", "zero"):
+            p.error("unknown mode %r (expected ddp or zero)" % m)
+    mp.start_processes(worker, args=(args.world, free_port(), args), nprocs=args.world, start_method="spawn")
+
+
+if __name__ == "__main__":
+    main()
