@@ -7,7 +7,7 @@
 
 #include "test_util.h"
 // The example's data code is compiled into this test binary here (one place).
-#include "gpt/data.cc"
+#include "gpt/data.cpp"
 
 namespace fs = std::filesystem;
 using namespace gpt::data;

@@ -12,7 +12,7 @@
 
 #include "command.h"
 // The gpt example's data code, compiled into this tool (it has no library of its own).
-#include "gpt/data.cc"
+#include "gpt/data.cpp"
 
 namespace {
 

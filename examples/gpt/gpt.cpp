@@ -136,6 +136,11 @@ bool parse_args(int argc, char** argv, Args& a) {
   }
   if (a.wrap != "block" && a.wrap != "none" && a.wrap.rfind("size:", 0) != 0)
     usage_error("--wrap '" + a.wrap + "': expected block, none or size:N (N parameters per unit)");
+  if (a.wrap.rfind("size:", 0) == 0) {
+    const std::string n = a.wrap.substr(5);
+    if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos || std::stoll(n) <= 0)
+      usage_error("--wrap '" + a.wrap + "': expected size:N with N a positive parameter count, e.g. size:100000");
+  }
   if (a.top_k > a.cfg.vocab)
     usage_error("--top-k " + std::to_string(a.top_k) + " is larger than --vocab " + std::to_string(a.cfg.vocab));
   if (!a.max_memory.empty()) {

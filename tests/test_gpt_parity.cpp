@@ -26,6 +26,9 @@ std::map<std::string, torch::Tensor> read_all(const std::string& path) {
   return out;
 }
 
+// 3 steps of AdamW at lr 1e-3 move an element by at most ~3e-3 (+ decay).
+constexpr double kAdamBound = 2 * 3 * 1e-3;
+
 // Largest ||a - b|| / ||b|| over the tensors; names must match.
 double max_rel_diff(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b,
                     std::string* worst) {
@@ -38,8 +41,19 @@ double max_rel_diff(const std::map<std::string, torch::Tensor>& a, const std::ma
       continue;
     }
     EXPECT_EQ(it->second.sizes(), tb.sizes()) << name;
-    const double d = (it->second.to(torch::kDouble) - tb.to(torch::kDouble)).norm().item<double>() /
-                     std::max(tb.to(torch::kDouble).norm().item<double>(), 1e-30);
+    torch::Tensor x = it->second.to(torch::kDouble), y = tb.to(torch::kDouble);
+    if (name.size() >= 8 && name.compare(name.size() - 8, 8, "qkv.bias") == 0) {
+      // The key bias has a gradient of exactly zero in exact arithmetic (it
+      // adds the same q.b_k to every score of a softmax row), so its float
+      // gradient is rounding noise that AdamW scales up to +-lr per step: it
+      // differs between any two summation orders. Bound it by Adam's step
+      // size, compare the query and value thirds exactly.
+      const int64_t d = y.numel() / 3;
+      EXPECT_LE((x.narrow(0, d, d) - y.narrow(0, d, d)).abs().max().item<double>(), kAdamBound) << name;
+      x = torch::cat({x.narrow(0, 0, d), x.narrow(0, 2 * d, d)});
+      y = torch::cat({y.narrow(0, 0, d), y.narrow(0, 2 * d, d)});
+    }
+    const double d = (x - y).norm().item<double>() / std::max(y.norm().item<double>(), 1e-30);
     if (d > m) m = d, *worst = name;
   }
   return m;

@@ -17,8 +17,8 @@
 #include "fsdp/fully_shard.h"
 #include "scenario.h"
 // The example's model and data code, compiled into the worker here (one place).
-#include "gpt/data.cc"
-#include "gpt/model.cc"
+#include "gpt/data.cpp"
+#include "gpt/model.cpp"
 
 namespace {
 

@@ -12,7 +12,7 @@
 #include "fsdp/checkpoint.h"
 #include "test_util.h"
 // The example's model code is compiled into this test binary here (one place).
-#include "gpt/model.cc"
+#include "gpt/model.cpp"
 
 namespace fs = std::filesystem;
 
