@@ -15,12 +15,17 @@
 #
 # Adding a benchmark: write a run_<name> function and list it in BENCHES.
 set -eu
-if [ $# -ge 1 ]; then BIN=${BIN:-$1/bin}; fi
-BIN=${BIN:-build/bin}
-BENCH_JSON=${BENCH_JSON:-build/bench.jsonl}
+BUILD_DIR=${1:-build}
+BIN=${BIN:-$BUILD_DIR/bin}
+BENCH_JSON=${BENCH_JSON:-$BUILD_DIR/bench.jsonl}
 BENCH_STEPS=${BENCH_STEPS:-10}
 RESULTS=${RESULTS:-bench/results.json}
-PYTHON=${PYTHON:-python3}
+# The peers need Debian's python3-torch: the first python3 on PATH may be
+# another interpreter (a virtual environment), so fall back to Debian's.
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON=python3
+  if ! python3 -c 'import torch.distributed' 2>/dev/null && [ -x /usr/bin/python3 ]; then PYTHON=/usr/bin/python3; fi
+fi
 mkdir -p "$(dirname "$BENCH_JSON")"
 # This run's JSON lines, one file per benchmark, for the summary below.
 RUN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/fsdp-bench.XXXXXX")
