@@ -196,13 +196,20 @@ TEST(CoreWrap, SequentialNeedsNoChangeAndNamesStay) {
   EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}));
 }
 
+// An output head that shares the embedding's weight (tied weights).
+struct TiedHeadImpl : torch::nn::Module {
+  torch::Tensor weight;
+  explicit TiedHeadImpl(const torch::Tensor& w) { weight = register_parameter("weight", w); }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::matmul(x, weight.t()); }
+};
+TORCH_MODULE(TiedHead);
+
 struct TiedImpl : torch::nn::Module {
   torch::nn::Embedding emb{nullptr};
-  torch::nn::Linear head{nullptr};
+  TiedHead head{nullptr};
   TiedImpl() {
     emb = register_module("emb", torch::nn::Embedding(10, 4));
-    head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(4, 10).bias(false)));
-    head->weight = head->register_parameter("weight", emb->weight);
+    head = register_module("head", TiedHead(emb->weight));
   }
   torch::Tensor forward(const torch::Tensor& idx) { return fsdp::call(head, fsdp::call(emb, idx)); }
 };

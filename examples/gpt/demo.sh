@@ -58,6 +58,7 @@ start=$(date +%s)
   --log-every 10 --eval-every 50 --eval-batches 8 \
   --sample 300 --top-k 5 --sample-seed 1 --prompt $'\n' \
   --save "$RUN/gpt.safetensors" \
+  --ckpt-dir "$RUN/ckpt" --trace "$RUN/trace" \
   "$@" 2>&1 | tee "$RUN/train.log"
 status=${PIPESTATUS[0]}
 end=$(date +%s)
@@ -66,11 +67,13 @@ if [[ $status -ne 0 ]]; then
   exit "$status"
 fi
 
-# --- report: the HTML report (fsdp report) goes here once it lands.
-# REPORT_HOOK: e.g. "$BUILD/bin/fsdp" report ... --out "$RUN/report.html"
+# --- report: shards across ranks, the AG / RS timeline, memory and traffic.
+"$BUILD/bin/fsdp" report "$RUN/trace" -o "$RUN/report.html"
 
 echo
 echo "== done in $((end - start)) s. Outputs:"
 echo "   data:     $DATA/train.bin, $DATA/val.bin"
 echo "   log:      $RUN/train.log"
 echo "   weights:  $RUN/gpt.safetensors"
+echo "   ckpt:     $RUN/ckpt (sharded; resume with --ckpt-dir $RUN/ckpt --resume)"
+echo "   report:   $RUN/report.html (trace for Perfetto: $RUN/trace/trace.json)"

@@ -25,6 +25,8 @@
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
+#include "fsdp/state_dict.h"
+#include "fsdp/trace.h"
 #include "gpt/data.h"
 #include "gpt/model.h"
 
@@ -58,7 +60,8 @@ struct Args {
   std::string prompt = "\n";
   std::string save;                // FILE.safetensors: full weights at the end
   // accepted now, wired by later issues (checkpoints, trace)
-  std::string ckpt_dir, resume, trace;
+  std::string ckpt_dir, trace;
+  bool resume = false;
   int64_t ckpt_every = 0;
   std::string max_memory;          // "2GiB": the counting allocator's limit
   double timeout = 0;              // seconds per collective; 0: the library default
@@ -107,10 +110,10 @@ bool parse_args(int argc, char** argv, Args& a) {
   app.add_option("--sample-seed", a.sample_seed, "seed of top-k sampling");
   app.add_option("--prompt", a.prompt, "text the sample continues (default: a newline)");
   app.add_option("--save", a.save, "write the full weights at the end (.safetensors)");
-  app.add_option("--ckpt-dir", a.ckpt_dir, "sharded checkpoints folder (not wired yet)");
-  app.add_option("--ckpt-every", a.ckpt_every, "checkpoint every N steps (not wired yet)")->check(CLI::NonNegativeNumber);
-  app.add_option("--resume", a.resume, "resume from a checkpoint (not wired yet)");
-  app.add_option("--trace", a.trace, "write a trace to DIR (not wired yet)");
+  app.add_option("--ckpt-dir", a.ckpt_dir, "sharded checkpoints folder (step-NNNNNN dirs and a `latest` pointer)");
+  app.add_option("--ckpt-every", a.ckpt_every, "save a sharded checkpoint every N steps (0 = only at the end when --ckpt-dir)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--resume", a.resume, "continue from the latest checkpoint in --ckpt-dir when there is one (start fresh otherwise)");
+  app.add_option("--trace", a.trace, "record a Chrome trace per rank into DIR (then: fsdp report DIR -o report.html)");
   app.add_option("--max-memory", a.max_memory, "per-rank memory limit, e.g. 512MiB (fails like a GPU OOM)");
   app.add_option("--timeout", a.timeout, "seconds before a collective fails (0: default)")->check(CLI::NonNegativeNumber);
   // A repeated single-value flag takes the last value (scripts append overrides).
@@ -299,8 +302,8 @@ int train(const Args& a) {
   const bool lead = rank == 0;
   if (!a.max_memory.empty()) fsdp::memory::set_limit(fsdp::memory::parse_bytes(a.max_memory));
   if (int th = a.threads ? a.threads : default_threads(*comm)) torch::set_num_threads(th);
-  if (lead && (!a.ckpt_dir.empty() || !a.resume.empty() || !a.trace.empty() || a.ckpt_every))
-    std::printf("note: --ckpt-dir/--ckpt-every/--resume/--trace are accepted but not wired yet; ignored\n");
+  if (a.resume && a.ckpt_dir.empty()) throw fsdp::UsageError("--resume needs --ckpt-dir DIR (where to look)");
+  if (!a.trace.empty()) fsdp::trace::start(a.trace, rank, N);
 
   // Data: every rank reads the same stream and picks its rows by the order.
   gpt::data::Tokens train_tokens, val_tokens;
@@ -360,8 +363,30 @@ int train(const Args& a) {
   // -------------------------------------------------------------------------
   // The training loop.
   using clock = std::chrono::steady_clock;
+  int64_t first_step = 0;
+  if (a.resume) {
+    // Model shards, optimizer state and the step; the data position is a
+    // function of the step (GPT_MINI.md's order), so nothing else is needed.
+    auto r = fsdp::load_checkpoint(*model, opt.get(), a.ckpt_dir);
+    if (r.found) {
+      first_step = r.train_state.value("step", int64_t(0));
+      if (lead)
+        std::printf("resumed from %s: step %lld (saved at world size %d, %s)%s\n", r.path.c_str(),
+                    (long long)first_step, r.saved_world_size, r.saved_strategy.c_str(),
+                    r.note.empty() ? "" : ("; " + r.note).c_str());
+    } else if (lead) {
+      std::printf("no checkpoint in %s yet: starting at step 0\n", a.ckpt_dir.c_str());
+    }
+  }
+  auto checkpoint = [&](int64_t done) {
+    auto r = fsdp::save_checkpoint(*model, opt.get(), a.ckpt_dir, done,
+                                   {{"step", done}, {"seed", a.seed}, {"shuffle", a.shuffle}, {"world", N}});
+    if (lead) std::printf("checkpoint %s (%.2f s)\n", r.path.c_str(), r.seconds), std::fflush(stdout);
+  };
   const auto run_start = clock::now();
-  for (int64_t step = 0; step < a.steps; step++) {
+  for (int64_t step = first_step; step < a.steps; step++) {
+    fsdp::trace::Span step_span("step", "step");
+    if (step_span.active()) step_span.arg("step", step);
     if (eval_on && step % a.eval_every == 0) validate(step);
     const auto t0 = clock::now();
     const double lr = lr_at(a, step);
@@ -387,8 +412,15 @@ int train(const Args& a) {
       }
     }
     const double norm = a.clip > 0 ? model->clip_grad_norm(a.clip) : 0.0;
-    opt->step();
-    opt->zero_grad();
+    {
+      FSDP_TRACE_SPAN("optimizer_step", "optim");
+      opt->step();
+      opt->zero_grad();
+    }
+    if (step_span.active()) step_span.arg("loss", loss_sum / double(a.accum));
+    step_span.end();
+    if (!a.ckpt_dir.empty() && a.ckpt_every > 0 && (step + 1) % a.ckpt_every == 0 && step + 1 < a.steps)
+      checkpoint(step + 1);
 
     const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
     if (step % a.log_every == 0 || step + 1 == a.steps) {
@@ -403,13 +435,14 @@ int train(const Args& a) {
     }
   }
   if (eval_on) validate(a.steps);
+  if (!a.ckpt_dir.empty() && first_step < a.steps) checkpoint(a.steps);
   const double seconds = std::chrono::duration<double>(clock::now() - run_start).count();
 
   // The ledger: measured memory terms against the seed's formulas.
   const fsdp::Ledger ledger = model->ledger(opt.get());
   if (lead) {
-    std::printf("trained %lld steps in %.1f s (%.0f tokens/s)\n", (long long)a.steps, seconds,
-                double(tokens_per_step * a.steps) / std::max(seconds, 1e-9));
+    std::printf("trained %lld steps in %.1f s (%.0f tokens/s)\n", (long long)(a.steps - first_step), seconds,
+                double(tokens_per_step * (a.steps - first_step)) / std::max(seconds, 1e-9));
     std::printf("%s\n", ledger.str().c_str());
     std::fflush(stdout);
   }
@@ -432,6 +465,11 @@ int train(const Args& a) {
       std::printf("saved %zu tensors (%s) to %s\n", full.size(), fsdp::memory::format_bytes(bytes).c_str(),
                   a.save.c_str());
     }
+  }
+  if (!a.trace.empty()) {
+    fsdp::trace::stop();
+    comm->barrier()->wait();  // every rank's file is written
+    if (lead) std::printf("trace: %s\n", fsdp::trace::merge(a.trace).c_str());
   }
   return 0;
 }

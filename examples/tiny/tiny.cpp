@@ -30,7 +30,7 @@ TORCH_MODULE(TinyModel);
 
 int main(int argc, char** argv) {
   CLI::App app{"the seed's FSDP demo: TinyModel trained with Adam and gradient accumulation"};
-  std::string strategy = "full", save = "fsdp_model.safetensors", ckpt_dir, trace_dir;
+  std::string strategy = "full", save = "fsdp_model.safetensors", ckpt_dir, trace_dir, max_memory;
   int epochs = 3, accum = 4, micro_bs = 64, ckpt_every = 0;
   int64_t min_params = 2048;
   double lr = 2e-4;
@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
   app.add_option("--ckpt-dir", ckpt_dir, "sharded checkpoints directory");
   app.add_option("--ckpt-every", ckpt_every, "save a sharded checkpoint every N steps")->check(CLI::Range(0, 1 << 30));
   app.add_flag("--resume", resume, "continue from the latest checkpoint in --ckpt-dir when there is one");
-  app.add_option("--trace", trace_dir, "write a Chrome trace per rank into DIR");
+  app.add_option("--trace", trace_dir, "write a Chrome trace per rank into DIR (then: fsdp report DIR)");
+  app.add_option("--max-memory", max_memory, "per-rank memory budget, e.g. 8MiB (enforced by the counting allocator)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -56,6 +57,7 @@ int main(int argc, char** argv) {
     auto comm = fsdp::make_communicator_from_env();
     const int rank = comm->rank();
     if (!trace_dir.empty()) fsdp::trace::start(trace_dir, rank, comm->world_size());
+    if (!max_memory.empty()) fsdp::memory::set_limit(fsdp::memory::parse_bytes(max_memory));
 
     torch::manual_seed(0);
     TinyModel net;
@@ -83,6 +85,8 @@ int main(int argc, char** argv) {
     fsdp::CommCounters before;
     for (int epoch = start; epoch < epochs; ++epoch) {
       before = comm->counters();
+      fsdp::trace::Span step_span("step", "step");
+      if (step_span.active()) step_span.arg("step", epoch);
       opt.zero_grad();
       torch::Tensor loss;
       for (int step = 0; step < accum; ++step) {
@@ -98,7 +102,12 @@ int main(int argc, char** argv) {
           run();
         }
       }
-      opt.step();
+      {
+        FSDP_TRACE_SPAN("optimizer_step", "optim");
+        opt.step();
+      }
+      if (step_span.active()) step_span.arg("loss", loss.item<double>());
+      step_span.end();
       if (rank == 0) std::printf("epoch %d loss %.6f\n", epoch, loss.item<double>());
       if (!ckpt_dir.empty() && ckpt_every > 0 && (epoch + 1) % ckpt_every == 0)
         fsdp::save_checkpoint(*model, &opt, ckpt_dir, epoch + 1, {{"step", epoch + 1}});
@@ -110,14 +119,14 @@ int main(int argc, char** argv) {
       int64_t sent = after.total_bytes_sent() - before.total_bytes_sent();
       const double N = comm->world_size();
       const double P = static_cast<double>(ledger.P_full);
-      double per_step_formula = strategy == "full"      ? (N - 1) / N * 3 * P
-                                : strategy == "grad-op" ? (N - 1) / N * 2 * P
-                                                        : (N - 1) / N * 2 * P;
-      if (!no_sync) per_step_formula *= 1.0;  // formulas are per micro-step pass; see below
-      std::printf("  traffic    %14s   sent by this rank in the last step (%d micro-steps%s) | seed: %s per pass = %s\n",
-                  fsdp::memory::format_bytes(sent).c_str(), accum, no_sync ? ", no_sync" : "",
-                  strategy == "full" ? "(N-1)/N x 3P" : "(N-1)/N x 2P",
-                  fsdp::memory::format_bytes(static_cast<int64_t>(per_step_formula)).c_str());
+      // Passes of the whole model per optimizer step: all-gathers (forward,
+      // and backward for FULL_SHARD) every micro-step; a reduction every
+      // micro-step, or once with no_sync. NO_SHARD's all-reduce counts 2.
+      const int reduces = no_sync ? 1 : accum;
+      const int passes = strategy == "full" ? 2 * accum + reduces : strategy == "grad-op" ? accum + reduces : 2 * reduces;
+      std::printf("  traffic   %14s   sent by this rank in the last step | seed: %d passes x (N-1)/N x P = %s\n",
+                  fsdp::memory::format_bytes(sent).c_str(), passes,
+                  fsdp::memory::format_bytes(static_cast<int64_t>(passes * (N - 1) / N * P)).c_str());
     }
     if (!save.empty()) {
       fsdp::save_full(*model, save);
@@ -125,6 +134,7 @@ int main(int argc, char** argv) {
     }
     if (!trace_dir.empty()) fsdp::trace::stop();
     comm->barrier()->wait();
+    if (!trace_dir.empty() && rank == 0) std::printf("trace: %s (fsdp report %s -o report.html)\n", fsdp::trace::merge(trace_dir).c_str(), trace_dir.c_str());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tiny: error: %s\n", e.what());

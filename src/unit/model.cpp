@@ -11,6 +11,8 @@
 namespace fsdp {
 namespace detail {
 
+std::string explain_oom(const ShardedState& st, int64_t requested, const memory::Stats& s);  // oom.cpp
+
 ShardedState::ShardedState(std::shared_ptr<torch::nn::Module> root_, CommPtr comm_, FsdpOptions opts_)
     : root(std::move(root_)), comm(std::move(comm_)), opts(std::move(opts_)) {
   FSDP_USER_CHECK(root, "fully_shard: the module is null");
@@ -33,6 +35,10 @@ ShardedState::ShardedState(std::shared_ptr<torch::nn::Module> root_, CommPtr com
   }
   for (auto& u : units) register_unit(u->module, u.get());
   publish_trace_metadata();
+  memory::set_oom_explainer([this](int64_t n, const memory::Stats& s) { return explain_oom(*this, n, s); });
+  // The ledger's peak is about training: forget the wrap-time transients
+  // (the original parameters, the broadcast buffers).
+  memory::reset_peak();
 }
 
 void ShardedState::publish_trace_metadata() const {
@@ -56,6 +62,7 @@ void ShardedState::publish_trace_metadata() const {
 }
 
 ShardedState::~ShardedState() {
+  memory::set_oom_explainer(nullptr);
   for (auto& u : units) unregister_unit(u->module);
 }
 
@@ -215,13 +222,16 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
   const double o_ratio = l.P > 0 ? double(l.O) / double(l.P) : 0.0;
   if (state_->opts.strategy == ShardingStrategy::NO_SHARD) {
     l.predicted_rest = l.P + l.G + l.O;
-    l.predicted_peak = l.predicted_rest + l.A;
+    // + the unsharded gradient buffer being filled and reduced.
+    l.predicted_peak = l.predicted_rest + l.P_block + l.A;
   } else {
     l.predicted_rest = static_cast<int64_t>(padded_bytes * (2.0 + o_ratio)) / N;
     const int in_flight = (state_->opts.forward_prefetch || state_->opts.backward_prefetch != BackwardPrefetch::NONE)
                               ? state_->opts.limit_all_gathers
                               : 1;
-    l.predicted_peak = l.predicted_rest + in_flight * l.P_block + l.A;
+    // Resting state + the units unsharded at once + the unsharded gradient
+    // of the unit in backward (same size as its parameters) + activations.
+    l.predicted_peak = l.predicted_rest + (in_flight + 1) * l.P_block + l.A;
   }
   trace::set_metadata("ledger", {{"P_full", l.P_full}, {"P", l.P}, {"G", l.G}, {"O", l.O}, {"P_block", l.P_block},
                                  {"P_block_unit", l.P_block_unit}, {"A", l.A}, {"predicted_rest", l.predicted_rest},
@@ -244,7 +254,7 @@ std::string Ledger::str() const {
   row("P+G+O", P + G + O, "model state at rest  | seed: (P+G+O)/N = " + format_bytes(predicted_rest));
   row("P_block", P_block, "largest unit unsharded: '" + P_block_unit + "'");
   row("A", A, "activations of the last forward (measured)");
-  row("peak", peak, "measured peak (counting allocator) | seed: P/N + P_block + A (+G/N+O/N) = " +
+  row("peak", peak, "measured peak (counting allocator) | seed: (P+G+O)/N + P_block (+ its grad) + A = " +
                         format_bytes(predicted_peak));
   return os.str();
 }

@@ -19,10 +19,14 @@ namespace fsdp::detail {
 
 torch::Tensor alias(const torch::Tensor& base, int64_t offset, c10::IntArrayRef shape);
 
+
 void ShardedState::prepare_grads(Unit& u) {
   if (u.n_grad_params == 0) return;
   torch::NoGradGuard ng;
-  if (!u.full_grad.defined()) u.full_grad = torch::zeros({u.padded_numel}, u.param_dtype);
+  if (!u.full_grad.defined()) {
+    AllocPurpose purpose("unsharded gradients", u);
+    u.full_grad = torch::zeros({u.padded_numel}, u.param_dtype);
+  }
   for (auto& s : u.params) {
     if (!s.requires_grad) continue;
     auto g = s.param.grad();
@@ -76,7 +80,19 @@ void ShardedState::post_backward(Unit& u) {
     if (s.requires_grad) s.param.mutable_grad().reset();
   u.full_grad = torch::Tensor();  // the PendingReduce holds the bytes until done
   pending.push_back(std::move(p));
-  if (!opts.async_reduce) wait_pending();
+  if (!opts.async_reduce) {
+    wait_pending();
+  } else {
+    // Bound the reductions in flight: each holds a unit's unsharded
+    // gradients, so finished ones are folded in now and at most
+    // limit_all_gathers stay pending (the peak then does not grow with
+    // the number of units).
+    size_t done = 0;
+    while (done < pending.size() && (pending[done].work->is_completed() ||
+                                     pending.size() - done > static_cast<size_t>(opts.limit_all_gathers)))
+      ++done;
+    if (done > 0) finish_reduces(done);
+  }
 }
 
 namespace {
@@ -92,9 +108,14 @@ bool views_alias(const Unit& u) {
 }
 }  // namespace
 
-void ShardedState::wait_pending() {
+void ShardedState::wait_pending() { finish_reduces(pending.size()); }
+
+// Waits for the first `count` pending reductions and adds them into the
+// shard gradients.
+void ShardedState::finish_reduces(size_t count) {
   torch::NoGradGuard ng;
-  for (auto& p : pending) {
+  for (size_t i = 0; i < count; ++i) {
+    auto& p = pending[i];
     if (!p.work->is_completed()) {
       trace::Span span("wait", "comm");
       if (span.active()) span.arg("unit", p.unit->name).arg("for", "reduce_scatter");
@@ -119,7 +140,7 @@ void ShardedState::wait_pending() {
       }
     }
   }
-  pending.clear();
+  pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(count));
 }
 
 void ShardedState::end_of_backward() {

@@ -124,6 +124,7 @@ class ShardedState {
   void post_backward(Unit& u);               // reduce.cpp
   void end_of_backward();                    // reduce.cpp (engine final callback)
   void wait_pending();                       // reduce.cpp
+  void finish_reduces(size_t count);         // reduce.cpp: the oldest `count` pending
   void prepare_grads(Unit& u);               // reduce.cpp
 
   // --- data ---
@@ -147,6 +148,21 @@ class ShardedState {
   int rank() const { return comm->rank(); }
   int unsharded_prefetch_count() const;
   void publish_trace_metadata() const;  // model.cpp: the unit table for the report
+};
+
+// Labels the engine's own large allocations (a unit's all-gather output, its
+// unsharded gradients) for the out-of-memory diagnosis (oom.cpp).
+extern thread_local const char* g_alloc_purpose;
+extern thread_local const Unit* g_alloc_unit;
+struct AllocPurpose {
+  AllocPurpose(const char* what, const Unit& u) {
+    g_alloc_purpose = what;
+    g_alloc_unit = &u;
+  }
+  ~AllocPurpose() {
+    g_alloc_purpose = nullptr;
+    g_alloc_unit = nullptr;
+  }
 };
 
 // Registry of unit roots (module -> unit), filled at wrap, emptied at destruction.

@@ -81,7 +81,9 @@ void ShardedState::post_forward(Unit& u, const std::vector<torch::Tensor>& outpu
     u.training = TrainingState::IDLE;
   }
   if (u.index == 0 && depth == 0) {
-    activation_bytes = memory::stats().current - root_forward_start_bytes;
+    // A is what a training forward leaves for backward; evaluation and
+    // sampling forwards (no grad) keep nothing and do not count.
+    if (will_backward) activation_bytes = memory::stats().current - root_forward_start_bytes;
     forward_order_final = true;
   }
 }
@@ -137,7 +139,8 @@ void UnitCall::rethrow(const std::exception_ptr& e) {
   } catch (const c10::Error& err) {
     std::string what = err.what();
     if (what.find("data is not allocated yet") != std::string::npos ||
-        what.find("doesn't have storage") != std::string::npos) {
+        what.find("doesn't have storage") != std::string::npos ||
+        what.find("out of bounds for storage of size 0") != std::string::npos) {
       std::string sharded;
       for (auto& x : u_->owner->units)
         if (x->state == UnitState::SHARDED && !x->empty())

@@ -9,10 +9,14 @@
 
 namespace fsdp::detail {
 
+
 void ShardedState::unshard_async(Unit& u) {
   if (u.empty() || u.keeps_unsharded || u.state != UnitState::SHARDED) return;
   torch::NoGradGuard ng;
-  compat::alloc_storage(u.full, u.padded_numel * c10::elementSize(u.param_dtype));
+  {
+    AllocPurpose purpose("all-gather output (unsharded parameters)", u);
+    compat::alloc_storage(u.full, u.padded_numel * c10::elementSize(u.param_dtype));
+  }
   // The input must stay alive until the gather completes.
   u.gather_input = u.param_dtype == torch::kFloat32 ? u.shard : u.shard.to(u.param_dtype);
   u.gather_work = comm->all_gather(u.gather_input, u.full, {u.display_name()});

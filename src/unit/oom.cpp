@@ -1,0 +1,73 @@
+// fsdp-cpp: out-of-memory diagnosis — which term of the seed's ledger
+// overflowed the per-rank budget (fsdp::memory::set_limit, --max-memory).
+//
+// The counting allocator calls the explainer when an allocation would pass
+// the limit. The engine labels its own big allocations (the all-gather output
+// of a unit, its unsharded gradients), so the message can say what was being
+// allocated; everything else in a forward or backward is activations and
+// temporaries. No allocation happens here beyond the message itself.
+#include <sstream>
+
+#include "fsdp/memory.h"
+#include "unit/sharded_state.h"
+
+namespace fsdp::detail {
+
+thread_local const char* g_alloc_purpose = nullptr;
+thread_local const Unit* g_alloc_unit = nullptr;
+
+std::string explain_oom(const ShardedState& st, int64_t requested, const memory::Stats& s) {
+  using memory::format_bytes;
+  int64_t shards = 0, grads = 0, unsharded = 0, unsharded_grads = 0;
+  const Unit* biggest = nullptr;
+  std::string gathered;
+  for (auto& u : st.units) {
+    shards += u->shard.defined() ? u->shard.numel() * 4 : 0;
+    grads += u->shard_grad.defined() ? u->shard_grad.numel() * 4 : 0;
+    if (!u->keeps_unsharded && u->state != UnitState::SHARDED) {
+      unsharded += u->padded_numel * static_cast<int64_t>(c10::elementSize(u->param_dtype));
+      gathered += (gathered.empty() ? "'" : ", '") + u->display_name() + "'";
+    }
+    if (u->full_grad.defined()) unsharded_grads += u->full_grad.numel() * u->full_grad.element_size();
+    if (!biggest || u->padded_numel > biggest->padded_numel) biggest = u.get();
+  }
+  const int64_t other = s.current - shards - grads - unsharded - unsharded_grads;
+  std::ostringstream os;
+  os << "FSDP ledger on rank " << st.rank() << " of " << st.world() << " ("
+     << to_string(st.opts.strategy) << ") at the failure:\n";
+  os << "  resident shards P/N + G/N      " << format_bytes(shards + grads) << "\n";
+  os << "  unsharded units (P_block)      " << format_bytes(unsharded)
+     << (gathered.empty() ? "" : "  [" + gathered + "]") << "\n";
+  os << "  unsharded gradients            " << format_bytes(unsharded_grads) << "\n";
+  os << "  optimizer state O/N + activations A + temporaries  " << format_bytes(other) << "\n";
+  std::string term;
+  if (g_alloc_purpose && g_alloc_unit) {
+    os << "  failed allocation: " << format_bytes(requested) << " for the " << g_alloc_purpose << " of unit '"
+       << g_alloc_unit->display_name() << "' (P_block)\n";
+    term = "P_block";
+  } else if (st.depth > 0 || st.callback_queued) {
+    os << "  failed allocation: " << format_bytes(requested) << " inside a "
+       << (st.callback_queued ? "backward" : "forward") << " pass: activations A / temporaries\n";
+    term = "A";
+  } else {
+    os << "  failed allocation: " << format_bytes(requested) << " outside forward and backward (e.g. the "
+       << "optimizer creating its state O, or the resident shards)\n";
+    term = "O";
+  }
+  os << "Remedies (the seed's): ";
+  if (term == "P_block")
+    os << "wrap finer so the largest unit ('" << (biggest ? biggest->display_name() : std::string()) << "', "
+       << format_bytes(biggest ? biggest->padded_numel * static_cast<int64_t>(c10::elementSize(biggest->param_dtype)) : 0)
+       << " unsharded) is smaller; use bf16 parameters (halves P_block); lower limit_all_gathers / turn off prefetch";
+  else if (term == "A")
+    os << "a smaller batch or sequence (activations scale with them); bf16 compute; finer wrapping frees "
+          "parameters sooner";
+  else
+    os << "FULL_SHARD (shards parameters, gradients and optimizer state: (P+G+O)/N); more ranks; SGD instead of "
+          "Adam halves O";
+  if (st.opts.strategy != ShardingStrategy::FULL_SHARD) os << "; switch to FULL_SHARD";
+  os << ". `fsdp plan` predicts each term for a given budget.";
+  return os.str();
+}
+
+}  // namespace fsdp::detail
