@@ -4,6 +4,7 @@
 // A shard view is elements [lo, hi) of its flattened original parameter, the
 // exact notion of ckpt::Slice, so every strategy saves and loads the same
 // way and resharding N -> M is the checkpoint layer's interval overlap.
+#include <filesystem>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -145,6 +146,13 @@ ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::O
 ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimizer* opt,
                                  const std::string& path_or_root, const ckpt::LoadOptions& lopts) {
   model.wait_pending();
+  // A checkpoint root that was never created is "no checkpoint yet": a
+  // (re)started job with --resume starts fresh instead of failing.
+  if (!std::filesystem::exists(path_or_root)) {
+    ckpt::LoadResult none;
+    none.note = "'" + path_or_root + "' does not exist yet";
+    return none;
+  }
   trace::Span span("checkpoint_load", "ckpt");
   const OptKind k = kind_of(opt);
   const bool ams = amsgrad_of(opt, k);
