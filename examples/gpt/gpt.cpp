@@ -62,6 +62,7 @@ struct Args {
   // accepted now, wired by later issues (checkpoints, trace)
   std::string ckpt_dir, trace;
   bool resume = false;
+  bool prefetch = false;
   int64_t ckpt_every = 0;
   std::string max_memory;          // "2GiB": the counting allocator's limit
   double timeout = 0;              // seconds per collective; 0: the library default
@@ -97,6 +98,7 @@ bool parse_args(int argc, char** argv, Args& a) {
   app.add_option("--clip", a.clip, "global gradient-norm clip (0: off)")->check(CLI::NonNegativeNumber);
   app.add_option("--strategy", a.strategy, "full | grad-op | none (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD)");
   app.add_option("--wrap", a.wrap, "block (one unit per transformer block) | size:N | none");
+  app.add_flag("--prefetch", a.prefetch, "overlap: all-gather the next unit early (backward PRE + forward prefetch)");
   app.add_option("--dtype", a.dtype, "fp32 | bf16 (bf16: all-gather and compute in bf16, fp32 master shards)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--seed", a.seed, "initialisation seed (same on every rank) and shuffle seed");
@@ -336,6 +338,10 @@ int train(const Args& a) {
   fopts.strategy = fsdp::parse_strategy(a.strategy);
   fopts.wrap = wrap_policy(a.wrap);
   if (a.dtype == "bf16") fopts.mixed_precision.param_dtype = torch::kBFloat16;
+  if (a.prefetch) {
+    fopts.backward_prefetch = fsdp::BackwardPrefetch::BACKWARD_PRE;
+    fopts.forward_prefetch = true;
+  }
   Model model = fsdp::fully_shard(net.ptr(), comm, fopts);
   auto opt = make_optimizer(*model, a);
   fsdp::verify_optimizer(*model, *opt);
