@@ -88,7 +88,8 @@ struct FsdpOptions {
   // Overlap (docs/DESIGN.md#prefetch): all-gather the next unit early.
   BackwardPrefetch backward_prefetch = BackwardPrefetch::NONE;
   bool forward_prefetch = false;
-  // Unsharded units allowed at once beyond the one computing (prefetch bound).
+  // Units (other than the root) unsharded at once, the computing one included:
+  // 2 lets one prefetch run ahead; 1 turns prefetch off.
   int limit_all_gathers = 2;
   // Broadcast parameters and buffers from rank 0 when wrapping.
   bool sync_module_states = true;
