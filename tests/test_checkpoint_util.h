@@ -74,6 +74,7 @@ class ThreadComm : public Communicator {
     return done();
   }
   WorkPtr broadcast(torch::Tensor, int, const CollectiveInfo&) override { unsupported(); }
+  WorkPtr gather(const torch::Tensor&, torch::Tensor, int, const CollectiveInfo&) override { unsupported(); }
   WorkPtr barrier(const CollectiveInfo&) override {
     g_->rendezvous(rank_, torch::Tensor(), nullptr);
     return done();

@@ -59,6 +59,35 @@ TEST(CommLocal, MisuseSaysWhatWasExpectedAndPoisons) {
   EXPECT_THROW(c->barrier()->wait(), fsdp::CollectiveError);
 }
 
+TEST(CommLocal, GatherMisuseNamesRootAndOutput) {
+  auto in = torch::ones({4}, torch::kFloat);
+  {
+    auto c = fsdp::make_local_communicator();
+    auto out = torch::empty({4}, torch::kFloat);
+    c->gather(in, out, 0)->wait();
+    EXPECT_TRUE(torch::equal(out, in));
+    EXPECT_EQ(c->counters()[fsdp::CollectiveKind::GATHER].calls, 1);
+  }
+  {
+    auto c = fsdp::make_local_communicator();
+    try {
+      c->gather(in, torch::empty({4}), 1);
+      FAIL() << "a root outside the world must throw";
+    } catch (const fsdp::CollectiveError& e) {
+      EXPECT_TRUE(contains(e.what(), "root 1 is not a rank of this world of 1")) << e.what();
+    }
+  }
+  {
+    auto c = fsdp::make_local_communicator();
+    try {
+      c->gather(in, torch::Tensor(), 0);
+      FAIL() << "the root needs an output";
+    } catch (const fsdp::CollectiveError& e) {
+      EXPECT_TRUE(contains(e.what(), "is the root but its output tensor is undefined")) << e.what();
+    }
+  }
+}
+
 TEST(CommLocal, IntegerAverageIsRejected) {
   auto c = fsdp::make_local_communicator();
   auto t = torch::ones({3}, torch::kLong);

@@ -137,6 +137,147 @@ TEST(StateDict, FullSafetensorsRoundTripsAndPythonReadsIt) {
   fs::remove_all(d);
 }
 
+// The full files (model + consolidated optimizer state) are a resume point
+// too: bitwise at the same world size, within 1e-6 at another size/strategy.
+TEST(StateDict, FullModelAndOptimizerFilesResumeAtAnyWorldSize) {
+  auto d = tmpdir("fullresume");
+  run_ok(2, {"straight", "10", d + "/ck", d + "/straight.safetensors"});
+  run_ok(2, {"full_first", "10", d + "/full2", ""});
+  run_ok(2, {"full_second", "10", d + "/full2", d + "/resumed2.safetensors"});
+  bool bitwise = false;
+  max_rel_diff(d + "/straight.safetensors", d + "/resumed2.safetensors", &bitwise);
+  EXPECT_TRUE(bitwise) << "10 straight steps != 5 + save_full(_optim) + load_full(_optim) + 5 at N=2";
+  run_ok(3, {"full_second", "10", d + "/full2", d + "/resumed3.safetensors", "grad-op"});
+  double rel = max_rel_diff(d + "/straight.safetensors", d + "/resumed3.safetensors", &bitwise);
+  EXPECT_LE(rel, 1e-6) << "consolidated at N=2 FULL_SHARD, resumed at N=3 SHARD_GRAD_OP";
+  // The offline conversion of a sharded checkpoint's optimizer section gives
+  // the same file (same training, same N), so it loads with load_full_optim.
+  run_ok(2, {"first", "10", d + "/ck", ""});
+  ckpt::convert_to_full(d + "/ck", d + "/converted.safetensors", "optim");
+  max_rel_diff(d + "/full2/optim.safetensors", d + "/converted.safetensors", &bitwise);
+  EXPECT_TRUE(bitwise) << "save_full_optim != fsdp ckpt convert --section optim";
+  EXPECT_EQ(ckpt::SafetensorsReader(d + "/converted.safetensors").metadata().at("format"), "fsdp-optim");
+  fs::remove_all(d);
+}
+
+// The consolidated optimizer file does not depend on the world size it was
+// written at, and PyTorch reads it by parameter name.
+TEST(StateDict, ConsolidatedOptimizerStateIsByParameterName) {
+  auto d = tmpdir("fulloptim");
+  run_ok(1, {"full_first", "6", d + "/n1", ""});
+  run_ok(3, {"full_first", "6", d + "/n3", "", "full"});
+  auto a = read_all(d + "/n1/optim.safetensors"), b = read_all(d + "/n3/optim.safetensors");
+  ASSERT_EQ(a.size(), b.size());
+  torch::manual_seed(7);
+  Net net;
+  int params = 0;
+  for (auto& p : net->named_parameters()) {
+    ++params;
+    for (const char* f : {".exp_avg", ".exp_avg_sq"}) {
+      auto k = p.key() + f;
+      ASSERT_TRUE(a.count(k) && b.count(k)) << k;
+      EXPECT_EQ(a[k].sizes(), p.value().sizes()) << k;
+      double rel = (a[k] - b[k]).abs().max().item<double>() / std::max(1e-12, a[k].abs().max().item<double>());
+      EXPECT_LE(rel, 1e-5) << k << ": N=1 vs N=3";
+    }
+    auto st = p.key() + ".step";
+    ASSERT_TRUE(a.count(st)) << st;
+    EXPECT_EQ(a[st].item<int64_t>(), 3) << st;
+    EXPECT_EQ(b[st].item<int64_t>(), 3) << st << " (gate.g has fewer elements than ranks)";
+  }
+  EXPECT_EQ(static_cast<int>(a.size()), 3 * params);
+  ckpt::SafetensorsReader r(d + "/n3/optim.safetensors");
+  EXPECT_EQ(r.metadata().at("format"), "fsdp-optim");
+  EXPECT_EQ(r.metadata().at("optimizer"), "adamw");
+  EXPECT_NE(r.metadata().at("param_groups").find("\"inp.weight\""), std::string::npos);
+  auto py = run_command({"/usr/bin/python3", "-c",
+                         "import json,struct,torch,sys\n"
+                         "b=open(sys.argv[1],'rb').read(); n=struct.unpack('<Q',b[:8])[0]; h=json.loads(b[8:8+n])\n"
+                         "e=h['blocks.1.fc2.weight.exp_avg_sq']; s,t=e['data_offsets']\n"
+                         "x=torch.frombuffer(bytearray(b[8+n+s:8+n+t]),dtype=torch.float32).reshape(e['shape'])\n"
+                         "st=h['blocks.1.fc2.weight.step']; s,t=st['data_offsets']\n"
+                         "k=torch.frombuffer(bytearray(b[8+n+s:8+n+t]),dtype=torch.int64)\n"
+                         "g=json.loads(h['__metadata__']['param_groups'])\n"
+                         "print('PY shape=%s step=%d lr=%g sum=%.9e' % (list(x.shape), k.item(), g[0]['lr'], x.double().sum().item()))\n",
+                         d + "/n3/optim.safetensors"});
+  ASSERT_EQ(py.exit_code, 0) << py.output;
+  char want[160];
+  std::snprintf(want, sizeof want, "PY shape=[12, 25] step=3 lr=0.001 sum=%.9e",
+                b["blocks.1.fc2.weight.exp_avg_sq"].to(torch::kFloat64).sum().item<double>());
+  EXPECT_NE(py.output.find(want), std::string::npos) << py.output << " expected " << want;
+  fs::remove_all(d);
+}
+
+// Gathering the full state goes to rank 0 alone: the other ranks hold nothing
+// beyond their shards, rank 0 one unsharded unit (plus the output it asked for).
+TEST(StateDict, FullStateIsGatheredToRankZeroOnly) {
+  auto d = tmpdir("fullmem");
+  auto r = run_ranks(3, "core_full_memory", {d});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto lines = lines_with(r.output, "MEM op=");
+  ASSERT_EQ(lines.size(), 9u) << r.output;
+  auto field = [](const std::string& line, const std::string& key) {
+    auto at = line.find(key + "=");
+    return std::stoll(line.substr(at + key.size() + 1));
+  };
+  int64_t full_bytes = 0;
+  for (auto& l : lines_with(r.output, "FULL rank=0")) full_bytes = field(l, "bytes");
+  EXPECT_GT(full_bytes, 0);
+  const int64_t slack = 4096;  // status flags, step counters, allocator headers
+  for (auto& l : lines) {
+    const bool root = l.find("rank=0") != std::string::npos;
+    const int64_t extra = field(l, "extra"), block = field(l, "block"), shard = field(l, "shard");
+    if (l.find("op=save_full_optim") != std::string::npos)
+      // Every rank lays out one field of its shard's optimizer state at a time.
+      EXPECT_LE(extra, shard + (root ? block : 0) + slack) << l;
+    else if (l.find("op=save_full") != std::string::npos)
+      EXPECT_LE(extra, (root ? block : 0) + slack) << l;
+    else
+      EXPECT_LE(extra, (root ? full_bytes + block : 0) + slack) << l;
+  }
+  fs::remove_all(d);
+}
+
+TEST(StateDict, LoadFullOptimRejectsTheWrongFileAndLeavesTheOptimizer) {
+  auto d = tmpdir("optimbad");
+  torch::manual_seed(3);
+  Net net;
+  FsdpOptions o;
+  o.wrap = WrapPolicy::module_type<BlockImpl>("Block");
+  auto model = fully_shard(net, make_local_communicator(), o);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  model.forward(torch::randn({2, 7})).sum().backward();
+  opt.step();
+  save_full(*model, d + "/model.safetensors");
+  save_full_optim(*model, opt, d + "/optim.safetensors");
+  auto expect_error = [&](torch::optim::Optimizer& o2, const std::string& path, const std::string& what) {
+    const size_t before = o2.state().size();
+    try {
+      load_full_optim(*model, o2, path);
+      ADD_FAILURE() << "expected an error loading " << path;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(o2.state().size(), before) << "a failed load changed the optimizer";
+  };
+  torch::optim::AdamW fresh(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  expect_error(fresh, d + "/model.safetensors", "is not a consolidated optimizer file");
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  expect_error(sgd, d + "/optim.safetensors", "holds adamw optimizer state, but the optimizer given is sgd");
+  expect_error(fresh, d + "/missing.safetensors", "missing.safetensors");
+  // A good load restores the state exactly.
+  load_full_optim(*model, fresh, d + "/optim.safetensors");
+  ASSERT_EQ(fresh.state().size(), opt.state().size());
+  for (auto& [key, st] : opt.state()) {
+    auto& a = static_cast<torch::optim::AdamWParamState&>(*st);
+    auto& b = static_cast<torch::optim::AdamWParamState&>(*fresh.state().at(key));
+    EXPECT_EQ(a.step(), b.step());
+    EXPECT_TRUE(torch::equal(a.exp_avg(), b.exp_avg()));
+    EXPECT_TRUE(torch::equal(a.exp_avg_sq(), b.exp_avg_sq()));
+  }
+  fs::remove_all(d);
+}
+
 TEST(StateDict, OomNamesTheLedgerTerm) {
   torch::manual_seed(3);
   Net net(7, 64, 5, 2);

@@ -26,7 +26,7 @@ namespace fsdp {
 
 enum class ReduceOp { SUM, AVG };
 
-enum class CollectiveKind { ALL_GATHER = 0, REDUCE_SCATTER, ALL_REDUCE, BROADCAST, BARRIER, kCount };
+enum class CollectiveKind { ALL_GATHER = 0, REDUCE_SCATTER, ALL_REDUCE, BROADCAST, BARRIER, GATHER, kCount };
 const char* to_string(CollectiveKind k);
 
 // What a collective is for; travels with the call into errors and traces.
@@ -89,6 +89,13 @@ class Communicator {
   // In place; root's values land on every rank.
   virtual WorkPtr broadcast(torch::Tensor tensor, int root, const CollectiveInfo& info = {}) = 0;
   virtual WorkPtr barrier(const CollectiveInfo& info = {}) = 0;
+  // Gather to one rank: on `root`, output.numel() == world_size *
+  // input.numel() and rank r's input lands at output[r*n, (r+1)*n) (same
+  // dtype, contiguous); on the other ranks `output` is ignored (pass an
+  // undefined tensor) and nothing but the input is touched, so only root
+  // ever holds the whole (full state dicts, consolidated optimizer state).
+  virtual WorkPtr gather(const torch::Tensor& input, torch::Tensor output, int root,
+                         const CollectiveInfo& info = {}) = 0;
 
   // Snapshot of the counters (thread-safe).
   virtual CommCounters counters() const = 0;

@@ -1,7 +1,7 @@
 // fsdp-cpp: checkpoints of a wrapped model — the engine side of src/checkpoint.
 //
 // defines: CheckpointOptions, save_checkpoint, load_checkpoint, save_full, load_full,
-//          model_slices, optimizer_slices
+//          save_full_optim, load_full_optim, model_slices
 //
 // Sharded checkpoints (for training): every rank writes its own shards of the
 // parameters and of the optimizer state; they load at any world size and
@@ -40,8 +40,28 @@ ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimiz
 
 // Collective: rank 0 writes one safetensors file with every parameter and
 // buffer under the unwrapped model's names (fp32 parameters), streaming unit
-// by unit.
+// by unit. Each unit is gathered to rank 0 alone (Communicator::gather), so
+// rank 0 holds at most one unsharded unit beside its shards and the other
+// ranks hold nothing beyond their shards.
 void save_full(const FullyShardedModel& model, const std::string& path);
+
+// Collective: the optimizer's state consolidated by parameter name, written
+// by rank 0 as one safetensors file streamed unit by unit like save_full:
+// "<param>.exp_avg", "<param>.exp_avg_sq" (+ "max_exp_avg_sq" with amsgrad)
+// for Adam/AdamW, "<param>.momentum_buffer" for SGD, each in the parameter's
+// full shape (fp32), and "<param>.step" (int64 scalar). The header metadata
+// says {"format": "fsdp-optim", "optimizer": "adamw", "param_groups": [...]}
+// (hyper-parameters and the names of each group's parameters). Parameters
+// the optimizer has not stepped yet are written as zeros with step 0.
+void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimizer& opt, const std::string& path);
+
+// Collective: restores the optimizer's state from a save_full_optim file, at
+// any world size and strategy; each rank reads only its shards' bytes. The
+// optimizer type must match; hyper-parameters (lr, betas...) are left as the
+// optimizer was built. All or nothing: on any error every rank throws and
+// the optimizer is unchanged.
+void load_full_optim(FullyShardedModel& model, torch::optim::Optimizer& opt, const std::string& path,
+                     const ckpt::LoadOptions& lopts = {});
 
 // Collective: initialises the model from a full safetensors file (ours, or
 // written from a PyTorch state dict); each rank reads only its shards' bytes.

@@ -102,11 +102,26 @@ int64_t convert_to_full(const std::string& path, const std::string& out_file, co
     throw Error(cat("checkpoint '", dir, "' has no section '", section, "'; it has: model, optim (when saved)."));
   std::vector<TensorSpec> specs;
   for (auto& [name, t] : it->second) specs.push_back({name, t.shape, t.dtype});
+  std::map<std::string, std::string> md{
+      {"format", "pt"}, {"fsdp.step", std::to_string(m.step)}, {"fsdp.source", d::base_name(dir)}};
+  // The optimizer section becomes the file fsdp::save_full_optim writes
+  // (docs/CHECKPOINT_FORMAT.md): per-parameter steps as I64 scalars, and the
+  // metadata load_full_optim checks.
+  std::vector<std::pair<std::string, int64_t>> steps;
+  if (section == "optim" && m.train_state.contains("optimizer") && m.train_state["optimizer"].is_object()) {
+    auto& o = m.train_state["optimizer"];
+    md["format"] = "fsdp-optim";
+    md["optimizer"] = o.value("type", std::string("none"));
+    if (o.contains("step") && o["step"].is_object())
+      for (auto& [name, v] : o["step"].items())
+        if (v.is_number_integer()) steps.emplace_back(name, v.get<int64_t>());
+    for (auto& [name, v] : steps) specs.push_back({name + ".step", {}, torch::kLong});
+  }
   d::PieceReader reader(dir, m, true);
-  SafetensorsWriter w(out_file, specs,
-                      {{"format", "pt"}, {"fsdp.step", std::to_string(m.step)}, {"fsdp.source", d::base_name(dir)}});
+  SafetensorsWriter w(out_file, specs, md);
   for (auto& [name, t] : it->second)
     stream_range(reader, cat("checkpoint '", dir, "': tensor '", name, "'"), section, name, t, 0, t.numel(), w);
+  for (auto& [name, v] : steps) w.write(torch::tensor({v}, torch::kLong));
   return w.finish();
 }
 

@@ -106,6 +106,30 @@ CallShape check_broadcast(const torch::Tensor& tensor, int root, int world, cons
   return s;
 }
 
+CallShape check_gather(const torch::Tensor& input, const torch::Tensor& output, int root, int rank,
+                       int world, const CollectiveInfo& info) {
+  const char* what = "gather";
+  check_tensor(what, "input", input);
+  if (root < 0 || root >= world)
+    misuse(what, detail::cat("root ", root, " is not a rank of this world of ", world,
+                             "; pass a root in [0, ", world, ")"));
+  if (rank == root) {
+    if (!output.defined())
+      misuse(what, detail::cat("rank ", rank, " is the root but its output tensor is undefined; pass a tensor of ",
+                               world, " * ", input.numel(), " elements"));
+    check_tensor(what, "output", output);
+    if (input.scalar_type() != output.scalar_type())
+      misuse(what, detail::cat("input is ", input.scalar_type(), " but output is ", output.scalar_type(),
+                               "; both must have the same dtype"));
+    if (output.numel() != world * input.numel())
+      misuse(what, detail::cat("expected output.numel() == world_size * input.numel() = ", world, " * ",
+                               input.numel(), " = ", world * input.numel(), ", found ", output.numel()));
+  }
+  CallShape s = shape(CollectiveKind::GATHER, info, input);
+  s.root = root;
+  return s;
+}
+
 const char* dtype_name(c10::ScalarType t) {
   switch (t) {
     case c10::kFloat: return "fp32";

@@ -1,6 +1,6 @@
 // fsdp-cpp: argument checks and byte accounting shared by every communicator.
 // defines: CallShape, check_all_gather, check_reduce_scatter, check_all_reduce,
-//          check_broadcast, dtype_name, describe_call, ring_chunks
+//          check_broadcast, check_gather, dtype_name, describe_call, ring_chunks
 //
 // Every backend validates a call the same way before queueing it, so a misuse
 // reads the same whatever engine runs it; the message says what was expected,
@@ -24,7 +24,7 @@ struct CallShape {
   c10::ScalarType dtype = c10::kFloat;
   int64_t numel = 0;  // the input's element count (all_reduce/broadcast: the tensor's)
   int64_t elem_size = 0;
-  int root = -1;      // broadcast only
+  int root = -1;      // broadcast and gather
   int reduce_op = -1; // ReduceOp of reduce_scatter / all_reduce, -1 otherwise
 };
 
@@ -36,6 +36,9 @@ CallShape check_reduce_scatter(const torch::Tensor& input, const torch::Tensor& 
 CallShape check_all_reduce(const torch::Tensor& tensor, ReduceOp op, const CollectiveInfo& info);
 CallShape check_broadcast(const torch::Tensor& tensor, int root, int world,
                           const CollectiveInfo& info);
+// `rank` is the caller's: only root's output is checked.
+CallShape check_gather(const torch::Tensor& input, const torch::Tensor& output, int root, int rank,
+                       int world, const CollectiveInfo& info);
 
 const char* dtype_name(c10::ScalarType t);
 // e.g. "all_gather 'blocks.3' (bf16, 1000 elements, 1.95 KiB)"

@@ -13,6 +13,7 @@ const char* to_string(CollectiveKind k) {
     case CollectiveKind::ALL_REDUCE: return "all_reduce";
     case CollectiveKind::BROADCAST: return "broadcast";
     case CollectiveKind::BARRIER: return "barrier";
+    case CollectiveKind::GATHER: return "gather";
     case CollectiveKind::kCount: break;
   }
   return "unknown";

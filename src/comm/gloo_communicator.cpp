@@ -159,6 +159,15 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  WorkPtr gather(const torch::Tensor& input, torch::Tensor output, int root, const CollectiveInfo& info) override {
+    CallShape shape =
+        checked([&] { return check_gather(input, output, root, world_.rank, world_.world_size, info); });
+    return submit(shape, [input, output, root](const Step& s) {
+      return direct_gather(s, input.data_ptr(), output.defined() ? output.data_ptr() : nullptr,
+                           input.numel() * input.element_size(), root);
+    });
+  }
+
   WorkPtr barrier(const CollectiveInfo& info) override {
     CallShape shape;
     shape.kind = CollectiveKind::BARRIER;

@@ -40,6 +40,9 @@ class WorldOfOne final : public Communicator {
   WorkPtr broadcast(torch::Tensor tensor, int root, const CollectiveInfo& info) override {
     return run([&] { return check_broadcast(tensor, root, 1, info); }, [] {});
   }
+  WorkPtr gather(const torch::Tensor& input, torch::Tensor output, int root, const CollectiveInfo& info) override {
+    return run([&] { return check_gather(input, output, root, 0, 1, info); }, [&] { copy(output, input); });
+  }
   WorkPtr barrier(const CollectiveInfo& info) override {
     return run([&] {
       CallShape s;

@@ -137,6 +137,24 @@ int64_t direct_broadcast(const Step& s, void* buf, int64_t nbytes, int root) {
   return (n - 1) * nbytes;
 }
 
+int64_t direct_gather(const Step& s, const void* in, void* out, int64_t nbytes, int root) {
+  const int n = s.ctx->size, r = s.ctx->rank;
+  if (r == root && nbytes > 0 && in != static_cast<char*>(out) + r * nbytes)
+    std::memmove(static_cast<char*>(out) + r * nbytes, in, nbytes);
+  if (n == 1 || nbytes == 0) return 0;
+  if (r != root) {
+    Buffer b = wrap(s, in, nbytes);
+    b->send(root, slot(s, 0), 0, nbytes);
+    wait_send(s, *b);
+    return nbytes;
+  }
+  Buffer b = wrap(s, out, n * nbytes);
+  for (int peer = 0; peer < n; ++peer)
+    if (peer != root) b->recv(peer, slot(s, 0), peer * nbytes, nbytes);
+  for (int peer = 0; peer < n - 1; ++peer) wait_recv(s, *b);
+  return 0;
+}
+
 int64_t dissemination_barrier(const Step& s) {
   const int n = s.ctx->size, r = s.ctx->rank;
   if (n == 1) return 0;

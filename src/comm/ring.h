@@ -1,6 +1,6 @@
 // fsdp-cpp: the collective algorithms, on Gloo's unbound buffers.
 // defines: Step, ring_all_gather, ring_reduce_scatter, direct_broadcast,
-//          dissemination_barrier
+//          direct_gather, dissemination_barrier
 //
 // Rank r talks to its ring neighbours r+1 (right) and r-1 (left). Each message
 // travels in its own Gloo slot, derived from the collective's sequence number
@@ -12,6 +12,7 @@
 //   all_gather       sum of the blocks except block r+1    ((N-1)/N of output)
 //   reduce_scatter   sum of the chunks except chunk r      ((N-1)/N of input)
 //   broadcast        root: (N-1) x tensor, others 0
+//   gather           others: their input, root 0
 //   barrier          ceil(log2 N) single bytes
 // Zero-byte blocks are neither sent nor received (both sides know the sizes).
 #pragma once
@@ -50,6 +51,10 @@ int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
 
 // root's bytes land on every rank. Returns bytes sent.
 int64_t direct_broadcast(const Step& s, void* buf, int64_t nbytes, int root);
+
+// Every rank's `nbytes` at `in` land at root's out + r*nbytes (root copies
+// its own). Non-roots send once; root posts N-1 receives. Returns bytes sent.
+int64_t direct_gather(const Step& s, const void* in, void* out, int64_t nbytes, int root);
 
 // Returns once every rank entered; bytes sent.
 int64_t dissemination_barrier(const Step& s);

@@ -79,11 +79,16 @@ void WorkQueue::loop() {
         continue;
       }
     }
+    // The task's captures (the call's tensors) are released before the
+    // waiter wakes: otherwise its buffers outlive wait() by a race and the
+    // caller's next allocation finds them still counted (the peak).
     try {
       item.task();
+      item.task = nullptr;
       item.work->complete(nullptr);
     } catch (...) {
       auto error = std::current_exception();
+      item.task = nullptr;
       fail(error);
       item.work->complete(failure());
     }

@@ -267,13 +267,7 @@ std::vector<std::pair<std::string, torch::Tensor>> FullyShardedModel::full_state
   std::unordered_map<const detail::ParamSlot*, torch::Tensor> values;
   for (auto& u : state_->units) {
     if (u->empty()) continue;
-    torch::Tensor full;
-    if (u->keeps_unsharded) {
-      full = u->shard;
-    } else {
-      full = torch::empty({u->padded_numel}, torch::kFloat32);
-      state_->comm->all_gather(u->shard, full, {"full_state " + u->display_name()})->wait();
-    }
+    torch::Tensor full = state_->gather_unit(*u, u->shard, to_rank, "full_state");
     if (keep)
       for (auto& s : u->params) values[&s] = full.narrow(0, s.offset, s.numel).view(s.shape).clone();
   }

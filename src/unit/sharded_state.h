@@ -8,8 +8,9 @@
 //   all-gather src/unit/unshard.cpp      unshard / reshard, prefetch
 //   compute    src/unit/unit_call.cpp    pre/post-forward, pre-backward hooks
 //   reduce     src/unit/reduce.cpp       post-backward reduce-scatter, no_sync
-//   optimizer  src/optim/grad_clip.cpp   shard grads, global-norm clipping
-//   observe    src/observe/ledger.cpp    the seed's ledger, measured
+//   optimizer  src/unit/model.cpp        shard grads, global-norm clipping
+//   observe    src/unit/model.cpp        the seed's ledger, measured
+//   checkpoint src/unit/state_dict.cpp   shards <-> checkpoints; full state to one rank
 #pragma once
 
 #include <torch/torch.h>
@@ -126,6 +127,11 @@ class ShardedState {
   void wait_pending();                       // reduce.cpp
   void finish_reduces(size_t count);         // reduce.cpp: the oldest `count` pending
   void prepare_grads(Unit& u);               // reduce.cpp
+  // state_dict.cpp: unit u's fp32 flat buffer [padded] assembled from every
+  // rank's `shard_flat` [shard_numel] (the master shard, or optimizer state
+  // laid out like it), on `to_rank` only (every rank when to_rank < 0);
+  // undefined elsewhere. NO_SHARD: shard_flat is already the whole.
+  torch::Tensor gather_unit(Unit& u, const torch::Tensor& shard_flat, int to_rank, const std::string& what);
 
   // --- data ---
   std::shared_ptr<torch::nn::Module> root;

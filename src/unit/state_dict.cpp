@@ -5,6 +5,7 @@
 // exact notion of ckpt::Slice, so every strategy saves and loads the same
 // way and resharding N -> M is the checkpoint layer's interval overlap.
 #include <filesystem>
+#include <functional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -92,6 +93,97 @@ const char* kind_name(OptKind k) {
     case OptKind::SGD: return "sgd";
     default: return "none";
   }
+}
+
+// The optimizer's state of one parameter shard, rebuilt from loaded tensors
+// (`get(field)`, each [hi-lo] like the shard view) and its step.
+void install_state(torch::optim::Optimizer& opt, OptKind k, bool ams, const ParamSlot& s, int64_t step,
+                   const std::function<torch::Tensor(const std::string&)>& get) {
+  std::unique_ptr<torch::optim::OptimizerParamState> st;
+  if (k == OptKind::ADAM) {
+    auto a = std::make_unique<torch::optim::AdamParamState>();
+    a->step(step).exp_avg(get("exp_avg")).exp_avg_sq(get("exp_avg_sq"));
+    if (ams) a->max_exp_avg_sq(get("max_exp_avg_sq"));
+    st = std::move(a);
+  } else if (k == OptKind::ADAMW) {
+    auto a = std::make_unique<torch::optim::AdamWParamState>();
+    a->step(step).exp_avg(get("exp_avg")).exp_avg_sq(get("exp_avg_sq"));
+    if (ams) a->max_exp_avg_sq(get("max_exp_avg_sq"));
+    st = std::move(a);
+  } else if (k == OptKind::SGD) {
+    auto a = std::make_unique<torch::optim::SGDParamState>();
+    a->momentum_buffer(get("momentum_buffer"));
+    st = std::move(a);
+  } else {
+    return;
+  }
+  opt.state()[compat::optimizer_state_key(s.shard_view)] = std::move(st);
+}
+
+const torch::optim::OptimizerParamState* find_state(const torch::optim::Optimizer* opt, const ParamSlot& s) {
+  if (!opt) return nullptr;
+  auto it = opt->state().find(compat::optimizer_state_key(s.shard_view));
+  return it == opt->state().end() ? nullptr : it->second.get();
+}
+
+// Field `f` of every parameter of unit u laid out like u's master shard
+// ([shard_numel], zeros where no state exists), ready for gather_unit.
+torch::Tensor optim_flat(const ShardedState& st, const detail::Unit& u, const torch::optim::Optimizer& opt, OptKind k,
+                         const std::string& f) {
+  auto flat = torch::zeros({u.shard_numel}, torch::kFloat32);
+  const int64_t base = u.keeps_unsharded ? 0 : int64_t(st.rank()) * u.shard_numel;
+  for (auto& s : u.params) {
+    if (s.hi <= s.lo) continue;
+    torch::Tensor t = state_tensor(find_state(&opt, s), k, f);
+    if (t.defined()) flat.narrow(0, s.offset + s.lo - base, s.hi - s.lo).copy_(t.detach().reshape(-1));
+  }
+  return flat;
+}
+
+// The hyper-parameters of each group and the names of its parameters, for
+// the consolidated optimizer file's metadata (informational: loads keep the
+// optimizer's own hyper-parameters, as built).
+nlohmann::json describe_groups(const FullyShardedModel& m, const torch::optim::Optimizer& opt, OptKind k) {
+  std::unordered_map<const c10::TensorImpl*, std::string> names;
+  for (auto* s : slots(m)) names[s->shard_view.unsafeGetTensorImpl()] = s->name;
+  nlohmann::json groups = nlohmann::json::array();
+  for (auto& g : opt.param_groups()) {
+    nlohmann::json j;
+    if (k == OptKind::ADAM || k == OptKind::ADAMW) {
+      double lr, eps, wd;
+      std::tuple<double, double> betas;
+      bool ams;
+      if (k == OptKind::ADAM) {
+        auto& o = static_cast<const torch::optim::AdamOptions&>(g.options());
+        lr = o.lr(), eps = o.eps(), wd = o.weight_decay(), betas = o.betas(), ams = o.amsgrad();
+      } else {
+        auto& o = static_cast<const torch::optim::AdamWOptions&>(g.options());
+        lr = o.lr(), eps = o.eps(), wd = o.weight_decay(), betas = o.betas(), ams = o.amsgrad();
+      }
+      j = {{"lr", lr}, {"betas", {std::get<0>(betas), std::get<1>(betas)}}, {"eps", eps}, {"weight_decay", wd},
+           {"amsgrad", ams}};
+    } else if (k == OptKind::SGD) {
+      auto& o = static_cast<const torch::optim::SGDOptions&>(g.options());
+      j = {{"lr", o.lr()}, {"momentum", o.momentum()}, {"dampening", o.dampening()},
+           {"weight_decay", o.weight_decay()}, {"nesterov", o.nesterov()}};
+    }
+    nlohmann::json params = nlohmann::json::array();
+    for (auto& p : g.params()) {
+      auto it = names.find(p.unsafeGetTensorImpl());
+      params.push_back(it == names.end() ? std::string("?") : it->second);
+    }
+    j["params"] = params;
+    groups.push_back(j);
+  }
+  return groups;
+}
+
+// Every rank learns whether rank 0's write failed, so a failed save throws
+// everywhere and nobody hangs.
+void agree(Communicator& comm, const std::string& error, const std::string& what) {
+  auto flag = torch::full({1}, error.empty() ? 0.0f : 1.0f);
+  comm.all_reduce(flag, ReduceOp::SUM, {what + " status"})->wait();
+  if (flag.item<float>() > 0) throw Error(what + " failed" + (error.empty() ? std::string(" on rank 0") : ": " + error));
 }
 
 }  // namespace
@@ -188,35 +280,31 @@ ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimiz
   if (k != OptKind::NONE) {
     auto& steps = r.train_state["optimizer"]["step"];
     for (auto* s : slots(model)) {
-      const auto key = compat::optimizer_state_key(s->shard_view);
       const int64_t step = steps.value(s->name, int64_t(0));
-      std::unique_ptr<torch::optim::OptimizerParamState> st;
-      auto get = [&](const std::string& f) {
+      install_state(*opt, k, ams, *s, step, [&](const std::string& f) {
         for (auto& o : opt_tmp)
           if (o.slot == s && o.field == f) return o.tmp;
         return torch::Tensor();
-      };
-      if (k == OptKind::ADAM) {
-        auto a = std::make_unique<torch::optim::AdamParamState>();
-        a->step(step).exp_avg(get("exp_avg")).exp_avg_sq(get("exp_avg_sq"));
-        if (ams) a->max_exp_avg_sq(get("max_exp_avg_sq"));
-        st = std::move(a);
-      } else if (k == OptKind::ADAMW) {
-        auto a = std::make_unique<torch::optim::AdamWParamState>();
-        a->step(step).exp_avg(get("exp_avg")).exp_avg_sq(get("exp_avg_sq"));
-        if (ams) a->max_exp_avg_sq(get("max_exp_avg_sq"));
-        st = std::move(a);
-      } else {
-        auto a = std::make_unique<torch::optim::SGDParamState>();
-        a->momentum_buffer(get("momentum_buffer"));
-        st = std::move(a);
-      }
-      opt->state()[key] = std::move(st);
+      });
     }
   }
   // NO_SHARD in low precision refreshes its compute copy at the next forward.
   return r;
 }
+
+namespace detail {
+
+torch::Tensor ShardedState::gather_unit(Unit& u, const torch::Tensor& shard_flat, int to_rank, const std::string& what) {
+  const bool keep = to_rank < 0 || rank() == to_rank;
+  if (u.keeps_unsharded) return keep ? shard_flat : torch::Tensor();
+  const CollectiveInfo info{what + " " + u.display_name()};
+  torch::Tensor full = keep ? torch::empty({u.padded_numel}, shard_flat.options()) : torch::Tensor();
+  if (to_rank < 0) comm->all_gather(shard_flat, full, info)->wait();
+  else comm->gather(shard_flat, full, to_rank, info)->wait();
+  return full;
+}
+
+}  // namespace detail
 
 void save_full(const FullyShardedModel& model, const std::string& path) {
   auto& st = model.state();
@@ -232,7 +320,7 @@ void save_full(const FullyShardedModel& model, const std::string& path) {
   auto buffers = st.root->named_buffers(/*recurse=*/true);
   for (auto& b : buffers) specs.push_back({b.key(), b.value().sizes().vec(), b.value().scalar_type()});
 
-  // Rank 0 streams unit by unit; the others take part in the gathers. A
+  // Rank 0 streams unit by unit; the others only send their shards. A
   // failure to write on rank 0 is agreed on at the end so no rank hangs.
   std::unique_ptr<ckpt::SafetensorsWriter> w;
   std::string error;
@@ -244,13 +332,7 @@ void save_full(const FullyShardedModel& model, const std::string& path) {
   torch::NoGradGuard ng;
   for (auto& u : st.units) {
     if (u->empty()) continue;
-    torch::Tensor full;
-    if (u->keeps_unsharded) {
-      full = u->shard;
-    } else {
-      full = torch::empty({u->padded_numel}, torch::kFloat32);
-      st.comm->all_gather(u->shard, full, {"save_full " + u->display_name()})->wait();
-    }
+    torch::Tensor full = st.gather_unit(*u, u->shard, 0, "save_full");
     if (w && error.empty()) try {
         for (auto& s : u->params)
           for (size_t i = 0; i <= s.aliases.size(); ++i) w->write(full.narrow(0, s.offset, s.numel));
@@ -264,11 +346,125 @@ void save_full(const FullyShardedModel& model, const std::string& path) {
     } catch (const std::exception& e) {
       error = e.what();
     }
+  agree(*st.comm, error, "saving the full state dict to '" + path + "'");
+}
+
+void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimizer& opt, const std::string& path) {
+  auto& st = model.state();
+  st.wait_pending();
+  trace::Span span("checkpoint_save_full_optim", "ckpt");
+  const OptKind k = kind_of(&opt);
+  const bool ams = amsgrad_of(&opt, k);
+  const auto fields = state_fields(k, ams);
+  const bool writer = st.rank() == 0;
+  const auto all = slots(model);
+
+  // Steps: a rank whose shard of a parameter is empty may hold no state for
+  // it, so rank 0 takes the largest step any rank holds.
+  auto steps = torch::zeros({static_cast<int64_t>(all.size())}, torch::kLong);
+  for (size_t i = 0; i < all.size(); ++i) steps[i] = state_step(find_state(&opt, *all[i]), k);
+  torch::Tensor all_steps = writer ? torch::empty({st.world() * steps.numel()}, torch::kLong) : torch::Tensor();
+  st.comm->gather(steps, all_steps, 0, {"save_full_optim steps"})->wait();
+
+  // Data order: unit by unit, field by field, parameter by parameter, so
+  // each gathered [padded] buffer is written out before the next is made;
+  // the steps (scalars) come last.
+  std::vector<ckpt::TensorSpec> specs;
+  for (auto& u : st.units)
+    for (auto& f : fields)
+      for (auto& s : u->params) specs.push_back({s.name + "." + f, s.shape, torch::kFloat32});
+  for (auto* s : all) specs.push_back({s->name + ".step", {}, torch::kLong});
+
+  std::unique_ptr<ckpt::SafetensorsWriter> w;
+  std::string error;
+  try {
+    if (writer)
+      w = std::make_unique<ckpt::SafetensorsWriter>(
+          path, specs,
+          std::map<std::string, std::string>{{"format", "fsdp-optim"},
+                                             {"optimizer", kind_name(k)},
+                                             {"param_groups", describe_groups(model, opt, k).dump()}});
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  torch::NoGradGuard ng;
+  for (auto& u : st.units) {
+    if (u->empty()) continue;
+    for (auto& f : fields) {
+      torch::Tensor full = st.gather_unit(*u, optim_flat(st, *u, opt, k, f), 0, "save_full_optim");
+      if (w && error.empty()) try {
+          for (auto& s : u->params) w->write(full.narrow(0, s.offset, s.numel));
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+    }
+  }
+  if (w && error.empty()) try {
+      auto best = std::get<0>(all_steps.view({st.world(), -1}).max(0));
+      for (size_t i = 0; i < all.size(); ++i) w->write(best.narrow(0, i, 1));
+      w->finish();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  agree(*st.comm, error, "saving the full optimizer state to '" + path + "'");
+}
+
+void load_full_optim(FullyShardedModel& model, torch::optim::Optimizer& opt, const std::string& path,
+                     const ckpt::LoadOptions& lopts) {
+  auto& st = model.state();
+  st.wait_pending();
+  trace::Span span("checkpoint_load_full_optim", "ckpt");
+  const OptKind k = kind_of(&opt);
+  const bool ams = amsgrad_of(&opt, k);
+  // What the file is: checked on every rank before any tensor is read; the
+  // ranks agree, so a wrong file fails everywhere with the same message.
+  std::string error;
+  try {
+    ckpt::SafetensorsReader r(path);
+    auto md = r.metadata();
+    auto format = md.count("format") ? md.at("format") : std::string("(none)");
+    auto saved = md.count("optimizer") ? md.at("optimizer") : std::string("(none)");
+    if (format != "fsdp-optim")
+      error = "'" + path + "' is not a consolidated optimizer file: expected metadata format 'fsdp-optim', found '" +
+              format + "'. Fix: pass the file written by fsdp::save_full_optim (model weights load with load_full).";
+    else if (saved != kind_name(k))
+      error = "'" + path + "' holds " + saved + " optimizer state, but the optimizer given is " + kind_name(k) +
+              ". Fix: build the same optimizer type as when saving.";
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
   auto flag = torch::full({1}, error.empty() ? 0.0f : 1.0f);
-  st.comm->all_reduce(flag, ReduceOp::SUM, {"save_full status"})->wait();
+  st.comm->all_reduce(flag, ReduceOp::SUM, {"load_full_optim check"})->wait();
   if (flag.item<float>() > 0)
-    throw Error("saving the full state dict to '" + path + "' failed" +
-                (error.empty() ? std::string(" on rank 0") : ": " + error));
+    throw Error(error.empty() ? "loading the optimizer state from '" + path + "' failed on another rank" : error);
+
+  const auto fields = state_fields(k, ams);
+  std::vector<ckpt::Slice> want;
+  struct Tmp {
+    const ParamSlot* slot;
+    std::string field;
+    torch::Tensor tmp;
+  };
+  std::vector<Tmp> tmps;
+  for (auto* s : slots(model)) {
+    for (auto& f : fields) {
+      auto t = torch::empty({s->hi - s->lo}, torch::kFloat32);
+      want.push_back({s->name + "." + f, s->shape, torch::kFloat32, s->lo, s->hi, t});
+      tmps.push_back({s, f, t});
+    }
+    auto step = torch::zeros({1}, torch::kLong);
+    want.push_back({s->name + ".step", {}, torch::kLong, 0, 1, step});
+    tmps.push_back({s, "step", step});
+  }
+  ckpt::load_full_safetensors(*st.comm, path, want, lopts);
+  for (auto* s : slots(model)) {
+    auto get = [&](const std::string& f) {
+      for (auto& t : tmps)
+        if (t.slot == s && t.field == f) return t.tmp;
+      return torch::Tensor();
+    };
+    install_state(opt, k, ams, *s, get("step").item<int64_t>(), get);
+  }
 }
 
 void load_full(FullyShardedModel& model, const std::string& path, const ckpt::LoadOptions& lopts) {

@@ -128,6 +128,21 @@ int run_grid(fsdp::Communicator& c, Checker& ck) {
         ck.expect(counted(c, CollectiveKind::BROADCAST, b0) == (r == root ? (n_ranks - 1) * n * es : 0),
                   "broadcast bytes " + tag);
       }
+      // gather to a root that varies with the size; non-roots pass no output.
+      {
+        int root = static_cast<int>((n + 1) % n_ranks);
+        auto in = encoded(dt, n, r, 0);
+        torch::Tensor out = r == root ? torch::full({n_ranks * n}, -99, dt) : torch::Tensor();
+        int64_t b0 = c.counters()[CollectiveKind::GATHER].bytes_sent;
+        c.gather(in, out, root, {"grid.ga"})->wait();
+        if (r == root) {
+          std::vector<torch::Tensor> parts;
+          for (int q = 0; q < n_ranks; ++q) parts.push_back(encoded(dt, n, q, 0));
+          ck.expect(torch::equal(out, torch::cat(parts)), "gather " + tag);
+        }
+        ck.expect(torch::equal(in, encoded(dt, n, r, 0)), "gather kept input " + tag);
+        ck.expect(counted(c, CollectiveKind::GATHER, b0) == (r == root ? 0 : n * es), "gather bytes " + tag);
+      }
     }
   }
   // Three collectives in flight at once, waited in reverse order.
