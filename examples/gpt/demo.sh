@@ -5,7 +5,8 @@
 #   examples/gpt/demo.sh BUILD_DIR [extra gpt flags, e.g. --steps 100]
 #
 # Prepares data/fortunes/{train,val}.bin once, trains for a few minutes
-# (step lines, validation loss, the ledger, a sample), saves the full weights
+# (step lines with each rank's busy time, a progress line with the ETA every
+# 30 s, validation loss, the ledger, a sample), saves the full weights
 # and prints where everything is. Environment: NPROC (ranks, default 2),
 # FORTUNES_DIR (default: the Debian package's folder), RUN_DIR (outputs).
 set -euo pipefail
@@ -55,7 +56,7 @@ start=$(date +%s)
   --seq 128 --dim 128 --layers 4 --heads 4 \
   --batch 16 --accum 1 --steps 500 \
   --lr 4e-3 --warmup 30 --min-lr 4e-4 --weight-decay 0.1 --clip 1.0 \
-  --log-every 10 --eval-every 50 --eval-batches 8 \
+  --log-every 10 --eval-every 50 --eval-batches 8 --progress-every 30 \
   --sample 300 --top-k 5 --sample-seed 1 --prompt $'\n' \
   --save "$RUN/gpt.safetensors" \
   --ckpt-dir "$RUN/ckpt" --trace "$RUN/trace" \

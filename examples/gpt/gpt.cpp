@@ -25,7 +25,9 @@
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
+#include "fsdp/progress.h"
 #include "fsdp/state_dict.h"
+#include "fsdp/straggler.h"
 #include "fsdp/trace.h"
 #include "gpt/data.h"
 #include "gpt/model.h"
@@ -66,6 +68,11 @@ struct Args {
   int64_t ckpt_every = 0;
   std::string max_memory;          // "2GiB": the counting allocator's limit
   double timeout = 0;              // seconds per collective; 0: the library default
+  // progress and stragglers
+  double progress_every = -1;      // seconds between progress lines; < 0: FSDP_PROGRESS_EVERY or 5
+  bool no_progress = false;
+  double straggler_factor = 1.5;   // 0: no straggler monitor
+  int64_t straggler_window = 5;
 };
 
 [[noreturn]] void usage_error(const std::string& msg) { throw fsdp::UsageError(msg); }
@@ -118,6 +125,17 @@ bool parse_args(int argc, char** argv, Args& a) {
   app.add_option("--trace", a.trace, "record a Chrome trace per rank into DIR (then: fsdp report DIR -o report.html)");
   app.add_option("--max-memory", a.max_memory, "per-rank memory limit, e.g. 512MiB (fails like a GPU OOM)");
   app.add_option("--timeout", a.timeout, "seconds before a collective fails (0: default)")->check(CLI::NonNegativeNumber);
+  app.add_option("--progress-every", a.progress_every,
+                 "seconds between progress lines (training steps, ETA, loss, tok/s; checkpoint saves) when stdout "
+                 "is not a terminal; 0: every update (default: FSDP_PROGRESS_EVERY or 5)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-progress", a.no_progress, "no progress lines, checkpoint saves included (same as FSDP_PROGRESS=off)");
+  app.add_option("--straggler-factor", a.straggler_factor,
+                 "name a rank busy (wall - blocked in collectives) more than F x the other ranks' median for "
+                 "--straggler-window steps in a row (F > 1; 0: off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--straggler-window", a.straggler_window, "consecutive slow steps before a rank is named")
+      ->check(CLI::PositiveNumber);
   // A repeated single-value flag takes the last value (scripts append overrides).
   for (CLI::Option* o : app.get_options())
     if (o->get_expected_max() == 1) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -146,6 +164,9 @@ bool parse_args(int argc, char** argv, Args& a) {
     if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos || std::stoll(n) <= 0)
       usage_error("--wrap '" + a.wrap + "': expected size:N with N a positive parameter count, e.g. size:100000");
   }
+  if (a.straggler_factor > 0 && !(a.straggler_factor > 1))
+    usage_error("--straggler-factor " + std::to_string(a.straggler_factor) +
+                ": expected a factor > 1 (e.g. 1.5: 50% slower than the other ranks) or 0 to turn the monitor off");
   if (a.top_k > a.cfg.vocab)
     usage_error("--top-k " + std::to_string(a.top_k) + " is larger than --vocab " + std::to_string(a.cfg.vocab));
   if (!a.max_memory.empty()) {
@@ -275,16 +296,31 @@ void load_init(fsdp::Communicator& comm, gpt::GPT& net, const std::string& path)
   fsdp::ckpt::load_full_safetensors(comm, path, wanted, lo);
 }
 
-// --save: rank 0 streams the gathered tensors into one .safetensors file.
+// --save: rank 0 streams the gathered tensors into one .safetensors file
+// (progress lines when that takes more than a few seconds).
 int64_t save_full(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& full,
-                  const gpt::Config& c) {
+                  const gpt::Config& c, fsdp::ProgressOptions po) {
   std::vector<fsdp::ckpt::TensorSpec> specs;
   for (auto& [name, t] : full) specs.push_back({name, t.sizes().vec(), t.scalar_type()});
+  po.label = "saving " + path;
+  po.unit = "bytes";
+  for (auto& [name, t] : full) po.total += t.numel() * int64_t(t.element_size());
+  fsdp::Progress prog(po);
   size_t next = 0;
-  return fsdp::ckpt::write_full_safetensors(
-      path, specs, [&](const fsdp::ckpt::TensorSpec&) { return full[next++].second; },
+  int64_t handed = 0;  // bytes of the tensors handed to the writer (each written before the next is asked for)
+  const int64_t bytes = fsdp::ckpt::write_full_safetensors(
+      path, specs,
+      [&](const fsdp::ckpt::TensorSpec&) {
+        prog.update(handed);
+        const torch::Tensor& t = full[next++].second;
+        handed += t.numel() * int64_t(t.element_size());
+        return t;
+      },
       {{"model", "gpt-mini"}, {"vocab", std::to_string(c.vocab)}, {"seq", std::to_string(c.seq)},
        {"dim", std::to_string(c.dim)}, {"layers", std::to_string(c.layers)}, {"heads", std::to_string(c.heads)}});
+  prog.update(handed);
+  prog.finish();
+  return bytes;
 }
 
 int default_threads(const fsdp::Communicator& comm) {
@@ -297,9 +333,16 @@ int default_threads(const fsdp::Communicator& comm) {
 int train(const Args& a) {
   // Communicator first: it installs the counting allocator, so every tensor
   // below (the model included) is in the memory numbers.
+  // The flags reach the library's reporters (checkpoint saves) through the environment.
+  if (a.no_progress) ::setenv("FSDP_PROGRESS", "off", 1);
+  if (a.progress_every >= 0) ::setenv("FSDP_PROGRESS_EVERY", std::to_string(a.progress_every).c_str(), 1);
   fsdp::CommOptions copts;
   if (a.timeout > 0) copts.timeout = std::chrono::milliseconds(int64_t(a.timeout * 1000));
   fsdp::CommPtr comm = fsdp::make_communicator_from_env(copts);
+  // Time blocked in collectives, so a step's busy time (wall - blocked) shows
+  // which rank the others wait for (fsdp/straggler.h).
+  auto waits = std::make_shared<fsdp::WaitClock>();
+  comm = fsdp::with_wait_clock(comm, waits);
   const int rank = comm->rank(), N = comm->world_size();
   const bool lead = rank == 0;
   if (!a.max_memory.empty()) fsdp::memory::set_limit(fsdp::memory::parse_bytes(a.max_memory));
@@ -363,7 +406,7 @@ int train(const Args& a) {
 
   auto validate = [&](int64_t step) {
     const double vl = evaluate(model, *comm, val_tokens, order, a.eval_batches);
-    if (lead) std::printf("step %5lld | val loss %.4f\n", (long long)step, vl), std::fflush(stdout);
+    if (lead) fsdp::progress::clear_line(), std::printf("step %5lld | val loss %.4f\n", (long long)step, vl), std::fflush(stdout);
   };
 
   // -------------------------------------------------------------------------
@@ -387,8 +430,28 @@ int train(const Args& a) {
   auto checkpoint = [&](int64_t done) {
     auto r = fsdp::save_checkpoint(*model, opt.get(), a.ckpt_dir, done,
                                    {{"step", done}, {"seed", a.seed}, {"shuffle", a.shuffle}, {"world", N}});
-    if (lead) std::printf("checkpoint %s (%.2f s)\n", r.path.c_str(), r.seconds), std::fflush(stdout);
+    if (lead) fsdp::progress::clear_line(), std::printf("checkpoint %s (%.2f s)\n", r.path.c_str(), r.seconds), std::fflush(stdout);
   };
+  // Progress on rank 0 (fsdp/progress.h): steps, ETA, loss, tokens/s.
+  fsdp::ProgressOptions popts;
+  popts.rank = rank;
+  popts.enabled = !a.no_progress;
+  popts.interval_s = a.progress_every;
+  fsdp::ProgressOptions train_popts = popts;
+  train_popts.label = "train";
+  train_popts.unit = "steps";
+  train_popts.total = a.steps;
+  train_popts.initial = std::min(first_step, a.steps);
+  train_popts.rate_scale = double(tokens_per_step);
+  train_popts.rate_unit = "tok/s";
+  fsdp::Progress progress(train_popts);
+  // Per-rank busy time (wall - blocked in collectives) every step; a rank
+  // slower than factor x the median for `window` steps in a row is named.
+  std::optional<fsdp::StragglerMonitor> stragglers;
+  if (a.straggler_factor > 0) {
+    stragglers.emplace(comm, a.straggler_factor, int(a.straggler_window));
+    stragglers->set_logging(false);  // printed below, between the step lines
+  }
   const auto run_start = clock::now();
   for (int64_t step = first_step; step < a.steps; step++) {
     if (eval_on && step % a.eval_every == 0) validate(step);
@@ -397,6 +460,8 @@ int train(const Args& a) {
     fsdp::trace::Span step_span("step", "step");
     if (step_span.active()) step_span.arg("step", step);
     const auto t0 = clock::now();
+    const double waited0 = waits->seconds();
+    fsdp::inject_step_delay(rank);  // FSDP_INJECT_STEP_DELAY=RANK:MS (tests of the monitor)
     const double lr = lr_at(a, step);
     set_lr(*opt, lr);
 
@@ -431,17 +496,39 @@ int train(const Args& a) {
       checkpoint(step + 1);
 
     const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+    fsdp::StragglerReport srep;
+    if (stragglers) srep = stragglers->observe(ms / 1000.0 - (waits->seconds() - waited0));  // collective
+    if (lead && !srep.message.empty()) {
+      fsdp::progress::clear_line();
+      std::printf("%s\n", srep.message.c_str());
+      std::fflush(stdout);
+    }
     if (step % a.log_every == 0 || step + 1 == a.steps) {
       // Collectives: every rank takes this branch at the same steps.
       const double loss = mean_over_ranks(*comm, loss_sum / double(a.accum), "train loss");
       const std::string mem = memory_line(*comm);
       if (lead) {
+        fsdp::progress::clear_line();
         std::printf("step %5lld | loss %.4f | lr %.2e | norm %6.3f | %7.1f ms/step | %7.0f tok/s | %s\n",
                     (long long)step, loss, lr, norm, ms, double(tokens_per_step) / (ms / 1000.0), mem.c_str());
+        if (!srep.seconds.empty()) {
+          std::string busy;
+          for (size_t q = 0; q < srep.seconds.size(); q++) {
+            char b[48];
+            std::snprintf(b, sizeof b, "%sr%zu %.1f", q ? "  " : "", q, srep.seconds[q] * 1000.0);
+            busy += b;
+          }
+          std::printf("step %5lld | busy ms per rank (wall - blocked in collectives): %s | median %.1f\n",
+                      (long long)step, busy.c_str(), srep.median * 1000.0);
+        }
         std::fflush(stdout);
       }
     }
+    char loss_text[32];
+    std::snprintf(loss_text, sizeof loss_text, "%.4f", loss_sum / double(a.accum));
+    progress.update(step + 1, {{"loss", loss_text}});
   }
+  progress.finish();
   if (eval_on) validate(a.steps);
   if (!a.ckpt_dir.empty() && first_step < a.steps) checkpoint(a.steps);
   const double seconds = std::chrono::duration<double>(clock::now() - run_start).count();
@@ -469,7 +556,7 @@ int train(const Args& a) {
   if (!a.save.empty()) {
     auto full = model->full_state(0);  // collective: (name, tensor) on rank 0 only
     if (lead) {
-      const int64_t bytes = save_full(a.save, full, a.cfg);
+      const int64_t bytes = save_full(a.save, full, a.cfg, popts);
       std::printf("saved %zu tensors (%s) to %s\n", full.size(), fsdp::memory::format_bytes(bytes).c_str(),
                   a.save.c_str());
     }

@@ -6,9 +6,14 @@
 //
 // Reads top to bottom like the seed's Python demo (docs/GUIDE.md).
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 
 #include "fsdp/fsdp.h"
+#include "fsdp/progress.h"
+#include "fsdp/straggler.h"
 
 // The seed's TinyModel: three Linear(512, 512) with ReLU. Each Linear will
 // be its own unit (size policy, min 2048 params), so its forward is routed
@@ -34,7 +39,9 @@ int main(int argc, char** argv) {
   int epochs = 3, accum = 4, micro_bs = 64, ckpt_every = 0;
   int64_t min_params = 2048;
   double lr = 2e-4;
-  bool resume = false, no_sync = false;
+  bool resume = false, no_sync = false, no_progress = false;
+  double progress_every = -1, straggler_factor = 1.5;
+  int straggler_window = 5;
   app.add_option("--strategy", strategy, "full | grad-op | none")->check(CLI::IsMember({"full", "grad-op", "none"}));
   app.add_option("--epochs", epochs, "optimizer steps (the seed calls them epochs)")->check(CLI::Range(1, 1000000));
   app.add_option("--accum", accum, "micro-steps per optimizer step")->check(CLI::Range(1, 10000));
@@ -48,13 +55,37 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", resume, "continue from the latest checkpoint in --ckpt-dir when there is one");
   app.add_option("--trace", trace_dir, "write a Chrome trace per rank into DIR (then: fsdp report DIR)");
   app.add_option("--max-memory", max_memory, "per-rank memory budget, e.g. 8MiB (enforced by the counting allocator)");
+  app.add_option("--progress-every", progress_every,
+                 "seconds between progress lines (training, checkpoint saves) when stdout is not a terminal (0: every "
+                 "update; default: FSDP_PROGRESS_EVERY or 5)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-progress", no_progress, "no progress lines, checkpoint saves included (same as FSDP_PROGRESS=off)");
+  app.add_option("--straggler-factor", straggler_factor,
+                 "name a rank busy (wall - blocked in collectives) more than F x the other ranks' median for "
+                 "--straggler-window steps in a row (F > 1; 0: off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--straggler-window", straggler_window, "consecutive slow steps before a rank is named")
+      ->check(CLI::Range(1, 1000000));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  if (straggler_factor > 0 && !(straggler_factor > 1)) {
+    std::fprintf(stderr,
+                 "tiny: usage error: --straggler-factor %g: expected a factor > 1 (e.g. 1.5: 50%% slower than the "
+                 "other ranks) or 0 to turn the monitor off\n",
+                 straggler_factor);
+    return 2;
+  }
   try {
+    // The flags reach the library's reporters (checkpoint saves) through the environment.
+    if (no_progress) ::setenv("FSDP_PROGRESS", "off", 1);
+    if (progress_every >= 0) ::setenv("FSDP_PROGRESS_EVERY", std::to_string(progress_every).c_str(), 1);
     auto comm = fsdp::make_communicator_from_env();
+    // Time blocked in collectives: busy = wall - blocked names a straggler.
+    auto waits = std::make_shared<fsdp::WaitClock>();
+    comm = fsdp::with_wait_clock(comm, waits);
     const int rank = comm->rank();
     if (!trace_dir.empty()) fsdp::trace::start(trace_dir, rank, comm->world_size());
     if (!max_memory.empty()) fsdp::memory::set_limit(fsdp::memory::parse_bytes(max_memory));
@@ -82,9 +113,28 @@ int main(int argc, char** argv) {
 
     torch::manual_seed(1000 + rank);  // each rank its own data, as in the seed
     auto data = torch::randn({micro_bs, 512});
-    fsdp::CommCounters before;
+    fsdp::CommCounters before, after;  // around the last step (the monitor's all-gather excluded)
+    fsdp::ProgressOptions po;
+    po.label = "train";
+    po.unit = "steps";
+    po.total = epochs;
+    po.initial = std::min(start, epochs);
+    po.rank = rank;
+    po.enabled = !no_progress;
+    po.interval_s = progress_every;
+    po.rate_scale = double(micro_bs) * accum * comm->world_size();
+    po.rate_unit = "samples/s";
+    fsdp::Progress progress(po);
+    std::optional<fsdp::StragglerMonitor> stragglers;
+    if (straggler_factor > 0) {
+      stragglers.emplace(comm, straggler_factor, straggler_window);
+      stragglers->set_logging(false);  // printed below with the epoch lines
+    }
     for (int epoch = start; epoch < epochs; ++epoch) {
       before = comm->counters();
+      const auto t0 = std::chrono::steady_clock::now();
+      const double waited0 = waits->seconds();
+      fsdp::inject_step_delay(rank);  // FSDP_INJECT_STEP_DELAY=RANK:MS (tests of the monitor)
       fsdp::trace::Span step_span("step", "step");
       if (step_span.active()) step_span.arg("step", epoch);
       opt.zero_grad();
@@ -108,11 +158,31 @@ int main(int argc, char** argv) {
       }
       if (step_span.active()) step_span.arg("loss", loss.item<double>());
       step_span.end();
-      if (rank == 0) std::printf("epoch %d loss %.6f\n", epoch, loss.item<double>());
+      if (rank == 0) fsdp::progress::clear_line(), std::printf("epoch %d loss %.6f\n", epoch, loss.item<double>());
       if (!ckpt_dir.empty() && ckpt_every > 0 && (epoch + 1) % ckpt_every == 0)
         fsdp::save_checkpoint(*model, &opt, ckpt_dir, epoch + 1, {{"step", epoch + 1}});
+      after = comm->counters();
+      if (stragglers) {
+        const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        auto rep = stragglers->observe(wall - (waits->seconds() - waited0));  // collective
+        if (rank == 0) {
+          std::string busy;
+          for (size_t q = 0; q < rep.seconds.size(); q++) {
+            char b[48];
+            std::snprintf(b, sizeof b, "%sr%zu %.1f", q ? "  " : "", q, rep.seconds[q] * 1000.0);
+            busy += b;
+          }
+          std::printf("epoch %d busy ms per rank (wall - blocked in collectives): %s | median %.1f\n", epoch,
+                      busy.c_str(), rep.median * 1000.0);
+          if (!rep.message.empty()) std::printf("%s\n", rep.message.c_str());
+        }
+      }
+      char loss_text[32];
+      std::snprintf(loss_text, sizeof loss_text, "%.6f", loss.item<double>());
+      progress.update(epoch + 1, {{"loss", loss_text}});
     }
-    auto after = comm->counters();
+    progress.finish();
+    if (start >= epochs) after = before = comm->counters();
     auto ledger = model->ledger(&opt);
     if (rank == 0) {
       std::printf("\n%s", ledger.str().c_str());

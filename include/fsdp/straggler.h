@@ -1,22 +1,38 @@
 // fsdp-cpp: naming the rank that holds everyone back.
-// defines: StragglerMonitor, StragglerReport
+// defines: StragglerMonitor, StragglerReport, WaitClock, with_wait_clock,
+//          inject_step_delay
 //
 // Every rank calls observe(step_seconds) once per optimizer step, at the same
 // step (it is a collective: one all_gather of one fp64 per rank). A rank is a
 // straggler when its step time exceeded `factor` x the median step time of
-// all ranks in each of the last `window` steps; rank 0 then logs one line
-// naming it (on stderr, once per streak). Every rank gets the same report.
+// the other ranks in each of the last `window` steps; rank 0 then logs one
+// line naming it (on stderr, when the streak reaches the window and once per
+// further window). Every rank gets the same report.
 //
 //   fsdp::StragglerMonitor mon(comm);          // factor 1.5, window 5
 //   for (...) { auto t0 = now(); step(); mon.observe(seconds_since(t0)); }
 //
-// Synchronous collective ranks wait for the slowest, so the time to measure
-// is the rank's own work (data loading, forward, backward up to the first
-// collective that waits), not the wall time of the whole step: the latter is
-// equal on every rank. Passing the wall time still names a rank whose
-// slowness falls outside the collectives (e.g. input pipeline, checkpoint).
+// Synchronous collectives make every rank wait for the slowest, so the wall
+// time of a step is (nearly) the same on every rank. The time to pass is the
+// rank's own work: the step's wall time minus the time it was blocked waiting
+// for collectives. with_wait_clock() measures the latter:
+//
+//   auto waits = std::make_shared<fsdp::WaitClock>();
+//   comm = fsdp::with_wait_clock(comm, waits);     // before fully_shard(net, comm)
+//   fsdp::StragglerMonitor mon(comm, 1.5, 5);
+//   for (...) {
+//     const double w0 = waits->seconds(); auto t0 = now();
+//     step();
+//     mon.observe(seconds_since(t0) - (waits->seconds() - w0));   // busy seconds
+//   }
+//
+// A rank that sleeps or computes slowly is then busy longer than the others,
+// and the others' extra time is spent blocked in the collectives.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,15 +43,18 @@ namespace fsdp {
 struct StragglerReport {
   int64_t step = 0;                // observations so far (1 for the first)
   std::vector<double> seconds;     // this step, per rank
-  double median = 0;
+  double median = 0;                // of all ranks (each rank is judged against the others')
   std::vector<int> stragglers;     // ranks slow for `window` steps in a row (ascending)
   std::string message;             // the logged line, "" when none
 };
 
 class StragglerMonitor {
  public:
-  // factor > 1, window >= 1; throws fsdp::Error otherwise.
-  explicit StragglerMonitor(CommPtr comm, double factor = 1.5, int window = 5);
+  // factor > 1, window >= 1, min_gap_seconds >= 0; throws fsdp::Error
+  // otherwise. A rank counts as slow in a step when its time exceeds both
+  // factor x the other ranks' median and that median + min_gap_seconds (so
+  // millisecond jitter on tiny steps names nobody).
+  explicit StragglerMonitor(CommPtr comm, double factor = 1.5, int window = 5, double min_gap_seconds = 0.002);
 
   // Collective. Returns this step's report (the same on every rank).
   StragglerReport observe(double step_seconds);
@@ -48,10 +67,33 @@ class StragglerMonitor {
   CommPtr comm_;
   const double factor_;
   const int window_;
+  const double min_gap_;
 
   bool log_ = true;
   int64_t steps_ = 0;
   std::vector<int> streak_;   // consecutive slow steps per rank
 };
+
+// Seconds threads spent blocked in Work::wait() (thread-safe).
+class WaitClock {
+ public:
+  double seconds() const { return double(ns_.load(std::memory_order_relaxed)) * 1e-9; }
+  void add(double s) { ns_.fetch_add(int64_t(s * 1e9), std::memory_order_relaxed); }
+
+ private:
+  std::atomic<int64_t> ns_{0};
+};
+
+// A communicator that forwards every call to `inner` and adds the time each
+// wait() blocks (a collective not yet complete) to `clock`. Everything else
+// (counters, timeouts, errors) is inner's.
+CommPtr with_wait_clock(CommPtr inner, std::shared_ptr<WaitClock> clock);
+
+// Fault injection for tests and demos of the monitor: with the environment
+// FSDP_INJECT_STEP_DELAY="RANK:MS" (e.g. 1:50), sleeps MS milliseconds when
+// called on rank RANK and does nothing elsewhere; the trainers call it once
+// per step, before the forward. Unset: no-op. A malformed value throws
+// fsdp::UsageError naming the variable.
+void inject_step_delay(int rank);
 
 }  // namespace fsdp

@@ -19,6 +19,7 @@
 #include "checkpoint/collective.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors.h"
+#include "fsdp/progress.h"
 
 namespace fsdp::ckpt {
 using fsdp::detail::cat;
@@ -181,9 +182,24 @@ SaveResult save_sharded(Communicator& comm, const std::string& root, int64_t ste
         entries.push_back({list == &model ? detail::kModel : detail::kOptim, s.name, "", s.full_shape, s.dtype, s.lo, s.hi});
         src.push_back(&s);
       }
+    // Progress of rank 0's shard (the ranks write in parallel), shown when
+    // the save takes more than a few seconds (fsdp/progress.h).
+    ProgressOptions po;
+    po.label = cat("saving ", detail::step_dir_name(step), " (rank 0 of ", world, ")");
+    po.unit = "bytes";
+    po.rank = rank;
+    for (auto* s : src) po.total += (s->hi - s->lo) * int64_t(c10::elementSize(s->dtype));
+    Progress prog(po);
+    int64_t written = 0;
     auto idx = detail::write_rank_shard(
-        tmp_dir, rank, world, std::move(entries), [&](size_t i, SafetensorsWriter& w) { w.write(src[i]->data); },
+        tmp_dir, rank, world, std::move(entries),
+        [&](size_t i, SafetensorsWriter& w) {
+          w.write(src[i]->data);
+          written += (src[i]->hi - src[i]->lo) * int64_t(c10::elementSize(src[i]->dtype));
+          prog.update(written);
+        },
         opts.fsync);
+    prog.finish();
     res.bytes_written = idx.file.bytes;
   } catch (const std::exception& e) {
     err = cat("rank ", rank, ": ", e.what());

@@ -2,20 +2,25 @@
 #include "fsdp/straggler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 
 #include "fsdp/errors.h"
 #include "fsdp/trace.h"
 
 namespace fsdp {
 
-StragglerMonitor::StragglerMonitor(CommPtr comm, double factor, int window)
-    : comm_(std::move(comm)), factor_(factor), window_(window) {
+StragglerMonitor::StragglerMonitor(CommPtr comm, double factor, int window, double min_gap_seconds)
+    : comm_(std::move(comm)), factor_(factor), window_(window), min_gap_(min_gap_seconds) {
   if (!comm_) throw Error("StragglerMonitor: expected a communicator, found null");
   if (!(factor > 1.0) || !std::isfinite(factor))
     throw Error(detail::cat("StragglerMonitor: factor must be a finite number > 1 (e.g. 1.5), found ", factor));
   if (window < 1) throw Error(detail::cat("StragglerMonitor: window must be >= 1 step, found ", window));
+  if (!(min_gap_seconds >= 0) || !std::isfinite(min_gap_seconds))
+    throw Error(detail::cat("StragglerMonitor: min_gap_seconds must be a finite number >= 0, found ", min_gap_seconds));
   streak_.assign(comm_->world_size(), 0);
 }
 
@@ -29,26 +34,36 @@ StragglerReport StragglerMonitor::observe(double step_seconds) {
   rep.step = ++steps_;
   const double* t = all.data_ptr<double>();
   rep.seconds.assign(t, t + n);
-  std::vector<double> sorted = rep.seconds;
-  std::sort(sorted.begin(), sorted.end());
-  rep.median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  auto median_of = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t m = v.size();
+    return m == 0 ? 0.0 : m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+  };
+  rep.median = median_of(rep.seconds);
 
   std::string names;
   for (int q = 0; q < n; ++q) {
-    // A rank only counts as slow against a positive median: idle steps of 0 s
-    // (or clocks that did not tick) name nobody.
-    bool slow = rep.median > 0 && rep.seconds[q] > factor_ * rep.median;
+    // Against the median of the OTHER ranks: with 2 ranks that is the other
+    // one (the median of both could never be exceeded 2x). A rank only counts
+    // as slow against a positive reference: idle steps of 0 s (or clocks that
+    // did not tick) name nobody; nor does a gap below min_gap_.
+    std::vector<double> others;
+    for (int o = 0; o < n; ++o)
+      if (o != q) others.push_back(rep.seconds[o]);
+    const double ref = median_of(others);
+    const bool slow = n > 1 && ref > 0 && rep.seconds[q] > factor_ * ref && rep.seconds[q] > ref + min_gap_;
     streak_[q] = slow ? streak_[q] + 1 : 0;
     if (streak_[q] >= window_) rep.stragglers.push_back(q);
     // Log when the streak reaches the window, then once per further window.
-    if (streak_[q] >= window_ && streak_[q] % window_ == 0)
-      names += detail::cat(names.empty() ? "" : ", ", "rank ", q, " (", rep.seconds[q], " s)");
+    if (streak_[q] >= window_ && streak_[q] % window_ == 0) {
+      char b[96];
+      std::snprintf(b, sizeof b, "rank %d (%.4g s against %.4g s)", q, rep.seconds[q], ref);
+      names += detail::cat(names.empty() ? "" : ", ", b);
+    }
   }
   if (!names.empty()) {
-    char med[32];
-    std::snprintf(med, sizeof med, "%.4g", rep.median);
     rep.message = detail::cat("fsdp: straggler at step ", rep.step, ": ", names, " slower than ", factor_,
-                              " x the median step time ", med, " s for the last ", window_,
+                              " x the median step time of the other ranks for the last ", window_,
                               " steps. Check that rank's host (CPU contention, thermal throttling, "
                               "data loading, a slow disk).");
     if (trace::enabled()) trace::instant("straggler", "step", {{"ranks", rep.stragglers}, {"median", rep.median}});
@@ -58,6 +73,97 @@ StragglerReport StragglerMonitor::observe(double step_seconds) {
     }
   }
   return rep;
+}
+
+// ---------------------------------------------------------------------------
+// Wait time: a forwarding communicator whose Work times blocking waits.
+namespace {
+
+class TimedWork final : public Work {
+ public:
+  TimedWork(WorkPtr inner, std::shared_ptr<WaitClock> clock) : inner_(std::move(inner)), clock_(std::move(clock)) {}
+  void wait() override {
+    if (inner_->is_completed()) return inner_->wait();  // rethrows an error, costs nothing
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      inner_->wait();
+    } catch (...) {
+      clock_->add(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      throw;
+    }
+    clock_->add(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  bool is_completed() const override { return inner_->is_completed(); }
+
+ private:
+  WorkPtr inner_;
+  std::shared_ptr<WaitClock> clock_;
+};
+
+class WaitClockCommunicator final : public Communicator {
+ public:
+  WaitClockCommunicator(CommPtr inner, std::shared_ptr<WaitClock> clock)
+      : inner_(std::move(inner)), clock_(std::move(clock)) {}
+
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  int local_rank() const override { return inner_->local_rank(); }
+  int local_world_size() const override { return inner_->local_world_size(); }
+  WorkPtr all_gather(const torch::Tensor& input, torch::Tensor output, const CollectiveInfo& info) override {
+    return timed(inner_->all_gather(input, std::move(output), info));
+  }
+  WorkPtr reduce_scatter(const torch::Tensor& input, torch::Tensor output, ReduceOp op,
+                         const CollectiveInfo& info) override {
+    return timed(inner_->reduce_scatter(input, std::move(output), op, info));
+  }
+  WorkPtr all_reduce(torch::Tensor tensor, ReduceOp op, const CollectiveInfo& info) override {
+    return timed(inner_->all_reduce(std::move(tensor), op, info));
+  }
+  WorkPtr broadcast(torch::Tensor tensor, int root, const CollectiveInfo& info) override {
+    return timed(inner_->broadcast(std::move(tensor), root, info));
+  }
+  WorkPtr barrier(const CollectiveInfo& info) override { return timed(inner_->barrier(info)); }
+  WorkPtr gather(const torch::Tensor& input, torch::Tensor output, int root, const CollectiveInfo& info) override {
+    return timed(inner_->gather(input, std::move(output), root, info));
+  }
+  CommCounters counters() const override { return inner_->counters(); }
+  void reset_counters() override { inner_->reset_counters(); }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  std::string describe() const override { return inner_->describe(); }
+
+ private:
+  WorkPtr timed(WorkPtr w) { return std::make_shared<TimedWork>(std::move(w), clock_); }
+  CommPtr inner_;
+  std::shared_ptr<WaitClock> clock_;
+};
+
+}  // namespace
+
+CommPtr with_wait_clock(CommPtr inner, std::shared_ptr<WaitClock> clock) {
+  if (!inner) throw Error("with_wait_clock: expected a communicator, found null");
+  if (!clock) throw Error("with_wait_clock: expected a WaitClock, found null (std::make_shared<fsdp::WaitClock>())");
+  return std::make_shared<WaitClockCommunicator>(std::move(inner), std::move(clock));
+}
+
+void inject_step_delay(int rank) {
+  const char* v = std::getenv("FSDP_INJECT_STEP_DELAY");
+  if (!v || !*v) return;
+  const std::string s(v);
+  const auto colon = s.find(':');
+  char* end = nullptr;
+  long r = -1;
+  double ms = -1;
+  if (colon != std::string::npos && colon > 0) {
+    r = std::strtol(s.c_str(), &end, 10);
+    if (end != s.c_str() + colon) r = -1;
+    ms = std::strtod(s.c_str() + colon + 1, &end);
+    if (colon + 1 == s.size() || *end != '\0' || !std::isfinite(ms)) ms = -1;
+  }
+  if (r < 0 || ms < 0 || ms > 3.6e6)
+    throw UsageError(detail::cat("FSDP_INJECT_STEP_DELAY='", s,
+                                 "': expected RANK:MS (a rank >= 0 and milliseconds 0..3600000 of sleep per step "
+                                 "on that rank, e.g. 1:50); unset it to train without an injected delay"));
+  if (r == rank) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
 }
 
 }  // namespace fsdp

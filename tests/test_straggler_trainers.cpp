@@ -1,0 +1,128 @@
+// The straggler monitor in the trainers: every step each rank's busy time
+// (wall - time blocked in collectives) is gathered; one rank slowed by
+// FSDP_INJECT_STEP_DELAY=RANK:MS is named in the log, an even run names
+// nobody; the flags and the variable are checked.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "fsdp/comm.h"
+#include "fsdp/errors.h"
+#include "fsdp/straggler.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using fsdp::testing::bin_path;
+using fsdp::testing::lines_with;
+using fsdp::testing::run_command;
+
+namespace {
+
+std::string temp_dir(const std::string& name) {
+  auto d = fs::temp_directory_path() / ("fsdp_straggler_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+// tiny on 2 ranks: 8 steps, a rank named after 3 slow steps in a row.
+fsdp::testing::ProcResult tiny(const std::string& dir, const std::vector<std::string>& env) {
+  return run_command({bin_path("fsdp"), "run", "-n", "2", "--", bin_path("tiny"), "--epochs", "8", "--accum", "1",
+                      "--straggler-factor", "2", "--straggler-window", "3", "--save", dir + "/w.safetensors"},
+                     env, 120);
+}
+
+}  // namespace
+
+TEST(StragglerTrainers, TinyNamesTheSlowedRank) {
+  const std::string d = temp_dir("tiny_slow");
+  auto r = tiny(d, {"FSDP_INJECT_STEP_DELAY=1:150"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Per-rank busy time every step, printed once (rank 0).
+  auto busy = lines_with(r.output, " busy ms per rank (wall - blocked in collectives): r0 ");
+  EXPECT_EQ(busy.size(), 8u) << r.output;
+  EXPECT_TRUE(lines_with(r.output, "[rank 1] epoch ").empty()) << r.output;
+  // Named once the window (3) is full, again after another window; never rank 0.
+  auto named = lines_with(r.output, "fsdp: straggler at step ");
+  ASSERT_EQ(named.size(), 2u) << r.output;
+  EXPECT_EQ(named[0].rfind("[rank 0] fsdp: straggler at step 3: rank 1 (", 0), 0u) << named[0];
+  EXPECT_EQ(named[1].rfind("[rank 0] fsdp: straggler at step 6: rank 1 (", 0), 0u) << named[1];
+  EXPECT_NE(named[0].find("slower than 2 x the median step time of the other ranks"), std::string::npos) << named[0];
+  fs::remove_all(d);
+}
+
+TEST(StragglerTrainers, TinyEvenRunNamesNobody) {
+  const std::string d = temp_dir("tiny_even");
+  auto r = tiny(d, {});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(lines_with(r.output, "busy ms per rank").size(), 8u) << r.output;
+  EXPECT_TRUE(lines_with(r.output, "fsdp: straggler").empty()) << r.output;
+  fs::remove_all(d);
+}
+
+TEST(StragglerTrainers, GptNamesTheSlowedRank) {
+  const std::string d = temp_dir("gpt_slow");
+  {
+    std::ofstream f(d + "/t.txt");
+    for (int i = 0; i < 300; i++) f << "hello fsdp world. ";
+  }
+  auto r = run_command({bin_path("fsdp"), "run", "-n", "2", "--", bin_path("gpt"), "--text", d + "/t.txt", "--seq",
+                        "32", "--dim", "32", "--layers", "1", "--heads", "2", "--batch", "2", "--steps", "6",
+                        "--log-every", "5", "--eval-every", "0", "--threads", "1", "--straggler-factor", "2",
+                        "--straggler-window", "3"},
+                       {"FSDP_INJECT_STEP_DELAY=0:150"}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto named = lines_with(r.output, "fsdp: straggler at step ");
+  ASSERT_EQ(named.size(), 2u) << r.output;
+  EXPECT_EQ(named[0].rfind("[rank 0] fsdp: straggler at step 3: rank 0 (", 0), 0u) << named[0];
+  // The step log shows each rank's busy time at the logged steps (0 and 5).
+  auto busy = lines_with(r.output, "| busy ms per rank (wall - blocked in collectives): r0 ");
+  ASSERT_EQ(busy.size(), 2u) << r.output;
+  EXPECT_NE(busy[1].find("  r1 "), std::string::npos) << busy[1];
+  fs::remove_all(d);
+}
+
+TEST(StragglerTrainers, BadFactorAndDelayAreClearErrors) {
+  const std::string d = temp_dir("bad");
+  for (const char* f : {"1", "0.5", "-2"}) {
+    auto r = run_command({bin_path("tiny"), "--epochs", "1", "--straggler-factor", f, "--save", ""}, {}, 60);
+    EXPECT_NE(r.exit_code, 0) << f << ": " << r.output;
+    EXPECT_NE(r.output.find("--straggler-factor"), std::string::npos) << r.output;
+    r = run_command({bin_path("gpt"), "--text", d + "/none.txt", "--straggler-factor", f}, {}, 60);
+    EXPECT_EQ(r.exit_code, 2) << f << ": " << r.output;
+    EXPECT_NE(r.output.find("--straggler-factor"), std::string::npos) << r.output;
+  }
+  auto r = run_command({bin_path("tiny"), "--epochs", "1", "--save", ""}, {"FSDP_INJECT_STEP_DELAY=slow"}, 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("FSDP_INJECT_STEP_DELAY='slow': expected RANK:MS"), std::string::npos) << r.output;
+  for (const char* v : {"1", ":5", "1:", "-1:5", "1:x", "1:5ms", "1:-3"}) {
+    ::setenv("FSDP_INJECT_STEP_DELAY", v, 1);
+    EXPECT_THROW(fsdp::inject_step_delay(0), fsdp::UsageError) << v;
+  }
+  ::setenv("FSDP_INJECT_STEP_DELAY", "1:0.5", 1);
+  EXPECT_NO_THROW(fsdp::inject_step_delay(0));
+  ::unsetenv("FSDP_INJECT_STEP_DELAY");
+  fs::remove_all(d);
+}
+
+// The wait clock counts blocking waits only, and forwards everything else.
+TEST(StragglerTrainers, WaitClockForwardsAndCounts) {
+  auto clock = std::make_shared<fsdp::WaitClock>();
+  auto c = fsdp::with_wait_clock(fsdp::make_local_communicator(), clock);
+  EXPECT_EQ(c->world_size(), 1);
+  EXPECT_EQ(c->rank(), 0);
+  auto t = torch::ones({4});
+  auto out = torch::empty({4});
+  c->all_gather(t, out)->wait();
+  EXPECT_TRUE(torch::equal(out, t));
+  EXPECT_GE(clock->seconds(), 0.0);
+  EXPECT_EQ(c->counters()[fsdp::CollectiveKind::ALL_GATHER].calls, 1);
+  EXPECT_THROW(fsdp::with_wait_clock(nullptr, clock), fsdp::Error);
+  EXPECT_THROW(fsdp::with_wait_clock(fsdp::make_local_communicator(), nullptr), fsdp::Error);
+  clock->add(0.25);
+  EXPECT_NEAR(clock->seconds(), 0.25, 0.01);
+  EXPECT_THROW(fsdp::StragglerMonitor(c, 1.5, 5, -1.0), fsdp::Error);
+}
