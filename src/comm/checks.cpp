@@ -44,6 +44,17 @@ void check_reduce(const char* what, c10::ScalarType t, ReduceOp op) {
                              " would truncate; use SUM and divide, or reduce a floating tensor"));
 }
 
+// The output of a gather: every rank's input, rank-major.
+void check_gathered(const char* what, const torch::Tensor& input, const torch::Tensor& output, int world) {
+  check_tensor(what, "output", output);
+  if (input.scalar_type() != output.scalar_type())
+    misuse(what, detail::cat("input is ", input.scalar_type(), " but output is ", output.scalar_type(),
+                             "; both must have the same dtype"));
+  if (output.numel() != world * input.numel())
+    misuse(what, detail::cat("expected output.numel() == world_size * input.numel() = ", world, " * ",
+                             input.numel(), " = ", world * input.numel(), ", found ", output.numel()));
+}
+
 CallShape shape(CollectiveKind k, const CollectiveInfo& info, const torch::Tensor& t) {
   CallShape s;
   s.kind = k;
@@ -60,13 +71,7 @@ CallShape check_all_gather(const torch::Tensor& input, const torch::Tensor& outp
                            const CollectiveInfo& info) {
   const char* what = "all_gather";
   check_tensor(what, "input", input);
-  check_tensor(what, "output", output);
-  if (input.scalar_type() != output.scalar_type())
-    misuse(what, detail::cat("input is ", input.scalar_type(), " but output is ", output.scalar_type(),
-                             "; both must have the same dtype"));
-  if (output.numel() != world * input.numel())
-    misuse(what, detail::cat("expected output.numel() == world_size * input.numel() = ", world, " * ",
-                             input.numel(), " = ", world * input.numel(), ", found ", output.numel()));
+  check_gathered(what, input, output, world);
   return shape(CollectiveKind::ALL_GATHER, info, input);
 }
 
@@ -117,13 +122,7 @@ CallShape check_gather(const torch::Tensor& input, const torch::Tensor& output, 
     if (!output.defined())
       misuse(what, detail::cat("rank ", rank, " is the root but its output tensor is undefined; pass a tensor of ",
                                world, " * ", input.numel(), " elements"));
-    check_tensor(what, "output", output);
-    if (input.scalar_type() != output.scalar_type())
-      misuse(what, detail::cat("input is ", input.scalar_type(), " but output is ", output.scalar_type(),
-                               "; both must have the same dtype"));
-    if (output.numel() != world * input.numel())
-      misuse(what, detail::cat("expected output.numel() == world_size * input.numel() = ", world, " * ",
-                               input.numel(), " = ", world * input.numel(), ", found ", output.numel()));
+    check_gathered(what, input, output, world);
   }
   CallShape s = shape(CollectiveKind::GATHER, info, input);
   s.root = root;

@@ -178,6 +178,41 @@ nlohmann::json describe_groups(const FullyShardedModel& m, const torch::optim::O
   return groups;
 }
 
+// Each parameter's optimizer step as rank 0 will save it: the largest any
+// rank holds (a rank whose slice of a tiny parameter is empty may hold no
+// state for it). Collective; the result is meaningful on rank 0.
+std::vector<int64_t> saved_steps(const ShardedState& st, const torch::optim::Optimizer* opt, OptKind k,
+                                 const std::vector<const ParamSlot*>& all) {
+  auto steps = torch::zeros({static_cast<int64_t>(all.size())}, torch::kLong);
+  auto acc = steps.accessor<int64_t, 1>();
+  for (size_t i = 0; i < all.size(); ++i) acc[i] = state_step(find_state(opt, *all[i]), k);
+  const bool root = st.rank() == 0;
+  torch::Tensor gathered = root ? torch::empty({st.world() * steps.numel()}, torch::kLong) : torch::Tensor();
+  st.comm->gather(steps, gathered, 0, {"optimizer steps"})->wait();
+  std::vector<int64_t> out(all.size(), 0);
+  if (root && !all.empty()) {
+    auto best = std::get<0>(gathered.view({st.world(), -1}).max(0));
+    for (size_t i = 0; i < all.size(); ++i) out[i] = best[i].item<int64_t>();
+  }
+  return out;
+}
+
+// Rank 0's writer of a full file; an error opening it is kept in `error`
+// for the agreement at the end (the other ranks still take part in the
+// gathers, so nobody hangs).
+std::unique_ptr<ckpt::SafetensorsWriter> open_writer(const ShardedState& st, const std::string& path,
+                                                     const std::vector<ckpt::TensorSpec>& specs,
+                                                     const std::map<std::string, std::string>& md,
+                                                     std::string& error) {
+  if (st.rank() != 0) return nullptr;
+  try {
+    return std::make_unique<ckpt::SafetensorsWriter>(path, specs, md);
+  } catch (const std::exception& e) {
+    error = e.what();
+    return nullptr;
+  }
+}
+
 // Every rank learns whether rank 0's write failed, so a failed save throws
 // everywhere and nobody hangs.
 void agree(Communicator& comm, const std::string& error, const std::string& what) {
@@ -209,13 +244,12 @@ ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::O
   const bool no_shard = model.options().strategy == ShardingStrategy::NO_SHARD;
   std::vector<ckpt::Slice> optim;
   nlohmann::json steps = nlohmann::json::object();
-  for (auto* s : slots(model)) {
-    const torch::optim::OptimizerParamState* st = nullptr;
-    if (opt) {
-      auto it = opt->state().find(compat::optimizer_state_key(s->shard_view));
-      if (it != opt->state().end()) st = it->second.get();
-    }
-    steps[s->name] = state_step(st, k);
+  const auto all = slots(model);
+  const auto step_of = saved_steps(model.state(), opt, k, all);
+  for (size_t i = 0; i < all.size(); ++i) {
+    const ParamSlot* s = all[i];
+    const torch::optim::OptimizerParamState* st = find_state(opt, *s);
+    steps[s->name] = step_of[i];
     auto [lo, hi] = saved_range(model, *s);
     for (auto& f : state_fields(k, ams)) {
       torch::Tensor t = state_tensor(st, k, f);
@@ -310,7 +344,6 @@ void save_full(const FullyShardedModel& model, const std::string& path) {
   auto& st = model.state();
   st.wait_pending();
   trace::Span span("checkpoint_save_full", "ckpt");
-  const bool writer = st.rank() == 0;
   std::vector<ckpt::TensorSpec> specs;
   for (auto& u : st.units)
     for (auto& s : u->params) {
@@ -322,13 +355,8 @@ void save_full(const FullyShardedModel& model, const std::string& path) {
 
   // Rank 0 streams unit by unit; the others only send their shards. A
   // failure to write on rank 0 is agreed on at the end so no rank hangs.
-  std::unique_ptr<ckpt::SafetensorsWriter> w;
   std::string error;
-  try {
-    if (writer) w = std::make_unique<ckpt::SafetensorsWriter>(path, specs, std::map<std::string, std::string>{{"format", "pt"}});
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  auto w = open_writer(st, path, specs, {{"format", "pt"}}, error);
   torch::NoGradGuard ng;
   for (auto& u : st.units) {
     if (u->empty()) continue;
@@ -356,15 +384,8 @@ void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimiz
   const OptKind k = kind_of(&opt);
   const bool ams = amsgrad_of(&opt, k);
   const auto fields = state_fields(k, ams);
-  const bool writer = st.rank() == 0;
   const auto all = slots(model);
-
-  // Steps: a rank whose shard of a parameter is empty may hold no state for
-  // it, so rank 0 takes the largest step any rank holds.
-  auto steps = torch::zeros({static_cast<int64_t>(all.size())}, torch::kLong);
-  for (size_t i = 0; i < all.size(); ++i) steps[i] = state_step(find_state(&opt, *all[i]), k);
-  torch::Tensor all_steps = writer ? torch::empty({st.world() * steps.numel()}, torch::kLong) : torch::Tensor();
-  st.comm->gather(steps, all_steps, 0, {"save_full_optim steps"})->wait();
+  const auto steps = saved_steps(st, &opt, k, all);
 
   // Data order: unit by unit, field by field, parameter by parameter, so
   // each gathered [padded] buffer is written out before the next is made;
@@ -375,18 +396,12 @@ void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimiz
       for (auto& s : u->params) specs.push_back({s.name + "." + f, s.shape, torch::kFloat32});
   for (auto* s : all) specs.push_back({s->name + ".step", {}, torch::kLong});
 
-  std::unique_ptr<ckpt::SafetensorsWriter> w;
   std::string error;
-  try {
-    if (writer)
-      w = std::make_unique<ckpt::SafetensorsWriter>(
-          path, specs,
-          std::map<std::string, std::string>{{"format", "fsdp-optim"},
-                                             {"optimizer", kind_name(k)},
-                                             {"param_groups", describe_groups(model, opt, k).dump()}});
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  auto w = open_writer(st, path, specs,
+                       {{"format", "fsdp-optim"},
+                        {"optimizer", kind_name(k)},
+                        {"param_groups", describe_groups(model, opt, k).dump()}},
+                       error);
   torch::NoGradGuard ng;
   for (auto& u : st.units) {
     if (u->empty()) continue;
@@ -400,8 +415,7 @@ void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimiz
     }
   }
   if (w && error.empty()) try {
-      auto best = std::get<0>(all_steps.view({st.world(), -1}).max(0));
-      for (size_t i = 0; i < all.size(); ++i) w->write(best.narrow(0, i, 1));
+      for (auto step : steps) w->write(torch::tensor({step}, torch::kLong));
       w->finish();
     } catch (const std::exception& e) {
       error = e.what();
