@@ -80,8 +80,18 @@ TEST(Plan, LedgerAndTrafficExactForTwoRanks) {
   EXPECT_EQ(p.rest, 4903168 * 4 * 4 / 2);  // (P+G+O)/N
   EXPECT_EQ(p.P_block, 789760 * 4);
   EXPECT_EQ(p.P_block_unit, "blocks.0");
-  EXPECT_EQ(p.working, 2 * 789760 * 4);  // the unit and its unsharded gradient
+  // With (almost) no activations the first reduce-scatter is the peak: the
+  // root unit and blocks.N-2 gathered, the root's gradient, blocks.N-1's
+  // gradient in flight and the ring's staging (5 slots of a quarter of the
+  // 1.5 MiB shard: 4 pieces of <= 512 KiB).
+  EXPECT_EQ(p.staging, 5 * (394880 / 4) * 4);
+  EXPECT_EQ(p.working, 164608 * 4 + 789760 * 4 + 164608 * 4 + 789760 * 4 + p.staging);
+  EXPECT_EQ(p.peak_at, "first reduce-scatter");
   EXPECT_EQ(p.peak, p.rest + p.working + 1000);
+  // With activations the backward start is: root + the block unsharded.
+  Plan big = make_plan(gpt_units(s, "block"), 100 << 20, opts(2), 20 << 20);
+  EXPECT_EQ(big.peak_at, "backward start");
+  EXPECT_EQ(big.working, 164608 * 4 + 789760 * 4);
   // FULL_SHARD 3P(N-1)/N, SHARD_GRAD_OP and DDP 2P(N-1)/N
   EXPECT_EQ(p.full_shard.total(), 3 * 4903168 * 4 / 2);
   EXPECT_EQ(p.full_shard.all_gather, 2 * 4903168 * 4 / 2);
@@ -143,17 +153,17 @@ TEST(Plan, RecommendFollowsTheSeedsDecisionTree) {
   EXPECT_EQ(r.strategy, ShardingStrategy::NO_SHARD);
   EXPECT_NE(r.why.find("NO_SHARD"), std::string::npos);
   // Just below the replica's peak: SHARD_GRAD_OP.
-  Plan ns = make_plan(cands[0].units, A, opts(4, ShardingStrategy::NO_SHARD));
+  Plan ns = make_plan(cands[0].units, A, opts(4, ShardingStrategy::NO_SHARD), cands[0].released);
   r = recommend(cands, A, o, ns.peak);  // 90% rule: NO_SHARD no longer fits
   EXPECT_TRUE(r.fits);
   EXPECT_EQ(r.strategy, ShardingStrategy::SHARD_GRAD_OP);
   // Tight: FULL_SHARD, and the wrapping gets finer as the budget shrinks.
-  Plan fb = make_plan(gpt_units(s, "block"), A, opts(4));
+  Plan fb = make_plan(gpt_units(s, "block"), A, opts(4), gpt_released(s, "block"));
   r = recommend(cands, A, o, int64_t(fb.peak / 0.9) + 1);
   EXPECT_TRUE(r.fits);
   EXPECT_EQ(r.strategy, ShardingStrategy::FULL_SHARD);
   EXPECT_EQ(r.wrap, "block");
-  Plan fine = make_plan(cands.back().units, A, opts(4));
+  Plan fine = make_plan(cands.back().units, A, opts(4), cands.back().released);
   r = recommend(cands, A, o, int64_t(fine.peak / 0.9) + 1);
   EXPECT_EQ(r.strategy, ShardingStrategy::FULL_SHARD);
   EXPECT_NE(r.wrap, "block");

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "cli_checks.h"
 #include "command.h"
 #include "fsdp/memory.h"
 #include "fsdp/plan.h"
@@ -23,19 +24,23 @@ int cmd_plan(int argc, char** argv) {
                "and recommend a strategy under a memory budget (the seed's ledger and decision tree)",
                "fsdp plan"};
   app.add_option("--model", model, "model family (gpt: GPT-mini of GPT_MINI.md)")->capture_default_str();
-  app.add_option("--layers", s.layers, "L: transformer blocks")->capture_default_str();
-  app.add_option("--dim", s.dim, "d: width")->capture_default_str();
-  app.add_option("--heads", s.heads, "h: attention heads")->capture_default_str();
-  app.add_option("--vocab", s.vocab, "V: vocabulary")->capture_default_str();
-  app.add_option("--seq", s.seq, "T: context length")->capture_default_str();
-  app.add_option("--batch", s.batch, "B: micro-batch per rank")->capture_default_str();
-  app.add_option("--world,-n", world, "N: ranks")->capture_default_str();
+  app.add_option("--layers", s.layers, "L: transformer blocks")->capture_default_str()->check(fsdp::cli::integer(0, 10000));
+  app.add_option("--dim", s.dim, "d: width")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 20));
+  app.add_option("--heads", s.heads, "h: attention heads")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 20));
+  app.add_option("--vocab", s.vocab, "V: vocabulary")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 24));
+  app.add_option("--seq", s.seq, "T: context length")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 24));
+  app.add_option("--batch", s.batch, "B: micro-batch per rank")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 24));
+  app.add_option("--world,-n", world, "N: ranks")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 20));
   app.add_option("--strategy", strategy, "full|grad-op|none|auto (auto needs --budget)")->capture_default_str();
   app.add_option("--wrap", wrap, "block|none|size:N (N parameters)")->capture_default_str();
   app.add_option("--dtype", dtype, "compute / communication dtype: fp32|bf16")->capture_default_str();
   app.add_option("--optimizer", optimizer, "adam|sgd (with momentum)|sgd-plain")->capture_default_str();
-  app.add_option("--micro-steps", micro_steps, "gradient accumulation steps per optimizer step")->capture_default_str();
-  app.add_option("--prefetch", prefetch, "units all-gathered ahead of the computing one")->capture_default_str();
+  app.add_option("--micro-steps", micro_steps, "gradient accumulation steps per optimizer step")
+      ->capture_default_str()
+      ->check(fsdp::cli::integer(1, 1 << 20));
+  app.add_option("--prefetch", prefetch, "units all-gathered ahead of the computing one")
+      ->capture_default_str()
+      ->check(fsdp::cli::integer(0, 10000));
   app.add_option("--budget", budget_text, "memory per rank, e.g. 2GiB: recommend strategy and wrapping");
   app.add_option("--bandwidth", bandwidth_text, "link rate per rank for time estimates, e.g. 2GB/s");
   app.add_flag("--measure", measure, "measure this host's loopback TCP rate and use it as --bandwidth");
@@ -49,22 +54,48 @@ int cmd_plan(int argc, char** argv) {
     std::fprintf(stderr, "fsdp plan: usage error: %s\nrun 'fsdp plan --help' for the flags\n", e.what());
     return 2;
   }
-  if (model != "gpt") throw fsdp::UsageError("--model: expected gpt, found '" + model + "'");
-  if (dtype != "fp32" && dtype != "bf16") throw fsdp::UsageError("--dtype: expected fp32|bf16, found '" + dtype + "'");
-  s.validate();
-
+  // Everything below checks the user's input: a bad value is a usage error (exit 2).
   PlanOptions o;
-  o.world = world;
-  o.param_bytes = dtype == "bf16" ? 2 : 4;
-  o.optimizer = parse_optimizer(optimizer);
-  o.micro_steps = micro_steps;
-  o.prefetch = prefetch;
+  decltype(parse_strategy_or_auto(strategy)) chosen;
+  int64_t budget = 0;
+  try {
+    if (model != "gpt") throw fsdp::UsageError("--model: expected gpt, found '" + model + "'");
+    if (dtype != "fp32" && dtype != "bf16") throw fsdp::UsageError("--dtype: expected fp32|bf16, found '" + dtype + "'");
+    s.validate();
+    // The planner counts bytes in int64: keep every term far from overflowing.
+    const long double P = (long double)s.num_params(), B = s.batch, T = s.seq, V = s.vocab, h = s.heads,
+                      d = s.dim, L = s.layers;
+    const long double terms[] = {P * 16, B * h * T * T * 8 * (L + 1), B * T * V * 16,
+                                 B * T * d * 64 * (L + 1)};
+    for (long double t : terms)
+      if (t > (long double)(int64_t(1) << 60))
+        throw fsdp::UsageError(
+            "--layers/--dim/--heads/--vocab/--seq/--batch: this model's memory terms exceed 2^60 bytes "
+            "(an exabyte per rank), beyond what the planner computes; expected smaller values");
+    o.world = world;
+    o.param_bytes = dtype == "bf16" ? 2 : 4;
+    o.optimizer = parse_optimizer(optimizer);
+    o.micro_steps = micro_steps;
+    o.prefetch = prefetch;
+    if (!bandwidth_text.empty()) parse_bandwidth(bandwidth_text);  // checked here, used below
+    chosen = parse_strategy_or_auto(strategy);
+    if (!budget_text.empty()) {
+      try {
+        budget = fsdp::memory::parse_bytes(budget_text);
+      } catch (const fsdp::Error& e) {
+        throw fsdp::UsageError(std::string("--budget: ") + e.what());
+      }
+    }
+    if (!chosen && budget <= 0)
+      throw fsdp::UsageError("--strategy auto needs --budget (e.g. --budget 2GiB) to decide.");
+    gpt_units(s, wrap);  // checks --wrap
+  } catch (const fsdp::UsageError&) {
+    throw;
+  } catch (const fsdp::Error& e) {
+    throw fsdp::UsageError(e.what());
+  }
   if (measure) o.bandwidth = measure_loopback_bandwidth();
   if (!bandwidth_text.empty()) o.bandwidth = parse_bandwidth(bandwidth_text);
-  auto chosen = parse_strategy_or_auto(strategy);
-  int64_t budget = budget_text.empty() ? 0 : fsdp::memory::parse_bytes(budget_text);
-  if (!chosen && budget <= 0)
-    throw fsdp::UsageError("--strategy auto needs --budget (e.g. --budget 2GiB) to decide.");
 
   ActivationEstimate act = gpt_activations(s, o.param_bytes);
   char head[256];
@@ -80,13 +111,13 @@ int cmd_plan(int argc, char** argv) {
   Plan plan;
   if (chosen) {
     o.strategy = *chosen;
-    plan = make_plan(gpt_units(s, wrap), act.total, o);
+    plan = make_plan(gpt_units(s, wrap), act.total, o, gpt_released(s, wrap, o.param_bytes));
     text += plan.str();
     j["plan"] = plan.to_json();
     j["wrap"] = wrap;
   }
   if (budget > 0) {
-    Recommendation r = recommend(gpt_candidates(s), act.total, o, budget);
+    Recommendation r = recommend(gpt_candidates(s, o.param_bytes), act.total, o, budget);
     std::string verdict = std::string(r.fits ? "recommended: " : "closest (does NOT fit): ") +
                           strategy_name(r.strategy) + " with --wrap " + r.wrap;
     if (!chosen) {

@@ -19,7 +19,12 @@
 //   G_block   its unsharded gradient before the reduce-scatter
 //   A         activations kept for backward (+ the head's transient gradients)
 //   peak      rest + working set + A, where the working set is
-//               FULL_SHARD     P_block * (1 + prefetch) + G_block
+//               FULL_SHARD     the larger of two moments (measured on the
+//                              engine, tests/test_plan_accuracy.cpp):
+//                 backward start   root unit + P_block * (1 + prefetch)
+//                 first reduce     the same + the root's gradient + G_block
+//                                  in flight + the ring's staging
+//                                  - the activations already released
 //               SHARD_GRAD_OP  every unit unsharded (kept from forward to backward) + G_block
 //               NO_SHARD       nothing extra (fp32), the compute-dtype copy otherwise
 //   traffic   bytes this rank SENDS per optimizer step (ring algorithms):
@@ -89,6 +94,8 @@ struct Plan {
   int64_t P_block = 0, G_block = 0;
   std::string P_block_unit;
   int64_t working = 0;  // unsharded parameters / gradients at the peak (see above)
+  int64_t staging = 0;  // the reduce-scatter ring's buffers (FULL_SHARD's working set counts them)
+  std::string peak_at;  // "backward start" or "first reduce-scatter"
   int64_t A = 0;
   int64_t peak = 0;
   Traffic traffic;                                  // for options.strategy
@@ -100,7 +107,12 @@ struct Plan {
 };
 
 // Pads every unit to a multiple of N and applies the formulas above.
-Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, const PlanOptions& opts);
+// units[0] is the root. released_activation_bytes: activations freed before
+// the second unit's backward starts (those of the unit computed last in
+// forward and of what follows it, e.g. GPT's last block and head); 0 when
+// unknown (the plan then errs high).
+Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, const PlanOptions& opts,
+               int64_t released_activation_bytes = 0);
 Traffic traffic(ShardingStrategy s, int64_t padded_numel, const PlanOptions& opts);
 
 // The units of a wrapped model (fully_shard's unit table).
@@ -121,6 +133,7 @@ inline std::vector<UnitSpec> units_from(const std::vector<UnitInfo>& infos) {
 struct Candidate {
   std::string wrap;  // e.g. "none", "block", "size:65536" (coarse to fine)
   std::vector<UnitSpec> units;
+  int64_t released = 0;  // make_plan's released_activation_bytes
 };
 
 struct Recommendation {
@@ -166,7 +179,11 @@ ActivationEstimate gpt_activations(const GptShape& s, int act_bytes = 4);
 
 // Wrappings to try for GPT, coarse to fine: none, block, then size-based
 // thresholds that split blocks into their Linear layers.
-std::vector<Candidate> gpt_candidates(const GptShape& s);
+std::vector<Candidate> gpt_candidates(const GptShape& s, int act_bytes = 4);
+// Activations freed before the second unit's backward for a GPT wrapping:
+// the last block's and the head's with one unit per block, the head's with a
+// size-based wrapping, everything (the whole A) with one unit.
+int64_t gpt_released(const GptShape& s, const std::string& wrap, int act_bytes = 4);
 
 // ---------------------------------------------------------------------------
 // Bandwidth.

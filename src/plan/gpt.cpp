@@ -106,17 +106,22 @@ std::vector<UnitSpec> gpt_units(const GptShape& s, const std::string& wrap) {
   throw UsageError("--wrap: expected block|none|size:N, found '" + wrap + "'");
 }
 
-std::vector<Candidate> gpt_candidates(const GptShape& s) {
+int64_t gpt_released(const GptShape& s, const std::string& wrap, int act_bytes) {
+  const ActivationEstimate e = gpt_activations(s, act_bytes);
+  if (wrap == "none") return e.total;
+  if (wrap == "block") return e.per_block + e.head;
+  return e.head;  // size-based: the last unit is a Linear of the last block
+}
+
+std::vector<Candidate> gpt_candidates(const GptShape& s, int act_bytes) {
   const int64_t d = s.dim;
   std::vector<Candidate> c;
-  c.push_back({"none", gpt_units(s, "none")});
-  c.push_back({"block", gpt_units(s, "block")});
+  auto add = [&](const std::string& w) { c.push_back({w, gpt_units(s, w), gpt_released(s, w, act_bytes)}); };
+  add("none");
+  add("block");
   // Finer: split each block into its large Linear layers. 3d^2 wraps qkv, fc,
   // out (proj and the norms stay in the block's unit); d^2 wraps proj too.
-  for (int64_t t : {3 * d * d, d * d}) {
-    std::string w = "size:" + std::to_string(t);
-    c.push_back({w, gpt_units(s, w)});
-  }
+  for (int64_t t : {3 * d * d, d * d}) add("size:" + std::to_string(t));
   return c;
 }
 

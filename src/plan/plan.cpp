@@ -63,7 +63,25 @@ Traffic traffic(ShardingStrategy s, int64_t padded, const PlanOptions& o) {
   return t;
 }
 
-Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, const PlanOptions& opts) {
+// The reduce-scatter ring's staging (src/comm/ring.cpp): 3 receive and 2
+// send slots of one piece each; a piece is the largest shard cut into
+// pieces of at most 512 KiB. One rank has no ring.
+static int64_t ring_staging_bytes(const std::vector<UnitPlan>& units, const PlanOptions& o) {
+  if (o.world <= 1) return 0;
+  constexpr int64_t kSlots = 3 + 2, kPiece = int64_t(512) << 10;
+  int64_t staging = 0;
+  for (auto& u : units) {
+    const int64_t shard = u.shard_numel * o.reduce();
+    if (shard == 0) continue;
+    const int64_t pieces = (shard + kPiece - 1) / kPiece;
+    const int64_t slot = (u.shard_numel + pieces - 1) / pieces * o.reduce();
+    staging = std::max(staging, kSlots * slot);
+  }
+  return staging;
+}
+
+Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, const PlanOptions& opts,
+               int64_t released_activation_bytes) {
   opts.validate();
   FSDP_USER_CHECK(!units.empty(), "plan: expected at least one unit, found none.");
   Plan p;
@@ -99,19 +117,45 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
   p.rest = p.P + p.G + p.O;
   switch (opts.strategy) {
     case ShardingStrategy::FULL_SHARD: {
-      // The computing unit plus the prefetched ones: the next largest units.
+      // Two moments compete for the peak (the engine: src/unit/reduce.cpp,
+      // src/comm/ring.cpp):
+      //  backward start: every activation alive, the root unit (the model's
+      //    own parameters, here the head) and the computing unit plus the
+      //    prefetched ones unsharded;
+      //  the first reduce-scatter: the unit that finished backward handed
+      //    its gradients to the reduce (G_block, in flight) and the ring's
+      //    staging buffers exist, the next unit is gathered, the root keeps
+      //    its unsharded gradients until backward ends; the activations of
+      //    the units already done are gone (`released`).
+      //  With a single unit the reduce happens when every activation is
+      //  gone: its parameters are resharded first, its gradient is copied
+      //  into the flat reduce buffer (2 x G_block for a moment), then the
+      //  ring's staging joins the buffer.
       std::vector<int64_t> sizes;
-      for (auto& u : p.units) sizes.push_back(u.unsharded_bytes);
+      for (size_t i = 1; i < p.units.size(); ++i) sizes.push_back(p.units[i].unsharded_bytes);
       std::sort(sizes.rbegin(), sizes.rend());
-      for (int i = 0; i <= opts.prefetch && i < (int)sizes.size(); ++i) p.working += sizes[i];
-      p.working += p.G_block;
+      int64_t gathered = p.units[0].unsharded_bytes;
+      for (int i = 0; i <= opts.prefetch && i < (int)sizes.size(); ++i) gathered += sizes[i];
+      p.staging = ring_staging_bytes(p.units, opts);
+      const int64_t at_start = gathered;  // + A
+      int64_t at_reduce;                  // + A
+      if (p.units.size() == 1) {
+        at_reduce = p.G_block + std::max(p.G_block, p.staging) - activation_bytes;
+      } else {
+        const int64_t root_grad = p.units[0].padded_numel * opts.param_bytes;
+        at_reduce = gathered + root_grad + p.G_block + p.staging - std::min(released_activation_bytes, activation_bytes);
+      }
+      p.working = std::max(at_start, at_reduce);
+      p.peak_at = at_start >= at_reduce ? "backward start" : "first reduce-scatter";
       break;
     }
     case ShardingStrategy::SHARD_GRAD_OP:
       p.working = p.padded_numel * opts.param_bytes + p.G_block;
+      p.peak_at = "backward start";
       break;
     case ShardingStrategy::NO_SHARD:
       p.working = opts.param_bytes != opts.master_bytes ? p.padded_numel * opts.param_bytes : 0;
+      p.peak_at = "backward start";
       break;
   }
   p.A = activation_bytes;
@@ -160,7 +204,10 @@ std::string Plan::str() const {
   os << line("rest = P + G + O", b(rest), ns ? "" : "(P+G+O)/N, the seed's ledger");
   os << line("P_block (largest unit)", b(P_block), "unit " + (P_block_unit.empty() ? std::string("<root>") : P_block_unit));
   std::string wnote = o.strategy == ShardingStrategy::FULL_SHARD
-                          ? "P_block x " + std::to_string(1 + o.prefetch) + " + its unsharded grad " + b(G_block)
+                          ? (peak_at == "backward start"
+                                 ? "at backward start: root unit + P_block x " + std::to_string(1 + o.prefetch)
+                                 : "at the first reduce-scatter: gathered units + grads in flight + ring staging " +
+                                       b(staging) + " - activations freed")
                       : o.strategy == ShardingStrategy::SHARD_GRAD_OP
                           ? "all units unsharded fwd->bwd + grad of one unit"
                           : (working ? "compute-dtype copy" : "none (computes on the replica)");
@@ -227,6 +274,8 @@ nlohmann::json Plan::to_json() const {
           {"G_block", G_block},
           {"P_block_unit", P_block_unit},
           {"working", working},
+          {"staging", staging},
+          {"peak_at", peak_at},
           {"A", A},
           {"peak", peak},
           {"traffic", tj(traffic)},
