@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <sstream>
 
+#include "checkpoint/crc32c.h"
 #include "fsdp/checkpoint.h"
 #include "test_checkpoint_util.h"
 
@@ -270,6 +272,58 @@ TEST(CheckpointSharded, MetadataDamageAndWrongVersion) {
   spit(mp, orig.substr(0, orig.size() / 2));
   errs = load_expect_fail(root, 2, model, {});
   EXPECT_TRUE(any_contains(errs, "not a valid JSON object")) << errs[0];
+}
+
+// Integers read from metadata.json that become ints (rank, world size, file
+// index, format version) are range-checked: 2^32 + 1 must not wrap to 1. Each
+// case re-signs the damaged JSON, so it is the range check that answers.
+TEST(CheckpointSharded, MetadataIntegersOutOfRangeAreRejected) {
+  auto root = tmpdir("meta_range");
+  auto model = make_param_set();
+  save_at(root, 2, 1, model);
+  const std::string mp = root + "/step-000001/metadata.json";
+  const auto orig = nlohmann::json::parse(slurp(mp));
+  auto resigned = [](nlohmann::json j) {
+    j.erase("checksum");
+    std::string body = j.dump();
+    j["checksum"] = detail::crc32c_hex(detail::crc32c(body.data(), body.size()));
+    return j.dump(1);
+  };
+  const std::string first_tensor = orig["tensors"]["model"].begin().key();
+  const uint64_t wrap1 = (uint64_t(1) << 32) + 1;  // static_cast<int> would give 1
+  struct Case {
+    const char* what;
+    std::function<void(nlohmann::json&)> damage;
+    std::string want;
+  };
+  std::vector<Case> cases = {
+      {"world_size 2^32+2", [&](auto& j) { j["world_size"] = wrap1 + 1; }, "field \"world_size\" expected an integer in [1, "},
+      {"world_size -1", [&](auto& j) { j["world_size"] = -1; }, "field \"world_size\" expected an integer in [1, "},
+      {"format_version 2^32+1", [&](auto& j) { j["format_version"] = wrap1; }, "field \"format_version\" expected an integer in [0, 2147483647], found 4294967297"},
+      {"file rank 2^32+1", [&](auto& j) { j["files"][1]["rank"] = wrap1; }, "files[1]: field \"rank\" expected an integer in [0, "},
+      {"file rank >= world", [&](auto& j) { j["files"][1]["rank"] = 2; }, "files[1]: field \"rank\" expected an integer in [0, 1], found 2"},
+      {"file rank -1", [&](auto& j) { j["files"][0]["rank"] = -1; }, "files[0]: field \"rank\" expected an integer in [0, "},
+      {"piece file 2^32+1", [&](auto& j) { j["tensors"]["model"][first_tensor]["pieces"][0]["file"] = wrap1; },
+       "field \"file\" expected an integer in [0, 1], found 4294967297"},
+      {"piece file -1", [&](auto& j) { j["tensors"]["model"][first_tensor]["pieces"][0]["file"] = -1; },
+       "field \"file\" expected an integer in [0, 1], found -1"},
+      {"step 2^64-1", [&](auto& j) { j["step"] = ~uint64_t(0); }, "field \"step\" expected an integer in [0, "},
+      {"step -5", [&](auto& j) { j["step"] = -5; }, "field \"step\" expected an integer in [0, "},
+      {"bytes 2^64-1", [&](auto& j) { j["files"][0]["bytes"] = ~uint64_t(0); }, "field \"bytes\" expected a 64-bit signed integer"},
+  };
+  for (auto& c : cases) {
+    auto j = orig;
+    c.damage(j);
+    spit(mp, resigned(j));
+    auto errs = load_expect_fail(root, 2, model, {});
+    EXPECT_TRUE(any_contains(errs, "metadata.json': ")) << c.what << ": " << errs[0];
+    EXPECT_TRUE(any_contains(errs, c.want)) << c.what << ": " << errs[0];
+    EXPECT_TRUE(any_contains(errs, "use another checkpoint")) << c.what << ": " << errs[0];
+    auto faults = verify_checkpoint(root);
+    EXPECT_FALSE(faults.empty()) << c.what;
+  }
+  spit(mp, resigned(orig));  // the re-signing itself is sound
+  load_and_check(root, 2, 1, model);
 }
 
 TEST(CheckpointSharded, MismatchedModelsEachGiveTheirMessage) {

@@ -6,8 +6,16 @@
 // FSDP_FAULT_RUNS (default 3) sets how many faulty runs; each prints one line
 // "fault run i: killed rank r after t ms, detected in d ms, restarts k,
 // resumed at step s (redone n), weights equal|DIFFER".
+//
+// The GPT-mini test (GptMiniSigkillAnywhereLosesNothing) does the same with
+// build/bin/gpt (tiny dimensions, --ckpt-every 5 --resume): half of its runs
+// kill a random rank the moment a checkpoint save starts (inotify sees rank
+// 0 create the save's .tmp-step-N directory), the other half at a random
+// time. FSDP_GPT_FAULT_RUNS (default 4) sets how many.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <poll.h>
+#include <sys/inotify.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -151,6 +159,172 @@ TEST(ReliabilityRestart, SigkillOfARandomRankLosesNothing) {
   std::printf("fault summary: runs %d, killed %d, restarts %d, weight mismatches %d\n", runs, killed_runs,
               total_restarts, mismatches);
   if (mismatches == 0 && !HasFailure()) fs::remove_all(root);
+}
+
+// ---------------------------------------------------------------------------
+// GPT-mini: SIGKILL anywhere, including inside a checkpoint save.
+
+// "[rank 0] step    12 | loss ..." -> the largest step number rank 0 logged
+// in `text` (-1 when none).
+int last_logged_step(const std::string& text) {
+  int last = -1;
+  for (size_t at = text.find("[rank 0] step "); at != std::string::npos; at = text.find("[rank 0] step ", at + 1)) {
+    const char* p = text.c_str() + at + 14;
+    while (*p == ' ') ++p;
+    if (*p >= '0' && *p <= '9') last = std::max(last, std::atoi(p));
+  }
+  return last;
+}
+
+TEST(ReliabilityRestart, GptMiniSigkillAnywhereLosesNothing) {
+  const std::string gpt = fsdp::testing::bin_path("gpt"), fsdp_bin = fsdp::testing::bin_path("fsdp");
+  if (!fs::exists(gpt)) GTEST_SKIP() << "build/bin/gpt is not built (cmake --build BUILD --target gpt)";
+  const char* runs_env = std::getenv("FSDP_GPT_FAULT_RUNS");
+  const int runs = runs_env ? std::atoi(runs_env) : 4;
+  const int steps = 40, every = 5;
+  auto root = fs::temp_directory_path() / ("fsdp-gpt-fault-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  {
+    std::ofstream t(root / "text.txt");
+    for (int i = 0; i < 400; ++i) t << "the quick brown fox " << i << " jumps over the lazy dog.\n";
+  }
+  auto cmd = [&](const std::string& dir, int restarts) {
+    return std::vector<std::string>{
+        fsdp_bin, "run", "-n", "2", "--max-restarts", std::to_string(restarts), "--", gpt,
+        "--text", (root / "text.txt").string(), "--seq", "32", "--dim", "48", "--layers", "2", "--heads", "2",
+        "--batch", "4", "--steps", std::to_string(steps), "--warmup", "4", "--lr", "3e-3", "--eval-every", "0",
+        "--log-every", "1", "--threads", "1", "--ckpt-dir", dir + "/ckpt", "--ckpt-every", std::to_string(every),
+        "--resume", "--save", dir + "/final.safetensors"};
+  };
+
+  fs::create_directories(root / "ref");
+  auto t0 = Clock::now();
+  pid_t ref = spawn(cmd((root / "ref").string(), 0), (root / "ref.log").string(), (root / "ref").string());
+  ASSERT_EQ(wait_exit(ref, 120), 0) << slurp((root / "ref.log").string());
+  const double ref_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  const std::string want = slurp((root / "ref/final.safetensors").string());
+  ASSERT_FALSE(want.empty());
+  const std::string ref_log = slurp((root / "ref.log").string());
+  ASSERT_EQ(last_logged_step(ref_log), steps - 1) << ref_log;
+
+  std::mt19937 rng(std::random_device{}());
+  int mismatches = 0, total_restarts = 0, killed = 0, killed_in_save = 0, lost_total = 0, redone_total = 0;
+  double detect_max = 0;
+  for (int i = 0; i < runs; ++i) {
+    const bool in_save = i % 2 == 0;
+    auto dir = root / ("run" + std::to_string(i));
+    fs::create_directories(dir / "ckpt");
+    const std::string log = (dir / "log").string();
+    const int ino = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    ASSERT_GE(ino, 0);
+    ASSERT_GE(inotify_add_watch(ino, (dir / "ckpt").c_str(), IN_CREATE), 0);
+    const int victim = std::uniform_int_distribution<>(0, 1)(rng);
+    // in_save: the k-th save (of steps/every - 1 periodic ones); else a time.
+    const int target_save = std::uniform_int_distribution<>(1, steps / every - 2)(rng);
+    const int kill_ms = static_cast<int>(ref_ms * std::uniform_real_distribution<>(0.3, 0.9)(rng));
+    auto start = Clock::now();
+    pid_t launcher = spawn(cmd(dir.string(), 3), log, dir.string());
+    int saves_seen = 0;
+    bool fired = false, tmp_left = false;
+    std::string tmp_name;
+    int before_kill = -1;
+    while (!fired && Clock::now() - start < std::chrono::seconds(60)) {
+      siginfo_t si{};
+      if (waitid(P_PID, launcher, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid != 0) break;  // ended
+      bool now = false;
+      if (in_save) {
+        pollfd p{ino, POLLIN, 0};
+        if (poll(&p, 1, 5) > 0) {
+          alignas(inotify_event) char buf[4096];
+          ssize_t n = read(ino, buf, sizeof buf);
+          for (ssize_t at = 0; at < n;) {
+            auto* ev = reinterpret_cast<inotify_event*>(buf + at);
+            std::string name = ev->len ? ev->name : "";
+            if (name.rfind(".tmp-step-", 0) == 0 && ++saves_seen == target_save) {
+              now = true;
+              tmp_name = name;
+            }
+            at += sizeof(inotify_event) + ev->len;
+          }
+        }
+      } else {
+        now = Clock::now() - start >= std::chrono::milliseconds(kill_ms);
+        if (!now) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      if (!now) continue;
+      auto ranks = children(launcher);
+      if (static_cast<int>(ranks.size()) <= victim) break;
+      kill(ranks[victim], SIGKILL);
+      fired = true;
+    }
+    close(ino);
+    double detect_ms = -1;
+    if (fired) {
+      ++killed;
+      auto tk = Clock::now();
+      while (Clock::now() - tk < std::chrono::seconds(30)) {
+        std::string out = slurp(log);
+        if (out.find("restarting all") != std::string::npos) {
+          detect_ms = std::chrono::duration<double, std::milli>(Clock::now() - tk).count();
+          before_kill = last_logged_step(out.substr(0, out.find("restarting all")));
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      // Was the save really cut short? Its temp dir is still there (the next
+      // save removes it), and the restart resumes from the one before.
+      if (in_save) tmp_left = fs::exists(dir / "ckpt" / tmp_name);
+      killed_in_save += in_save && tmp_left;
+      detect_max = std::max(detect_max, detect_ms);
+    }
+    const int rc = wait_exit(launcher, 120);
+    const std::string out = slurp(log);
+    EXPECT_EQ(rc, 0) << out;
+    const int restarts = count(out, "restarting all");
+    total_restarts += restarts;
+    // The last attempt: where it resumed and how many steps it trained.
+    const size_t last_attempt = out.rfind("restarting all");
+    const std::string tail = last_attempt == std::string::npos ? out : out.substr(last_attempt);
+    int resumed_at = 0;
+    auto at = tail.find("resumed from ");
+    if (at != std::string::npos) {
+      auto s = tail.find(": step ", at);
+      if (s != std::string::npos) resumed_at = std::atoi(tail.c_str() + s + 7);
+    }
+    int trained = -1;
+    at = tail.find("trained ");
+    if (at != std::string::npos) trained = std::atoi(tail.c_str() + at + 8);
+    const int lost = steps - (resumed_at + trained);  // steps no attempt carried to the end
+    const int redone = before_kill >= 0 ? before_kill + 1 - resumed_at : 0;
+    lost_total += std::max(0, lost);
+    redone_total += std::max(0, redone);
+    if (in_save && fired && tmp_left) {
+      // The interrupted save was step (target_save * every); the restart took the one before.
+      EXPECT_EQ(resumed_at, (target_save - 1) * every) << out;
+    }
+    const bool equal = slurp((dir / "final.safetensors").string()) == want;
+    mismatches += !equal;
+    std::printf("gpt fault run %d: %s, killed rank %d %s, detected in %.1f ms, restarts %d, resumed at step %d "
+                "(%d step(s) redone, %d lost), weights %s\n",
+                i, in_save ? "kill inside a save" : "kill at a random time", victim,
+                !fired ? "(run ended before the kill)"
+                       : in_save ? (std::string("when ") + tmp_name + " appeared (save " +
+                                    (tmp_left ? "cut short" : "had already finished") + ")").c_str()
+                                 : ("after " + std::to_string(kill_ms) + " ms").c_str(),
+                detect_ms, restarts, resumed_at, std::max(0, redone), lost, equal ? "equal" : "DIFFER");
+    std::fflush(stdout);
+    EXPECT_EQ(lost, 0) << out;
+    EXPECT_TRUE(equal) << out;
+    EXPECT_EQ(restarts, fired ? 1 : 0) << out;
+  }
+  std::printf("gpt fault summary: reference run %.0f ms; runs %d, killed %d (%d inside a checkpoint save), "
+              "restarts %d, steps redone %d, lost steps %d, weight mismatches %d, slowest detection %.1f ms\n",
+              ref_ms, runs, killed, killed_in_save, total_restarts, redone_total, lost_total, mismatches, detect_max);
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_EQ(lost_total, 0);
+  EXPECT_GT(killed_in_save, 0) << "no kill landed inside a save";
+  if (!HasFailure()) fs::remove_all(root);
 }
 
 }  // namespace

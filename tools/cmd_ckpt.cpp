@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <string>
 
+#include "cli_checks.h"
 #include "command.h"
 #include "fsdp/checkpoint.h"
 
@@ -85,13 +86,25 @@ int cmd_ckpt(int argc, char** argv) {
   conv->add_option("DIR", path, "checkpoint root or directory")->required();
   conv->add_option("--to", to, "output .safetensors file, or output root with --world")->required();
   conv->add_option("--world", world, "reshard to this many ranks (writes a sharded checkpoint)")
-      ->check(CLI::PositiveNumber);
-  conv->add_option("--section", section, "model or optim (full-file conversion)")->capture_default_str();
+      ->check(fsdp::cli::integer(1, 1 << 20));
+  conv->add_option("--section", section, "model or optim (full-file conversion)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"model", "optim"}));
+  const std::string first = argc >= 2 ? argv[1] : "";
+  if (!first.empty() && first != "-h" && first != "--help" && first != "inspect" && first != "verify" &&
+      first != "convert") {
+    std::fprintf(stderr, "fsdp ckpt: usage error: unknown %s '%s'; expected a subcommand: inspect, verify or convert\n"
+                         "run 'fsdp ckpt --help' for the subcommands\n", first[0] == '-' ? "option" : "subcommand",
+                 argv[1]);
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);  // prints help or the problem
-    return rc == 0 ? 0 : 2;  // usage errors exit 2, like every fsdp command
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::fprintf(stderr, "fsdp ckpt: usage error: %s\nrun 'fsdp ckpt --help' (or 'fsdp ckpt SUBCOMMAND --help') "
+                         "for the flags\n", e.what());
+    return 2;  // usage errors exit 2, like every fsdp command
   }
   if (*ins) return inspect(path);
   if (*ver) return verify(path);

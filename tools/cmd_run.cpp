@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "cli_checks.h"
 #include "command.h"
 #include "fsdp/errors.h"
 #include "launcher.h"
@@ -25,18 +26,22 @@ int cmd_run(int argc, char** argv) {
   CLI::App app("Start N ranks of PROGRAM on this node with torchrun's environment "
                "(RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT).",
                "fsdp run");
-  app.add_option("-n,--nproc-per-node", o.nproc, "ranks to start on this node")->required();
-  app.add_option("--nnodes", o.nnodes, "nodes in the job (default 1)");
-  app.add_option("--node-rank", o.node_rank, "this node's index in [0, nnodes) (default 0)");
+  app.add_option("-n,--nproc-per-node", o.nproc, "ranks to start on this node")
+      ->required()
+      ->check(cli::integer());  // the range: launch() (-n must be at least 1 ...)
+  app.add_option("--nnodes", o.nnodes, "nodes in the job (default 1)")->check(cli::integer());
+  app.add_option("--node-rank", o.node_rank, "this node's index in [0, nnodes) (default 0)")
+      ->check(cli::integer());  // range checked by launch()
   app.add_option("--master-addr", o.master_addr, "host of rank 0 (default 127.0.0.1)");
   app.add_option("--master-port", o.master_port, "port of the rendezvous store (default: a free port)")
-      ->check(CLI::Range(1, 65535));
+      ->check(cli::integer(1, 65535));
   app.add_option("--threads", o.threads, "threads per rank (default: cores / ranks)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::integer(1, 4096));
   app.add_option("--max-restarts", o.max_restarts,
                  "restart every rank this many times when one fails (FSDP_RESTART_COUNT=k)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--grace", o.grace_s, "seconds between SIGTERM and SIGKILL when stopping ranks");
+      ->check(cli::integer(0, 1000000));
+  app.add_option("--grace", o.grace_s, "seconds between SIGTERM and SIGKILL when stopping ranks")
+      ->check(cli::real(0, 3600));
   app.footer("Example: fsdp run -n 4 -- build/bin/tiny --steps 10");
   app.prefix_command();  // without "--", the first positional starts the program
   try {
@@ -46,7 +51,17 @@ int cmd_run(int argc, char** argv) {
     std::fprintf(stderr, "fsdp run: error: %s\nRun 'fsdp run --help' for the options.\n", e.what());
     return 2;
   }
-  if (o.argv.empty()) o.argv = app.remaining();
+  // Before "--" only our options; an unknown one is a mistake, not the program.
+  const std::vector<std::string> extra = app.remaining();
+  if (!extra.empty() && (ours < argc || extra[0].rfind("-", 0) == 0)) {
+    std::fprintf(stderr,
+                 "fsdp run: error: unexpected '%s' before the program; fsdp run takes -n, --nnodes, "
+                 "--node-rank, --master-addr, --master-port, --threads, --max-restarts and --grace, then "
+                 "-- PROGRAM ARGS...\nRun 'fsdp run --help' for the options.\n",
+                 extra[0].c_str());
+    return 2;
+  }
+  if (o.argv.empty()) o.argv = extra;
   try {
     return launch(std::move(o));
   } catch (const UsageError& e) {

@@ -12,11 +12,13 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -33,6 +35,7 @@ namespace fsdp::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr int kMaxLocalRanks = 1024;  // also checked by fsdp run's -n
 
 // Written only by the signal handler; read by the loop.
 volatile sig_atomic_t g_stop_signal = 0;
@@ -146,7 +149,18 @@ class Attempt {
       : o_(o), program_(program), port_(port), restart_(restart), token_(std::move(token)), ranks_(o.nproc) {}
 
   Outcome run() {
-    for (int i = 0; i < o_.nproc; ++i) spawn(i);
+    try {
+      for (int i = 0; i < o_.nproc; ++i) spawn(i);
+    } catch (...) {  // e.g. out of processes: stop the ranks already started
+      signal_all(SIGKILL);
+      for (auto& r : ranks_) {
+        if (r.running) waitpid(r.pid, &r.status, 0);
+        r.running = false;
+        for (int& fd : r.fd)
+          if (fd >= 0) close(fd), fd = -1;
+      }
+      throw;
+    }
     Clock::time_point kill_at{}, all_exited_at{};
     bool stopping = false;
     for (;;) {
@@ -349,7 +363,10 @@ void validate(LaunchOptions& o) {
   if (o.argv.empty())
     throw UsageError("no program given; usage: fsdp run -n N [options] -- PROGRAM [ARGS...]");
   if (o.nproc < 1) throw UsageError(detail::cat("-n must be at least 1, found ", o.nproc));
+  if (o.nproc > kMaxLocalRanks)
+    throw UsageError(detail::cat("-n must be at most ", kMaxLocalRanks, " ranks per node, found ", o.nproc));
   if (o.nnodes < 1) throw UsageError(detail::cat("--nnodes must be at least 1, found ", o.nnodes));
+  if (o.nnodes > (1 << 20)) throw UsageError(detail::cat("--nnodes must be at most ", 1 << 20, ", found ", o.nnodes));
   if (o.node_rank < 0 || o.node_rank >= o.nnodes)
     throw UsageError(detail::cat("--node-rank must be in [0, ", o.nnodes, "), found ", o.node_rank));
   if (o.master_port < 0 || o.master_port > 65535)
@@ -360,6 +377,19 @@ void validate(LaunchOptions& o) {
   if (o.threads < 0) throw UsageError(detail::cat("--threads must be positive, found ", o.threads));
   if (o.max_restarts < 0)
     throw UsageError(detail::cat("--max-restarts must be 0 or more, found ", o.max_restarts));
+  if (!(o.grace_s >= 0 && o.grace_s <= 3600))
+    throw UsageError(detail::cat("--grace must be in [0, 3600] seconds, found ", o.grace_s));
+  // The launcher holds two pipes per local rank (plus a few of its own).
+  const rlim_t need = static_cast<rlim_t>(2 * o.nproc + 64);
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < need) {
+    rlimit raised = rl;
+    raised.rlim_cur = std::min(need, rl.rlim_max);
+    if (setrlimit(RLIMIT_NOFILE, &raised) != 0 || raised.rlim_cur < need)
+      throw UsageError(detail::cat("-n ", o.nproc, " needs about ", need, " open files in the launcher, but the "
+                                   "limit is ", rl.rlim_cur, " (hard limit ", rl.rlim_max,
+                                   "); raise it (ulimit -n) or start fewer ranks per node"));
+  }
   if (o.master_addr.empty()) o.master_addr = "127.0.0.1";
   addrinfo hints{}, *res = nullptr;
   hints.ai_socktype = SOCK_STREAM;

@@ -3,6 +3,7 @@
 #include "checkpoint/metadata.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 
 #include "checkpoint/crc32c.h"
@@ -68,6 +69,10 @@ std::string model_fingerprint(const std::map<std::string, std::vector<int64_t>>&
 // ---------------------------------------------------------------------------
 // JSON field helpers: every access checks presence and type.
 namespace {
+// More ranks than any job has; keeps every rank / world_size / file index an
+// int without wrapping (a value of 2^32 + 1 must not read as 1).
+constexpr int64_t kMaxWorld = int64_t(1) << 20;
+
 struct Ctx {
   const std::string& path;
   [[noreturn]] void bad(const std::string& what) const {
@@ -81,8 +86,20 @@ struct Ctx {
   }
   int64_t integer(const json& o, const char* k, const std::string& where) const {
     const json& v = field(o, k, where);
-    if (!v.is_number_integer()) bad(cat(where, ": field \"", k, "\" expected an integer, found ", v.dump()));
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)))
+      bad(cat(where, ": field \"", k, "\" expected a 64-bit signed integer, found ", v.dump()));
     return v.get<int64_t>();
+  }
+  // An integer that must lie in [lo, hi] (an int field: hi <= INT_MAX), so a
+  // cast cannot wrap: 2^32 + 1 is not rank 1.
+  int64_t ranged(const json& o, const char* k, const std::string& where, int64_t lo, int64_t hi) const {
+    const json& v = field(o, k, where);
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)))
+      bad(cat(where, ": field \"", k, "\" expected an integer in [", lo, ", ", hi, "], found ", v.dump()));
+    const int64_t x = v.get<int64_t>();
+    if (x < lo || x > hi)
+      bad(cat(where, ": field \"", k, "\" expected an integer in [", lo, ", ", hi, "], found ", v.dump()));
+    return x;
   }
   std::string str(const json& o, const char* k, const std::string& where) const {
     const json& v = field(o, k, where);
@@ -127,7 +144,7 @@ FileMeta file_from_json(const Ctx& c, const json& j, const std::string& where) {
   f.name = c.str(j, "name", where);
   if (f.name.empty() || f.name.find('/') != std::string::npos || f.name[0] == '.')
     c.bad(cat(where, ": file name \"", f.name, "\" must be a plain name inside the checkpoint directory"));
-  f.rank = static_cast<int>(c.integer(j, "rank", where));
+  f.rank = static_cast<int>(c.ranged(j, "rank", where, 0, kMaxWorld - 1));
   f.bytes = c.integer(j, "bytes", where);
   f.crc32c = c.crc(c.field(j, "crc32c", where), where);
   f.chunk_bytes = c.integer(j, "chunk_bytes", where);
@@ -205,7 +222,7 @@ Metadata Metadata::parse(const std::string& path, const std::string& text) {
   if (!j.contains("format") || j["format"] != kFormatName)
     c.bad(cat("expected \"format\": \"", kFormatName, "\", found ", j.contains("format") ? j["format"].dump() : "none"));
   Metadata m;
-  m.format_version = static_cast<int>(c.integer(j, "format_version", "top level"));
+  m.format_version = static_cast<int>(c.ranged(j, "format_version", "top level", 0, INT32_MAX));
   if (m.format_version != kFormatVersion)
     throw Error(cat("checkpoint metadata '", path, "': format version ", m.format_version,
                     " is not supported; this fsdp-cpp reads version ", kFormatVersion,
@@ -220,16 +237,20 @@ Metadata Metadata::parse(const std::string& path, const std::string& text) {
   if (got != want)
     throw Error(cat("checkpoint metadata '", path, "': checksum mismatch (expected ", crc32c_hex(want), ", found ",
                     crc32c_hex(got), "): the file was modified or damaged. Use another checkpoint."));
-  m.step = c.integer(j, "step", "top level");
-  m.world_size = static_cast<int>(c.integer(j, "world_size", "top level"));
+  m.step = c.ranged(j, "step", "top level", 0, INT64_MAX);
+  m.world_size = static_cast<int>(c.ranged(j, "world_size", "top level", 1, kMaxWorld));
   m.strategy = c.str(j, "strategy", "top level");
   m.fingerprint = c.str(j, "fingerprint", "top level");
   m.train_state = c.field(j, "train_state", "top level");
   const json& fs = c.field(j, "files", "top level");
   if (!fs.is_array()) c.bad("\"files\" expected an array");
   for (size_t i = 0; i < fs.size(); ++i) m.files.push_back(file_from_json(c, fs[i], cat("files[", i, "]")));
-  if (m.world_size <= 0 || static_cast<int>(m.files.size()) != m.world_size)
+  if (static_cast<int64_t>(m.files.size()) != m.world_size)
     c.bad(cat("world_size ", m.world_size, " expected to equal the number of files, found ", m.files.size()));
+  for (size_t i = 0; i < m.files.size(); ++i)
+    if (m.files[i].rank >= m.world_size)
+      c.bad(cat("files[", i, "]: field \"rank\" expected an integer in [0, ", m.world_size - 1, "], found ",
+                m.files[i].rank));
   const json& secs = c.field(j, "tensors", "top level");
   if (!secs.is_object()) c.bad("\"tensors\" expected an object");
   for (auto it = secs.begin(); it != secs.end(); ++it) {
@@ -244,7 +265,7 @@ Metadata Metadata::parse(const std::string& path, const std::string& text) {
       if (!ps.is_array()) c.bad(cat(where, ": \"pieces\" expected an array"));
       for (auto& p : ps) {
         PieceMeta pm;
-        pm.file = static_cast<int>(c.integer(p, "file", where));
+        pm.file = static_cast<int>(c.ranged(p, "file", where, 0, static_cast<int64_t>(m.files.size()) - 1));
         pm.key = c.str(p, "key", where);
         pm.lo = c.integer(p, "lo", where);
         pm.hi = c.integer(p, "hi", where);

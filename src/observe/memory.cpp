@@ -145,6 +145,10 @@ int64_t parse_bytes(const std::string& text) {
                      "': use B, KiB, MiB, GiB or TiB");
   if (!(v > 0) || !std::isfinite(v))
     throw UsageError("expected a positive size, found '" + text + "'");
+  // The cast below must not overflow (undefined behaviour), nor round to 0.
+  if (!(v * mult < 9.0e18))
+    throw UsageError("size '" + text + "' is too large; expected at most 8 EiB");
+  if (v * mult < 1) throw UsageError("size '" + text + "' is less than one byte; expected a positive size");
   return static_cast<int64_t>(v * mult);
 }
 
