@@ -20,6 +20,9 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
+#include "cli_checks.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
 #include "fsdp/errors.h"
@@ -77,6 +80,8 @@ struct Args {
 
 [[noreturn]] void usage_error(const std::string& msg) { throw fsdp::UsageError(msg); }
 
+constexpr int64_t kMaxSteps = int64_t(1) << 40;  // step counts: far beyond any run, no overflow
+
 // Throws CLI::ParseError (bad syntax) or fsdp::UsageError (bad values): exit 2.
 // Returns false when --help was printed.
 bool parse_args(int argc, char** argv, Args& a) {
@@ -89,53 +94,54 @@ bool parse_args(int argc, char** argv, Args& a) {
   app.add_option("--shuffle", a.shuffle, "row order: off (deterministic, GPT_MINI.md) or on (seeded)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--vocab", a.cfg.vocab, "vocabulary size (256: bytes)")->check(CLI::Range(int64_t(1), int64_t(65536)));
-  app.add_option("--seq", a.cfg.seq, "context length T")->check(CLI::PositiveNumber);
-  app.add_option("--dim", a.cfg.dim, "width d")->check(CLI::PositiveNumber);
-  app.add_option("--layers", a.cfg.layers, "transformer blocks L")->check(CLI::NonNegativeNumber);
-  app.add_option("--heads", a.cfg.heads, "attention heads (divide --dim)")->check(CLI::PositiveNumber);
+  app.add_option("--seq", a.cfg.seq, "context length T")->check(fsdp::cli::integer(1, 1 << 20));
+  app.add_option("--dim", a.cfg.dim, "width d")->check(fsdp::cli::integer(1, 1 << 16));
+  app.add_option("--layers", a.cfg.layers, "transformer blocks L")->check(fsdp::cli::integer(0, 4096));
+  app.add_option("--heads", a.cfg.heads, "attention heads (divide --dim)")->check(fsdp::cli::integer(1, 1 << 16));
   app.add_option("--init", a.init, "start from these weights (.safetensors, GPT_MINI.md names)");
-  app.add_option("--batch", a.batch, "rows per micro-batch on each rank")->check(CLI::PositiveNumber);
-  app.add_option("--accum", a.accum, "micro-steps per optimizer step (gradient accumulation)")->check(CLI::PositiveNumber);
-  app.add_option("--steps", a.steps, "optimizer steps")->check(CLI::NonNegativeNumber);
-  app.add_option("--lr", a.lr, "peak learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", a.warmup, "linear warmup steps (0: none)")->check(CLI::NonNegativeNumber);
+  app.add_option("--batch", a.batch, "rows per micro-batch on each rank")->check(fsdp::cli::integer(1, 1 << 20));
+  app.add_option("--accum", a.accum, "micro-steps per optimizer step (gradient accumulation)")->check(fsdp::cli::integer(1, 1 << 20));
+  app.add_option("--steps", a.steps, "optimizer steps")->check(fsdp::cli::integer(0, kMaxSteps));
+  app.add_option("--lr", a.lr, "peak learning rate")->check(fsdp::cli::real(1e-30, 1e3));
+  app.add_option("--warmup", a.warmup, "linear warmup steps (0: none)")->check(fsdp::cli::integer(0, kMaxSteps));
   app.add_option("--min-lr", a.min_lr, "cosine decay ends here (= --lr: constant rate; default lr/10)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--weight-decay", a.weight_decay, "AdamW decay on 2-D weights only")->check(CLI::NonNegativeNumber);
-  app.add_option("--clip", a.clip, "global gradient-norm clip (0: off)")->check(CLI::NonNegativeNumber);
+      ->check(fsdp::cli::real(0, 1e3));
+  app.add_option("--weight-decay", a.weight_decay, "AdamW decay on 2-D weights only")->check(fsdp::cli::real(0, 1e3));
+  app.add_option("--clip", a.clip, "global gradient-norm clip (0: off)")->check(fsdp::cli::real(0, 1e12));
   app.add_option("--strategy", a.strategy, "full | grad-op | none (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD)");
   app.add_option("--wrap", a.wrap, "block (one unit per transformer block) | size:N | none");
   app.add_flag("--prefetch", a.prefetch, "overlap: all-gather the next unit early (backward PRE + forward prefetch)");
   app.add_option("--dtype", a.dtype, "fp32 | bf16 (bf16: all-gather and compute in bf16, fp32 master shards)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
-  app.add_option("--seed", a.seed, "initialisation seed (same on every rank) and shuffle seed");
+  app.add_option("--seed", a.seed, "initialisation seed (same on every rank) and shuffle seed")
+      ->check(fsdp::cli::integer(0, INT64_MAX));
   app.add_option("--threads", a.threads, "intra-op threads per rank (0: cores / ranks per host)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--log-every", a.log_every, "a step line every N steps")->check(CLI::PositiveNumber);
-  app.add_option("--eval-every", a.eval_every, "validation loss every N steps (0: off)")->check(CLI::NonNegativeNumber);
-  app.add_option("--eval-batches", a.eval_batches, "validation micro-batches per rank")->check(CLI::PositiveNumber);
-  app.add_option("--sample", a.sample, "generate N bytes at the end (printed by rank 0)")->check(CLI::NonNegativeNumber);
-  app.add_option("--top-k", a.top_k, "sample from the k most likely bytes (0: greedy)")->check(CLI::NonNegativeNumber);
-  app.add_option("--sample-seed", a.sample_seed, "seed of top-k sampling");
+      ->check(fsdp::cli::integer(0, 1024));
+  app.add_option("--log-every", a.log_every, "a step line every N steps")->check(fsdp::cli::integer(1, kMaxSteps));
+  app.add_option("--eval-every", a.eval_every, "validation loss every N steps (0: off)")->check(fsdp::cli::integer(0, kMaxSteps));
+  app.add_option("--eval-batches", a.eval_batches, "validation micro-batches per rank")->check(fsdp::cli::integer(1, 1 << 20));
+  app.add_option("--sample", a.sample, "generate N bytes at the end (printed by rank 0)")->check(fsdp::cli::integer(0, 1 << 24));
+  app.add_option("--top-k", a.top_k, "sample from the k most likely bytes (0: greedy)")->check(fsdp::cli::integer(0, 65536));
+  app.add_option("--sample-seed", a.sample_seed, "seed of top-k sampling")->check(fsdp::cli::integer(0, INT64_MAX));
   app.add_option("--prompt", a.prompt, "text the sample continues (default: a newline)");
   app.add_option("--save", a.save, "write the full weights at the end (.safetensors)");
   app.add_option("--ckpt-dir", a.ckpt_dir, "sharded checkpoints folder (step-NNNNNN dirs and a `latest` pointer)");
-  app.add_option("--ckpt-every", a.ckpt_every, "save a sharded checkpoint every N steps (0 = only at the end when --ckpt-dir)")->check(CLI::NonNegativeNumber);
+  app.add_option("--ckpt-every", a.ckpt_every, "save a sharded checkpoint every N steps (0 = only at the end when --ckpt-dir)")->check(fsdp::cli::integer(0, kMaxSteps));
   app.add_flag("--resume", a.resume, "continue from the latest checkpoint in --ckpt-dir when there is one (start fresh otherwise)");
   app.add_option("--trace", a.trace, "record a Chrome trace per rank into DIR (then: fsdp report DIR -o report.html)");
   app.add_option("--max-memory", a.max_memory, "per-rank memory limit, e.g. 512MiB (fails like a GPU OOM)");
-  app.add_option("--timeout", a.timeout, "seconds before a collective fails (0: default)")->check(CLI::NonNegativeNumber);
+  app.add_option("--timeout", a.timeout, "seconds before a collective fails (0: default)")->check(fsdp::cli::real(0, 1e6));
   app.add_option("--progress-every", a.progress_every,
                  "seconds between progress lines (training steps, ETA, loss, tok/s; checkpoint saves) when stdout "
                  "is not a terminal; 0: every update (default: FSDP_PROGRESS_EVERY or 5)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(fsdp::cli::real(0, 1e6));
   app.add_flag("--no-progress", a.no_progress, "no progress lines, checkpoint saves included (same as FSDP_PROGRESS=off)");
   app.add_option("--straggler-factor", a.straggler_factor,
                  "name a rank busy (wall - blocked in collectives) more than F x the other ranks' median for "
                  "--straggler-window steps in a row (F > 1; 0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(fsdp::cli::real(0, 1e6));
   app.add_option("--straggler-window", a.straggler_window, "consecutive slow steps before a rank is named")
-      ->check(CLI::PositiveNumber);
+      ->check(fsdp::cli::integer(1, 1000000));
   // A repeated single-value flag takes the last value (scripts append overrides).
   for (CLI::Option* o : app.get_options())
     if (o->get_expected_max() == 1) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -148,6 +154,16 @@ bool parse_args(int argc, char** argv, Args& a) {
   // Values CLI11 cannot check alone.
   if (a.data.empty() && a.text.empty()) usage_error("give the training data: --data FILE.bin or --text FILE...");
   a.cfg.validate();
+  {
+    // Every rank builds the whole model before sharding it: it must fit in RAM.
+    const long double bytes = (long double)a.cfg.num_params() * 4;
+    const long double ram = (long double)sysconf(_SC_PHYS_PAGES) * (long double)sysconf(_SC_PAGE_SIZE);
+    if (ram > 0 && bytes > ram)
+      usage_error("--vocab/--seq/--dim/--layers give " + std::to_string(a.cfg.num_params()) + " parameters (" +
+                  fsdp::memory::format_bytes(int64_t(bytes)) + " in fp32), more than this machine's memory (" +
+                  fsdp::memory::format_bytes(int64_t(ram)) + "); every rank builds the full model first: choose "
+                  "a smaller model");
+  }
   if (a.min_lr < 0) a.min_lr = a.lr / 10;
   if (a.min_lr > a.lr)
     usage_error("--min-lr " + std::to_string(a.min_lr) + " is above --lr " + std::to_string(a.lr) +
@@ -161,7 +177,7 @@ bool parse_args(int argc, char** argv, Args& a) {
     usage_error("--wrap '" + a.wrap + "': expected block, none or size:N (N parameters per unit)");
   if (a.wrap.rfind("size:", 0) == 0) {
     const std::string n = a.wrap.substr(5);
-    if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos || std::stoll(n) <= 0)
+    if (n.empty() || n.size() > 15 || n.find_first_not_of("0123456789") != std::string::npos || std::stoll(n) <= 0)
       usage_error("--wrap '" + a.wrap + "': expected size:N with N a positive parameter count, e.g. size:100000");
   }
   if (a.straggler_factor > 0 && !(a.straggler_factor > 1))
@@ -587,6 +603,10 @@ int main(int argc, char** argv) {
   } catch (const fsdp::UsageError& e) {
     std::fprintf(stderr, "gpt: usage error: %s\n", e.what());
     return 2;
+  } catch (const c10::Error& e) {  // libtorch's message, without its C++ backtrace
+    const char* r = std::getenv("RANK");
+    std::fprintf(stderr, "gpt: error (rank %s): %s\n", r ? r : "0", e.what_without_backtrace());
+    return 1;
   } catch (const std::exception& e) {
     const char* r = std::getenv("RANK");
     std::fprintf(stderr, "gpt: error (rank %s): %s\n", r ? r : "0", e.what());

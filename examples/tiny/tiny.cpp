@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "cli_checks.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/progress.h"
 #include "fsdp/straggler.h"
@@ -46,7 +47,7 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", epochs, "optimizer steps (the seed calls them epochs)")->check(CLI::Range(1, 1000000));
   app.add_option("--accum", accum, "micro-steps per optimizer step")->check(CLI::Range(1, 10000));
   app.add_option("--batch", micro_bs, "micro-batch per rank")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--lr", lr, "Adam learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--lr", lr, "Adam learning rate")->check(fsdp::cli::real(1e-30, 1e3));
   app.add_option("--min-params", min_params, "size-based wrap policy threshold")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   app.add_flag("--no-sync", no_sync, "accumulate with no_sync (reduce once per step)");
   app.add_option("--save", save, "full weights (safetensors) written at the end; '' = none");
@@ -58,18 +59,28 @@ int main(int argc, char** argv) {
   app.add_option("--progress-every", progress_every,
                  "seconds between progress lines (training, checkpoint saves) when stdout is not a terminal (0: every "
                  "update; default: FSDP_PROGRESS_EVERY or 5)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(fsdp::cli::real(0, 1e6));
   app.add_flag("--no-progress", no_progress, "no progress lines, checkpoint saves included (same as FSDP_PROGRESS=off)");
   app.add_option("--straggler-factor", straggler_factor,
                  "name a rank busy (wall - blocked in collectives) more than F x the other ranks' median for "
                  "--straggler-window steps in a row (F > 1; 0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(fsdp::cli::real(0, 1e6));
   app.add_option("--straggler-window", straggler_window, "consecutive slow steps before a rank is named")
       ->check(CLI::Range(1, 1000000));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::fprintf(stderr, "tiny: usage error: %s\nrun 'tiny --help' for the flags\n", e.what());
+    return 2;
+  }
+  if (!max_memory.empty()) {
+    try {
+      fsdp::memory::parse_bytes(max_memory);
+    } catch (const fsdp::Error& e) {
+      std::fprintf(stderr, "tiny: usage error: --max-memory: %s\nrun 'tiny --help' for the flags\n", e.what());
+      return 2;
+    }
   }
   if (straggler_factor > 0 && !(straggler_factor > 1)) {
     std::fprintf(stderr,
@@ -206,6 +217,9 @@ int main(int argc, char** argv) {
     comm->barrier()->wait();
     if (!trace_dir.empty() && rank == 0) std::printf("trace: %s (fsdp report %s -o report.html)\n", fsdp::trace::merge(trace_dir).c_str(), trace_dir.c_str());
     return 0;
+  } catch (const c10::Error& e) {  // libtorch's message, without its C++ backtrace
+    std::fprintf(stderr, "tiny: error: %s\n", e.what_without_backtrace());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tiny: error: %s\n", e.what());
     return 1;
