@@ -35,11 +35,14 @@ std::string explain_oom(const ShardedState& st, int64_t requested, const memory:
   std::ostringstream os;
   os << "FSDP ledger on rank " << st.rank() << " of " << st.world() << " ("
      << to_string(st.opts.strategy) << ") at the failure:\n";
-  os << "  resident shards P/N + G/N      " << format_bytes(shards + grads) << "\n";
+  const bool sharded = st.opts.strategy != ShardingStrategy::NO_SHARD;
+  os << (sharded ? "  resident shards P/N + G/N      " : "  resident replicas P + G (NO_SHARD: nothing is sharded)  ")
+     << format_bytes(shards + grads) << "\n";
   os << "  unsharded units (P_block)      " << format_bytes(unsharded)
      << (gathered.empty() ? "" : "  [" + gathered + "]") << "\n";
   os << "  unsharded gradients            " << format_bytes(unsharded_grads) << "\n";
-  os << "  optimizer state O/N + activations A + temporaries  " << format_bytes(other) << "\n";
+  os << (sharded ? "  optimizer state O/N" : "  optimizer state O") << " + activations A + temporaries  " << format_bytes(other)
+     << "\n";
   std::string term;
   if (g_alloc_purpose && g_alloc_unit) {
     os << "  failed allocation: " << format_bytes(requested) << " for the " << g_alloc_purpose << " of unit '"
@@ -62,10 +65,15 @@ std::string explain_oom(const ShardedState& st, int64_t requested, const memory:
   else if (term == "A")
     os << "a smaller batch or sequence (activations scale with them); bf16 compute; finer wrapping frees "
           "parameters sooner";
+  else if (!sharded && st.world() > 1)
+    os << "FULL_SHARD: it shards parameters, gradients and optimizer state, (P+G+O)/N, so the "
+       << format_bytes(shards + grads) << " of P + G held here become about "
+       << format_bytes((shards + grads) / st.world()) << " and O shrinks the same way (Adam keeps 2 values per "
+       << "parameter); more ranks; SGD instead of Adam halves O";
   else
     os << "FULL_SHARD (shards parameters, gradients and optimizer state: (P+G+O)/N); more ranks; SGD instead of "
           "Adam halves O";
-  if (st.opts.strategy != ShardingStrategy::FULL_SHARD) os << "; switch to FULL_SHARD";
+  if (st.opts.strategy != ShardingStrategy::FULL_SHARD && term != "O") os << "; switch to FULL_SHARD";
   os << ". `fsdp plan` predicts each term for a given budget.";
   return os.str();
 }
