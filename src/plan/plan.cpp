@@ -204,7 +204,9 @@ std::string Plan::str() const {
   os << line("rest = P + G + O", b(rest), ns ? "" : "(P+G+O)/N, the seed's ledger");
   os << line("P_block (largest unit)", b(P_block), "unit " + (P_block_unit.empty() ? std::string("<root>") : P_block_unit));
   std::string wnote = o.strategy == ShardingStrategy::FULL_SHARD
-                          ? (peak_at == "backward start"
+                          ? (peak_at == "backward start" && units.size() == 1
+                                 ? std::string("at backward start: the one unit unsharded")
+                                 : peak_at == "backward start"
                                  ? "at backward start: root unit + P_block x " + std::to_string(1 + o.prefetch)
                                  : "at the first reduce-scatter: gathered units + grads in flight + ring staging " +
                                        b(staging) + " - activations freed")
