@@ -82,9 +82,12 @@ TEST(Plan, LedgerAndTrafficExactForTwoRanks) {
   EXPECT_EQ(p.P_block_unit, "blocks.0");
   // With (almost) no activations the first reduce-scatter is the peak: the
   // root unit and blocks.N-2 gathered, the root's gradient, blocks.N-1's
-  // gradient in flight and the ring's staging (5 slots of a quarter of the
-  // 1.5 MiB shard: 4 pieces of <= 512 KiB).
-  EXPECT_EQ(p.staging, 5 * (394880 / 4) * 4);
+  // gradient in flight (at N = 2 the ring needs no staging).
+  EXPECT_EQ(p.staging, 0);
+  // N = 3: 4 slots of one piece; the block's 1.004 MiB shard (263254
+  // elements) is cut into 2 pieces of at most 1 MiB.
+  Plan p3 = make_plan(gpt_units(s, "block"), 1000, opts(3));
+  EXPECT_EQ(p3.staging, 4 * ((263254 + 1) / 2) * 4);
   EXPECT_EQ(p.working, 164608 * 4 + 789760 * 4 + 164608 * 4 + 789760 * 4 + p.staging);
   EXPECT_EQ(p.peak_at, "first reduce-scatter");
   EXPECT_EQ(p.peak, p.rest + p.working + 1000);

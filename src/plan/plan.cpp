@@ -63,12 +63,14 @@ Traffic traffic(ShardingStrategy s, int64_t padded, const PlanOptions& o) {
   return t;
 }
 
-// The reduce-scatter ring's staging (src/comm/ring.cpp): 3 receive and 2
-// send slots of one piece each; a piece is the largest shard cut into
-// pieces of at most 512 KiB. One rank has no ring.
+// The reduce-scatter ring's staging (src/comm/ring.cpp): with N > 2, 2
+// receive and 2 send slots of one piece each, a piece being the largest
+// shard cut into pieces of at most 1 MiB; with N = 2 every step is the last
+// and partials land straight in the output (no staging); one rank has no
+// ring.
 static int64_t ring_staging_bytes(const std::vector<UnitPlan>& units, const PlanOptions& o) {
-  if (o.world <= 1) return 0;
-  constexpr int64_t kSlots = 3 + 2, kPiece = int64_t(512) << 10;
+  if (o.world <= 2) return 0;
+  constexpr int64_t kSlots = 2 + 2, kPiece = int64_t(1) << 20;
   int64_t staging = 0;
   for (auto& u : units) {
     const int64_t shard = u.shard_numel * o.reduce();
