@@ -217,12 +217,15 @@ int main(int argc, char** argv) {
   app.add_option("--dtypes", dtypes, "comma-separated subset of fp32,bf16");
   app.add_option("--prefetch", prefetch, "comma-separated subset of off,on");
   app.add_flag("--no-compute", no_compute, "skip the compute-only lower bound");
+  int threads = 1;
+  app.add_option("--threads", threads, "compute threads per rank (torch::set_num_threads; default 1)")
+      ->check(CLI::Range(1, 1024));
   CLI11_PARSE(app, argc, argv);
   s.cfg.validate();
 
-  // One compute thread per rank: N ranks share the cores, a rank's
-  // communication thread (Gloo) runs beside it.
-  torch::set_num_threads(1);
+  // One compute thread per rank by default (the setting): N ranks
+  // share the cores, a rank's communication threads run beside it.
+  torch::set_num_threads(threads);
   auto comm = fsdp::make_communicator_from_env();  // also installs the counting allocator
   const int N = comm->world_size(), rank = comm->rank();
   const bool lead = rank == 0;

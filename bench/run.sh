@@ -45,6 +45,14 @@ run_bench_train() {
   done
 }
 
+# Threads per rank: the same FULL_SHARD step (and compute only) at N=2 with 2
+# compute threads per rank, beside bench_train's 1 (2 ranks x 2 threads on a
+# 2-core machine oversubscribe it; on a larger host this shows the gain).
+run_bench_threads() {
+  "$BIN/fsdp" run -n 2 -- "$BIN/bench_train" --threads 2 --strategies full --prefetch on --dtypes fp32 \
+    --steps "$BENCH_STEPS" --json "$RUN_DIR/bench_threads.jsonl"
+}
+
 # The peers on the same model, batch and threads: PyTorch DDP and DDP + ZeRO.
 run_peers() {
   if ! "$PYTHON" -c 'import torch.distributed' 2>/dev/null; then
@@ -56,12 +64,14 @@ run_peers() {
   done
 }
 
-BENCHES=${BENCHES:-"bench_comm bench_train peers"}
+BENCHES=${BENCHES:-"bench_comm bench_train bench_threads peers"}
 
 status=0
 for b in $BENCHES; do
-  if [ "$b" != peers ] && [ ! -x "$BIN/$b" ]; then
-    echo "bench/run.sh: $BIN/$b is missing; build first (make build)" >&2
+  bin=$b
+  [ "$b" = bench_threads ] && bin=bench_train
+  if [ "$b" != peers ] && [ ! -x "$BIN/$bin" ]; then
+    echo "bench/run.sh: $BIN/$bin is missing; build first (make build)" >&2
     status=1
     continue
   fi
@@ -86,6 +96,7 @@ def lines(name):
     return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
 
 train, peers, comm = lines("bench_train.jsonl"), lines("peers.jsonl"), lines("bench_comm.jsonl")
+threads2 = lines("bench_threads.jsonl")
 
 def row(n, strategy, prefetch=True, dtype="fp32"):
     for r in train:
@@ -93,6 +104,9 @@ def row(n, strategy, prefetch=True, dtype="fp32"):
                 (r["strategy"] == "compute-only" or r["prefetch"] == prefetch):
             return r
     return None
+
+def row2(n, strategy):
+    return next((r for r in threads2 if r["world"] == n and r["strategy"] == strategy), None)
 
 def peer(n, impl):
     return next((r for r in peers if r["world"] == n and r["impl"] == impl), None)
@@ -142,16 +156,28 @@ for n in worlds:
     R["full_shard_over_pytorch_zero_N%d" % n] = ratio(step(row(n, "FULL_SHARD")), step(peer(n, "pytorch-zero")))
     R["no_shard_over_pytorch_ddp_N%d" % n] = ratio(step(row(n, "NO_SHARD")), step(peer(n, "pytorch-ddp")))
     R["compute_over_pytorch_ddp_N%d" % n] = ratio(step(row(n, "compute-only")), step(peer(n, "pytorch-ddp")))
+    if row2(n, "FULL_SHARD"):
+        R["full_shard_2threads_over_1thread_N%d" % n] = ratio(step(row2(n, "FULL_SHARD")), step(row(n, "FULL_SHARD")))
+        R["compute_2threads_over_1thread_N%d" % n] = ratio(step(row2(n, "compute-only")), step(row(n, "compute-only")))
     for dt in ("fp32", "bf16"):
         r = row(n, "FULL_SHARD", True, dt)
         if r:
             R["peak_over_bound_N%d_%s" % (n, dt)] = r["ledger"]["peak_over_bound"]
             R["peak_over_predicted_N%d_%s" % (n, dt)] = r["ledger"]["peak_over_predicted"]
 for c in comm:
+    n = c["world"]
     for x in c["rows"]:
         if x["bytes"] == 64 << 20:
-            R["all_gather_64MiB_over_tcp_N%d" % c["world"]] = x["all_gather_vs_tcp"]
-            R["reduce_scatter_64MiB_over_tcp_N%d" % c["world"]] = x["reduce_scatter_vs_tcp"]
+            # against one loopback stream measured with every core free (the old reference)
+            R["all_gather_64MiB_over_tcp_1stream_N%d" % n] = x["all_gather_vs_tcp"]
+            R["reduce_scatter_64MiB_over_tcp_1stream_N%d" % n] = x["reduce_scatter_vs_tcp"]
+    for p in c.get("paired", []):
+        if p["bytes"] == 64 << 20 and p["piece_kib"] is None:
+            # against the TCP ring: N ranks sending and receiving at once over plain
+            # sockets, the same bytes between buffers of the same size, in the same
+            # rounds (median of per-round ratios)
+            R["all_gather_64MiB_over_tcp_N%d" % n] = p["all_gather_vs_tcp_ring"]
+            R["reduce_scatter_64MiB_over_tcp_N%d" % n] = p["reduce_scatter_vs_tcp_ring"]
 
 def target(name, value, limit, cmp):
     ok = None if value is None else (value <= limit if cmp == "<=" else value >= limit)
@@ -166,7 +192,7 @@ for c in comm:
     n = c["world"]
     target("all_gather_64MiB_over_tcp_N%d" % n, R.get("all_gather_64MiB_over_tcp_N%d" % n), 0.80, ">=")
     target("reduce_scatter_64MiB_over_tcp_N%d" % n, R.get("reduce_scatter_64MiB_over_tcp_N%d" % n), 0.80, ">=")
-res["runs"] = {"bench_train": train, "peers": peers, "bench_comm": comm}
+res["runs"] = {"bench_train": train, "peers": peers, "bench_comm": comm, "bench_threads": threads2}
 with open(out, "w") as f:
     json.dump(res, f, indent=1)
 print("targets (issue 6)")

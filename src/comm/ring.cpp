@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -48,28 +49,105 @@ Buffer wrap(const Step& s, const void* p, int64_t nbytes) {
 
 }  // namespace
 
+namespace {
+
+// Both ring algorithms move each block in pieces. Every block (chunk) is cut
+// into the same number of pieces, and the messages of a link go piece by
+// piece: (piece 0: steps 0..N-2), (piece 1: ...), ... A piece that arrived is
+// forwarded (all-gather) or added to and forwarded (reduce-scatter) at once,
+// so the transfers of one step overlap the next step's and the local work,
+// instead of each step waiting for a whole block. Message (step k, piece j)
+// uses slot base + j (N-1) + k. Ranges: all_gather [step_base, +2^18),
+// reduce_scatter [2^18, 2^19); the call check uses 1 << 19 and up.
+constexpr int kPieceSlotBase = 1 << 18;
+constexpr int kGatherWindow = 4;  // all-gather receives posted ahead
+constexpr int kRecvSlots = 2;     // reduce-scatter receives posted ahead (staged)
+constexpr int kSendSlots = 2;     // reduce-scatter partials on their way right
+
+// Target bytes of one piece (1 MiB): big enough that Gloo's per-message
+// handshake is noise, small enough that the reduce-scatter's staging is a
+// few MiB at most. FSDP_RING_PIECE_KIB overrides it (bench_comm --piece-kib
+// compares sizes); read per call.
+int64_t piece_target_bytes() {
+  const char* v = std::getenv("FSDP_RING_PIECE_KIB");
+  long long kib = v ? std::atoll(v) : 0;
+  return kib > 0 ? int64_t(kib) << 10 : int64_t(1) << 20;
+}
+
+// Pieces per block for blocks of at most `max_units` units of `unit` bytes,
+// with at most `max_messages` (step, piece) slots.
+int64_t pieces_for(int64_t max_units, int64_t unit, int n, int64_t max_messages) {
+  const int64_t target = std::max<int64_t>(unit, piece_target_bytes());
+  int64_t p = (max_units * unit + target - 1) / target;
+  return std::max<int64_t>(1, std::min<int64_t>(p, max_messages / (n - 1)));
+}
+
+// Piece j of `count` units cut into `pieces`: [*lo, *lo + size); sizes
+// differ by at most one unit.
+int64_t piece_of(int64_t count, int64_t pieces, int64_t j, int64_t* lo) {
+  const int64_t base = count / pieces, extra = count % pieces;
+  *lo = j * base + std::min(j, extra);
+  return base + (j < extra ? 1 : 0);
+}
+
+}  // namespace
+
 int64_t ring_all_gather(const Step& s, void* buf, const std::vector<int64_t>& offset_bytes,
                         const std::vector<int64_t>& count_bytes, int step_base) {
   const int n = s.ctx->size, r = s.ctx->rank;
   const int right = (r + 1) % n, left = (r + n - 1) % n;
-  int64_t total = offset_bytes.back() + count_bytes.back();
+  const int64_t total = offset_bytes.back() + count_bytes.back();
   if (n == 1 || total == 0) return 0;
-  // Sends and receives touch disjoint blocks of one buffer; Gloo tracks
-  // pending sends and receives of a buffer separately.
-  Buffer b = wrap(s, buf, total);
+  // Slots stay below the next range: the reduce-scatter's, or the end of
+  // the step bits for the call check's all-gather.
+  const int64_t room = (step_base < kPieceSlotBase ? kPieceSlotBase : (1 << kStepBits)) - step_base;
+  const int64_t pieces = pieces_for(*std::max_element(count_bytes.begin(), count_bytes.end()), 1, n, room);
+  auto msg_slot = [&](int step, int64_t j) { return slot(s, step_base + static_cast<int>(j * (n - 1) + step)); };
+  auto send_block = [&](int step) { return (r - step + n) % n; };
+  auto recv_block = [&](int step) { return (r - step - 1 + 2 * n) % n; };
+
+  // Sends read blocks that are complete (ours, or forwarded after arrival);
+  // they wait for nothing but the right's receive, so they are waited for
+  // only at the end. Zero-byte pieces are skipped on both sides.
+  Buffer send_b = wrap(s, buf, total);
+  int sends = 0;
   int64_t sent = 0;
-  for (int step = 0; step < n - 1; ++step) {
-    int send_block = (r - step + n) % n;
-    int recv_block = (r - step - 1 + 2 * n) % n;
-    bool do_send = count_bytes[send_block] > 0, do_recv = count_bytes[recv_block] > 0;
-    if (do_send)
-      b->send(right, slot(s, step_base + step), offset_bytes[send_block], count_bytes[send_block]);
-    if (do_recv)
-      b->recv(left, slot(s, step_base + step), offset_bytes[recv_block], count_bytes[recv_block]);
-    if (do_recv) wait_recv(s, *b);
-    if (do_send) wait_send(s, *b);
-    if (do_send) sent += count_bytes[send_block];
+  auto send_piece = [&](int step, int64_t j) {
+    const int b = send_block(step);
+    int64_t lo, m = piece_of(count_bytes[b], pieces, j, &lo);
+    if (m == 0) return;
+    send_b->send(right, msg_slot(step, j), offset_bytes[b] + lo, m);
+    ++sends;
+    sent += m;
+  };
+  for (int64_t j = 0; j < pieces; ++j) send_piece(0, j);
+
+  // Receives land in place, in wire order; each outstanding one has its own
+  // wrapper of `buf`, so a completion names its piece.
+  std::vector<std::pair<int, int64_t>> order;  // (step, piece)
+  for (int64_t j = 0; j < pieces; ++j)
+    for (int k = 0; k < n - 1; ++k) {
+      int64_t lo;
+      if (piece_of(count_bytes[recv_block(k)], pieces, j, &lo) > 0) order.emplace_back(k, j);
+    }
+  std::vector<Buffer> rb;
+  for (size_t w = 0; w < order.size() && w < size_t(kGatherWindow); ++w) rb.push_back(wrap(s, buf, total));
+  auto post = [&](size_t i) {
+    auto [k, j] = order[i];
+    const int b = recv_block(k);
+    int64_t lo, m = piece_of(count_bytes[b], pieces, j, &lo);
+    rb[i % kGatherWindow]->recv(left, msg_slot(k, j), offset_bytes[b] + lo, m);
+  };
+  for (size_t i = 0; i < rb.size(); ++i) post(i);
+  // A rank waits only for its left to have passed on the message before
+  // this one in wire order, so the ring cannot deadlock.
+  for (size_t i = 0; i < order.size(); ++i) {
+    wait_recv(s, *rb[i % kGatherWindow]);
+    auto [k, j] = order[i];
+    if (k < n - 2) send_piece(k + 1, j);  // what arrived at step k leaves at step k+1
+    if (i + kGatherWindow < order.size()) post(i + kGatherWindow);
   }
+  for (int i = 0; i < sends; ++i) wait_send(s, *send_b);
   return sent;
 }
 
@@ -79,46 +157,111 @@ int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
   const int n = s.ctx->size, r = s.ctx->rank;
   const int right = (r + 1) % n, left = (r + n - 1) % n;
   const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
-  auto at = [&](const void* base, int chunk) {
-    return static_cast<const char*>(base) + offset[chunk] * es;
-  };
+  const char* input = static_cast<const char*>(in);
+  char* out = static_cast<char*>(out_chunk);
   if (n == 1) {
     if (out_chunk != in) std::memcpy(out_chunk, in, count[0] * es);
     // AVG over one rank is the identity; divisor is 1 here by construction.
     return 0;
   }
-  int64_t max_count = *std::max_element(count.begin(), count.end());
-  // Partial sums travel in the tensor's dtype (bytes as counted); two staging
-  // chunks live for the duration of this call, allocated through torch so the
-  // memory ledger sees them.
-  torch::Tensor staging = torch::empty({2 * std::max<int64_t>(max_count, 1) * es}, torch::kByte);
-  char* send_buf = static_cast<char*>(staging.data_ptr());
-  char* recv_buf = send_buf + std::max<int64_t>(max_count, 1) * es;
-  Buffer in_b = wrap(s, in, (offset.back() + count.back()) * es);
-  Buffer send_b = wrap(s, send_buf, max_count * es);
-  Buffer recv_b = wrap(s, recv_buf, max_count * es);
+  const int64_t max_count = *std::max_element(count.begin(), count.end());
+  if (max_count == 0) return 0;
+  const int64_t pieces = pieces_for(max_count, es, n, kPieceSlotBase);
+  // Piece j of chunk c: elements [*lo, *lo + size) of the chunk.
+  auto piece = [&](int c, int64_t j, int64_t* lo) { return piece_of(count[c], pieces, j, lo); };
+  auto msg_slot = [&](int step, int64_t j) { return slot(s, kPieceSlotBase + static_cast<int>(j * (n - 1) + step)); };
+  auto send_chunk = [&](int step) { return (r - step - 1 + 2 * n) % n; };
+  auto recv_chunk = [&](int step) { return (r - step - 2 + 2 * n) % n; };
+  const int64_t in_bytes = (offset.back() + count.back()) * es;
 
-  int64_t sent = 0;
-  // Step k: send the partial sum of chunk r-k-1 right, receive chunk r-k-2's
-  // partial from the left and add our contribution. The partial of chunk c
-  // started at rank c+1, so after N-1 steps chunk r has every contribution.
-  for (int step = 0; step < n - 1; ++step) {
-    int send_chunk = (r - step - 1 + 2 * n) % n;
-    int recv_chunk = (r - step - 2 + 2 * n) % n;
-    int64_t send_bytes = count[send_chunk] * es, recv_bytes = count[recv_chunk] * es;
-    // Step 0 sends our own input as is; later steps send the staged partial.
-    auto& src = step == 0 ? in_b : send_b;
-    size_t src_off = step == 0 ? static_cast<size_t>(offset[send_chunk] * es) : 0;
-    if (send_bytes > 0) src->send(right, slot(s, step), src_off, send_bytes);
-    if (recv_bytes > 0) recv_b->recv(left, slot(s, step), 0, recv_bytes);
-    if (recv_bytes > 0) wait_recv(s, *recv_b);
-    if (send_bytes > 0) wait_send(s, *src);
-    sent += send_bytes;
-    // The send of send_buf has completed, so it can be overwritten now.
-    bool last = step == n - 2;
-    add_into(last ? out_chunk : send_buf, recv_buf, at(in, recv_chunk), count[recv_chunk], dtype,
-             last ? divisor : 1);
+  // The last step's partials are received straight into out_chunk and our
+  // contribution is added in place, unless out_chunk lies inside `in`
+  // (all_reduce runs in place: the partial would overwrite our own chunk).
+  // Earlier steps' partials land in staging: kRecvSlots pieces posted ahead
+  // and kSendSlots partial sums on their way right. So at N=2 (every step is
+  // the last) a reduce-scatter allocates nothing. Staging goes through
+  // torch, so the memory ledger sees it.
+  const bool direct = out + count[r] * es <= input || out >= input + in_bytes;
+  const bool staged_recv = !direct || n > 2;
+  const int send_slots = n > 2 ? kSendSlots : 0;
+  const int recv_slots = staged_recv ? kRecvSlots : 0;
+  const int64_t slot_bytes = (max_count + pieces - 1) / pieces * es;
+  torch::Tensor staging;
+  if (recv_slots + send_slots > 0)
+    staging = torch::empty({(recv_slots + send_slots) * slot_bytes}, torch::kByte);
+  char* recv_mem = staging.defined() ? static_cast<char*>(staging.data_ptr()) : nullptr;
+  char* send_mem = recv_mem + recv_slots * slot_bytes;
+  // One wrapper per receive window position (staging slot, or out_chunk),
+  // so a completion names its piece.
+  std::vector<Buffer> rb, ob, sb;
+  for (int i = 0; i < kRecvSlots; ++i) {
+    if (staged_recv) rb.push_back(wrap(s, recv_mem + i * slot_bytes, slot_bytes));
+    if (direct) ob.push_back(wrap(s, out, count[r] * es));
   }
+  for (int i = 0; i < send_slots; ++i) sb.push_back(wrap(s, send_mem + i * slot_bytes, slot_bytes));
+  Buffer in_b = wrap(s, in, in_bytes);
+
+  // Step 0: our own input of chunk r-1, straight from `in`, every piece now
+  // (a send moves only once the right has posted the receive).
+  int64_t sent = 0;
+  int in_sends = 0;
+  for (int64_t j = 0; j < pieces; ++j) {
+    int64_t lo, m = piece(send_chunk(0), j, &lo);
+    if (m == 0) continue;
+    in_b->send(right, msg_slot(0, j), (offset[send_chunk(0)] + lo) * es, m * es);
+    ++in_sends;
+    sent += m * es;
+  }
+
+  // What arrives from the left, in wire order. Zero-element pieces are
+  // skipped on both sides (a chunk has as many empty pieces on every rank).
+  std::vector<std::pair<int, int64_t>> order;  // (step, piece)
+  for (int64_t j = 0; j < pieces; ++j)
+    for (int k = 0; k < n - 1; ++k) {
+      int64_t lo;
+      if (piece(recv_chunk(k), j, &lo) > 0) order.emplace_back(k, j);
+    }
+  auto into_out = [&](int k) { return direct && k == n - 2; };
+  auto post = [&](size_t i) {
+    auto [k, j] = order[i];
+    int64_t lo, m = piece(recv_chunk(k), j, &lo);
+    if (into_out(k))
+      ob[i % kRecvSlots]->recv(left, msg_slot(k, j), lo * es, m * es);
+    else
+      rb[i % kRecvSlots]->recv(left, msg_slot(k, j), 0, m * es);
+  };
+  for (size_t i = 0; i < order.size() && i < size_t(kRecvSlots); ++i) post(i);
+
+  // Each arriving partial gets our contribution added: at the last step into
+  // out_chunk (chunk r has every rank's then), before that into a send slot
+  // that goes right as step k+1. No wait here can close a cycle: a rank
+  // waits only for its left to have passed the message before this one, or
+  // for its right to have taken a partial sent kSendSlots partials ago.
+  std::vector<bool> send_busy(send_slots, false);
+  int next = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    auto [k, j] = order[i];
+    const int c = recv_chunk(k);
+    int64_t lo, m = piece(c, j, &lo);
+    wait_recv(s, into_out(k) ? *ob[i % kRecvSlots] : *rb[i % kRecvSlots]);
+    const char* partial = into_out(k) ? out + lo * es : recv_mem + (i % kRecvSlots) * slot_bytes;
+    const char* own = input + (offset[c] + lo) * es;
+    if (k == n - 2) {
+      add_into(out + lo * es, partial, own, m, dtype, divisor);
+    } else {
+      const int t = next;
+      next = (next + 1) % send_slots;
+      if (send_busy[t]) wait_send(s, *sb[t]);
+      add_into(send_mem + t * slot_bytes, partial, own, m, dtype, 1);
+      sb[t]->send(right, msg_slot(k + 1, j), 0, m * es);
+      send_busy[t] = true;
+      sent += m * es;
+    }
+    if (i + kRecvSlots < order.size()) post(i + kRecvSlots);
+  }
+  for (int t = 0; t < send_slots; ++t)
+    if (send_busy[t]) wait_send(s, *sb[t]);
+  for (int i = 0; i < in_sends; ++i) wait_send(s, *in_b);
   return sent;
 }
 

@@ -9,10 +9,8 @@
 //   activations (so the peak is model state and unsharded units), FULL_SHARD
 //   with backward + forward prefetch and limit_all_gathers=LIMIT; SYNC waits
 //   for each reduce-scatter at once (async_reduce=false). Prints
-//     LIMIT limit=.. layers=.. peak=.. rest=.. P_block=.. A=.. grad_temp=.. predicted=..
-//   where rest = the model state at rest (shard, shard grad, Adam state),
-//   grad_temp = the largest parameter's gradient (autograd computes it into a
-//   temporary before adding it into the unit's flat gradient).
+//     LIMIT limit=.. layers=.. peak=.. rest=.. P_block=.. A=.. predicted=..
+//   where rest = the model state at rest (shard, shard grad, Adam state).
 #include <cstdio>
 
 #include "../core_model.h"
@@ -110,11 +108,10 @@ FSDP_SCENARIO(perf_limit) {
   step();
   const int64_t peak = memory::stats().peak;
   auto l = model->ledger(&opt);
-  const int64_t grad_temp = 2 * d * d * 4;  // up.weight / down.weight, fp32
-  std::printf("LIMIT limit=%d async=%d layers=%lld peak=%lld rest=%lld P_block=%lld A=%lld grad_temp=%lld "
-              "predicted=%lld\n",
-              limit, int(async), (long long)layers, (long long)peak, (long long)(l.P + l.G + l.O),
-              (long long)l.P_block, (long long)l.A, (long long)grad_temp, (long long)l.predicted_peak);
+  std::printf("LIMIT limit=%d async=%d layers=%lld peak=%lld rest=%lld P_block=%lld A=%lld predicted=%lld\n", limit,
+              int(async), (long long)layers, (long long)peak, (long long)(l.P + l.G + l.O), (long long)l.P_block,
+              (long long)l.A, (long long)l.predicted_peak);
+  std::fflush(stdout);
   return 0;
 }
 
