@@ -12,7 +12,10 @@
 // allocator's peak (reset at the step's start, so it includes everything
 // resident) and the communicator's byte counters. Every rank prints
 //   MEASURE cfg=<i> rank=<r> rest=<bytes> peak=<bytes> ag=<bytes> rs=<bytes> ar=<bytes>
-// rest = bytes allocated when the measured step starts (model state at rest).
+//           after_forward=<bytes> forward_peak=<bytes>
+// rest = bytes allocated when the measured step starts (model state at rest);
+// after_forward / forward_peak: allocated when the loss exists, and the peak
+// until then (where the step's peak happens: forward, or backward).
 #include <cstdio>
 #include <sstream>
 #include <string>
