@@ -8,12 +8,18 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
 namespace fsdp::testing {
 
-std::string bin_path(const std::string& name) { return std::string(FSDP_BIN_DIR) + "/" + name; }
+// FSDP_TEST_BIN_DIR overrides the build's bin/ (e.g. the sanitizer build's
+// binaries as the ranks of a plain fsdp_tests: make test-asan ASAN_QUICK=1).
+std::string bin_path(const std::string& name) {
+  const char* dir = std::getenv("FSDP_TEST_BIN_DIR");
+  return std::string(dir && *dir ? dir : FSDP_BIN_DIR) + "/" + name;
+}
 std::string source_path(const std::string& rel) { return std::string(FSDP_SOURCE_DIR) + "/" + rel; }
 
 ProcResult run_command(const std::vector<std::string>& argv, const std::vector<std::string>& env,
