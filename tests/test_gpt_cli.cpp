@@ -118,3 +118,35 @@ TEST(GptCli, TinyRunTrainsSamplesSavesAndReloads) {
   EXPECT_NE(r.output.find("blocks.1"), std::string::npos) << r.output;
   fs::remove_all(d);
 }
+
+// --plan: the planner's ledger from the real wrapped model's units before
+// step 1, and its peak and traffic against the measured ones at the end.
+TEST(GptCli, PlanBeforeStepOneMatchesTheMeasuredRun) {
+  const std::string d = temp_dir("plan");
+  std::ofstream(d + "/t.txt") << std::string(4000, 'x') << "the quick brown fox jumps over the lazy dog\n";
+  for (const char* strategy : {"full", "grad-op"}) {
+    auto r = run_command({bin_path("fsdp"), "run", "-n", "2", "--", bin_path("gpt"), "--text", d + "/t.txt",
+                          "--steps", "3", "--layers", "2", "--dim", "64", "--heads", "2", "--seq", "32", "--batch",
+                          "2", "--eval-every", "0", "--no-progress", "--straggler-factor", "0", "--strategy",
+                          strategy, "--plan"},
+                         {}, 120);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto head = r.output.find("[rank 0] plan: ");
+    auto step0 = r.output.find("[rank 0] step     0");
+    ASSERT_NE(head, std::string::npos) << r.output;
+    ASSERT_NE(step0, std::string::npos) << r.output;
+    EXPECT_LT(head, step0) << "the plan prints before step 1";
+    auto lines = fsdp::testing::lines_with(r.output, "plan vs measured (rank 0)");
+    ASSERT_EQ(lines.size(), 1u) << r.output;
+    double peak_ratio = 0, traffic_ratio = 0;
+    auto p = lines[0].find(" measured (", lines[0].find("peak "));
+    ASSERT_NE(p, std::string::npos) << lines[0];
+    peak_ratio = std::stod(lines[0].substr(p + 11));
+    auto t = lines[0].find("training steps (");
+    ASSERT_NE(t, std::string::npos) << lines[0];
+    traffic_ratio = std::stod(lines[0].substr(t + 16));
+    EXPECT_NEAR(peak_ratio, 1.0, 0.10) << strategy << ": " << lines[0];
+    EXPECT_NEAR(traffic_ratio, 1.0, 0.01) << strategy << ": " << lines[0];
+  }
+  fs::remove_all(d);
+}

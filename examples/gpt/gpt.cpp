@@ -28,6 +28,7 @@
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
+#include "fsdp/plan.h"
 #include "fsdp/progress.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/straggler.h"
@@ -68,6 +69,7 @@ struct Args {
   std::string ckpt_dir, trace;
   bool resume = false;
   bool prefetch = false;
+  bool plan = false;  // print the planner's ledger before step 1, compare at the end
   int64_t ckpt_every = 0;
   std::string max_memory;          // "2GiB": the counting allocator's limit
   double timeout = 0;              // seconds per collective; 0: the library default
@@ -110,6 +112,8 @@ bool parse_args(int argc, char** argv, Args& a) {
   app.add_option("--clip", a.clip, "global gradient-norm clip (0: off)")->check(fsdp::cli::real(0, 1e12));
   app.add_option("--strategy", a.strategy, "full | grad-op | none (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD)");
   app.add_option("--wrap", a.wrap, "block (one unit per transformer block) | size:N | none");
+  app.add_flag("--plan", a.plan, "print the planner's ledger of this run (from the wrapped model's units) before step 1 "
+                                 "and compare its peak and traffic with the measured ones at the end");
   app.add_flag("--prefetch", a.prefetch, "overlap: all-gather the next unit early (backward PRE + forward prefetch)");
   app.add_option("--dtype", a.dtype, "fp32 | bf16 (bf16: all-gather and compute in bf16, fp32 master shards)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
@@ -419,6 +423,23 @@ int train(const Args& a) {
     std::printf("%s\n", model->describe_units().c_str());
     std::fflush(stdout);
   }
+  // The planner on this run: the real units, GPT-mini's activation estimate.
+  std::optional<fsdp::plan::Plan> plan;
+  if (a.plan) {
+    const fsdp::plan::GptShape shape{a.cfg.layers, a.cfg.dim, a.cfg.heads, a.cfg.vocab, a.cfg.seq, a.batch};
+    fsdp::plan::PlanOptions po;
+    po.world = N;
+    po.strategy = fopts.strategy;
+    po.param_bytes = a.dtype == "bf16" ? 2 : 4;
+    po.optimizer = fsdp::plan::Optimizer::ADAM;
+    po.micro_steps = static_cast<int>(a.accum);
+    po.prefetch = a.prefetch ? 1 : 0;
+    const int act_bytes = po.param_bytes;
+    plan = fsdp::plan::make_plan(fsdp::plan::units_from(model->units()),
+                                 fsdp::plan::gpt_activations(shape, act_bytes).total, po,
+                                 fsdp::plan::gpt_released(shape, a.wrap, act_bytes));
+    if (lead) std::printf("%s\n", plan->str().c_str()), std::fflush(stdout);
+  }
 
   auto validate = [&](int64_t step) {
     const double vl = evaluate(model, *comm, val_tokens, order, a.eval_batches);
@@ -469,12 +490,14 @@ int train(const Args& a) {
     stragglers->set_logging(false);  // printed below, between the step lines
   }
   const auto run_start = clock::now();
+  int64_t train_bytes = 0;  // sent inside the steps' spans (what the plan predicts)
   for (int64_t step = first_step; step < a.steps; step++) {
     if (eval_on && step % a.eval_every == 0) validate(step);
     // The step span covers training only: evaluation traffic stays outside
     // the report's per-step traffic (compared with 3P / 2P).
     fsdp::trace::Span step_span("step", "step");
     if (step_span.active()) step_span.arg("step", step);
+    const int64_t sent0 = comm->counters().total_bytes_sent();
     const auto t0 = clock::now();
     const double waited0 = waits->seconds();
     fsdp::inject_step_delay(rank);  // FSDP_INJECT_STEP_DELAY=RANK:MS (tests of the monitor)
@@ -508,6 +531,7 @@ int train(const Args& a) {
     }
     if (step_span.active()) step_span.arg("loss", loss_sum / double(a.accum));
     step_span.end();
+    train_bytes += comm->counters().total_bytes_sent() - sent0;
     if (!a.ckpt_dir.empty() && a.ckpt_every > 0 && (step + 1) % a.ckpt_every == 0 && step + 1 < a.steps)
       checkpoint(step + 1);
 
@@ -555,6 +579,16 @@ int train(const Args& a) {
     std::printf("trained %lld steps in %.1f s (%.0f tokens/s)\n", (long long)(a.steps - first_step), seconds,
                 double(tokens_per_step * (a.steps - first_step)) / std::max(seconds, 1e-9));
     std::printf("%s\n", ledger.str().c_str());
+    if (plan) {
+      const int64_t steps_run = a.steps - first_step, sent = train_bytes;
+      std::printf("plan vs measured (rank 0): peak %s predicted, %s measured (%.3f); traffic %s/step predicted, "
+                  "%s/step measured in the training steps (%.3f)\n",
+                  fsdp::memory::format_bytes(plan->peak).c_str(), fsdp::memory::format_bytes(ledger.peak).c_str(),
+                  double(plan->peak) / std::max<double>(1, ledger.peak),
+                  fsdp::memory::format_bytes(plan->traffic.total()).c_str(),
+                  fsdp::memory::format_bytes(steps_run > 0 ? sent / steps_run : 0).c_str(),
+                  steps_run > 0 && sent > 0 ? double(plan->traffic.total()) * steps_run / double(sent) : 0.0);
+    }
     std::fflush(stdout);
   }
 
