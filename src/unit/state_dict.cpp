@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "compat/torch_compat.h"
+#include "fsdp/progress.h"
 #include "fsdp/state_dict.h"
 #include "unit/sharded_state.h"
 
@@ -213,6 +214,22 @@ std::unique_ptr<ckpt::SafetensorsWriter> open_writer(const ShardedState& st, con
   }
 }
 
+// Rank 0's progress of a full-file save (bytes; shown when it takes more
+// than a few seconds, fsdp/progress.h).
+std::unique_ptr<Progress> save_progress(const ShardedState& st, const std::string& path,
+                                        const std::vector<ckpt::TensorSpec>& specs) {
+  ProgressOptions po;
+  po.label = "saving " + path;
+  po.unit = "bytes";
+  po.rank = st.rank();
+  for (auto& sp : specs) {
+    int64_t n = 1;
+    for (auto d : sp.shape) n *= d;
+    po.total += n * static_cast<int64_t>(c10::elementSize(sp.dtype));
+  }
+  return std::make_unique<Progress>(po);
+}
+
 // Every rank learns whether rank 0's write failed, so a failed save throws
 // everywhere and nobody hangs.
 void agree(Communicator& comm, const std::string& error, const std::string& what) {
@@ -357,20 +374,30 @@ void save_full(const FullyShardedModel& model, const std::string& path) {
   // failure to write on rank 0 is agreed on at the end so no rank hangs.
   std::string error;
   auto w = open_writer(st, path, specs, {{"format", "pt"}}, error);
+  auto progress = save_progress(st, path, specs);
+  int64_t written = 0;
   torch::NoGradGuard ng;
   for (auto& u : st.units) {
     if (u->empty()) continue;
     torch::Tensor full = st.gather_unit(*u, u->shard, 0, "save_full");
     if (w && error.empty()) try {
         for (auto& s : u->params)
-          for (size_t i = 0; i <= s.aliases.size(); ++i) w->write(full.narrow(0, s.offset, s.numel));
+          for (size_t i = 0; i <= s.aliases.size(); ++i) {
+            w->write(full.narrow(0, s.offset, s.numel));
+            written += s.numel * 4;
+          }
+        progress->update(written);
       } catch (const std::exception& e) {
         error = e.what();
       }
   }
   if (w && error.empty()) try {
-      for (auto& b : buffers) w->write(b.value());
+      for (auto& b : buffers) {
+        w->write(b.value());
+        written += b.value().numel() * static_cast<int64_t>(b.value().element_size());
+      }
       w->finish();
+      if (!buffers.is_empty()) progress->update(written);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -402,13 +429,19 @@ void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimiz
                         {"optimizer", kind_name(k)},
                         {"param_groups", describe_groups(model, opt, k).dump()}},
                        error);
+  auto progress = save_progress(st, path, specs);
+  int64_t written = 0;
   torch::NoGradGuard ng;
   for (auto& u : st.units) {
     if (u->empty()) continue;
     for (auto& f : fields) {
       torch::Tensor full = st.gather_unit(*u, optim_flat(st, *u, opt, k, f), 0, "save_full_optim");
       if (w && error.empty()) try {
-          for (auto& s : u->params) w->write(full.narrow(0, s.offset, s.numel));
+          for (auto& s : u->params) {
+            w->write(full.narrow(0, s.offset, s.numel));
+            written += s.numel * 4;
+          }
+          progress->update(written);
         } catch (const std::exception& e) {
           error = e.what();
         }
@@ -417,6 +450,7 @@ void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimiz
   if (w && error.empty()) try {
       for (auto step : steps) w->write(torch::tensor({step}, torch::kLong));
       w->finish();
+      progress->update(written + static_cast<int64_t>(steps.size()) * 8);
     } catch (const std::exception& e) {
       error = e.what();
     }
