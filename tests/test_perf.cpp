@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <random>
+#include <thread>
 #include <regex>
 
 #include "comm/reduce.h"
@@ -161,6 +162,37 @@ TEST(PerfLimit, PeakStaysWithinTheInFlightLimitWithAsyncReduce) {
   EXPECT_LE(one.peak, bound(one, 1, true)) << "limit_all_gathers=1";
   EXPECT_LE(two.peak, bound(two, 2, true)) << "limit_all_gathers=2";
   EXPECT_LE(deep.peak, bound(deep, 2, true)) << "limit_all_gathers=2, 16 units";
+}
+
+// Threads per rank: cores / local ranks by default (libtorch follows
+// OMP_NUM_THREADS), and idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE)
+// once ranks x threads exceed the cores; a user's own setting is kept.
+TEST(PerfThreads, DefaultIsCoresOverRanksAndOversubscriptionIsPassive) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto d = run_ranks(1, "perf_env");
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  auto lines = lines_with(d.output, "THREADS");
+  ASSERT_EQ(lines.size(), 1u) << d.output;
+  // One rank: it may use every core it is allowed (affinity can narrow it).
+  auto kv = parse_kv(lines[0]);
+  EXPECT_GE(kv["omp"], 1) << lines[0];
+  EXPECT_LE(kv["omp"], cores) << lines[0];
+  EXPECT_EQ(kv["torch"], kv["omp"]) << lines[0];
+  EXPECT_NE(lines[0].find("wait=unset"), std::string::npos) << lines[0];
+
+  // Two ranks with as many threads each as there are cores: oversubscribed.
+  auto o = run_command({bin_path("fsdp"), "run", "-n", "2", "--threads", std::to_string(cores), "--",
+                        bin_path("fsdp_test_worker"), "perf_env"});
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  auto ol = lines_with(o.output, "THREADS");
+  ASSERT_EQ(ol.size(), 2u) << o.output;
+  for (auto& l : ol) {
+    EXPECT_NE(l.find("omp=" + std::to_string(cores) + " "), std::string::npos) << l;
+    EXPECT_NE(l.find("wait=PASSIVE"), std::string::npos) << l;
+  }
+  auto u = run_ranks(2, "perf_env", {}, {"OMP_WAIT_POLICY=ACTIVE", "OMP_NUM_THREADS=" + std::to_string(cores)});
+  ASSERT_EQ(u.exit_code, 0) << u.output;
+  for (auto& l : lines_with(u.output, "THREADS")) EXPECT_NE(l.find("wait=ACTIVE"), std::string::npos) << l;
 }
 
 }  // namespace

@@ -216,9 +216,25 @@ class Attempt {
         {"FSDP_RESTART_COUNT", std::to_string(restart_)},
     };
     if (!token_.empty()) set.push_back({"FSDP_JOB_TOKEN", token_});
-    int threads = o_.threads > 0 ? o_.threads : std::max(1, cores() / o_.nproc);
+    // Compute threads per rank: the cores this launcher may use / local
+    // ranks, at least 1. Nothing is held back for a rank's communication
+    // threads (its queue thread and Gloo's socket thread): they sleep in
+    // waits most of the time and their socket copies are a few percent of a
+    // step (docs/COMM.md, "Threads"). --threads T or the user's own
+    // OMP_NUM_THREADS override it.
+    const int threads = o_.threads > 0 ? o_.threads : std::max(1, cores() / o_.nproc);
     for (const char* k : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"})
       if (o_.threads > 0 || !std::getenv(k)) set.push_back({k, std::to_string(threads)});
+    // More compute threads than cores (--threads above the default, or more
+    // ranks than cores): OpenMP's idle threads must sleep, not spin, or they
+    // take the cores the other ranks' threads wait for (measured: 2 ranks x
+    // 2 threads on 2 cores ran 5-9x slower spinning, as fast as 1 thread
+    // passive). Kept when the user set OMP_WAIT_POLICY.
+    const int env_threads = std::getenv("OMP_NUM_THREADS") && o_.threads <= 0
+                                ? std::max(1, std::atoi(std::getenv("OMP_NUM_THREADS")))
+                                : threads;
+    if (int64_t(env_threads) * o_.nproc > cores() && !std::getenv("OMP_WAIT_POLICY"))
+      set.push_back({"OMP_WAIT_POLICY", "PASSIVE"});
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) {
       std::string kv = *e;

@@ -5,7 +5,8 @@
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (plus FSDP_RESTART_COUNT and
 // FSDP_JOB_TOKEN, the job's secret for the rendezvous store), and
 // OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS = cores / local
-// ranks unless the user set them or passed --threads.
+// ranks unless the user set them or passed --threads, and
+// OMP_WAIT_POLICY=PASSIVE when ranks x threads exceed the cores (unless set).
 //
 // Fail together: the first rank that exits non-zero or dies by a signal stops
 // the others (SIGTERM, then SIGKILL after a grace period) and the launcher

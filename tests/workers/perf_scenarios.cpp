@@ -11,7 +11,11 @@
 //   for each reduce-scatter at once (async_reduce=false). Prints
 //     LIMIT limit=.. layers=.. peak=.. rest=.. P_block=.. A=.. predicted=..
 //   where rest = the model state at rest (shard, shard grad, Adam state).
+//
+// perf_env: prints the thread settings the launcher gave this rank.
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "../core_model.h"
 #include "fsdp/comm.h"
@@ -78,6 +82,16 @@ FSDP_SCENARIO(perf_traffic) {
                 counter(c, CollectiveKind::ALL_REDUCE), (long long)c[CollectiveKind::ALL_GATHER].calls,
                 (long long)c[CollectiveKind::REDUCE_SCATTER].calls);
   }
+  return 0;
+}
+
+// perf_env: what the launcher chose for this rank's threads.
+//   THREADS omp=<OMP_NUM_THREADS> wait=<OMP_WAIT_POLICY or unset> torch=<torch::get_num_threads()>
+FSDP_SCENARIO(perf_env) {
+  auto get = [](const char* k) { return std::getenv(k) ? std::string(std::getenv(k)) : std::string("unset"); };
+  std::printf("THREADS omp=%s wait=%s torch=%d\n", get("OMP_NUM_THREADS").c_str(), get("OMP_WAIT_POLICY").c_str(),
+              torch::get_num_threads());
+  std::fflush(stdout);
   return 0;
 }
 
