@@ -47,9 +47,10 @@ run_bench_train() {
 
 # Threads per rank: the same FULL_SHARD step (and compute only) at N=2 with 2
 # compute threads per rank, beside bench_train's 1 (2 ranks x 2 threads on a
-# 2-core machine oversubscribe it; on a larger host this shows the gain).
+# 2-core machine oversubscribe it, so the launcher's --threads 2 also makes
+# OpenMP's idle threads sleep; on a larger host this shows the gain).
 run_bench_threads() {
-  "$BIN/fsdp" run -n 2 -- "$BIN/bench_train" --threads 2 --strategies full --prefetch on --dtypes fp32 \
+  "$BIN/fsdp" run -n 2 --threads 2 -- "$BIN/bench_train" --threads 2 --strategies full --prefetch on --dtypes fp32 \
     --steps "$BENCH_STEPS" --json "$RUN_DIR/bench_threads.jsonl"
 }
 
