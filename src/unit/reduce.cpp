@@ -128,7 +128,7 @@ void ShardedState::post_backward(Unit& u) {
   // The input is not kept here: the communicator holds it for the transfer
   // and drops it the moment the reduce-scatter completed, so the unsharded
   // gradients are freed then, not when the result is folded in.
-  PendingReduce p{&u, nullptr, torch::Tensor(), torch::Tensor()};
+  PendingReduce p{&u, nullptr, torch::Tensor()};
   if (u.keeps_unsharded) {
     p.output = in;
     p.work = comm->all_reduce(in, ReduceOp::AVG, {u.display_name()});

@@ -54,7 +54,7 @@ enum class TrainingState {
   IDLE,
   FORWARD,        // inside its forward
   FORWARD_DONE,   // forward ran with grad enabled: a backward will come
-  BACKWARD,       // pre-backward hook fired: gradients are landing in `full_grad`
+  BACKWARD,       // pre-backward hook fired: autograd is writing the params' .grad
   BACKWARD_DONE,  // post-backward ran (reduced, or kept for no_sync)
 };
 
@@ -78,7 +78,7 @@ struct Unit {
   torch::Tensor shard;       // fp32 [S]: the master shard, optimizer-owned through shard_views
   torch::Tensor shard_grad;  // fp32 [S]: reduced gradients, views handed to shard_views' .grad
   torch::Tensor full;        // param_dtype [padded]: all-gather output; storage freed when SHARDED
-  torch::Tensor full_grad;   // param_dtype [padded]: unsharded grads; undefined outside backward/no_sync
+  torch::Tensor full_grad;   // param_dtype [padded]: unsharded grads kept under no_sync; undefined otherwise
   torch::Tensor gather_input;  // param_dtype [S] cast of `shard` while an all-gather is in flight
 
   // Protected by the caller's thread (hooks and forward run on the
@@ -95,12 +95,13 @@ struct Unit {
   std::string display_name() const { return name.empty() ? "<root>" : name; }
 };
 
-// A reduce-scatter in flight: `input` (the unsharded grads) stays alive until
-// the work completed; `output` is then added into the unit's shard_grad.
+// A reduce-scatter (NO_SHARD: all-reduce) in flight. Its input, the unit's
+// flat unsharded gradients, is held by the communicator alone and freed the
+// moment the collective completes; `output` is then added into the unit's
+// shard_grad (src/unit/reduce.cpp).
 struct PendingReduce {
   Unit* unit;
   WorkPtr work;
-  torch::Tensor input;
   torch::Tensor output;
 };
 
