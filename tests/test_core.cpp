@@ -45,13 +45,16 @@ INSTANTIATE_TEST_SUITE_P(Grid, CoreParity,
                                   std::get<2>(info.param);
                          });
 
-// Prefetch and asynchronous reduce-scatter keep parity, also with a delay
-// injected before collectives (rank r sleeps 5r ms) to expose a missing wait.
+// Prefetch and asynchronous reduce-scatter keep parity, also with delays
+// injected to expose a missing wait: rank r sleeps 5r ms before each
+// micro-step, and the communication thread holds every collective 2(r+1) ms
+// (FSDP_TEST_COMM_DELAY_MS), so prefetched all-gathers and reduce-scatters
+// are still running when the engine would read their outputs without waiting.
 using PrefetchParam = std::tuple<int, std::string, std::string>;
 class CorePrefetch : public ::testing::TestWithParam<PrefetchParam> {};
 TEST_P(CorePrefetch, KeepsParity) {
   auto [n, strategy, prefetch] = GetParam();
-  auto r = run_ranks(n, "core_parity", {strategy, "rs", prefetch}, {"FSDP_TEST_DELAY=1"});
+  auto r = run_ranks(n, "core_parity", {strategy, "rs", prefetch}, {"FSDP_TEST_DELAY=1", "FSDP_TEST_COMM_DELAY_MS=2"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (auto& l : lines_with(r.output, "PARITY")) EXPECT_NE(l.find(" OK"), std::string::npos) << l;
 }

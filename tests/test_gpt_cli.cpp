@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "fsdp/checkpoint.h"
 #include "test_util.h"
@@ -148,5 +149,32 @@ TEST(GptCli, PlanBeforeStepOneMatchesTheMeasuredRun) {
     EXPECT_NEAR(peak_ratio, 1.0, 0.10) << strategy << ": " << lines[0];
     EXPECT_NEAR(traffic_ratio, 1.0, 0.01) << strategy << ": " << lines[0];
   }
+  fs::remove_all(d);
+}
+
+// Mixed precision: bf16 parameters (compute and all-gather; fp32 master
+// shards) track fp32 over 200 GPT-mini steps: validation loss within 1%.
+TEST(GptCli, Bf16ValidationLossAfter200StepsIsWithinOnePercentOfFp32) {
+  const std::string d = temp_dir("bf16");
+  {
+    std::ofstream f(d + "/t.txt");
+    for (int i = 0; i < 60; ++i) f << "line " << i << ": the quick brown fox jumps over the lazy dog; pack my box.\n";
+  }
+  std::map<std::string, double> val;
+  for (const char* dtype : {"fp32", "bf16"}) {
+    auto r = run_command({bin_path("fsdp"), "run", "-n", "2", "--", bin_path("gpt"), "--text", d + "/t.txt",
+                          "--steps", "200", "--layers", "2", "--dim", "64", "--heads", "2", "--seq", "32", "--batch",
+                          "4", "--eval-every", "200", "--log-every", "100", "--no-progress", "--straggler-factor", "0",
+                          "--dtype", dtype},
+                         {}, 300);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto lines = fsdp::testing::lines_with(r.output, "step   200 | val loss");
+    ASSERT_EQ(lines.size(), 1u) << r.output;
+    val[dtype] = std::stod(lines[0].substr(lines[0].find("val loss") + 9));
+  }
+  EXPECT_LT(val["fp32"], 4.0) << "200 steps should learn something";
+  EXPECT_NEAR(val["bf16"], val["fp32"], 0.01 * val["fp32"]) << "bf16 " << val["bf16"] << " vs fp32 " << val["fp32"];
+  std::printf("val loss after 200 steps: fp32 %.4f, bf16 %.4f (%.3f%%)\n", val["fp32"], val["bf16"],
+              100.0 * (val["bf16"] - val["fp32"]) / val["fp32"]);
   fs::remove_all(d);
 }
