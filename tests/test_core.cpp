@@ -2,7 +2,6 @@
 // ledger, misuse. Multi-rank cases run real processes through `fsdp run`.
 #include <gtest/gtest.h>
 
-#include <regex>
 
 #include "core_model.h"
 #include "fsdp/comm.h"
@@ -11,14 +10,6 @@
 
 namespace fsdp::testing {
 namespace {
-
-std::map<std::string, long long> parse_kv(const std::string& line) {
-  std::map<std::string, long long> kv;
-  std::regex re("(\\w+)=(-?\\d+)");
-  for (std::sregex_iterator it(line.begin(), line.end(), re), end; it != end; ++it)
-    kv[(*it)[1]] = std::stoll((*it)[2]);
-  return kv;
-}
 
 // ---------------------------------------------------------------- parity
 using ParityParam = std::tuple<int, std::string, std::string>;

@@ -11,21 +11,12 @@
 #include <cstring>
 #include <random>
 #include <thread>
-#include <regex>
 
 #include "comm/reduce.h"
 #include "test_util.h"
 
 namespace fsdp::testing {
 namespace {
-
-std::map<std::string, long long> parse_kv(const std::string& line) {
-  std::map<std::string, long long> kv;
-  std::regex re("(\\w+)=(-?\\d+)");
-  for (std::sregex_iterator it(line.begin(), line.end(), re), end; it != end; ++it)
-    kv[(*it)[1]] = std::stoll((*it)[2]);
-  return kv;
-}
 
 // The reduce-scatter's local add (SIMD lanes + scalar tail) gives exactly
 // the bits of the plain scalar arithmetic it documents: widen to the

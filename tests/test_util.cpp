@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <regex>
 #include <sstream>
 
 namespace fsdp::testing {
@@ -84,6 +85,14 @@ std::vector<std::string> lines_with(const std::string& text, const std::string& 
   while (std::getline(is, line))
     if (line.find(needle) != std::string::npos) out.push_back(line);
   return out;
+}
+
+std::map<std::string, long long> parse_kv(const std::string& line) {
+  std::map<std::string, long long> kv;
+  std::regex re("(\\w+)=(-?\\d+)");
+  for (std::sregex_iterator it(line.begin(), line.end(), re), end; it != end; ++it)
+    kv[(*it)[1]] = std::stoll((*it)[2]);
+  return kv;
 }
 
 }  // namespace fsdp::testing

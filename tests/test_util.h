@@ -1,7 +1,8 @@
 // fsdp-cpp tests: start ranks as processes and collect what they print.
-// defines: ProcResult, run_command, run_ranks, bin_path, lines_with
+// defines: ProcResult, run_command, run_ranks, bin_path, lines_with, parse_kv
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,5 +28,8 @@ ProcResult run_ranks(int n, const std::string& scenario, const std::vector<std::
 
 // Lines of `text` that contain `needle`.
 std::vector<std::string> lines_with(const std::string& text, const std::string& needle);
+
+// The integer fields "key=value" of one printed line (e.g. "peak=123 rest=45").
+std::map<std::string, long long> parse_kv(const std::string& line);
 
 }  // namespace fsdp::testing

@@ -230,6 +230,25 @@ std::unique_ptr<Progress> save_progress(const ShardedState& st, const std::strin
   return std::make_unique<Progress>(po);
 }
 
+// Rank 0 writes unit u's parameters from their gathered flat buffer, in
+// u.params order (with_aliases: once more under each tied name, as the model
+// file lists them), and reports the bytes; a write error is kept for the
+// agreement.
+void write_unit(ckpt::SafetensorsWriter* w, const detail::Unit& u, const torch::Tensor& full, bool with_aliases,
+                int64_t& written, Progress& progress, std::string& error) {
+  if (!w || !error.empty()) return;
+  try {
+    for (auto& s : u.params)
+      for (size_t i = 0; i <= (with_aliases ? s.aliases.size() : 0); ++i) {
+        w->write(full.narrow(0, s.offset, s.numel));
+        written += s.numel * 4;
+      }
+    progress.update(written);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+}
+
 // Every rank learns whether rank 0's write failed, so a failed save throws
 // everywhere and nobody hangs.
 void agree(Communicator& comm, const std::string& error, const std::string& what) {
@@ -380,16 +399,7 @@ void save_full(const FullyShardedModel& model, const std::string& path) {
   for (auto& u : st.units) {
     if (u->empty()) continue;
     torch::Tensor full = st.gather_unit(*u, u->shard, 0, "save_full");
-    if (w && error.empty()) try {
-        for (auto& s : u->params)
-          for (size_t i = 0; i <= s.aliases.size(); ++i) {
-            w->write(full.narrow(0, s.offset, s.numel));
-            written += s.numel * 4;
-          }
-        progress->update(written);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
+    write_unit(w.get(), *u, full, /*with_aliases=*/true, written, *progress, error);
   }
   if (w && error.empty()) try {
       for (auto& b : buffers) {
@@ -436,15 +446,7 @@ void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimiz
     if (u->empty()) continue;
     for (auto& f : fields) {
       torch::Tensor full = st.gather_unit(*u, optim_flat(st, *u, opt, k, f), 0, "save_full_optim");
-      if (w && error.empty()) try {
-          for (auto& s : u->params) {
-            w->write(full.narrow(0, s.offset, s.numel));
-            written += s.numel * 4;
-          }
-          progress->update(written);
-        } catch (const std::exception& e) {
-          error = e.what();
-        }
+      write_unit(w.get(), *u, full, /*with_aliases=*/false, written, *progress, error);
     }
   }
   if (w && error.empty()) try {
