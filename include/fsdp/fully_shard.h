@@ -136,6 +136,8 @@ struct Ledger {
   int64_t A = 0;              // activation bytes of the last forward (measured)
   int64_t peak = 0;           // counting allocator peak since reset
   int64_t current = 0;        // counting allocator now
+  int64_t cached = 0;         // allocator cache now: freed blocks kept for reuse (not in peak/current)
+  int64_t rss_peak = 0;       // the process's resident high-water mark (VmHWM; 0 where unknown)
   // Predictions from the seed's formulas with this run's sizes.
   int64_t predicted_rest = 0;  // (P+G+O)/N (+ replicas for NO_SHARD / SHARD_GRAD_OP params)
   int64_t predicted_peak = 0;  // P/N + G/N + O/N + P_block (+ prefetched units) + A

@@ -1,11 +1,14 @@
 // fsdp-cpp: the counting CPU allocator behind the ledger.
 // defines: memory::install, memory::stats, memory::reset_peak, memory::set_limit,
-//          memory::OutOfMemory, memory::Stats
+//          memory::empty_cache, memory::set_caching, memory::OutOfMemory, memory::Stats
 //
 // Installed with c10::SetCPUAllocator before the model is built (fsdp::init and
 // make_communicator_from_env do it), it wraps the default CPU allocator and
 // carries each block's size in its DataPtr context, so current and peak bytes
-// are exact for every tensor allocated afterwards. With a limit set, an
+// are exact for every tensor allocated afterwards. Blocks of 64 KiB and more
+// are cached and reused (a training step repeats the sizes of the last one),
+// so a steady-state step asks the system for almost nothing: no page faults
+// for fresh zeroed pages. With a limit set, an
 // allocation that would pass it throws memory::OutOfMemory (like a GPU's
 // memory), whose message the FSDP layer turns into a ledger diagnosis.
 #pragma once
@@ -22,6 +25,13 @@ struct Stats {
   int64_t peak = 0;         // max of current since install or reset_peak()
   int64_t allocations = 0;  // count of allocations
   int64_t limit = 0;        // 0 = none
+  // The cache (blocks of 64 KiB and more kept for reuse instead of returned
+  // to the system). Never part of current/peak: the process holds about
+  // current + cached.
+  int64_t cached = 0;              // bytes in free blocks the cache keeps now
+  int64_t cache_hits = 0;          // allocations served from the cache
+  int64_t system_allocations = 0;  // allocations that went to the system (malloc)
+  int64_t cache_released = 0;      // cached bytes given back (bound, limit, empty_cache)
 };
 
 // Idempotent. Returns true when the counting allocator is active.
@@ -30,8 +40,17 @@ bool installed();
 Stats stats();
 void reset_peak();
 
-// 0 removes the limit.
+// 0 removes the limit. The limit bounds held plus cached bytes: cached blocks
+// are released (oldest first) before an allocation is refused, so a refusal
+// means the tensors themselves need more.
 void set_limit(int64_t bytes);
+
+// Gives every cached block back to the system; returns the bytes released.
+int64_t empty_cache();
+// Caching is on by default (FSDP_ALLOC_CACHE=off at install turns it off);
+// turning it off empties the cache.
+void set_caching(bool on);
+bool caching();
 
 // Called (outside the allocator lock) to explain an over-limit allocation;
 // the FSDP layer installs one that names the ledger term that overflowed.
@@ -41,6 +60,10 @@ class OutOfMemory : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// The process's resident high-water mark (VmHWM in /proc/self/status): what
+// the system saw, cache and every library included. 0 where unknown.
+int64_t process_peak_rss();
 
 // "1.50 MiB"
 std::string format_bytes(int64_t bytes);

@@ -2,14 +2,20 @@
 //
 // Blocks come from c10::alloc_cpu (what the default CPU allocator uses) with
 // the size in a header in front, so the deleter knows exactly what to
-// subtract. Counters are atomics: the allocator is called from compute
-// threads and the communication thread.
+// subtract; blocks of 64 KiB and more are cached for reuse (below). Counters
+// are atomics: the allocator is called from compute threads and the
+// communication thread.
 #include "fsdp/memory.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <list>
+#include <map>
+#include <unordered_map>
 #include <cmath>
 #include <cstdio>
 #include <mutex>
@@ -21,22 +27,138 @@ namespace {
 
 std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
+std::atomic<int64_t> g_high{0};  // max of current since install, never reset
 std::atomic<int64_t> g_allocs{0};
 std::atomic<int64_t> g_limit{0};
 std::mutex g_explainer_mu;
 std::function<std::string(int64_t, const Stats&)> g_explainer;
 
-// Each block carries a 64-byte header in front of the data holding its size,
-// so the DataPtr's context can equal its data pointer: some kernels (GELU's
-// scratch space, for one) use Allocator::raw_allocate, which requires that.
+// Each block carries a 64-byte header in front of the data holding its
+// requested size and its capacity, so the DataPtr's context can equal its data
+// pointer: some kernels (GELU's scratch space, for one) use
+// Allocator::raw_allocate, which requires that.
 constexpr size_t kHeader = 64;  // keeps the data 64-byte aligned like the default
+struct Header {
+  int64_t size;      // bytes the tensor asked for: what current/peak count
+  int64_t capacity;  // bytes of data behind the header (>= size); 0: not cacheable
+};
+
+// ---------------------------------------------------------------------------
+// The cache. glibc returns large blocks (mmap'd, or the top of the heap) to the
+// kernel on free; the next allocation of the same size then faults in fresh
+// zeroed pages, thousands per training step (every unshard, every gradient
+// buffer, every activation of a few hundred KiB). Blocks of at least
+// kCacheMin bytes are kept here instead and handed to the next request that
+// fits. Capacities are rounded to pages, and a cached block serves a request
+// of up to 1/8 less, so a step that repeats the previous one's sizes reuses
+// every block exactly.
+//
+// What the cache holds is never counted as held: current/peak (what the
+// ledger and the planner speak of) stay the tensors' own bytes. The cache is
+// bounded: by the limit (held + cached never passes it: cached blocks are
+// released, oldest first, before a request is refused), by the largest the
+// process has ever held (so the footprint stays below twice that), and on
+// demand (empty_cache). When the system refuses memory the cache is emptied
+// and the request retried once.
+constexpr int64_t kCacheMin = 64 * 1024;
+constexpr int64_t kPage = 4096;
+constexpr int64_t kMinCacheBound = 64ll << 20;
+
+struct Cache {
+  std::mutex mu;
+  // capacity -> blocks (raw pointers, header included); insertion order kept in
+  // `age` for eviction.
+  std::multimap<int64_t, char*> free_by_size;
+  std::list<std::multimap<int64_t, char*>::iterator> age;  // oldest first
+  std::unordered_map<char*, std::list<std::multimap<int64_t, char*>::iterator>::iterator> age_of;
+  std::atomic<int64_t> cached{0};
+  std::atomic<int64_t> hits{0};
+  std::atomic<int64_t> system_allocs{0};
+  std::atomic<int64_t> released{0};
+  std::atomic<bool> enabled{true};
+
+  // Takes a block of capacity in [cap, cap + cap/8] out of the cache.
+  char* take(int64_t cap) {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = free_by_size.lower_bound(cap);
+    if (it == free_by_size.end() || it->first > cap + cap / 8) return nullptr;
+    char* raw = it->second;
+    auto a = age_of.find(raw);
+    age.erase(a->second);
+    age_of.erase(a);
+    cached.fetch_sub(it->first, std::memory_order_relaxed);
+    free_by_size.erase(it);
+    hits.fetch_add(1, std::memory_order_relaxed);
+    return raw;
+  }
+
+  // Keeps the block unless that would pass `bound`; returns false when the
+  // caller must free it.
+  bool put(char* raw, int64_t cap, int64_t bound) {
+    std::lock_guard<std::mutex> g(mu);
+    if (cap > bound) return false;
+    while (cached.load(std::memory_order_relaxed) + cap > bound && !age.empty()) evict_oldest_locked();
+    auto it = free_by_size.emplace(cap, raw);
+    age.push_back(it);
+    age_of[raw] = std::prev(age.end());
+    cached.fetch_add(cap, std::memory_order_relaxed);
+    return true;
+  }
+
+  void evict_oldest_locked() {
+    auto it = age.front();
+    age.pop_front();
+    age_of.erase(it->second);
+    cached.fetch_sub(it->first, std::memory_order_relaxed);
+    released.fetch_add(it->first, std::memory_order_relaxed);
+    c10::free_cpu(it->second);
+    free_by_size.erase(it);
+  }
+
+  // Releases oldest blocks until at most `keep` bytes stay cached.
+  int64_t trim(int64_t keep) {
+    std::lock_guard<std::mutex> g(mu);
+    int64_t before = cached.load(std::memory_order_relaxed);
+    while (cached.load(std::memory_order_relaxed) > keep && !age.empty()) evict_oldest_locked();
+    return before - cached.load(std::memory_order_relaxed);
+  }
+};
+
+Cache& cache() {
+  // Immortal: tensors freed during static destruction still come back here.
+  static Cache* c = new Cache;
+  return *c;
+}
+
+int64_t round_capacity(int64_t n) { return (n + kPage - 1) / kPage * kPage; }
+
+int64_t cache_bound() {
+  int64_t b = std::max(kMinCacheBound, g_high.load(std::memory_order_relaxed));
+  int64_t limit = g_limit.load(std::memory_order_relaxed);
+  if (limit > 0) b = std::min(b, std::max<int64_t>(0, limit - g_current.load(std::memory_order_relaxed)));
+  return b;
+}
 
 void release(void* data) {
   if (!data) return;
   char* raw = static_cast<char*>(data) - kHeader;
-  int64_t size = *reinterpret_cast<int64_t*>(raw);
-  g_current.fetch_sub(size, std::memory_order_relaxed);
+  const Header h = *reinterpret_cast<Header*>(raw);
+  g_current.fetch_sub(h.size, std::memory_order_relaxed);
+  Cache& c = cache();
+  if (h.capacity > 0 && c.enabled.load(std::memory_order_relaxed) && c.put(raw, h.capacity, cache_bound()))
+    return;
   c10::free_cpu(raw);
+}
+
+char* system_alloc(size_t bytes) {
+  cache().system_allocs.fetch_add(1, std::memory_order_relaxed);
+  try {
+    return static_cast<char*>(c10::alloc_cpu(bytes));
+  } catch (const c10::Error&) {
+    // The system said no: what the cache holds is the first thing to give back.
+    if (cache().trim(0) == 0) throw;
+    return static_cast<char*>(c10::alloc_cpu(bytes));  // throws c10::Error when still refused
+  }
 }
 
 class CountingAllocator final : public c10::Allocator {
@@ -45,10 +167,20 @@ class CountingAllocator final : public c10::Allocator {
     const c10::Device cpu(c10::DeviceType::CPU);
     int64_t size = static_cast<int64_t>(n);
     if (n == 0) return c10::DataPtr(nullptr, nullptr, &release, cpu);
+    Cache& c = cache();
+    const bool cacheable = size >= kCacheMin && c.enabled.load(std::memory_order_relaxed);
+    const int64_t cap = cacheable ? round_capacity(size) : 0;
     int64_t limit = g_limit.load(std::memory_order_relaxed);
     int64_t now = g_current.fetch_add(size, std::memory_order_relaxed) + size;
+    if (limit > 0) {
+      // Held plus cached bytes stay within the limit: give back cached blocks
+      // (oldest first) before refusing anything.
+      int64_t room = limit - now;
+      if (c.cached.load(std::memory_order_relaxed) > room) c.trim(std::max<int64_t>(0, room));
+    }
     if (limit > 0 && now > limit) {
       g_current.fetch_sub(size, std::memory_order_relaxed);
+      c.trim(0);
       Stats s = stats();
       std::string why;
       {
@@ -62,9 +194,23 @@ class CountingAllocator final : public c10::Allocator {
     int64_t peak = g_peak.load(std::memory_order_relaxed);
     while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
     }
+    int64_t high = g_high.load(std::memory_order_relaxed);
+    while (now > high && !g_high.compare_exchange_weak(high, now, std::memory_order_relaxed)) {
+    }
     g_allocs.fetch_add(1, std::memory_order_relaxed);
-    char* raw = static_cast<char*>(c10::alloc_cpu(n + kHeader));  // throws c10::Error when the OS says no
-    *reinterpret_cast<int64_t*>(raw) = size;
+    char* raw = cacheable ? c.take(cap) : nullptr;
+    int64_t got = cap;
+    if (raw) {
+      got = reinterpret_cast<Header*>(raw)->capacity;
+    } else {
+      try {
+        raw = system_alloc(static_cast<size_t>(cacheable ? cap : size) + kHeader);
+      } catch (...) {
+        g_current.fetch_sub(size, std::memory_order_relaxed);
+        throw;
+      }
+    }
+    *reinterpret_cast<Header*>(raw) = Header{size, got};
     void* data = raw + kHeader;
     return c10::DataPtr(data, data, &release, cpu);
   }
@@ -80,6 +226,10 @@ bool install() {
   static std::once_flag once;
   std::call_once(once, [] {
     static CountingAllocator alloc;
+    if (const char* e = std::getenv("FSDP_ALLOC_CACHE")) {
+      std::string v = e;
+      if (v == "0" || v == "off" || v == "false") cache().enabled = false;
+    }
     // Priority above the default so later registrations at default priority
     // do not replace it.
     c10::SetCPUAllocator(&alloc, /*priority=*/10);
@@ -96,16 +246,44 @@ Stats stats() {
   s.peak = g_peak.load(std::memory_order_relaxed);
   s.allocations = g_allocs.load(std::memory_order_relaxed);
   s.limit = g_limit.load(std::memory_order_relaxed);
+  Cache& c = cache();
+  s.cached = c.cached.load(std::memory_order_relaxed);
+  s.cache_hits = c.hits.load(std::memory_order_relaxed);
+  s.system_allocations = c.system_allocs.load(std::memory_order_relaxed);
+  s.cache_released = c.released.load(std::memory_order_relaxed);
   return s;
 }
 
 void reset_peak() { g_peak.store(g_current.load()); }
 
-void set_limit(int64_t bytes) { g_limit.store(bytes < 0 ? 0 : bytes); }
+void set_limit(int64_t bytes) {
+  g_limit.store(bytes < 0 ? 0 : bytes);
+  if (bytes > 0) cache().trim(std::max<int64_t>(0, bytes - g_current.load()));
+}
+
+int64_t empty_cache() { return cache().trim(0); }
+
+void set_caching(bool on) {
+  cache().enabled = on;
+  if (!on) cache().trim(0);
+}
+
+bool caching() { return cache().enabled.load(); }
 
 void set_oom_explainer(std::function<std::string(int64_t, const Stats&)> fn) {
   std::lock_guard<std::mutex> g(g_explainer_mu);
   g_explainer = std::move(fn);
+}
+
+int64_t process_peak_rss() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  long long kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmHWM: %lld kB", &kib) == 1) break;
+  std::fclose(f);
+  return static_cast<int64_t>(kib) * 1024;
 }
 
 std::string format_bytes(int64_t bytes) {

@@ -95,7 +95,7 @@ void push_locked(Event&& e) {
 void sample_memory_locked(int tid, double ts) {
   if (!rec().opts.sample_memory || !fsdp::memory::installed()) return;
   auto s = fsdp::memory::stats();
-  push_locked(Event{'C', tid, ts, 0, "memory", "memory", {{"current", s.current}, {"peak", s.peak}}});
+  push_locked(Event{'C', tid, ts, 0, "memory", "memory", {{"current", s.current}, {"peak", s.peak}, {"cached", s.cached}}});
 }
 
 void make_dirs(const std::string& dir) {

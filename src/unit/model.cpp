@@ -215,6 +215,8 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
   auto ms = memory::stats();
   l.peak = ms.peak;
   l.current = ms.current;
+  l.cached = ms.cached;
+  l.rss_peak = memory::process_peak_rss();
   const int64_t N = l.world_size;
   int64_t padded_bytes = 0;
   for (auto& u : state_->units) padded_bytes += u->padded_numel * 4;
@@ -256,6 +258,8 @@ std::string Ledger::str() const {
   row("A", A, "activations of the last forward (measured)");
   row("peak", peak, "measured peak (counting allocator) | seed: (P+G+O)/N + P_block (+ its grad) + A = " +
                         format_bytes(predicted_peak));
+  row("cached", cached, "freed blocks the allocator keeps for reuse (not in the terms above)");
+  if (rss_peak > 0) row("VmHWM", rss_peak, "the process's resident high-water mark (libraries, cache included)");
   return os.str();
 }
 
