@@ -24,6 +24,12 @@
 //             the largest over ranks
 //   RSS       VmHWM after resetting it (clear_refs) at the same point; the
 //             process's ru_maxrss where that is not allowed
+//   faults    page faults (minor + major) per measured step, largest rank
+//   cache     bytes the counting allocator caches for reuse after the
+//             measured steps (not part of peak; part of RSS), largest rank
+// --rounds R runs every configuration in turn R times (a fresh model each
+// round) and takes the median over all rounds' steps, so a busy moment of the
+// machine is spread over every configuration instead of landing on one.
 //   traffic   comm->counters() deltas over the measured steps / steps (rank 0)
 //   ledger    model->ledger(&opt): peak vs the bound
 //             (P+G+O)/N + 2 P_block + A and vs the engine's own prediction
@@ -61,7 +67,8 @@ struct Variant {
 struct Settings {
   gpt::Config cfg;
   int64_t batch = 4;
-  int warmup = 3, steps = 10;
+  int warmup = 3, steps = 10;  // per round
+  int rounds = 1;              // every configuration once per round, in turn
   int limit_all_gathers = 2;
 };
 
@@ -77,6 +84,12 @@ int64_t peak_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return int64_t(u.ru_maxrss) * 1024;
+}
+// Minor + major page faults of this process so far.
+int64_t page_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return int64_t(u.ru_minflt) + int64_t(u.ru_majflt);
 }
 
 // ---- agreeing on numbers across ranks ----------------------------------------
@@ -111,6 +124,8 @@ struct Measured {
   std::vector<double> step_s;  // slowest rank per step
   int64_t peak = 0;            // counting allocator, largest rank
   int64_t rss = 0;             // largest rank
+  double faults = 0;           // page faults per measured step, largest rank
+  int64_t cached = 0;          // allocator cache after the measured steps, largest rank
   fsdp::CommCounters traffic;  // rank 0, per step (bytes and seconds divided by steps)
   fsdp::Ledger ledger;         // rank 0 (wrapped only)
   double loss_first = 0, loss_last = 0;
@@ -125,6 +140,7 @@ Measured measure(fsdp::Communicator& c, const Settings& s, StepFn step) {
   fsdp::memory::reset_peak();
   reset_peak_rss();
   const auto before = c.counters();
+  const int64_t faults0 = page_faults();
   std::vector<double> local;
   for (int i = 0; i < s.steps; ++i) {
     auto t0 = Clock::now();
@@ -132,7 +148,9 @@ Measured measure(fsdp::Communicator& c, const Settings& s, StepFn step) {
     local.push_back(since(t0));
   }
   const auto after = c.counters();
-  const int64_t peak = fsdp::memory::stats().peak, rss = peak_rss_bytes();
+  const double faults = double(page_faults() - faults0) / s.steps;
+  const auto ms = fsdp::memory::stats();
+  const int64_t peak = ms.peak, rss = peak_rss_bytes();
   for (int k = 0; k < static_cast<int>(fsdp::CollectiveKind::kCount); ++k) {
     m.traffic.by_kind[k].calls = (after.by_kind[k].calls - before.by_kind[k].calls) / s.steps;
     m.traffic.by_kind[k].bytes_sent = (after.by_kind[k].bytes_sent - before.by_kind[k].bytes_sent) / s.steps;
@@ -140,6 +158,8 @@ Measured measure(fsdp::Communicator& c, const Settings& s, StepFn step) {
   }
   local.push_back(double(peak));
   local.push_back(double(rss));
+  local.push_back(faults);
+  local.push_back(double(ms.cached));
   const size_t w = local.size();
   auto all = gather(c, local);
   m.step_s.assign(s.steps, 0.0);
@@ -147,8 +167,29 @@ Measured measure(fsdp::Communicator& c, const Settings& s, StepFn step) {
     for (int i = 0; i < s.steps; ++i) m.step_s[i] = std::max(m.step_s[i], all[r * w + i]);
     m.peak = std::max<int64_t>(m.peak, int64_t(all[r * w + s.steps]));
     m.rss = std::max<int64_t>(m.rss, int64_t(all[r * w + s.steps + 1]));
+    m.faults = std::max(m.faults, all[r * w + s.steps + 2]);
+    m.cached = std::max<int64_t>(m.cached, int64_t(all[r * w + s.steps + 3]));
   }
   return m;
+}
+
+// One round's figures folded into the configuration's: steps appended (the
+// median is taken over every round's steps), peaks as the largest, page
+// faults as the mean over rounds, traffic and ledger from the last round
+// (they are the same in every round).
+void fold(Measured& total, const Measured& round, int rounds_before) {
+  if (rounds_before == 0) {
+    total = round;
+    return;
+  }
+  total.step_s.insert(total.step_s.end(), round.step_s.begin(), round.step_s.end());
+  total.peak = std::max(total.peak, round.peak);
+  total.rss = std::max(total.rss, round.rss);
+  total.faults = (total.faults * rounds_before + round.faults) / (rounds_before + 1);
+  total.cached = std::max(total.cached, round.cached);
+  total.traffic = round.traffic;
+  total.ledger = round.ledger;
+  total.loss_last = round.loss_last;
 }
 
 Measured run_variant(const fsdp::CommPtr& comm, const Settings& s, const Variant& v, const torch::Tensor& idx,
@@ -207,8 +248,14 @@ int main(int argc, char** argv) {
   std::string json_path, strategies = "full,grad-op,none", dtypes = "fp32,bf16", prefetch = "off,on";
   bool no_compute = false;
   app.add_option("--json", json_path, "append one JSON line per configuration to this file");
-  app.add_option("--steps", s.steps, "measured steps per configuration (median)")->check(CLI::Range(1, 100000));
-  app.add_option("--warmup", s.warmup, "steps before measuring")->check(CLI::Range(0, 100000));
+  app.add_option("--steps", s.steps, "measured steps per configuration and round (median over all)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--warmup", s.warmup, "steps before measuring, per configuration and round")
+      ->check(CLI::Range(0, 100000));
+  app.add_option("--rounds", s.rounds,
+                 "rounds; each runs every configuration in turn on a freshly built model, so a slow "
+                 "moment of the machine spreads over all of them instead of landing on one")
+      ->check(CLI::Range(1, 1000));
   app.add_option("--batch", s.batch, "rows per rank (B)")->check(CLI::Range(1, 4096));
   app.add_option("--layers", s.cfg.layers, "transformer blocks (L)");
   app.add_option("--dim", s.cfg.dim, "width (d)");
@@ -255,16 +302,21 @@ int main(int argc, char** argv) {
   auto targets = torch::randint(0, s.cfg.vocab, {s.batch, s.cfg.seq}, torch::kLong);
 
   if (lead) {
-    std::printf("bench_train: GPT-mini %s, N=%d, B=%lld/rank, T=%lld, %d thread/rank, median of %d steps after %d, %s\n",
-                s.cfg.str().c_str(), N, (long long)s.batch, (long long)s.cfg.seq, torch::get_num_threads(), s.steps,
-                s.warmup, comm->describe().c_str());
-    std::printf("%-28s %9s %7s %9s %8s %8s %8s %8s %8s %9s %8s\n", "config", "step ms", "x comp", "peak MiB",
-                "RSS MiB", "AG MiB", "RS MiB", "AR MiB", "comm ms", "peak/bnd", "loss");
+    std::printf("bench_train: GPT-mini %s, N=%d, B=%lld/rank, T=%lld, %d thread/rank, median of %d rounds x %d steps "
+                "after %d, %s; faults = page faults per step, cache = allocator cache\n",
+                s.cfg.str().c_str(), N, (long long)s.batch, (long long)s.cfg.seq, torch::get_num_threads(), s.rounds,
+                s.steps, s.warmup, comm->describe().c_str());
+    std::printf("%-28s %9s %7s %9s %8s %8s %8s %8s %8s %8s %9s %9s %8s\n", "config", "step ms", "x comp", "peak MiB",
+                "RSS MiB", "cache MiB", "faults", "AG MiB", "RS MiB", "AR MiB", "comm ms", "peak/bnd", "loss");
     std::fflush(stdout);
   }
+  std::vector<Measured> results(variants.size());
+  for (int round = 0; round < s.rounds; ++round)
+    for (size_t i = 0; i < variants.size(); ++i) fold(results[i], run_variant(comm, s, variants[i], idx, targets), round);
   double compute_s[2] = {0, 0};  // fp32, bf16
-  for (auto& v : variants) {
-    Measured m = run_variant(comm, s, v, idx, targets);
+  for (size_t vi = 0; vi < variants.size(); ++vi) {
+    const Variant& v = variants[vi];
+    const Measured& m = results[vi];
     const double step = median(m.step_s);
     if (!v.wrapped) compute_s[v.bf16] = step;
     const double base = compute_s[v.bf16];
@@ -276,8 +328,8 @@ int main(int argc, char** argv) {
     double comm_s = 0;
     for (auto& e : t.by_kind) comm_s += e.seconds;
     if (!lead) continue;
-    std::printf("%-28s %9.1f %7.3f %9.2f %8.1f %8.2f %8.2f %8.2f %8.1f %9s %8.4f\n", v.name.c_str(), step * 1e3,
-                base > 0 ? step / base : 0.0, mib(m.peak), mib(m.rss),
+    std::printf("%-28s %9.1f %7.3f %9.2f %8.1f %8.1f %8.0f %8.2f %8.2f %8.2f %8.1f %9s %8.4f\n", v.name.c_str(),
+                step * 1e3, base > 0 ? step / base : 0.0, mib(m.peak), mib(m.rss), mib(m.cached), m.faults,
                 mib(t[fsdp::CollectiveKind::ALL_GATHER].bytes_sent),
                 mib(t[fsdp::CollectiveKind::REDUCE_SCATTER].bytes_sent),
                 mib(t[fsdp::CollectiveKind::ALL_REDUCE].bytes_sent), comm_s * 1e3,
@@ -301,6 +353,9 @@ int main(int argc, char** argv) {
                         {"step_vs_compute", base > 0 ? step / base : 0.0},
                         {"peak_bytes", m.peak},
                         {"peak_rss_bytes", m.rss},
+                        {"cached_bytes", m.cached},
+                        {"page_faults_per_step", m.faults},
+                        {"rounds", s.rounds},
                         {"loss_first", m.loss_first},
                         {"loss_last", m.loss_last}};
     nlohmann::json traffic = nlohmann::json::object();

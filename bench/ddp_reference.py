@@ -11,6 +11,8 @@ weights), Gloo over loopback TCP. This script starts the N ranks itself
 not depend on torchrun being packaged.
 
 Modes:
+  plain the model itself, no wrapper and no communication (the C++ engine's
+        NO_SHARD at N = 1 is compared with this: same kernels, no collectives)
   ddp   DistributedDataParallel (default buckets of 25 MiB) + torch.optim.AdamW
   zero  the same DDP + torch.distributed.optim.ZeroRedundancyOptimizer(AdamW):
         optimizer state sharded over ranks, parameters broadcast after step
@@ -78,9 +80,9 @@ def run_mode(mode, args, rank, world):
 
     torch.manual_seed(1234)  # identical parameters on every rank (DDP also broadcasts)
     net = GPT(args.vocab, args.seq, args.dim, args.layers, args.heads)
-    model = DDP(net)
+    model = net if mode == "plain" else DDP(net)
     hp = dict(lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
-    if mode == "ddp":
+    if mode in ("ddp", "plain"):
         opt = torch.optim.AdamW(param_groups(net), **hp)
     else:
         opt = ZeroRedundancyOptimizer(param_groups(net), optimizer_class=torch.optim.AdamW, **hp)
@@ -100,11 +102,14 @@ def run_mode(mode, args, rank, world):
         step()
     dist.barrier()
     reset_peak_rss()
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
         loss = step()
         times.append(time.perf_counter() - t0)
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    faults = (ru1.ru_minflt - ru0.ru_minflt + ru1.ru_majflt - ru0.ru_majflt) / args.steps
     rss = peak_rss_bytes()
 
     # Agree on one time per step (the slowest rank) and the largest RSS.
@@ -124,6 +129,7 @@ def run_mode(mode, args, rank, world):
         "step_s_median": statistics.median(step_times),
         "step_s": step_times,
         "peak_rss_bytes": int(r.item()),
+        "page_faults_per_step": faults,  # rank 0
         "loss": float(loss.item()),
     }
 
@@ -137,9 +143,10 @@ def worker(rank, world, port, args):
         for mode in args.modes.split(","):
             res = run_mode(mode, args, rank, world)
             if rank == 0:
-                print("  pytorch %-5s N=%d  step %7.1f ms (median of %d)  peak RSS %6.1f MiB  loss %.4f" %
-                      (mode, world, res["step_s_median"] * 1e3, args.steps, res["peak_rss_bytes"] / 2**20,
-                       res["loss"]), flush=True)
+                print("  pytorch %-5s N=%d  step %7.1f ms (median of %d)  peak RSS %6.1f MiB  faults/step %7.1f"
+                      "  loss %.4f" % (mode, world, res["step_s_median"] * 1e3, args.steps,
+                                       res["peak_rss_bytes"] / 2**20, res["page_faults_per_step"], res["loss"]),
+                      flush=True)
                 if args.json:
                     with open(args.json, "a") as f:
                         f.write(json.dumps(res) + "\n")
@@ -151,7 +158,7 @@ def worker(rank, world, port, args):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world", type=int, default=2)
-    p.add_argument("--modes", default="ddp,zero", help="comma-separated: ddp, zero")
+    p.add_argument("--modes", default="ddp,zero", help="comma-separated: plain, ddp, zero")
     p.add_argument("--steps", type=int, default=10, help="measured steps (after --warmup)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--batch", type=int, default=4)
@@ -164,8 +171,8 @@ def main():
     p.add_argument("--json", default="", help="append one JSON line per mode")
     args = p.parse_args()
     for m in args.modes.split(","):
-        if m not in ("ddp", "zero"):
-            p.error("unknown mode %r (expected ddp or zero)" % m)
+        if m not in ("plain", "ddp", "zero"):
+            p.error("unknown mode %r (expected plain, ddp or zero)" % m)
     mp.start_processes(worker, args=(args.world, free_port(), args), nprocs=args.world, start_method="spawn")
 
 

@@ -18,7 +18,8 @@ set -eu
 BUILD_DIR=${1:-build}
 BIN=${BIN:-$BUILD_DIR/bin}
 BENCH_JSON=${BENCH_JSON:-$BUILD_DIR/bench.jsonl}
-BENCH_STEPS=${BENCH_STEPS:-10}
+BENCH_STEPS=${BENCH_STEPS:-4}     # measured steps per configuration and round
+BENCH_ROUNDS=${BENCH_ROUNDS:-3}   # rounds: every configuration in turn, medians over all
 RESULTS=${RESULTS:-bench/results.json}
 # The peers need Debian's python3-torch: the first python3 on PATH may be
 # another interpreter (a virtual environment), so fall back to Debian's.
@@ -41,7 +42,23 @@ run_bench_comm() {
 # GPT-mini training steps: every strategy x prefetch x dtype, plus compute only.
 run_bench_train() {
   for n in 2 4; do
-    "$BIN/fsdp" run -n "$n" -- "$BIN/bench_train" --steps "$BENCH_STEPS" --json "$RUN_DIR/bench_train.jsonl"
+    "$BIN/fsdp" run -n "$n" -- "$BIN/bench_train" --steps "$BENCH_STEPS" --rounds "$BENCH_ROUNDS" \
+      --json "$RUN_DIR/bench_train.jsonl"
+  done
+}
+
+# One process, no communication: the engine's NO_SHARD (and FULL_SHARD) step
+# beside PyTorch's plain Python step on the same model and kernels, with page
+# faults per step; the two alternate in rounds.
+run_bench_single() {
+  if ! "$PYTHON" -c 'import torch' 2>/dev/null; then
+    echo "bench/run.sh: $PYTHON has no torch; skipping the single-process comparison" >&2
+    return 1
+  fi
+  for r in $(seq "$BENCH_ROUNDS"); do
+    "$BIN/fsdp" run -n 1 -- "$BIN/bench_train" --strategies none,full --prefetch off --dtypes fp32 \
+      --steps "$BENCH_STEPS" --json "$RUN_DIR/bench_single.jsonl"
+    "$PYTHON" bench/ddp_reference.py --world 1 --modes plain --steps "$BENCH_STEPS" --json "$RUN_DIR/single_peer.jsonl"
   done
 }
 
@@ -65,19 +82,37 @@ run_peers() {
   done
 }
 
-BENCHES=${BENCHES:-"bench_comm bench_train bench_threads peers"}
+BENCHES=${BENCHES:-"bench_single bench_comm bench_train bench_threads peers"}
+
+# The machine must be quiet for a figure to mean anything: the load average
+# before and after each section goes into the results, with a warning when it
+# was above BENCH_MAX_LOAD (default: half the cores).
+CORES=$(nproc 2>/dev/null || echo 1)
+BENCH_MAX_LOAD=${BENCH_MAX_LOAD:-$(awk -v c="$CORES" 'BEGIN { print c / 2 }')}
+LOADS="$RUN_DIR/load.jsonl"
+load1() { cut -d' ' -f1 /proc/loadavg; }
+record_load() {  # section, when
+  l=$(load1)
+  printf '{"section": "%s", "when": "%s", "load1": %s, "loadavg": "%s"}\n' "$1" "$2" "$l" \
+    "$(cut -d' ' -f1-3 /proc/loadavg)" >> "$LOADS"
+  if awk -v l="$l" -v m="$BENCH_MAX_LOAD" 'BEGIN { exit !(l > m) }'; then
+    echo "bench/run.sh: WARNING: load average $l $2 '$1' (above $BENCH_MAX_LOAD): the machine is busy, these figures do not hold" >&2
+  fi
+}
 
 status=0
 for b in $BENCHES; do
   bin=$b
-  [ "$b" = bench_threads ] && bin=bench_train
+  case $b in bench_threads | bench_single) bin=bench_train ;; esac
   if [ "$b" != peers ] && [ ! -x "$BIN/$bin" ]; then
     echo "bench/run.sh: $BIN/$bin is missing; build first (make build)" >&2
     status=1
     continue
   fi
-  echo "== $b"
+  echo "== $b (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+  record_load "$b" before
   "run_$b" || status=1
+  record_load "$b" after
 done
 for f in "$RUN_DIR"/*.jsonl; do
   [ -e "$f" ] && cat "$f" >> "$BENCH_JSON"
@@ -85,9 +120,9 @@ done
 echo "bench/run.sh: results appended to $BENCH_JSON"
 
 # Side by side, and the ratios of issue 6.
-if ls "$RUN_DIR"/bench_train.jsonl >/dev/null 2>&1; then
+if ls "$RUN_DIR"/bench_train.jsonl "$RUN_DIR"/bench_single.jsonl >/dev/null 2>&1; then
   echo "== summary"
-  "$PYTHON" - "$RUN_DIR" "$RESULTS" <<'EOF' || status=1
+  BENCH_MAX_LOAD=$BENCH_MAX_LOAD "$PYTHON" - "$RUN_DIR" "$RESULTS" <<'EOF' || status=1
 import json, os, sys
 
 run_dir, out = sys.argv[1], sys.argv[2]
@@ -98,6 +133,37 @@ def lines(name):
 
 train, peers, comm = lines("bench_train.jsonl"), lines("peers.jsonl"), lines("bench_comm.jsonl")
 threads2 = lines("bench_threads.jsonl")
+single, single_peer, loads = lines("bench_single.jsonl"), lines("single_peer.jsonl"), lines("load.jsonl")
+
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    return None if n == 0 else v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+def pooled(rows):
+    # One figure from several rounds' rows: the median over every round's
+    # steps, page faults and cache as the mean / largest.
+    if not rows:
+        return None
+    steps = [t for r in rows for t in r["step_s"]]
+    faults = [r["page_faults_per_step"] for r in rows if "page_faults_per_step" in r]
+    return {"step_s_median": median(steps), "rounds": len(rows),
+            "page_faults_per_step": sum(faults) / len(faults) if faults else None,
+            "cached_bytes": max((r.get("cached_bytes", 0) for r in rows), default=0),
+            "peak_rss_bytes": max(r["peak_rss_bytes"] for r in rows)}
+
+one_no_shard = pooled([r for r in single if r["strategy"] == "NO_SHARD"])
+one_full = pooled([r for r in single if r["strategy"] == "FULL_SHARD"])
+one_torch = pooled(single_peer)
+if single:
+    print("one process (N=1, fp32, one thread): step ms (median over %d rounds), page faults per step" %
+          (one_no_shard or one_full or {"rounds": 0})["rounds"])
+    for name, r in (("fsdp-cpp NO_SHARD", one_no_shard), ("fsdp-cpp FULL_SHARD", one_full),
+                    ("PyTorch Python (plain)", one_torch)):
+        if r:
+            print("  %-24s %8.1f ms  %8.1f faults/step  cache %6.1f MiB  RSS %6.1f MiB" %
+                  (name, r["step_s_median"] * 1e3, r["page_faults_per_step"] or 0, r["cached_bytes"] / 2**20,
+                   r["peak_rss_bytes"] / 2**20))
 
 def row(n, strategy, prefetch=True, dtype="fp32"):
     for r in train:
@@ -135,23 +201,31 @@ for n in worlds:
         r = f(n)
         cells.append("%14.1f" % (r["step_s_median"] * 1e3) if r else "%14s" % "-")
     print("%4d " % n + " ".join(cells))
-print("peak RSS, MiB")
-for n in worlds:
-    cells = []
-    for _, f in cols:
-        r = f(n)
-        cells.append("%14.1f" % (r["peak_rss_bytes"] / 2**20) if r else "%14s" % "-")
-    print("%4d " % n + " ".join(cells))
+for title, key, scale in (("peak RSS, MiB", "peak_rss_bytes", 2**20), ("page faults per step", "page_faults_per_step", 1),
+                          ("allocator cache, MiB", "cached_bytes", 2**20)):
+    print(title)
+    for n in worlds:
+        cells = []
+        for _, f in cols:
+            r = f(n)
+            cells.append("%14.1f" % (r[key] / scale) if r and r.get(key) is not None else "%14s" % "-")
+        print("%4d " % n + " ".join(cells))
 
-res = {"description": "issue 6 ratios from one bench/run.sh invocation (see bench/README.md)",
-       "ratios": {}, "targets": {}}
+res = {"description": "ratios from one bench/run.sh invocation (see bench/README.md)",
+       "ratios": {}, "targets": {}, "load": loads}
 R = res["ratios"]
+R["no_shard_N1_over_pytorch_plain"] = ratio(step(one_no_shard), step(one_torch))
+R["full_shard_N1_over_pytorch_plain"] = ratio(step(one_full), step(one_torch))
+if one_no_shard and one_torch and one_torch["page_faults_per_step"]:
+    R["faults_no_shard_N1_over_pytorch_plain"] = one_no_shard["page_faults_per_step"] / one_torch["page_faults_per_step"]
 for n in worlds:
     for pf in (False, True):
         for dt in ("fp32", "bf16"):
             key = "full_shard_over_no_shard_N%d_%s_prefetch_%s" % (n, dt, "on" if pf else "off")
             R[key] = ratio(step(row(n, "FULL_SHARD", pf, dt)), step(row(n, "NO_SHARD", pf, dt)))
     R["full_shard_over_compute_N%d" % n] = ratio(step(row(n, "FULL_SHARD")), step(row(n, "compute-only")))
+    R["full_shard_over_compute_N%d_bf16" % n] = ratio(step(row(n, "FULL_SHARD", dtype="bf16")),
+                                                      step(row(n, "compute-only", dtype="bf16")))
     R["no_shard_over_compute_N%d" % n] = ratio(step(row(n, "NO_SHARD")), step(row(n, "compute-only")))
     R["full_shard_over_pytorch_ddp_N%d" % n] = ratio(step(row(n, "FULL_SHARD")), step(peer(n, "pytorch-ddp")))
     R["full_shard_over_pytorch_zero_N%d" % n] = ratio(step(row(n, "FULL_SHARD")), step(peer(n, "pytorch-zero")))
@@ -184,8 +258,12 @@ def target(name, value, limit, cmp):
     ok = None if value is None else (value <= limit if cmp == "<=" else value >= limit)
     res["targets"][name] = {"value": value, "target": "%s %.2f" % (cmp, limit), "met": ok}
 
+target("no_shard_N1_over_pytorch_plain", R.get("no_shard_N1_over_pytorch_plain"), 1.00, "<=")
+target("faults_no_shard_N1_over_pytorch_plain", R.get("faults_no_shard_N1_over_pytorch_plain"), 2.00, "<=")
+target("full_shard_over_pytorch_ddp_N2", R.get("full_shard_over_pytorch_ddp_N2"), 0.90, "<=")
+target("full_shard_over_compute_N2_fp32", R.get("full_shard_over_compute_N2"), 1.10, "<=")
+target("full_shard_over_compute_N2_bf16", R.get("full_shard_over_compute_N2_bf16"), 1.25, "<=")
 target("full_shard_over_no_shard_N2", R.get("full_shard_over_no_shard_N2_fp32_prefetch_on"), 1.05, "<=")
-target("full_shard_over_pytorch_ddp_N2", R.get("full_shard_over_pytorch_ddp_N2"), 0.95, "<=")
 for n in worlds:
     for dt in ("fp32", "bf16"):
         target("peak_over_bound_N%d_%s" % (n, dt), R.get("peak_over_bound_N%d_%s" % (n, dt)), 1.05, "<=")
@@ -193,10 +271,18 @@ for c in comm:
     n = c["world"]
     target("all_gather_64MiB_over_tcp_N%d" % n, R.get("all_gather_64MiB_over_tcp_N%d" % n), 0.80, ">=")
     target("reduce_scatter_64MiB_over_tcp_N%d" % n, R.get("reduce_scatter_64MiB_over_tcp_N%d" % n), 0.80, ">=")
-res["runs"] = {"bench_train": train, "peers": peers, "bench_comm": comm, "bench_threads": threads2}
+busy = [l for l in loads if l["load1"] > float(os.environ.get("BENCH_MAX_LOAD", "1"))]
+res["busy"] = bool(busy)
+res["runs"] = {"bench_train": train, "peers": peers, "bench_comm": comm, "bench_threads": threads2,
+               "bench_single": single, "single_peer": single_peer}
 with open(out, "w") as f:
     json.dump(res, f, indent=1)
-print("targets (issue 6)")
+print("load average (1 min) before/after each section: " +
+      ", ".join("%s %s %.2f" % (l["section"], l["when"], l["load1"]) for l in loads))
+if busy:
+    print("WARNING: the machine was busy during %s: these ratios do not hold" %
+          ", ".join(sorted({l["section"] for l in busy})))
+print("targets")
 for k, t in res["targets"].items():
     v = "-" if t["value"] is None else "%.3f" % t["value"]
     met = {True: "met", False: "NOT met", None: "no data"}[t["met"]]

@@ -68,7 +68,7 @@ struct Args {
   // accepted now, wired by later issues (checkpoints, trace)
   std::string ckpt_dir, trace;
   bool resume = false;
-  bool prefetch = false;
+  bool prefetch = true;  // PyTorch FSDP's default is BACKWARD_PRE too (bench/README.md: it pays)
   bool plan = false;  // print the planner's ledger before step 1, compare at the end
   int64_t ckpt_every = 0;
   std::string max_memory;          // "2GiB": the counting allocator's limit
@@ -114,7 +114,8 @@ bool parse_args(int argc, char** argv, Args& a) {
   app.add_option("--wrap", a.wrap, "block (one unit per transformer block) | size:N | none");
   app.add_flag("--plan", a.plan, "print the planner's ledger of this run (from the wrapped model's units) before step 1 "
                                  "and compare its peak and traffic with the measured ones at the end");
-  app.add_flag("--prefetch", a.prefetch, "overlap: all-gather the next unit early (backward PRE + forward prefetch)");
+  app.add_flag("--prefetch,!--no-prefetch", a.prefetch,
+               "overlap: all-gather the next unit early (backward PRE + forward prefetch; default on)");
   app.add_option("--dtype", a.dtype, "fp32 | bf16 (bf16: all-gather and compute in bf16, fp32 master shards)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--seed", a.seed, "initialisation seed (same on every rank) and shuffle seed")
@@ -244,17 +245,18 @@ double mean_over_ranks(fsdp::Communicator& comm, double v, const char* label) {
   return t.item<double>();
 }
 
-// "r0 12.3 MiB (peak 20.1 MiB)  r1 ..." from an all-gather of every rank's stats.
+// "r0 12.3 MiB (peak 20.1 MiB, cached 4.0 MiB)  r1 ..." from an all-gather of
+// every rank's stats: held bytes first, the allocator's cache beside them.
 std::string memory_line(fsdp::Communicator& comm) {
   const auto st = fsdp::memory::stats();
-  auto mine = torch::tensor({float(st.current), float(st.peak)});
-  auto all = torch::empty({comm.world_size() * 2}, torch::kFloat);
+  auto mine = torch::tensor({double(st.current), double(st.peak), double(st.cached)}, torch::kDouble);
+  auto all = torch::empty({comm.world_size() * 3}, torch::kDouble);
   comm.all_gather(mine, all, {"memory stats"})->wait();
+  auto b = [&](int i) { return fsdp::memory::format_bytes(int64_t(all[i].item<double>())); };
   std::string s;
-  for (int r = 0; r < comm.world_size(); r++) {
-    s += (r ? "  r" : "r") + std::to_string(r) + " " + fsdp::memory::format_bytes(int64_t(all[2 * r].item<float>())) +
-         " (peak " + fsdp::memory::format_bytes(int64_t(all[2 * r + 1].item<float>())) + ")";
-  }
+  for (int r = 0; r < comm.world_size(); r++)
+    s += (r ? "  r" : "r") + std::to_string(r) + " " + b(3 * r) + " (peak " + b(3 * r + 1) + ", cached " +
+         b(3 * r + 2) + ")";
   return s;
 }
 
