@@ -6,8 +6,7 @@
 #include <unistd.h>
 
 #include "test_util.h"
-// The example's data code is compiled into this test binary here (one place).
-#include "gpt/data.cpp"
+#include "gpt/data.h"
 
 namespace fs = std::filesystem;
 using namespace gpt::data;
