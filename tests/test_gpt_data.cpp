@@ -5,8 +5,9 @@
 #include <fstream>
 #include <unistd.h>
 
-#include "test_util.h"
+#include "fsdp/errors.h"
 #include "gpt/data.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace gpt::data;
