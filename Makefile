@@ -2,17 +2,30 @@
 #   make demo   the main job: GPT-mini trained with FULL_SHARD on 2 ranks, with a report
 #   make test   build and run the test suite (ctest)
 #   make build  build only;  make bench  benchmarks;  make deps  Debian packages only
+#   make docs   the API reference of include/fsdp (Doxygen) in build/docs/html
+#   make install PREFIX=DIR   headers, libraries, the fsdp command and the CMake package
 #   make fuzz   libFuzzer over the checkpoint parsers (clang, build-fuzz/, FUZZ_SECONDS each)
 #   make test-asan  the test suite with address+undefined sanitizers (build-asan/)
 SHELL := /bin/bash
 BUILD ?= build
 JOBS ?= $(shell nproc)
-DEBS := build-essential cmake chromium libtorch-dev libgloo-dev nlohmann-json3-dev libcli11-dev \
-        libgtest-dev libbenchmark-dev libopenblas0-pthread fortunes python3-torch zlib1g-dev
+PREFIX ?= /usr/local
+# What compiling needs; what the tests and the demo need beyond it (a headless
+# browser, PyTorch for the cross-checks, text for GPT-mini); the API reference;
+# the fuzz targets.
+BUILD_DEBS := build-essential cmake libtorch-dev libgloo-dev nlohmann-json3-dev libcli11-dev \
+        libgtest-dev libbenchmark-dev libopenblas0-pthread zlib1g-dev
+TEST_DEBS := chromium fortunes python3-torch
+DOCS_DEBS := doxygen
+FUZZ_DEBS := clang-14 libclang-rt-14-dev
+DEBS ?= $(BUILD_DEBS) $(TEST_DEBS)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps configure build test demo tiny bench clean fuzz test-asan
+.PHONY: deps deps-build configure build test demo tiny bench clean fuzz test-asan docs install
 
+# The one place that installs Debian packages: only those of $(DEBS) that are
+# missing (nothing, not even apt-get update, when all are there). Other
+# targets call it with their own list.
 deps:
 	@missing=$$(for p in $(DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -20,25 +33,37 @@ deps:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-$(BUILD)/CMakeCache.txt: | deps
+deps-build:
+	@$(MAKE) --no-print-directory deps DEBS="$(BUILD_DEBS)"
+
+$(BUILD)/CMakeCache.txt: | deps-build
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
 configure: $(BUILD)/CMakeCache.txt
 
-build: deps configure
+build: deps-build configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: build
+test: deps build
 	cd $(BUILD) && ctest --output-on-failure -j 1 --timeout 600
 
 tiny: build
 	$(BUILD)/bin/fsdp run -n 2 -- $(BUILD)/bin/tiny
 
-demo: build
+demo: deps build
 	bash examples/gpt/demo.sh $(BUILD)
 
-bench: build
+bench: deps build
 	bash bench/run.sh $(BUILD)
+
+# Warnings fail it (docs/Doxyfile); the output is not committed.
+docs:
+	@$(MAKE) --no-print-directory deps DEBS="$(DOCS_DEBS)"
+	doxygen docs/Doxyfile
+	@echo "API reference: build/docs/html/index.html"
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
 	rm -rf $(BUILD)
@@ -49,8 +74,8 @@ clean:
 # sanitizer report fails the target and leaves the input in build-fuzz/.
 FUZZ_SECONDS ?= 60
 FUZZ_BUILD ?= build-fuzz
-fuzz: deps
-	@command -v clang++-14 >/dev/null || { $(SUDO) apt-get install -y -qq --no-install-recommends clang-14 libclang-rt-14-dev; }
+fuzz:
+	@$(MAKE) --no-print-directory deps DEBS="$(BUILD_DEBS) $(FUZZ_DEBS)"
 	cmake -S fuzz -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(FUZZ_BUILD) -j $(JOBS)
 	$(FUZZ_BUILD)/make_seed_corpus $(FUZZ_BUILD)/seeds

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "../tests/test_checkpoint_util.h"
+#include "test_checkpoint_util.h"
 #include "fsdp/checkpoint.h"
 
 using namespace fsdp;

@@ -5,9 +5,9 @@
 #include <fstream>
 #include <unistd.h>
 
+#include "fsdp/errors.h"
+#include "gpt/data.h"
 #include "test_util.h"
-// The example's data code is compiled into this test binary here (one place).
-#include "gpt/data.cpp"
 
 namespace fs = std::filesystem;
 using namespace gpt::data;

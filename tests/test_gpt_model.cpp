@@ -11,8 +11,7 @@
 
 #include "fsdp/checkpoint.h"
 #include "test_util.h"
-// The example's model code is compiled into this test binary here (one place).
-#include "gpt/model.cpp"
+#include "gpt/model.h"
 
 namespace fs = std::filesystem;
 

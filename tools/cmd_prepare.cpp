@@ -11,8 +11,7 @@
 #include <vector>
 
 #include "command.h"
-// The gpt example's data code, compiled into this tool (it has no library of its own).
-#include "gpt/data.cpp"
+#include "gpt/data.h"
 
 namespace {
 

@@ -126,12 +126,10 @@ std::string str(const json& j, const char* key) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
-}  // namespace
+// The stages of analyze(), in order.
 
-json analyze(const std::string& path) {
-  std::vector<RankTrace> ranks = load(path);
-  json warnings = json::array();
-
+// Microseconds of the first timed event of any rank: every time is ms after it.
+double time_origin(const std::vector<RankTrace>& ranks, const std::string& path) {
   double t_origin = std::numeric_limits<double>::infinity();
   for (auto& rt : ranks)
     for (auto& e : rt.events)
@@ -139,14 +137,12 @@ json analyze(const std::string& path) {
         t_origin = std::min(t_origin, e["ts"].get<double>());
   FSDP_USER_CHECK(std::isfinite(t_origin), "report: '", path,
                   "' holds no timed events. Was tracing started (fsdp::trace::start) before training?");
-  auto ms = [&](double us) { return (us - t_origin) / 1000.0; };
+  return t_origin;
+}
 
-  // Run-wide facts come from rank 0's metadata (every rank writes the same).
-  const json& meta0 = ranks.front().meta;
-  int world = meta0.value("world", static_cast<int>(ranks.size()));
-  json units = meta0.value("units", json::array());
-  double pb = num(meta0, "param_bytes_per_elem", 4);
-  double rb = num(meta0, "reduce_bytes_per_elem", pb);
+// The traffic chart's reference lines (3P, 2P) from the units or the ledger.
+json traffic_lines(const json& meta0, int world, double pb, double rb, json& warnings) {
+  const json units = meta0.value("units", json::array());
   double padded_total = 0;
   for (auto& u : units) padded_total += num(u, "padded_numel", num(u, "numel"));
   double frac = world > 0 ? double(world - 1) / world : 0;
@@ -165,115 +161,153 @@ json analyze(const std::string& path) {
   } else {
     warnings.push_back("no \"units\" (or \"ledger\".P_full) metadata: the traffic chart has no 3P / 2P lines.");
   }
+  return lines;
+}
+
+// One rank's events sorted into what the page draws and what the step table needs.
+struct RankEvents {
+  json spans = json::array(), memory_raw = json::array(), ckpt = json::array();
+  std::map<int, std::string> thread_names;
+  struct StepSpan { double t0, t1; json args; };
+  std::vector<StepSpan> step_spans;
+  struct Comm { double t; std::string name; double bytes; };
+  std::vector<Comm> comms;
+  std::vector<std::pair<double, double>> mem_points;  // (t, current) for step peaks
+  double peak = 0, peak_counter = 0;
+  size_t skipped = 0;
+};
+
+RankEvents collect_events(const RankTrace& rt, double t_origin) {
+  auto ms = [&](double us) { return (us - t_origin) / 1000.0; };
+  RankEvents r;
+  size_t kept = 0;
+  for (auto& e : rt.events) {
+    std::string ph = e.value("ph", "");
+    std::string name = e.value("name", "");
+    std::string cat = e.value("cat", "");
+    const json args = e.value("args", json::object());
+    if (ph == "M") {
+      if (name == "thread_name") r.thread_names[e.value("tid", 0)] = str(args, "name");
+      continue;
+    }
+    double t = ms(num(e, "ts"));
+    if (ph == "X") {
+      double dur = num(e, "dur") / 1000.0;
+      std::string lane = lane_of(name, cat);
+      std::string unit = str(args, "unit");
+      if (unit.empty()) unit = str(args, "label");
+      double bytes = num(args, "bytes");
+      if (cat == "step") r.step_spans.push_back({t, t + dur, args});
+      if (cat == "comm") r.comms.push_back({t, name, bytes});
+      if (cat == "ckpt")
+        r.ckpt.push_back({{"t", t}, {"dur", dur}, {"name", name}, {"path", str(args, "path")},
+                          {"bytes", bytes}, {"step", args.value("step", json(nullptr))}});
+      if (kept < kMaxSpansPerRank) {
+        r.spans.push_back({t, dur, lane, name, unit, bytes, e.value("tid", 0)});
+        ++kept;
+      } else {
+        ++r.skipped;
+      }
+    } else if (ph == "C" && name == "memory") {
+      double cur = num(args, "current"), pk = num(args, "peak", cur);
+      r.memory_raw.push_back({t, cur, pk});
+      r.mem_points.emplace_back(t, cur);
+      r.peak = std::max(r.peak, cur);
+      r.peak_counter = std::max(r.peak_counter, pk);
+    } else if (ph == "i" && (cat == "ckpt" || name == "checkpoint")) {
+      r.ckpt.push_back({{"t", t}, {"dur", 0}, {"name", name}, {"path", str(args, "path")},
+                        {"bytes", num(args, "bytes")}, {"step", args.value("step", json(nullptr))}});
+    }
+  }
+  return r;
+}
+
+// Per step: traffic from the comm spans that start inside it, memory
+// high-water from the samples inside it.
+json step_table(RankEvents& r) {
+  json steps = json::array();
+  std::sort(r.step_spans.begin(), r.step_spans.end(), [](auto& a, auto& b) { return a.t0 < b.t0; });
+  std::sort(r.mem_points.begin(), r.mem_points.end());
+  for (size_t i = 0; i < r.step_spans.size(); ++i) {
+    auto& s = r.step_spans[i];
+    double ag = 0, rs = 0, ar = 0, other = 0;
+    int n_ag = 0, n_rs = 0, n_ar = 0;
+    for (auto& c : r.comms) {
+      if (c.t < s.t0 || c.t > s.t1) continue;
+      if (c.name == "all_gather") ag += c.bytes, ++n_ag;
+      else if (c.name == "reduce_scatter") rs += c.bytes, ++n_rs;
+      else if (c.name == "all_reduce") ar += c.bytes, ++n_ar;
+      else other += c.bytes;
+    }
+    double mpk = 0;
+    auto lo = std::lower_bound(r.mem_points.begin(), r.mem_points.end(), std::make_pair(s.t0, -1e300));
+    for (auto it = lo; it != r.mem_points.end() && it->first <= s.t1; ++it) mpk = std::max(mpk, it->second);
+    json st = {{"index", (int)i}, {"step", s.args.value("step", json((int)i))}, {"t0", s.t0}, {"t1", s.t1},
+               {"ag_bytes", ag},  {"rs_bytes", rs}, {"ar_bytes", ar}, {"other_bytes", other},
+               {"total_bytes", ag + rs + ar + other}, {"n_ag", n_ag}, {"n_rs", n_rs}, {"n_ar", n_ar},
+               {"peak_mem", mpk}};
+    if (s.args.contains("loss")) st["loss"] = s.args["loss"];
+    steps.push_back(std::move(st));
+  }
+  return steps;
+}
+
+// Downsample memory: keep the largest sample of each bucket.
+json downsample_memory(json memory_raw) {
+  if (memory_raw.size() <= kMaxMemoryPoints) return memory_raw;
+  json memory = json::array();
+  size_t n = memory_raw.size(), buckets = kMaxMemoryPoints;
+  for (size_t b = 0; b < buckets; ++b) {
+    size_t i0 = b * n / buckets, i1 = std::max(i0 + 1, (b + 1) * n / buckets);
+    size_t best = i0;
+    for (size_t i = i0; i < i1 && i < n; ++i)
+      if (memory_raw[i][1].get<double>() > memory_raw[best][1].get<double>()) best = i;
+    memory.push_back(memory_raw[best]);
+  }
+  return memory;
+}
+
+json analyze_rank(const RankTrace& rt, double t_origin, json& warnings) {
+  RankEvents r = collect_events(rt, t_origin);
+  if (r.skipped)
+    warnings.push_back("rank " + std::to_string(rt.rank) + ": " + std::to_string(r.skipped) +
+                       " spans beyond " + std::to_string(kMaxSpansPerRank) + " are not drawn.");
+  if (num(rt.meta, "dropped_events") > 0)
+    warnings.push_back("rank " + std::to_string(rt.rank) + " dropped " +
+                       std::to_string((int64_t)num(rt.meta, "dropped_events")) +
+                       " events (the recorder's cap): the end of the run is missing.");
+  json steps = step_table(r);
+  json memory = downsample_memory(std::move(r.memory_raw));
+  json tn = json::object();
+  for (auto& [tid, n] : r.thread_names) tn[std::to_string(tid)] = n;
+  return {{"rank", rt.rank}, {"meta", rt.meta}, {"spans", std::move(r.spans)},
+          {"memory", std::move(memory)}, {"steps", std::move(steps)},
+          {"ckpt", std::move(r.ckpt)}, {"peak", std::max(r.peak, r.peak_counter)},
+          {"peak_current", r.peak}, {"threads", tn}};
+}
+
+}  // namespace
+
+// load -> time origin -> run-wide facts (rank 0's metadata: every rank
+// writes the same) -> each rank -> the model the page draws.
+json analyze(const std::string& path) {
+  std::vector<RankTrace> ranks = load(path);
+  json warnings = json::array();
+  const double t_origin = time_origin(ranks, path);
+
+  const json& meta0 = ranks.front().meta;
+  int world = meta0.value("world", static_cast<int>(ranks.size()));
+  json units = meta0.value("units", json::array());
+  double pb = num(meta0, "param_bytes_per_elem", 4);
+  double rb = num(meta0, "reduce_bytes_per_elem", pb);
+  json lines = traffic_lines(meta0, world, pb, rb, warnings);
   if (units.empty()) warnings.push_back("no \"units\" metadata: the shard map cannot be drawn.");
   if ((int)ranks.size() != world)
     warnings.push_back("found " + std::to_string(ranks.size()) + " rank file(s) for world size " +
                        std::to_string(world) + ": a rank did not write its trace.");
 
   json out_ranks = json::array();
-  for (auto& rt : ranks) {
-    json spans = json::array(), memory_raw = json::array(), ckpt = json::array(), steps = json::array();
-    std::map<int, std::string> thread_names;
-    struct StepSpan { double t0, t1; json args; };
-    std::vector<StepSpan> step_spans;
-    struct Comm { double t; std::string name; double bytes; };
-    std::vector<Comm> comms;
-    std::vector<std::pair<double, double>> mem_points;  // (t, current) for step peaks
-    double peak = 0, peak_counter = 0;
-    size_t kept = 0, skipped = 0;
-    for (auto& e : rt.events) {
-      std::string ph = e.value("ph", "");
-      std::string name = e.value("name", "");
-      std::string cat = e.value("cat", "");
-      const json args = e.value("args", json::object());
-      if (ph == "M") {
-        if (name == "thread_name") thread_names[e.value("tid", 0)] = str(args, "name");
-        continue;
-      }
-      double t = ms(num(e, "ts"));
-      if (ph == "X") {
-        double dur = num(e, "dur") / 1000.0;
-        std::string lane = lane_of(name, cat);
-        std::string unit = str(args, "unit");
-        if (unit.empty()) unit = str(args, "label");
-        double bytes = num(args, "bytes");
-        if (cat == "step") step_spans.push_back({t, t + dur, args});
-        if (cat == "comm") comms.push_back({t, name, bytes});
-        if (cat == "ckpt")
-          ckpt.push_back({{"t", t}, {"dur", dur}, {"name", name}, {"path", str(args, "path")},
-                          {"bytes", bytes}, {"step", args.value("step", json(nullptr))}});
-        if (kept < kMaxSpansPerRank) {
-          spans.push_back({t, dur, lane, name, unit, bytes, e.value("tid", 0)});
-          ++kept;
-        } else {
-          ++skipped;
-        }
-      } else if (ph == "C" && name == "memory") {
-        double cur = num(args, "current"), pk = num(args, "peak", cur);
-        memory_raw.push_back({t, cur, pk});
-        mem_points.emplace_back(t, cur);
-        peak = std::max(peak, cur);
-        peak_counter = std::max(peak_counter, pk);
-      } else if (ph == "i" && (cat == "ckpt" || name == "checkpoint")) {
-        ckpt.push_back({{"t", t}, {"dur", 0}, {"name", name}, {"path", str(args, "path")},
-                        {"bytes", num(args, "bytes")}, {"step", args.value("step", json(nullptr))}});
-      }
-    }
-    if (skipped)
-      warnings.push_back("rank " + std::to_string(rt.rank) + ": " + std::to_string(skipped) +
-                         " spans beyond " + std::to_string(kMaxSpansPerRank) + " are not drawn.");
-    if (num(rt.meta, "dropped_events") > 0)
-      warnings.push_back("rank " + std::to_string(rt.rank) + " dropped " +
-                         std::to_string((int64_t)num(rt.meta, "dropped_events")) +
-                         " events (the recorder's cap): the end of the run is missing.");
-
-    // Per step: traffic from the comm spans that start inside it, memory
-    // high-water from the samples inside it.
-    std::sort(step_spans.begin(), step_spans.end(), [](auto& a, auto& b) { return a.t0 < b.t0; });
-    std::sort(mem_points.begin(), mem_points.end());
-    for (size_t i = 0; i < step_spans.size(); ++i) {
-      auto& s = step_spans[i];
-      double ag = 0, rs = 0, ar = 0, other = 0;
-      int n_ag = 0, n_rs = 0, n_ar = 0;
-      for (auto& c : comms) {
-        if (c.t < s.t0 || c.t > s.t1) continue;
-        if (c.name == "all_gather") ag += c.bytes, ++n_ag;
-        else if (c.name == "reduce_scatter") rs += c.bytes, ++n_rs;
-        else if (c.name == "all_reduce") ar += c.bytes, ++n_ar;
-        else other += c.bytes;
-      }
-      double mpk = 0;
-      auto lo = std::lower_bound(mem_points.begin(), mem_points.end(), std::make_pair(s.t0, -1e300));
-      for (auto it = lo; it != mem_points.end() && it->first <= s.t1; ++it) mpk = std::max(mpk, it->second);
-      json st = {{"index", (int)i}, {"step", s.args.value("step", json((int)i))}, {"t0", s.t0}, {"t1", s.t1},
-                 {"ag_bytes", ag},  {"rs_bytes", rs}, {"ar_bytes", ar}, {"other_bytes", other},
-                 {"total_bytes", ag + rs + ar + other}, {"n_ag", n_ag}, {"n_rs", n_rs}, {"n_ar", n_ar},
-                 {"peak_mem", mpk}};
-      if (s.args.contains("loss")) st["loss"] = s.args["loss"];
-      steps.push_back(std::move(st));
-    }
-
-    // Downsample memory: keep the largest sample of each bucket.
-    json memory = json::array();
-    if (memory_raw.size() <= kMaxMemoryPoints) {
-      memory = std::move(memory_raw);
-    } else {
-      size_t n = memory_raw.size(), buckets = kMaxMemoryPoints;
-      for (size_t b = 0; b < buckets; ++b) {
-        size_t i0 = b * n / buckets, i1 = std::max(i0 + 1, (b + 1) * n / buckets);
-        size_t best = i0;
-        for (size_t i = i0; i < i1 && i < n; ++i)
-          if (memory_raw[i][1].get<double>() > memory_raw[best][1].get<double>()) best = i;
-        memory.push_back(memory_raw[best]);
-      }
-    }
-    json tn = json::object();
-    for (auto& [tid, n] : thread_names) tn[std::to_string(tid)] = n;
-    out_ranks.push_back({{"rank", rt.rank}, {"meta", rt.meta}, {"spans", std::move(spans)},
-                         {"memory", std::move(memory)}, {"steps", std::move(steps)},
-                         {"ckpt", std::move(ckpt)}, {"peak", std::max(peak, peak_counter)},
-                         {"peak_current", peak}, {"threads", tn}});
-  }
+  for (auto& rt : ranks) out_ranks.push_back(analyze_rank(rt, t_origin, warnings));
 
   double t_end = 0;
   for (auto& r : out_ranks)

@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <string>
 
-#include "../test_checkpoint_util.h"
+#include "test_checkpoint_util.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
 #include "scenario.h"

@@ -15,10 +15,9 @@
 #include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
 #include "fsdp/fully_shard.h"
+#include "gpt/data.h"
+#include "gpt/model.h"
 #include "scenario.h"
-// The example's model and data code, compiled into the worker here (one place).
-#include "gpt/data.cpp"
-#include "gpt/model.cpp"
 
 namespace {
 

@@ -1,0 +1,24 @@
+# fsdp-cpp: `cmake --install <build> --prefix P` puts in P
+#   include/fsdp/*.h                     the public headers
+#   lib/libfsdp_<layer>.a                one archive per layer
+#   bin/fsdp                             the launcher and tools
+#   lib/cmake/fsdp/fsdpConfig.cmake      find_package(fsdp CONFIG) -> fsdp::fsdp
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(FSDP_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/fsdp)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/fsdp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(TARGETS fsdp_lib ${FSDP_LAYER_TARGETS} EXPORT fsdpTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+if(TARGET fsdp)
+  install(TARGETS fsdp RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
+install(EXPORT fsdpTargets NAMESPACE fsdp:: DESTINATION ${FSDP_CMAKE_DIR})
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/fsdpConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/fsdpConfig.cmake
+  INSTALL_DESTINATION ${FSDP_CMAKE_DIR}
+  PATH_VARS CMAKE_INSTALL_BINDIR)
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/fsdpConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/fsdpConfig.cmake ${PROJECT_BINARY_DIR}/fsdpConfigVersion.cmake
+        DESTINATION ${FSDP_CMAKE_DIR})

@@ -1,0 +1,528 @@
+// GPT-mini's training run (see train.h): the stages of train() in the order
+// they happen, the helpers they share above them.
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fsdp/checkpoint.h"
+#include "fsdp/comm.h"
+#include "fsdp/errors.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/memory.h"
+#include "fsdp/plan.h"
+#include "fsdp/progress.h"
+#include "fsdp/state_dict.h"
+#include "fsdp/straggler.h"
+#include "fsdp/trace.h"
+#include "gpt/data.h"
+#include "gpt/model.h"
+#include "gpt/train.h"
+
+namespace gpt {
+namespace {
+
+[[noreturn]] void usage_error(const std::string& msg) { throw fsdp::UsageError(msg); }
+
+fsdp::WrapPolicy wrap_policy(const std::string& w) {
+  if (w == "block") return fsdp::WrapPolicy::module_type<gpt::BlockImpl>("Block");
+  if (w == "none") return fsdp::WrapPolicy::none();
+  const std::string n = w.substr(5);  // after "size:"
+  char* end = nullptr;
+  const long long v = std::strtoll(n.c_str(), &end, 10);
+  if (n.empty() || *end != '\0' || v <= 0)
+    usage_error("--wrap '" + w + "': expected size:N with N a positive parameter count, e.g. size:100000");
+  return fsdp::WrapPolicy::size_based(v);
+}
+
+// nanoGPT's schedule: linear warmup to lr, then cosine down to min_lr at the last step.
+double lr_at(const Args& a, int64_t step) {
+  if (step < a.warmup) return a.lr * double(step + 1) / double(a.warmup);
+  const int64_t span = a.steps - a.warmup;
+  if (span <= 1) return a.lr;
+  const double ratio = double(step - a.warmup) / double(span - 1);  // 0 .. 1
+  return a.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (a.lr - a.min_lr);
+}
+
+// AdamW with two parameter groups built from the shards' original shapes:
+// weight decay on 2-D weights (embeddings, linear weights) only.
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const fsdp::FullyShardedModel& m, const Args& a) {
+  std::vector<torch::Tensor> decay, no_decay;
+  for (auto& s : m.named_shards()) (s.full_shape.size() == 2 ? decay : no_decay).push_back(s.tensor);
+  auto opts = [&](double wd) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(a.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(wd));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, opts(a.weight_decay));
+  groups.emplace_back(no_decay, opts(0.0));
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), *opts(a.weight_decay));
+}
+
+void set_lr(torch::optim::Optimizer& opt, double lr) {
+  for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+}
+
+double mean_over_ranks(fsdp::Communicator& comm, double v, const char* label) {
+  auto t = torch::tensor({float(v)});  // fp32: the dtype every engine reduces
+  comm.all_reduce(t, fsdp::ReduceOp::AVG, {label})->wait();
+  return t.item<double>();
+}
+
+// "r0 12.3 MiB (peak 20.1 MiB)  r1 ..." from an all-gather of every rank's stats.
+std::string memory_line(fsdp::Communicator& comm) {
+  const auto st = fsdp::memory::stats();
+  auto mine = torch::tensor({double(st.current), double(st.peak), double(st.cached)}, torch::kDouble);
+  auto all = torch::empty({comm.world_size() * 3}, torch::kDouble);
+  comm.all_gather(mine, all, {"memory stats"})->wait();
+  auto b = [&](int i) { return fsdp::memory::format_bytes(int64_t(all[i].item<double>())); };
+  std::string s;
+  for (int r = 0; r < comm.world_size(); r++)
+    s += (r ? "  r" : "r") + std::to_string(r) + " " + b(3 * r) + " (peak " + b(3 * r + 1) + ", cached " +
+         b(3 * r + 2) + ")";
+  return s;
+}
+
+// Wrapped through the shared_ptr: call() on it reaches the non-const forward().
+using Model = fsdp::Sharded<std::shared_ptr<gpt::GPTImpl>>;
+
+// Mean validation loss over eval_batches micro-batches per rank, then over ranks.
+double evaluate(Model& model, fsdp::Communicator& comm, const gpt::data::Tokens& val,
+                const gpt::data::Order& order, int64_t batches) {
+  torch::NoGradGuard no_grad;
+  double sum = 0;
+  for (int64_t e = 0; e < batches; e++) {
+    auto b = gpt::data::eval_batch(val, order, e, comm.rank());
+    sum += gpt::loss(model.forward(b.x), b.y).item<double>();  // logits [B,T,V]
+  }
+  return mean_over_ranks(comm, sum / double(batches), "validation loss");
+}
+
+// Generates n tokens after `prompt`. Every rank runs the model (each forward
+// all-gathers); rank 0 decides each token and broadcasts it, so all ranks
+// extend the same context.
+std::string sample(Model& model, fsdp::Communicator& comm, const Args& a) {
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(a.sample_seed);
+  gpt::data::Tokens ctx = gpt::data::encode(a.prompt.empty() ? std::string("\n") : a.prompt);
+  const size_t prompt_len = ctx.size();
+  for (int64_t i = 0; i < a.sample; i++) {
+    const size_t t = std::min<size_t>(ctx.size(), size_t(a.cfg.seq));
+    auto idx = torch::empty({1, int64_t(t)}, torch::kLong);  // [1,t] the last t tokens
+    for (size_t j = 0; j < t; j++) idx[0][int64_t(j)] = int64_t(ctx[ctx.size() - t + j]);
+    auto logits = model.forward(idx)[0][int64_t(t) - 1].to(torch::kFloat);  // [V]
+    int64_t next = 0;
+    if (a.top_k == 0) {
+      next = logits.argmax().item<int64_t>();
+    } else {
+      auto top = logits.topk(a.top_k);                               // values, indices [k]
+      auto probs = torch::softmax(std::get<0>(top), -1);             // [k]
+      auto pick = torch::multinomial(probs, 1, false, gen);          // [1]
+      next = std::get<1>(top)[pick.item<int64_t>()].item<int64_t>();
+    }
+    auto tt = torch::tensor({float(next)});  // exact for ids < 2^24
+    comm.broadcast(tt, 0, {"sample token"})->wait();
+    ctx.push_back(uint16_t(tt.item<float>()));
+  }
+  return gpt::data::decode(gpt::data::Tokens(ctx.begin() + prompt_len, ctx.end()));
+}
+
+// --init: GPT_MINI.md names and shapes, fp32 (or any float dtype, converted).
+// Collective; every rank loads the whole model before wrapping.
+void load_init(fsdp::Communicator& comm, gpt::GPT& net, const std::string& path) {
+  torch::NoGradGuard no_grad;
+  std::vector<fsdp::ckpt::Slice> wanted;
+  for (auto& p : net->named_parameters()) {
+    auto dst = p.value().detach().view({-1});  // writes land in the parameter
+    wanted.push_back({p.key(), p.value().sizes().vec(), torch::kFloat32, 0, dst.numel(), dst});
+  }
+  fsdp::ckpt::LoadOptions lo;
+  lo.allow_dtype_cast = true;  // e.g. weights saved in bf16
+  fsdp::ckpt::load_full_safetensors(comm, path, wanted, lo);
+}
+
+// --save: rank 0 streams the gathered tensors into one .safetensors file
+// (progress lines when that takes more than a few seconds).
+int64_t save_full(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& full,
+                  const gpt::Config& c, fsdp::ProgressOptions po) {
+  std::vector<fsdp::ckpt::TensorSpec> specs;
+  for (auto& [name, t] : full) specs.push_back({name, t.sizes().vec(), t.scalar_type()});
+  po.label = "saving " + path;
+  po.unit = "bytes";
+  for (auto& [name, t] : full) po.total += t.numel() * int64_t(t.element_size());
+  fsdp::Progress prog(po);
+  size_t next = 0;
+  int64_t handed = 0;  // bytes of the tensors handed to the writer (each written before the next is asked for)
+  const int64_t bytes = fsdp::ckpt::write_full_safetensors(
+      path, specs,
+      [&](const fsdp::ckpt::TensorSpec&) {
+        prog.update(handed);
+        const torch::Tensor& t = full[next++].second;
+        handed += t.numel() * int64_t(t.element_size());
+        return t;
+      },
+      {{"model", "gpt-mini"}, {"vocab", std::to_string(c.vocab)}, {"seq", std::to_string(c.seq)},
+       {"dim", std::to_string(c.dim)}, {"layers", std::to_string(c.layers)}, {"heads", std::to_string(c.heads)}});
+  prog.update(handed);
+  prog.finish();
+  return bytes;
+}
+
+int default_threads(const fsdp::Communicator& comm) {
+  if (std::getenv("OMP_NUM_THREADS")) return 0;  // the user decided
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, comm.local_world_size()));
+}
+
+// ---------------------------------------------------------------------------
+// The stages of train(), in order.
+
+// This rank's place in the run.
+struct Run {
+  fsdp::CommPtr comm;
+  std::shared_ptr<fsdp::WaitClock> waits;  // time blocked in collectives
+  int rank = 0, N = 1;
+  bool lead = false;
+};
+
+Run start_run(const Args& a) {
+  // Communicator first: it installs the counting allocator, so every tensor
+  // below (the model included) is in the memory numbers.
+  // The flags reach the library's reporters (checkpoint saves) through the environment.
+  if (a.no_progress) ::setenv("FSDP_PROGRESS", "off", 1);
+  if (a.progress_every >= 0) ::setenv("FSDP_PROGRESS_EVERY", std::to_string(a.progress_every).c_str(), 1);
+  fsdp::CommOptions copts;
+  if (a.timeout > 0) copts.timeout = std::chrono::milliseconds(int64_t(a.timeout * 1000));
+  Run run;
+  run.comm = fsdp::make_communicator_from_env(copts);
+  // Time blocked in collectives, so a step's busy time (wall - blocked) shows
+  // which rank the others wait for (fsdp/straggler.h).
+  run.waits = std::make_shared<fsdp::WaitClock>();
+  run.comm = fsdp::with_wait_clock(run.comm, run.waits);
+  run.rank = run.comm->rank(), run.N = run.comm->world_size();
+  run.lead = run.rank == 0;
+  if (!a.max_memory.empty()) fsdp::memory::set_limit(fsdp::memory::parse_bytes(a.max_memory));
+  if (int th = a.threads ? a.threads : default_threads(*run.comm)) torch::set_num_threads(th);
+  if (a.resume && a.ckpt_dir.empty()) throw fsdp::UsageError("--resume needs --ckpt-dir DIR (where to look)");
+  if (!a.trace.empty()) fsdp::trace::start(a.trace, run.rank, run.N);
+  return run;
+}
+
+struct Data {
+  gpt::data::Tokens train, val;
+  gpt::data::Order order;
+  bool eval_on = false;
+};
+
+// Every rank reads the same stream and picks its rows by the order.
+Data load_data(const Args& a, const Run& run) {
+  Data d;
+  if (!a.text.empty()) {
+    auto s = gpt::data::split(gpt::data::encode(gpt::data::read_texts(a.text)));
+    d.train = std::move(s.train);
+    d.val = std::move(s.val);
+  } else {
+    d.train = gpt::data::read_tokens(a.data, a.cfg.vocab);
+  }
+  if (!a.val.empty()) d.val = gpt::data::read_tokens(a.val, a.cfg.vocab);
+  d.order = gpt::data::Order{a.cfg.seq, a.batch, a.accum, run.N, a.shuffle == "on", a.seed};
+  gpt::data::row_offset(d.order, int64_t(d.train.size()), 0);  // throws: data shorter than --seq
+  d.eval_on = a.eval_every > 0 && !d.val.empty();
+  if (d.eval_on) {
+    try {
+      gpt::data::row_offset(d.order, int64_t(d.val.size()), 0);
+    } catch (const fsdp::Error& e) {
+      throw fsdp::Error(std::string("validation data: ") + e.what());
+    }
+  }
+  if (run.lead && a.eval_every > 0 && !d.eval_on)
+    std::printf("note: no validation data (give --val FILE.bin or use --text); validation off\n");
+  return d;
+}
+
+fsdp::FsdpOptions fsdp_options(const Args& a) {
+  fsdp::FsdpOptions fopts;
+  fopts.strategy = fsdp::parse_strategy(a.strategy);
+  fopts.wrap = wrap_policy(a.wrap);
+  if (a.dtype == "bf16") fopts.mixed_precision.param_dtype = torch::kBFloat16;
+  if (a.prefetch) {
+    fopts.backward_prefetch = fsdp::BackwardPrefetch::BACKWARD_PRE;
+    fopts.forward_prefetch = true;
+  }
+  return fopts;
+}
+
+// The same seed on every rank (and FSDP broadcasts rank 0's anyway).
+Model build_model(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts) {
+  torch::manual_seed(a.seed);
+  gpt::GPT net(a.cfg);
+  if (!a.init.empty()) load_init(*run.comm, net, a.init);  // every rank reads; checked names and shapes
+  return fsdp::fully_shard(net.ptr(), run.comm, fopts);
+}
+
+void print_run(const Args& a, const Run& run, const Data& d, const fsdp::FsdpOptions& fopts, Model& model,
+               int64_t tokens_per_step) {
+  const int N = run.N;
+  std::printf("gpt: %s\n", a.cfg.str().c_str());
+  std::printf("data: %zu train tokens, %zu val tokens, order %s\n", d.train.size(), d.val.size(),
+              d.order.shuffle ? "shuffled" : "deterministic");
+  std::printf("fsdp: %s, world %d, wrap %s, dtype %s, %d thread(s)/rank\n", fsdp::to_string(fopts.strategy), N,
+              fopts.wrap.description.c_str(), a.dtype.c_str(), torch::get_num_threads());
+  std::printf("train: %lld steps x (%d ranks x %lld rows x %lld accum x %lld tokens) = %lld tokens/step, "
+              "lr %.2e -> %.2e, warmup %lld\n",
+              (long long)a.steps, N, (long long)a.batch, (long long)a.accum, (long long)a.cfg.seq,
+              (long long)tokens_per_step, a.lr, a.min_lr, (long long)a.warmup);
+  std::printf("%s\n", model->describe_units().c_str());
+  std::fflush(stdout);
+}
+
+// The planner on this run: the real units, GPT-mini's activation estimate.
+fsdp::plan::Plan plan_run(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts, Model& model) {
+  const fsdp::plan::GptShape shape{a.cfg.layers, a.cfg.dim, a.cfg.heads, a.cfg.vocab, a.cfg.seq, a.batch};
+  fsdp::plan::PlanOptions po;
+  po.world = run.N;
+  po.strategy = fopts.strategy;
+  po.param_bytes = a.dtype == "bf16" ? 2 : 4;
+  po.optimizer = fsdp::plan::Optimizer::ADAM;
+  po.micro_steps = static_cast<int>(a.accum);
+  po.prefetch = a.prefetch ? 1 : 0;
+  const int act_bytes = po.param_bytes;
+  auto plan = fsdp::plan::make_plan(fsdp::plan::units_from(model->units()),
+                                    fsdp::plan::gpt_activations(shape, act_bytes).total, po,
+                                    fsdp::plan::gpt_released(shape, a.wrap, act_bytes));
+  if (run.lead) std::printf("%s\n", plan.str().c_str()), std::fflush(stdout);
+  return plan;
+}
+
+// --resume: model shards, optimizer state and the step; the data position
+// is a function of the step (GPT_MINI.md's order), so nothing else is
+// needed. Returns the first step to run.
+int64_t resume(const Args& a, const Run& run, Model& model, torch::optim::Optimizer& opt) {
+  if (!a.resume) return 0;
+  int64_t first_step = 0;
+  auto r = fsdp::load_checkpoint(*model, &opt, a.ckpt_dir);
+  if (r.found) {
+    first_step = r.train_state.value("step", int64_t(0));
+    if (run.lead)
+      std::printf("resumed from %s: step %lld (saved at world size %d, %s)%s\n", r.path.c_str(),
+                  (long long)first_step, r.saved_world_size, r.saved_strategy.c_str(),
+                  r.note.empty() ? "" : ("; " + r.note).c_str());
+  } else if (run.lead) {
+    std::printf("no checkpoint in %s yet: starting at step 0\n", a.ckpt_dir.c_str());
+  }
+  return first_step;
+}
+
+using Clock = std::chrono::steady_clock;
+
+struct StepResult {
+  double loss = 0;         // this rank's mean over the micro-steps
+  double norm = 0, lr = 0;
+  int64_t sent = 0;        // bytes sent inside the step's span
+  Clock::time_point t0;    // the step's start (its time runs to after the checkpoint)
+  double waited0 = 0;      // the wait clock at t0
+};
+
+// One optimizer step inside its trace span: K micro-steps, clip, AdamW.
+StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim::Optimizer& opt, const Data& d,
+                      int64_t step) {
+  // The step span covers training only: evaluation traffic stays outside
+  // the report's per-step traffic (compared with 3P / 2P).
+  fsdp::trace::Span step_span("step", "step");
+  if (step_span.active()) step_span.arg("step", step);
+  StepResult r;
+  const int64_t sent0 = run.comm->counters().total_bytes_sent();
+  r.t0 = Clock::now();
+  r.waited0 = run.waits->seconds();
+  fsdp::inject_step_delay(run.rank);  // FSDP_INJECT_STEP_DELAY=RANK:MS (tests of the monitor)
+  r.lr = lr_at(a, step);
+  set_lr(opt, r.lr);
+
+  // K micro-steps; gradients of the first K-1 stay local (no_sync), the
+  // last backward reduce-scatters their sum. Dividing each loss by K makes
+  // the step's gradient the mean over all N*B*K rows.
+  double loss_sum = 0;
+  for (int64_t k = 0; k < a.accum; k++) {
+    auto b = gpt::data::batch(d.train, d.order, step, k, run.rank);  // x, y [B,T]
+    auto micro = [&] {
+      auto logits = model.forward(b.x);  // [B,T,V]
+      auto loss = gpt::loss(logits, b.y);
+      (loss / double(a.accum)).backward();
+      loss_sum += loss.item<double>();
+    };
+    if (k + 1 < a.accum) {
+      auto guard = model->no_sync();
+      micro();
+    } else {
+      micro();
+    }
+  }
+  r.norm = a.clip > 0 ? model->clip_grad_norm(a.clip) : 0.0;
+  {
+    FSDP_TRACE_SPAN("optimizer_step", "optim");
+    opt.step();
+    opt.zero_grad();
+  }
+  r.loss = loss_sum / double(a.accum);
+  if (step_span.active()) step_span.arg("loss", r.loss);
+  step_span.end();
+  r.sent = run.comm->counters().total_bytes_sent() - sent0;
+  return r;
+}
+
+// The step line (and the busy times) every --log-every steps. Collective:
+// every rank takes this branch at the same steps.
+void log_step(const Args& a, const Run& run, int64_t step, const StepResult& r, double ms,
+              const fsdp::StragglerReport& srep, int64_t tokens_per_step) {
+  if (!(step % a.log_every == 0 || step + 1 == a.steps)) return;
+  const double loss = mean_over_ranks(*run.comm, r.loss, "train loss");
+  const std::string mem = memory_line(*run.comm);
+  if (!run.lead) return;
+  fsdp::progress::clear_line();
+  std::printf("step %5lld | loss %.4f | lr %.2e | norm %6.3f | %7.1f ms/step | %7.0f tok/s | %s\n",
+              (long long)step, loss, r.lr, r.norm, ms, double(tokens_per_step) / (ms / 1000.0), mem.c_str());
+  if (!srep.seconds.empty()) {
+    std::string busy;
+    for (size_t q = 0; q < srep.seconds.size(); q++) {
+      char b[48];
+      std::snprintf(b, sizeof b, "%sr%zu %.1f", q ? "  " : "", q, srep.seconds[q] * 1000.0);
+      busy += b;
+    }
+    std::printf("step %5lld | busy ms per rank (wall - blocked in collectives): %s | median %.1f\n",
+                (long long)step, busy.c_str(), srep.median * 1000.0);
+  }
+  std::fflush(stdout);
+}
+
+// The ledger: measured memory terms against the seed's formulas (and the
+// plan's peak and traffic against the measured ones with --plan).
+void print_ledger(const Run& run, Model& model, torch::optim::Optimizer& opt, const std::optional<fsdp::plan::Plan>& plan,
+                  int64_t steps_run, double seconds, int64_t train_bytes, int64_t tokens_per_step) {
+  const fsdp::Ledger ledger = model->ledger(&opt);
+  if (!run.lead) return;
+  std::printf("trained %lld steps in %.1f s (%.0f tokens/s)\n", (long long)steps_run, seconds,
+              double(tokens_per_step * steps_run) / std::max(seconds, 1e-9));
+  std::printf("%s\n", ledger.str().c_str());
+  if (plan) {
+    const int64_t sent = train_bytes;
+    std::printf("plan vs measured (rank 0): peak %s predicted, %s measured (%.3f); traffic %s/step predicted, "
+                "%s/step measured in the training steps (%.3f)\n",
+                fsdp::memory::format_bytes(plan->peak).c_str(), fsdp::memory::format_bytes(ledger.peak).c_str(),
+                double(plan->peak) / std::max<double>(1, ledger.peak),
+                fsdp::memory::format_bytes(plan->traffic.total()).c_str(),
+                fsdp::memory::format_bytes(steps_run > 0 ? sent / steps_run : 0).c_str(),
+                steps_run > 0 && sent > 0 ? double(plan->traffic.total()) * steps_run / double(sent) : 0.0);
+  }
+  std::fflush(stdout);
+}
+
+// After training: --sample, --save, --trace (each collective).
+void finish(const Args& a, const Run& run, Model& model, const fsdp::ProgressOptions& popts) {
+  if (a.sample > 0) {
+    const std::string text = sample(model, *run.comm, a);
+    if (run.lead) {
+      std::printf("sample (%lld bytes, %s):\n----\n%s%s\n----\n", (long long)a.sample,
+                  a.top_k ? ("top-k " + std::to_string(a.top_k) + ", seed " + std::to_string(a.sample_seed)).c_str()
+                          : "greedy",
+                  a.prompt.c_str(), text.c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (!a.save.empty()) {
+    auto full = model->full_state(0);  // collective: (name, tensor) on rank 0 only
+    if (run.lead) {
+      const int64_t bytes = save_full(a.save, full, a.cfg, popts);
+      std::printf("saved %zu tensors (%s) to %s\n", full.size(), fsdp::memory::format_bytes(bytes).c_str(),
+                  a.save.c_str());
+    }
+  }
+  if (!a.trace.empty()) {
+    fsdp::trace::stop();
+    run.comm->barrier()->wait();  // every rank's file is written
+    if (run.lead) std::printf("trace: %s\n", fsdp::trace::merge(a.trace).c_str());
+  }
+}
+
+}  // namespace
+
+int train(const Args& a) {
+  const Run run = start_run(a);
+  const Data data = load_data(a, run);
+  const fsdp::FsdpOptions fopts = fsdp_options(a);
+  Model model = build_model(a, run, fopts);
+  auto opt = make_optimizer(*model, a);
+  fsdp::verify_optimizer(*model, *opt);
+  const int64_t tokens_per_step = run.N * a.batch * a.accum * a.cfg.seq;
+  if (run.lead) print_run(a, run, data, fopts, model, tokens_per_step);
+  std::optional<fsdp::plan::Plan> plan;
+  if (a.plan) plan = plan_run(a, run, fopts, model);
+  auto validate = [&](int64_t step) {
+    const double vl = evaluate(model, *run.comm, data.val, data.order, a.eval_batches);
+    if (run.lead) fsdp::progress::clear_line(), std::printf("step %5lld | val loss %.4f\n", (long long)step, vl), std::fflush(stdout);
+  };
+
+  // The training loop.
+  const int64_t first_step = resume(a, run, model, *opt);
+  auto checkpoint = [&](int64_t done) {
+    auto r = fsdp::save_checkpoint(*model, opt.get(), a.ckpt_dir, done,
+                                   {{"step", done}, {"seed", a.seed}, {"shuffle", a.shuffle}, {"world", run.N}});
+    if (run.lead) fsdp::progress::clear_line(), std::printf("checkpoint %s (%.2f s)\n", r.path.c_str(), r.seconds), std::fflush(stdout);
+  };
+  // Progress on rank 0 (fsdp/progress.h): steps, ETA, loss, tokens/s.
+  fsdp::ProgressOptions popts;
+  popts.rank = run.rank;
+  popts.enabled = !a.no_progress;
+  popts.interval_s = a.progress_every;
+  fsdp::ProgressOptions train_popts = popts;
+  train_popts.label = "train";
+  train_popts.unit = "steps";
+  train_popts.total = a.steps;
+  train_popts.initial = std::min(first_step, a.steps);
+  train_popts.rate_scale = double(tokens_per_step);
+  train_popts.rate_unit = "tok/s";
+  fsdp::Progress progress(train_popts);
+  // Per-rank busy time (wall - blocked in collectives) every step; a rank
+  // slower than factor x the median for `window` steps in a row is named.
+  std::optional<fsdp::StragglerMonitor> stragglers;
+  if (a.straggler_factor > 0) {
+    stragglers.emplace(run.comm, a.straggler_factor, int(a.straggler_window));
+    stragglers->set_logging(false);  // printed below, between the step lines
+  }
+  const auto run_start = Clock::now();
+  int64_t train_bytes = 0;  // sent inside the steps' spans (what the plan predicts)
+  for (int64_t step = first_step; step < a.steps; step++) {
+    if (data.eval_on && step % a.eval_every == 0) validate(step);
+    const StepResult r = train_step(a, run, model, *opt, data, step);
+    train_bytes += r.sent;
+    if (!a.ckpt_dir.empty() && a.ckpt_every > 0 && (step + 1) % a.ckpt_every == 0 && step + 1 < a.steps)
+      checkpoint(step + 1);
+
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - r.t0).count();
+    fsdp::StragglerReport srep;
+    if (stragglers) srep = stragglers->observe(ms / 1000.0 - (run.waits->seconds() - r.waited0));  // collective
+    if (run.lead && !srep.message.empty()) {
+      fsdp::progress::clear_line();
+      std::printf("%s\n", srep.message.c_str());
+      std::fflush(stdout);
+    }
+    log_step(a, run, step, r, ms, srep, tokens_per_step);
+    char loss_text[32];
+    std::snprintf(loss_text, sizeof loss_text, "%.4f", r.loss);
+    progress.update(step + 1, {{"loss", loss_text}});
+  }
+  progress.finish();
+  if (data.eval_on) validate(a.steps);
+  if (!a.ckpt_dir.empty() && first_step < a.steps) checkpoint(a.steps);
+  const double seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
+
+  print_ledger(run, model, *opt, plan, a.steps - first_step, seconds, train_bytes, tokens_per_step);
+  finish(a, run, model, popts);
+  return 0;
+}
+}  // namespace gpt

@@ -1,0 +1,60 @@
+// GPT-mini's trainer (train.cpp), the flags it runs with (gpt.cpp parses them).
+// defines: gpt::Args, gpt::train
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpt/model.h"
+
+namespace gpt {
+
+// Flags. Defaults: the GPT_MINI.md model size, training settings that suit it.
+struct Args {
+  // data
+  std::string data, val;           // token files (.bin)
+  std::vector<std::string> text;   // or text files, split 90/10 on the fly
+  std::string shuffle = "off";     // off: the deterministic order of GPT_MINI.md
+  // model
+  gpt::Config cfg;
+  std::string init;                // FILE.safetensors to start from
+  // training
+  int64_t batch = 8;               // rows per micro-batch per rank
+  int64_t accum = 1;               // micro-steps per optimizer step
+  int64_t steps = 300;
+  double lr = 1e-3, min_lr = -1;   // min_lr < 0: lr / 10
+  int64_t warmup = 20;
+  double weight_decay = 0.1, clip = 1.0;
+  std::string strategy = "full", wrap = "block", dtype = "fp32";
+  uint64_t seed = 1337;
+  int threads = 0;                 // 0: cores / ranks on this host
+  // reporting
+  int64_t log_every = 10, eval_every = 50, eval_batches = 8;
+  int64_t sample = 0;              // bytes to generate at the end
+  int64_t top_k = 0;               // 0: greedy
+  uint64_t sample_seed = 0;
+  std::string prompt = "\n";
+  std::string save;                // FILE.safetensors: full weights at the end
+  // accepted now, wired by later issues (checkpoints, trace)
+  std::string ckpt_dir, trace;
+  bool resume = false;
+  bool prefetch = true;  // as PyTorch FSDP (BACKWARD_PRE by default); --no-prefetch turns it off
+  bool plan = false;  // print the planner's ledger before step 1, compare at the end
+  int64_t ckpt_every = 0;
+  std::string max_memory;          // "2GiB": the counting allocator's limit
+  double timeout = 0;              // seconds per collective; 0: the library default
+  // progress and stragglers
+  double progress_every = -1;      // seconds between progress lines; < 0: FSDP_PROGRESS_EVERY or 5
+  bool no_progress = false;
+  double straggler_factor = 1.5;   // 0: no straggler monitor
+  int64_t straggler_window = 5;
+};
+
+// The whole run on this rank: communicator, data, model, the steps, the
+// ledger, then sample / save / trace as the flags ask. Collective. Returns
+// the exit code; throws fsdp::Error (and fsdp::UsageError for flag values
+// only a rank can check, e.g. --resume without --ckpt-dir).
+int train(const Args& a);
+
+}  // namespace gpt

@@ -1,0 +1,97 @@
+// fsdp-cpp as a user's project gets it (tests/consumer):
+//   cmake --install <build> --prefix P
+//   cmake -S tests/consumer -B P/consumer-build -DCMAKE_PREFIX_PATH=P && cmake --build P/consumer-build
+//   P/bin/fsdp run -n 2 -- P/consumer-build/consumer
+// and the same consumer with add_subdirectory (FSDP_CONSUMER_SUBDIR=ON).
+#include <gtest/gtest.h>
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using fsdp::testing::lines_with;
+using fsdp::testing::ProcResult;
+using fsdp::testing::run_command;
+using fsdp::testing::source_path;
+
+namespace {
+
+// A fresh directory per test under $TMPDIR; removed when the test passed,
+// kept (and named in the failure) when it did not.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    const char* t = std::getenv("TMPDIR");
+    std::string tmpl = std::string(t && *t ? t : "/tmp") + "/fsdp-install-XXXXXX";
+    path = mkdtemp(tmpl.data()) ? tmpl : "";
+  }
+  ~TempDir() {
+    if (!path.empty() && !::testing::Test::HasFailure()) fs::remove_all(path);
+  }
+};
+
+// Runs one step; fails the test with the step's output when it fails.
+ProcResult step(const std::string& what, const std::vector<std::string>& argv, double timeout_s) {
+  ProcResult r = run_command(argv, {}, timeout_s);
+  EXPECT_EQ(r.exit_code, 0) << what << " failed (" << r.seconds << " s):\n" << r.output;
+  return r;
+}
+
+std::vector<std::string> configure(const std::string& build, const std::vector<std::string>& defs) {
+  std::vector<std::string> a = {FSDP_CMAKE, "-S", source_path("tests/consumer"), "-B", build,
+                                "-DCMAKE_BUILD_TYPE=RelWithDebInfo", std::string("-DCMAKE_CXX_COMPILER=") + FSDP_CXX};
+  a.insert(a.end(), defs.begin(), defs.end());
+  return a;
+}
+
+// Both ranks trained, learned and matched the unsharded reference.
+void expect_two_ranks_ok(const ProcResult& r) {
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 2; rank++) {
+    const std::string prefix = "[rank " + std::to_string(rank) + "] consumer rank=" + std::to_string(rank) + " world=2 ";
+    auto lines = lines_with(r.output, prefix);
+    ASSERT_EQ(lines.size(), 1u) << "expected one line starting '" << prefix << "':\n" << r.output;
+    EXPECT_NE(lines[0].find("units=3 "), std::string::npos) << lines[0];
+    EXPECT_EQ(lines[0].substr(lines[0].size() - 3), " ok") << lines[0];
+  }
+}
+
+TEST(Install, FindPackage) {
+  TempDir tmp;
+  ASSERT_FALSE(tmp.path.empty());
+  const std::string prefix = tmp.path + "/prefix", build = tmp.path + "/consumer-build";
+  step("cmake --install", {FSDP_CMAKE, "--install", FSDP_BUILD_DIR, "--prefix", prefix}, 300);
+  for (const char* f : {"bin/fsdp", "include/fsdp/fsdp.h", "include/fsdp/fully_shard.h", "lib/libfsdp_engine.a",
+                        "lib/libfsdp_comm.a", "lib/cmake/fsdp/fsdpConfig.cmake",
+                        "lib/cmake/fsdp/fsdpConfigVersion.cmake", "lib/cmake/fsdp/fsdpTargets.cmake"})
+    EXPECT_TRUE(fs::exists(prefix + "/" + f)) << "not installed: " << f;
+  // Only the public headers: no header of src/ travels.
+  for (auto& e : fs::recursive_directory_iterator(prefix + "/include"))
+    if (e.is_regular_file()) EXPECT_EQ(e.path().parent_path().filename(), "fsdp") << e.path();
+  if (HasFailure()) GTEST_SKIP() << "kept " << tmp.path;
+
+  auto conf = step("configure the consumer", configure(build, {"-DCMAKE_PREFIX_PATH=" + prefix}), 600);
+  ASSERT_EQ(lines_with(conf.output, "fsdp package: " + prefix + "/lib/cmake/fsdp").size(), 1u)
+      << "the consumer did not find the installed package:\n" << conf.output;
+  step("build the consumer", {FSDP_CMAKE, "--build", build, "-j", "2"}, 1200);
+  if (HasFailure()) return;
+  expect_two_ranks_ok(run_command({prefix + "/bin/fsdp", "run", "-n", "2", "--", build + "/consumer"}, {}, 300));
+}
+
+TEST(Install, AddSubdirectory) {
+  TempDir tmp;
+  ASSERT_FALSE(tmp.path.empty());
+  const std::string build = tmp.path + "/consumer-build";
+  step("configure the consumer", configure(build, {"-DFSDP_CONSUMER_SUBDIR=ON"}), 600);
+  step("build the consumer", {FSDP_CMAKE, "--build", build, "-j", "2"}, 3000);
+  if (HasFailure()) return;
+  expect_two_ranks_ok(
+      run_command({std::string(FSDP_BIN_DIR) + "/fsdp", "run", "-n", "2", "--", build + "/consumer"}, {}, 300));
+}
+
+}  // namespace
