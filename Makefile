@@ -50,8 +50,10 @@ test: deps build
 tiny: build
 	$(BUILD)/bin/fsdp run -n 2 -- $(BUILD)/bin/tiny
 
+# DEMO_ARGS: extra gpt flags, e.g. make demo DEMO_ARGS="--dtype bf16"
+DEMO_ARGS ?=
 demo: deps build
-	bash examples/gpt/demo.sh $(BUILD)
+	bash examples/gpt/demo.sh $(BUILD) $(DEMO_ARGS)
 
 bench: deps build
 	bash bench/run.sh $(BUILD)

@@ -78,3 +78,10 @@ echo "   log:      $RUN/train.log"
 echo "   weights:  $RUN/gpt.safetensors"
 echo "   ckpt:     $RUN/ckpt (sharded; resume with --ckpt-dir $RUN/ckpt --resume)"
 echo "   report:   $RUN/report.html (trace for Perfetto: $RUN/trace/trace.json)"
+# bf16: several times faster where the CPU computes it natively, slower where
+# libtorch must emulate it (docs/GUIDE.md, "When to use --dtype bf16").
+if grep -q -w -e avx512_bf16 -e amx_bf16 /proc/cpuinfo 2>/dev/null; then
+  echo "   bf16:     this CPU has bf16 instructions: 'make demo DEMO_ARGS=\"--dtype bf16\"' trains several times faster"
+else
+  echo "   bf16:     this CPU has no bf16 instructions; --dtype bf16 would be emulated (slower): fp32 is right here"
+fi
