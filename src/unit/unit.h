@@ -1,21 +1,29 @@
-// fsdp-cpp: the engine's state — units, their flat buffers, the step's phases.
+// fsdp-cpp: one unit — its flat buffers and its life through a step.
 //
-// defines: ParamSlot, Unit, UnitState, TrainingState, ShardedState
+// defines: ParamSlot, UnitState, TrainingState, Unit, PendingReduce
 //
-// The data's path through one step, and where each stage lives:
-//   wrap       src/wrap/wrap.cpp         module tree -> units (policy, tied params)
-//   shard      src/shard/flat_param.cpp  flat buffer, padding, shard, views
-//   all-gather src/unit/unshard.cpp      unshard / reshard, prefetch
-//   compute    src/unit/unit_call.cpp    pre/post-forward, pre-backward hooks
-//   reduce     src/unit/reduce.cpp       post-backward reduce-scatter, no_sync
-//   optimizer  src/unit/model.cpp        shard grads, global-norm clipping
-//   observe    src/unit/model.cpp        the seed's ledger, measured
-//   checkpoint src/unit/state_dict.cpp   shards <-> checkpoints; full state to one rank
+// A Unit (like PyTorch FSDP2's FSDPParamGroup) owns one all-gather and one
+// reduce-scatter: its parameters' flat buffer, its shard, and the two state
+// machines below. Each transition is a method that checks the state it starts
+// from; an illegal one is an internal error (file:line, rank, the unit, the
+// state it was in and the states expected), never a silent return. What spans
+// units (forward order, prefetch, pending reductions, no_sync, the
+// end-of-backward callback) is the Engine's (src/unit/engine.h).
+//
+// Where each transition lives:
+//   init_flat_param                    src/shard/flat_param.cpp
+//   unshard, wait_for_unshard, reshard src/unit/unshard.cpp
+//   pre_forward, post_forward,
+//   forward_failed, pre_backward       src/unit/unit_call.cpp
+//   grad_ready, join_backward,
+//   post_backward, reduce,
+//   accept_reduced, end_backward       src/unit/reduce.cpp
 #pragma once
 
 #include <torch/torch.h>
 
-#include <deque>
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +33,8 @@
 #include "fsdp/trace.h"
 
 namespace fsdp::detail {
+
+class Engine;
 
 // One original parameter inside a unit's flat buffer.
 struct ParamSlot {
@@ -39,34 +49,54 @@ struct ParamSlot {
   // accumulators that someone holds).
   std::shared_ptr<torch::autograd::Node> accumulator;
   // This rank's slice of the flattened parameter: [lo, hi) in param-local
-  // elements; `shard_view` is the optimizer's leaf over shard[lo+offset-r*S ..].
+  // elements (shard::param_range); `shard_view` is the optimizer's leaf over
+  // shard[offset + lo - shard_begin ..].
   int64_t lo = 0, hi = 0;
   torch::Tensor shard_view;
 };
 
+// Where the unit's parameters are.
 enum class UnitState {
   SHARDED,     // only the shard is resident; `full` has no storage
-  UNSHARDING,  // all-gather issued (prefetch); wait on `gather_work` before use
+  UNSHARDING,  // all-gather issued (prefetch); wait_for_unshard() before use
   UNSHARDED,   // `full` holds every rank's shard; module params are usable
 };
 
+// Where the unit is in the step.
 enum class TrainingState {
   IDLE,
   FORWARD,        // inside its forward
   FORWARD_DONE,   // forward ran with grad enabled: a backward will come
-  BACKWARD,       // pre-backward hook fired: autograd is writing the params' .grad
+  BACKWARD,       // in backward: autograd is writing the params' .grad
   BACKWARD_DONE,  // post-backward ran (reduced, or kept for no_sync)
 };
 
-struct Unit {
-  // Constant after construction.
+const char* to_string(UnitState s);
+const char* to_string(TrainingState s);
+
+// A reduce-scatter (NO_SHARD: all-reduce) in flight. Its input, the unit's
+// flat unsharded gradients, is held by the communicator alone and freed the
+// moment the collective completes; `output` is then added into the unit's
+// shard_grad (Unit::accept_reduced).
+struct PendingReduce {
+  class Unit* unit;
+  WorkPtr work;
+  torch::Tensor output;
+};
+
+class Unit {
+ public:
+  // --- Constant after construction (src/wrap/wrap.cpp, init_flat_param) ---
   int index = 0;
   std::string name;  // module path; "" for the root
   torch::nn::Module* module = nullptr;
-  Unit* parent = nullptr;  // enclosing unit (nullptr for the root)
-  class ShardedState* owner = nullptr;
+  Unit* parent = nullptr;    // enclosing unit (nullptr for the root)
+  Engine* owner = nullptr;   // outlives the unit
+  Communicator* comm = nullptr;  // the owner's
   std::vector<ParamSlot> params;
-  int64_t numel = 0, padded_numel = 0, shard_numel = 0;
+  // The flat layout (shard::flat_layout): padded / shard sizes and where this
+  // rank's shard starts in the padded buffer.
+  int64_t numel = 0, padded_numel = 0, shard_numel = 0, shard_begin = 0;
   torch::ScalarType param_dtype = torch::kFloat32;
   torch::ScalarType reduce_dtype = torch::kFloat32;
   bool reshard_after_forward = true;  // FULL_SHARD
@@ -74,88 +104,102 @@ struct Unit {
   bool aliased = false;               // NO_SHARD in fp32: full and shard are one tensor
   int n_grad_params = 0;
 
-  // Tensors (docs/DESIGN.md#vocabulary).
+  // --- Tensors (docs/DESIGN.md#vocabulary) ---
   torch::Tensor shard;       // fp32 [S]: the master shard, optimizer-owned through shard_views
   torch::Tensor shard_grad;  // fp32 [S]: reduced gradients, views handed to shard_views' .grad
   torch::Tensor full;        // param_dtype [padded]: all-gather output; storage freed when SHARDED
   torch::Tensor full_grad;   // param_dtype [padded]: unsharded grads kept under no_sync; undefined otherwise
-  torch::Tensor gather_input;  // param_dtype [S] cast of `shard` while an all-gather is in flight
-
-  // Protected by the caller's thread (hooks and forward run on the
-  // autograd / caller thread; the comm thread only touches tensors it was
-  // handed, until its Work completes).
-  UnitState state = UnitState::SHARDED;
-  TrainingState training = TrainingState::IDLE;
-  WorkPtr gather_work;
-  int grads_ready = 0;
-  bool prefetched = false;
-  std::unique_ptr<trace::Span> backward_span;  // pre_backward .. post_backward
 
   bool empty() const { return numel == 0; }
   std::string display_name() const { return name.empty() ? "<root>" : name; }
+  UnitState state() const { return state_; }
+  TrainingState training() const { return training_; }
+
+  // --- Transitions. Called on the caller / autograd thread only; the comm
+  // thread touches only the tensors it was handed until its Work completes.
+
+  // Builds the flat buffer from the module's parameters (rank 0's values
+  // everywhere when opts.sync_module_states: one broadcast), keeps this
+  // rank's shard, points the parameters at `full` and frees it (NO_SHARD:
+  // keeps it). Leaves SHARDED (NO_SHARD: UNSHARDED), IDLE.
+  void init_flat_param(const FsdpOptions& opts);
+
+  // SHARDED -> UNSHARDING: allocates `full` and issues its all-gather.
+  // Idempotent: a no-op when already UNSHARDING / UNSHARDED, for an empty
+  // unit and for NO_SHARD (always UNSHARDED). `prefetch` marks an all-gather
+  // issued ahead of the unit's own use.
+  void unshard(bool prefetch = false);
+  // UNSHARDING -> UNSHARDED: waits for the all-gather. Idempotent: a no-op
+  // in any other state.
+  void wait_for_unshard();
+  // UNSHARDING | UNSHARDED -> SHARDED: frees `full`'s storage (waiting first
+  // for an in-flight all-gather, which writes into it). Idempotent: a no-op
+  // when SHARDED, for an empty unit and for NO_SHARD.
+  void reshard();
+
+  // IDLE | FORWARD_DONE -> FORWARD (FORWARD_DONE: a second call in the same
+  // forward): refreshes NO_SHARD's low-precision copy, unshards and waits.
+  void pre_forward();
+  // FORWARD -> FORWARD_DONE (will_backward) or IDLE: reshards when the
+  // strategy frees parameters after forward or no backward will come.
+  void post_forward(bool will_backward);
+  // Any state -> IDLE, resharded: the forward threw. Runs while the
+  // exception unwinds, so it checks nothing.
+  void forward_failed();
+  // FORWARD_DONE -> IDLE: a forward whose backward never came (the next
+  // iteration began). A no-op in any other state.
+  void forget_forward();
+
+  // IDLE | FORWARD_DONE -> BACKWARD: unshards (waiting for a prefetch), runs
+  // `after_unshard` (the engine's prefetch and folding of finished
+  // reductions), then points .grad into full_grad when gradients accumulate
+  // under no_sync. Idempotent: returns false (and does nothing) when already
+  // BACKWARD or BACKWARD_DONE, as the hook on each output fires it.
+  bool pre_backward(const std::function<void()>& after_unshard);
+  // One parameter's gradient landed (its accumulator's post-hook). Returns
+  // true when this completes the unit's gradients (BACKWARD only). A
+  // gradient that arrives without the pre-backward hook (its parameters were
+  // used outside the outputs' graph) moves IDLE | FORWARD_DONE -> BACKWARD,
+  // to be collected at the end of backward; other states ignore it.
+  bool grad_ready();
+  // FORWARD_DONE -> BACKWARD without unsharding (end of backward: a unit
+  // that ran forward with grad but got no gradient still reduces, zeros).
+  void join_backward();
+  // BACKWARD -> BACKWARD_DONE: reshards (parameters first: their bytes go
+  // before the gradient buffer arrives), then the gradients become the
+  // reduce input: a zero-padded [padded] buffer in the reduce dtype, the
+  // params' .grad dropped. Under no_sync they are collected into full_grad
+  // instead and the result is undefined; so it is without gradients.
+  torch::Tensor post_backward(bool no_sync);
+  // Issues the reduce-scatter (NO_SHARD: all-reduce, AVG) of `grads`, the
+  // result of post_backward. Only the communicator keeps the input.
+  PendingReduce reduce(torch::Tensor grads);
+  // Adds a finished reduction's output into shard_grad (adopting it when the
+  // optimizer dropped the previous gradients).
+  void accept_reduced(const torch::Tensor& output);
+  // IDLE | BACKWARD_DONE -> IDLE, resharded: the end-of-backward callback.
+  void end_backward();
+
+ private:
+  [[noreturn]] void illegal(const char* file, int line, const char* transition, const std::string& was,
+                            const std::string& expected) const;
+  void expect(const char* file, int line, const char* transition, std::initializer_list<TrainingState> ok) const;
+  void collect_into_full_grad();
+  torch::Tensor flat_grads_for_reduce();
+
+  // --- Protected by the caller's thread ---
+  UnitState state_ = UnitState::SHARDED;
+  TrainingState training_ = TrainingState::IDLE;
+  WorkPtr gather_work_;         // the all-gather into `full` while UNSHARDING
+  torch::Tensor gather_input_;  // param_dtype [S] cast of `shard`, alive until gather_work_ completes
+  int grads_ready_ = 0;
+  bool prefetched_ = false;
+  std::unique_ptr<trace::Span> backward_span_;  // pre_backward .. post_backward
 };
 
-// A reduce-scatter (NO_SHARD: all-reduce) in flight. Its input, the unit's
-// flat unsharded gradients, is held by the communicator alone and freed the
-// moment the collective completes; `output` is then added into the unit's
-// shard_grad (src/unit/reduce.cpp).
-struct PendingReduce {
-  Unit* unit;
-  WorkPtr work;
-  torch::Tensor output;
-};
-
-class ShardedState {
- public:
-  ShardedState(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FsdpOptions opts);
-  ~ShardedState();
-
-  // --- stages (each defined in the file named in the header comment) ---
-  void build_units();                        // wrap.cpp
-  void init_flat_params(Unit& u);            // flat_param.cpp
-  void unshard(Unit& u);                     // unshard.cpp: blocking
-  void unshard_async(Unit& u);               // unshard.cpp: issue only
-  void wait_unsharded(Unit& u);              // unshard.cpp
-  void reshard(Unit& u);                     // unshard.cpp
-  void prefetch_after(Unit& u, bool backward);  // unshard.cpp
-  void pre_forward(Unit& u);                 // unit_call.cpp
-  void post_forward(Unit& u, const std::vector<torch::Tensor>& outputs);
-  void forward_failed(Unit& u);
-  void pre_backward(Unit& u);                // unit_call.cpp (tensor hook)
-  void on_grad_ready(Unit& u);               // reduce.cpp (accumulator post-hook)
-  void post_backward(Unit& u);               // reduce.cpp
-  void end_of_backward();                    // reduce.cpp (engine final callback)
-  void wait_pending();                       // reduce.cpp
-  void finish_reduces(size_t count);         // reduce.cpp: the oldest `count` pending
-  void prepare_grads(Unit& u);               // reduce.cpp
-  // state_dict.cpp: unit u's fp32 flat buffer [padded] assembled from every
-  // rank's `shard_flat` [shard_numel] (the master shard, or optimizer state
-  // laid out like it), on `to_rank` only (every rank when to_rank < 0);
-  // undefined elsewhere. NO_SHARD: shard_flat is already the whole.
-  torch::Tensor gather_unit(Unit& u, const torch::Tensor& shard_flat, int to_rank, const std::string& what);
-
-  // --- data ---
-  std::shared_ptr<torch::nn::Module> root;
-  CommPtr comm;
-  FsdpOptions opts;
-  std::vector<std::unique_ptr<Unit>> units;  // units[0] is the root
-  std::vector<Unit*> forward_order;           // recorded in the first forward
-  bool forward_order_final = false;
-  std::vector<PendingReduce> pending;
-  bool no_sync = false;
-  bool callback_queued = false;
-  int depth = 0;  // nesting of unit calls on this thread
-  int64_t root_forward_start_bytes = 0;
-  int64_t activation_bytes = 0;  // measured A of the last root forward
-  // Names of the unwrapped model, in named_parameters() order.
-  std::vector<std::pair<std::string, ParamSlot*>> named_slots;
-
-  Unit& root_unit() { return *units.front(); }
-  int world() const { return comm->world_size(); }
-  int rank() const { return comm->rank(); }
-  int unsharded_prefetch_count() const;
-  void publish_trace_metadata() const;  // model.cpp: the unit table for the report
-};
+// A tensor sharing `base`'s storage without being an autograd view (so
+// optimizers may detach_() or replace its grad, and it can be a leaf).
+torch::Tensor alias(const torch::Tensor& base, int64_t offset, c10::IntArrayRef shape);
 
 // Labels the engine's own large allocations (a unit's all-gather output, its
 // unsharded gradients) for the out-of-memory diagnosis (oom.cpp).
