@@ -15,6 +15,7 @@
 #include "fsdp/fully_shard.h"
 #include "plan/names.h"
 #include "shard/shard_math.h"
+#include "unit/unit.h"
 #include "wrap/wrap.h"
 
 namespace {
@@ -249,6 +250,41 @@ TEST(WrapDescription, TiedParameterInSiblingUnitsIsAUserError) {
   ASSERT_EQ(d.units.size(), 2u);
   EXPECT_EQ(d.units[1].name, "blocks");
   EXPECT_EQ(d.units[1].params[0].aliases, std::vector<std::string>{"blocks.1.a.tied"});
+}
+
+// --- checked transitions ------------------------------------------------------
+
+TEST(UnitTransitions, AnIllegalTransitionIsAnInternalErrorNamingTheUnitAndBothStates) {
+  Tree tree;
+  FsdpOptions o;
+  o.wrap = WrapPolicy::module_type<LeafImpl>("Leaf");
+  auto model = fully_shard(tree, make_local_communicator(), o);
+  fsdp::detail::Unit* u = fsdp::detail::unit_of(tree->blocks[1].get());
+  ASSERT_NE(u, nullptr);
+  EXPECT_EQ(u->training(), fsdp::detail::TrainingState::IDLE);
+  try {
+    u->post_backward(/*no_sync=*/false);  // no backward is running
+    FAIL() << "expected an internal error";
+  } catch (const std::logic_error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("internal error at "), std::string::npos) << m;
+    EXPECT_NE(m.find("unit 'blocks.1'"), std::string::npos) << m;
+    EXPECT_NE(m.find("post_backward in state IDLE, expected BACKWARD"), std::string::npos) << m;
+  }
+  EXPECT_EQ(u->training(), fsdp::detail::TrainingState::IDLE);  // unchanged
+  // unshard / wait_for_unshard / reshard are idempotent by design.
+  EXPECT_EQ(u->state(), fsdp::detail::UnitState::SHARDED);
+  u->reshard();
+  u->wait_for_unshard();
+  EXPECT_EQ(u->state(), fsdp::detail::UnitState::SHARDED);
+  u->unshard();
+  u->unshard();
+  u->wait_for_unshard();
+  u->wait_for_unshard();
+  EXPECT_EQ(u->state(), fsdp::detail::UnitState::UNSHARDED);
+  u->reshard();
+  u->reshard();
+  EXPECT_EQ(u->state(), fsdp::detail::UnitState::SHARDED);
 }
 
 }  // namespace
