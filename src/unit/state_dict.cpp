@@ -249,7 +249,7 @@ void write_unit(ckpt::SafetensorsWriter* w, const detail::Unit& u, const torch::
 // everywhere and nobody hangs.
 void agree(Communicator& comm, const std::string& error, const std::string& what) {
   fsdp::comm::agree(comm, error.empty() ? std::string() : what + " failed: " + error, {what + " status"},
-              [&](const std::vector<int>&) { return what + " failed on rank 0"; });
+                    [&](const std::vector<int>&) { return what + " failed on rank 0"; });
 }
 
 }  // namespace
