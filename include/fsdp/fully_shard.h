@@ -1,6 +1,6 @@
 // fsdp-cpp: the public FSDP API.
 //
-// defines: ShardingStrategy, BackwardPrefetch, MixedPrecision, WrapPolicy,
+// defines: to_string(ShardingStrategy), parse_strategy, BackwardPrefetch, MixedPrecision, WrapPolicy,
 //          FsdpOptions, UnitInfo, NamedShard, Ledger, FullyShardedModel,
 //          Sharded<M>, fully_shard(), call(), verify_optimizer()
 //
@@ -34,16 +34,14 @@
 
 #include "fsdp/comm.h"
 #include "fsdp/errors.h"
+#include "fsdp/strategy.h"
 
 namespace fsdp {
 
-enum class ShardingStrategy {
-  FULL_SHARD,     // params, grads, optimizer state sharded; params freed after forward
-  SHARD_GRAD_OP,  // params kept unsharded from forward through backward
-  NO_SHARD,       // replicas, gradients all-reduced (DDP)
-};
+// ShardingStrategy itself is in fsdp/strategy.h.
 const char* to_string(ShardingStrategy s);
-// Accepts full|grad-op|none and the enum names; throws UsageError otherwise.
+// Accepts full|grad-op|none and the enum names (also in lower case); throws
+// UsageError otherwise.
 ShardingStrategy parse_strategy(const std::string& text);
 
 enum class BackwardPrefetch { NONE, BACKWARD_PRE, BACKWARD_POST };
@@ -148,8 +146,9 @@ namespace trace {
 class Span;
 }
 namespace detail {
-class ShardedState;  // src/unit/sharded_state.h
-struct Unit;
+class Engine;        // src/unit/engine.h
+class Unit;          // src/unit/unit.h
+class EngineAccess;  // src/unit/engine_access.h: the checkpoint code's view
 }  // namespace detail
 
 // The engine of one wrapped model: owns the units, their flat buffers, the
@@ -208,10 +207,10 @@ class FullyShardedModel {
   const FsdpOptions& options() const;
   const CommPtr& comm() const;
   torch::nn::Module& module() const;
-  detail::ShardedState& state() const { return *state_; }
 
  private:
-  std::unique_ptr<detail::ShardedState> state_;
+  friend class detail::EngineAccess;
+  std::unique_ptr<detail::Engine> engine_;
 };
 
 // Throws fsdp::Error when `opt` holds tensors that are not this model's

@@ -19,6 +19,7 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/file_io.h"
 #include "fsdp/checkpoint.h"
+#include "shard/shard_math.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors data is little-endian; a big-endian host needs byte swaps here");
@@ -80,9 +81,8 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 
 std::pair<int64_t, int64_t> shard_range(int64_t numel, int rank, int world) {
   FSDP_CHECK(world > 0 && rank >= 0 && rank < world, "rank ", rank, " world ", world);
-  int64_t s = (numel + world - 1) / world;
-  int64_t lo = std::min(numel, s * rank), hi = std::min(numel, s * (rank + 1));
-  return {lo, hi};
+  const auto r = shard::even_range(numel, rank, world);
+  return {r.lo, r.hi};
 }
 
 // ---------------------------------------------------------------------------

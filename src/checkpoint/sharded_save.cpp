@@ -19,6 +19,7 @@
 #include "checkpoint/collective.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors.h"
+#include "comm/agree.h"
 #include "fsdp/progress.h"
 
 namespace fsdp::ckpt {
@@ -27,19 +28,11 @@ using fsdp::detail::cat;
 namespace detail {
 
 void agree(Communicator& comm, const char* phase, const std::string& local_error, const std::string& consequence) {
-  const int world = comm.world_size();
-  auto flags = torch::zeros({world}, torch::kFloat32);
-  if (!local_error.empty()) flags[comm.rank()] = 1.0f;
-  comm.all_reduce(flags, ReduceOp::SUM, CollectiveInfo{cat("checkpoint ", phase)})->wait();
-  std::vector<int> failed;
-  auto acc = flags.accessor<float, 1>();
-  for (int r = 0; r < world; ++r)
-    if (acc[r] != 0.0f) failed.push_back(r);
-  if (failed.empty()) return;
-  if (!local_error.empty()) throw Error(local_error);
-  std::string list;
-  for (size_t i = 0; i < failed.size(); ++i) list += (i ? ", " : "") + std::to_string(failed[i]);
-  throw Error(cat(phase, " failed on rank(s) ", list, " (see their messages); ", consequence, "."));
+  fsdp::comm::agree(comm, local_error, CollectiveInfo{cat("checkpoint ", phase)}, [&](const std::vector<int>& failed) {
+    std::string list;
+    for (size_t i = 0; i < failed.size(); ++i) list += (i ? ", " : "") + std::to_string(failed[i]);
+    return cat(phase, " failed on rank(s) ", list, " (see their messages); ", consequence, ".");
+  });
 }
 
 void check_slices(const char* section, const std::vector<Slice>& slices, bool for_load) {

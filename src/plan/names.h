@@ -1,32 +1,23 @@
-// fsdp-cpp planner: strategy names without depending on the engine's
-// to_string / parse_strategy (the planner runs where no engine is linked in,
-// e.g. `fsdp plan` on a laptop).
+// fsdp-cpp planner: strategy names without depending on the engine (the
+// planner runs where no engine is linked in, e.g. `fsdp plan` on a laptop);
+// the spellings themselves are src/common/strategy_names.h, shared with it.
 // defines: plan::strategy_name, plan::parse_strategy_or_auto
 #pragma once
 
 #include <optional>
 #include <string>
 
+#include "common/strategy_names.h"
 #include "fsdp/errors.h"
-#include "fsdp/fully_shard.h"
 
 namespace fsdp::plan {
 
-inline const char* strategy_name(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::FULL_SHARD: return "FULL_SHARD";
-    case ShardingStrategy::SHARD_GRAD_OP: return "SHARD_GRAD_OP";
-    case ShardingStrategy::NO_SHARD: return "NO_SHARD";
-  }
-  return "?";
-}
+using detail::strategy_name;
 
-// full|grad-op|none|auto (and the enum names); nullopt = auto.
+// Every spelling parse_strategy accepts, plus auto; nullopt = auto.
 inline std::optional<ShardingStrategy> parse_strategy_or_auto(const std::string& t) {
   if (t == "auto") return std::nullopt;
-  if (t == "full" || t == "FULL_SHARD") return ShardingStrategy::FULL_SHARD;
-  if (t == "grad-op" || t == "SHARD_GRAD_OP") return ShardingStrategy::SHARD_GRAD_OP;
-  if (t == "none" || t == "NO_SHARD") return ShardingStrategy::NO_SHARD;
+  if (auto s = detail::strategy_from_name(t)) return s;
   throw UsageError("--strategy: expected full|grad-op|none|auto, found '" + t + "'");
 }
 

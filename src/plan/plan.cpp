@@ -8,6 +8,7 @@
 #include "fsdp/errors.h"
 #include "fsdp/memory.h"
 #include "plan/names.h"
+#include "shard/shard_math.h"
 
 namespace fsdp::plan {
 
@@ -97,8 +98,10 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
     UnitPlan up;
     up.name = u.name;
     up.numel = u.numel;
-    up.padded_numel = (u.numel + N - 1) / N * N;
-    up.shard_numel = up.padded_numel / N;
+    // Padded for every strategy (the engine leaves NO_SHARD unpadded: at
+    // most N-1 elements per unit apart).
+    up.padded_numel = shard::padded_numel(u.numel, opts.world);
+    up.shard_numel = shard::shard_numel(u.numel, opts.world);
     up.unsharded_bytes = up.padded_numel * opts.param_bytes;
     up.shard_bytes = up.shard_numel * opts.master_bytes;
     p.numel += up.numel;

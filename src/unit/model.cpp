@@ -6,21 +6,22 @@
 
 #include "compat/torch_compat.h"
 #include "fsdp/memory.h"
-#include "unit/sharded_state.h"
+#include "unit/engine.h"
+#include "unit/engine_access.h"
 
 namespace fsdp {
 namespace detail {
 
-std::string explain_oom(const ShardedState& st, int64_t requested, const memory::Stats& s);  // oom.cpp
+std::string explain_oom(const Engine& st, int64_t requested, const memory::Stats& s);  // oom.cpp
 
-ShardedState::ShardedState(std::shared_ptr<torch::nn::Module> root_, CommPtr comm_, FsdpOptions opts_)
+Engine::Engine(std::shared_ptr<torch::nn::Module> root_, CommPtr comm_, FsdpOptions opts_)
     : root(std::move(root_)), comm(std::move(comm_)), opts(std::move(opts_)) {
   FSDP_USER_CHECK(root, "fully_shard: the module is null");
   FSDP_USER_CHECK(comm, "fully_shard: the communicator is null (use fsdp::make_communicator_from_env())");
   opts.validate();
   memory::install();
   build_units();
-  for (auto& u : units) init_flat_params(*u);
+  for (auto& u : units) u->init_flat_param(opts);
   // Buffers are replicated: rank 0's values everywhere, cast if asked.
   torch::NoGradGuard ng;
   for (auto& b : root->named_buffers(/*recurse=*/true)) {
@@ -41,7 +42,7 @@ ShardedState::ShardedState(std::shared_ptr<torch::nn::Module> root_, CommPtr com
   memory::reset_peak();
 }
 
-void ShardedState::publish_trace_metadata() const {
+void Engine::publish_trace_metadata() const {
   nlohmann::json us = nlohmann::json::array();
   for (auto& u : units) {
     nlohmann::json ps = nlohmann::json::array();
@@ -61,25 +62,25 @@ void ShardedState::publish_trace_metadata() const {
   trace::set_metadata("reduce_bytes_per_elem", static_cast<int>(c10::elementSize(rd)));
 }
 
-ShardedState::~ShardedState() {
+Engine::~Engine() {
   memory::set_oom_explainer(nullptr);
   for (auto& u : units) unregister_unit(u->module);
 }
 
 }  // namespace detail
 
-using detail::ShardedState;
+using detail::Engine;
 using detail::Unit;
 
 FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FsdpOptions opts)
-    : state_(std::make_unique<ShardedState>(std::move(root), std::move(comm), std::move(opts))) {}
+    : engine_(std::make_unique<Engine>(std::move(root), std::move(comm), std::move(opts))) {}
 
 FullyShardedModel::~FullyShardedModel() = default;
 
 std::vector<torch::Tensor> FullyShardedModel::parameters() const {
   std::vector<torch::Tensor> out;
   std::unordered_set<const detail::ParamSlot*> seen;
-  for (auto& [name, slot] : state_->named_slots)
+  for (auto& [name, slot] : engine_->named_slots)
     if (seen.insert(slot).second) out.push_back(slot->shard_view);
   return out;
 }
@@ -87,64 +88,64 @@ std::vector<torch::Tensor> FullyShardedModel::parameters() const {
 std::vector<NamedShard> FullyShardedModel::named_shards() const {
   std::vector<NamedShard> out;
   std::unordered_set<const detail::ParamSlot*> seen;
-  for (auto& [name, slot] : state_->named_slots) {
+  for (auto& [name, slot] : engine_->named_slots) {
     if (!seen.insert(slot).second) continue;
     int unit = 0;
-    for (auto& u : state_->units)
+    for (auto& u : engine_->units)
       if (&u->params.front() <= slot && slot <= &u->params.back()) unit = u->index;
     out.push_back({slot->name, slot->shape, slot->lo, slot->hi, unit, slot->shard_view});
   }
   return out;
 }
 
-FullyShardedModel::NoSyncGuard::NoSyncGuard(FullyShardedModel* m) : m_(m), prev_(m->state_->no_sync) {
-  m_->state_->no_sync = true;
+FullyShardedModel::NoSyncGuard::NoSyncGuard(FullyShardedModel* m) : m_(m), prev_(m->engine_->no_sync) {
+  m_->engine_->no_sync = true;
 }
 FullyShardedModel::NoSyncGuard::~NoSyncGuard() {
-  if (m_) m_->state_->no_sync = prev_;
+  if (m_) m_->engine_->no_sync = prev_;
 }
 
-void FullyShardedModel::wait_pending() { state_->wait_pending(); }
+void FullyShardedModel::wait_pending() { engine_->wait_pending(); }
 
 double FullyShardedModel::clip_grad_norm(double max_norm, double norm_type) {
   FSDP_USER_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, found ", max_norm);
   FSDP_USER_CHECK(norm_type == 2.0 || std::isinf(norm_type),
                   "clip_grad_norm: norm_type must be 2 or infinity, found ", norm_type);
-  state_->wait_pending();
+  engine_->wait_pending();
   FSDP_TRACE_SPAN("clip_grad_norm", "optim");
   torch::NoGradGuard ng;
-  const bool replicated = state_->opts.strategy == ShardingStrategy::NO_SHARD;
+  const bool replicated = engine_->opts.strategy == ShardingStrategy::NO_SHARD;
   const bool inf = std::isinf(norm_type);
   double local = 0;
-  for (auto& u : state_->units) {
+  for (auto& u : engine_->units) {
     if (!u->shard_grad.defined()) continue;
     auto g = u->shard_grad;
     local = inf ? std::max(local, g.abs().max().item<double>()) : local + g.pow(2).sum().item<double>();
   }
   double total = local;
-  if (!replicated && state_->world() > 1) {
+  if (!replicated && engine_->world() > 1) {
     if (inf) {
       auto in = torch::full({1}, local, torch::kFloat32);
-      auto all = torch::empty({state_->world()}, torch::kFloat32);
-      state_->comm->all_gather(in, all, {"clip_grad_norm"})->wait();
+      auto all = torch::empty({engine_->world()}, torch::kFloat32);
+      engine_->comm->all_gather(in, all, {"clip_grad_norm"})->wait();
       total = all.max().item<double>();
     } else {
       auto t = torch::full({1}, local, torch::kFloat32);
-      state_->comm->all_reduce(t, ReduceOp::SUM, {"clip_grad_norm"})->wait();
+      engine_->comm->all_reduce(t, ReduceOp::SUM, {"clip_grad_norm"})->wait();
       total = t.item<double>();
     }
   }
   double norm = inf ? total : std::sqrt(total);
   double coef = max_norm / (norm + 1e-6);
   if (coef < 1)
-    for (auto& u : state_->units)
+    for (auto& u : engine_->units)
       if (u->shard_grad.defined()) u->shard_grad.mul_(coef);
   return norm;
 }
 
 std::vector<UnitInfo> FullyShardedModel::units() const {
   std::vector<UnitInfo> out;
-  for (auto& u : state_->units) {
+  for (auto& u : engine_->units) {
     UnitInfo i;
     i.index = u->index;
     i.name = u->name;
@@ -161,8 +162,8 @@ std::vector<UnitInfo> FullyShardedModel::units() const {
 
 std::string FullyShardedModel::describe_units() const {
   std::ostringstream os;
-  os << "FSDP units (" << to_string(state_->opts.strategy) << ", world " << state_->world()
-     << ", wrap: " << state_->opts.wrap.description << ")\n";
+  os << "FSDP units (" << to_string(engine_->opts.strategy) << ", world " << engine_->world()
+     << ", wrap: " << engine_->opts.wrap.description << ")\n";
   os << std::left << std::setw(4) << "#" << std::setw(22) << "unit" << std::right << std::setw(12)
      << "params" << std::setw(12) << "padded" << std::setw(12) << "shard" << std::setw(14) << "unsharded"
      << "\n";
@@ -193,11 +194,11 @@ int64_t optimizer_state_bytes(const torch::optim::Optimizer& opt, const torch::T
 }  // namespace
 
 Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
-  state_->wait_pending();
+  engine_->wait_pending();
   Ledger l;
-  l.world_size = state_->world();
-  l.strategy = to_string(state_->opts.strategy);
-  for (auto& u : state_->units) {
+  l.world_size = engine_->world();
+  l.strategy = to_string(engine_->opts.strategy);
+  for (auto& u : engine_->units) {
     l.total_numel += u->numel;
     l.P_full += u->numel * 4;
     l.P += tensor_bytes(u->shard);
@@ -211,7 +212,7 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
     if (opt)
       for (auto& s : u->params) l.O += optimizer_state_bytes(*opt, s.shard_view);
   }
-  l.A = state_->activation_bytes;
+  l.A = engine_->activation_bytes;
   auto ms = memory::stats();
   l.peak = ms.peak;
   l.current = ms.current;
@@ -219,17 +220,17 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
   l.rss_peak = memory::process_peak_rss();
   const int64_t N = l.world_size;
   int64_t padded_bytes = 0;
-  for (auto& u : state_->units) padded_bytes += u->padded_numel * 4;
+  for (auto& u : engine_->units) padded_bytes += u->padded_numel * 4;
   // The seed's formulas with this run's sizes: G = P, O as measured (Adam: 2P).
   const double o_ratio = l.P > 0 ? double(l.O) / double(l.P) : 0.0;
-  if (state_->opts.strategy == ShardingStrategy::NO_SHARD) {
+  if (engine_->opts.strategy == ShardingStrategy::NO_SHARD) {
     l.predicted_rest = l.P + l.G + l.O;
     // + the unsharded gradient buffer being filled and reduced.
     l.predicted_peak = l.predicted_rest + l.P_block + l.A;
   } else {
     l.predicted_rest = static_cast<int64_t>(padded_bytes * (2.0 + o_ratio)) / N;
-    const int in_flight = (state_->opts.forward_prefetch || state_->opts.backward_prefetch != BackwardPrefetch::NONE)
-                              ? state_->opts.limit_all_gathers
+    const int in_flight = (engine_->opts.forward_prefetch || engine_->opts.backward_prefetch != BackwardPrefetch::NONE)
+                              ? engine_->opts.limit_all_gathers
                               : 1;
     // Resting state + the units unsharded at once + the unsharded gradient
     // of the unit in backward (same size as its parameters) + activations.
@@ -264,27 +265,42 @@ std::string Ledger::str() const {
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> FullyShardedModel::full_state(int to_rank) const {
-  state_->wait_pending();
+  engine_->wait_pending();
   torch::NoGradGuard ng;
-  const int r = state_->rank();
+  const int r = engine_->rank();
   const bool keep = to_rank < 0 || r == to_rank;
   std::unordered_map<const detail::ParamSlot*, torch::Tensor> values;
-  for (auto& u : state_->units) {
+  for (auto& u : engine_->units) {
     if (u->empty()) continue;
-    torch::Tensor full = state_->gather_unit(*u, u->shard, to_rank, "full_state");
+    torch::Tensor full = detail::gather_flat(*u, u->shard, to_rank, "full_state");
     if (keep)
       for (auto& s : u->params) values[&s] = full.narrow(0, s.offset, s.numel).view(s.shape).clone();
   }
   std::vector<std::pair<std::string, torch::Tensor>> out;
   if (!keep) return out;
-  for (auto& [name, slot] : state_->named_slots) out.emplace_back(name, values.at(slot));
-  for (auto& b : state_->root->named_buffers(/*recurse=*/true)) out.emplace_back(b.key(), b.value().clone());
+  for (auto& [name, slot] : engine_->named_slots) out.emplace_back(name, values.at(slot));
+  for (auto& b : engine_->root->named_buffers(/*recurse=*/true)) out.emplace_back(b.key(), b.value().clone());
   return out;
 }
 
-const FsdpOptions& FullyShardedModel::options() const { return state_->opts; }
-const CommPtr& FullyShardedModel::comm() const { return state_->comm; }
-torch::nn::Module& FullyShardedModel::module() const { return *state_->root; }
+namespace detail {
+
+EngineAccess::EngineAccess(const FullyShardedModel& m) : engine_(m.engine_.get()) {}
+const std::vector<std::unique_ptr<Unit>>& EngineAccess::units() const { return engine_->units; }
+std::vector<const ParamSlot*> EngineAccess::slots() const {
+  std::vector<const ParamSlot*> out;
+  std::unordered_set<const ParamSlot*> seen;
+  for (auto& [name, slot] : engine_->named_slots)
+    if (seen.insert(slot).second) out.push_back(slot);
+  return out;
+}
+void EngineAccess::wait_pending() const { engine_->wait_pending(); }
+
+}  // namespace detail
+
+const FsdpOptions& FullyShardedModel::options() const { return engine_->opts; }
+const CommPtr& FullyShardedModel::comm() const { return engine_->comm; }
+torch::nn::Module& FullyShardedModel::module() const { return *engine_->root; }
 
 void verify_optimizer(const FullyShardedModel& model, const torch::optim::Optimizer& opt) {
   std::unordered_set<const c10::TensorImpl*> ours, originals;

@@ -9,14 +9,14 @@
 #include <sstream>
 
 #include "fsdp/memory.h"
-#include "unit/sharded_state.h"
+#include "unit/engine.h"
 
 namespace fsdp::detail {
 
 thread_local const char* g_alloc_purpose = nullptr;
 thread_local const Unit* g_alloc_unit = nullptr;
 
-std::string explain_oom(const ShardedState& st, int64_t requested, const memory::Stats& s) {
+std::string explain_oom(const Engine& st, int64_t requested, const memory::Stats& s) {
   using memory::format_bytes;
   int64_t shards = 0, grads = 0, unsharded = 0, unsharded_grads = 0;
   const Unit* biggest = nullptr;
@@ -24,7 +24,7 @@ std::string explain_oom(const ShardedState& st, int64_t requested, const memory:
   for (auto& u : st.units) {
     shards += u->shard.defined() ? u->shard.numel() * 4 : 0;
     grads += u->shard_grad.defined() ? u->shard_grad.numel() * 4 : 0;
-    if (!u->keeps_unsharded && u->state != UnitState::SHARDED) {
+    if (!u->keeps_unsharded && u->state() != UnitState::SHARDED) {
       unsharded += u->padded_numel * static_cast<int64_t>(c10::elementSize(u->param_dtype));
       gathered += (gathered.empty() ? "'" : ", '") + u->display_name() + "'";
     }

@@ -22,122 +22,156 @@
 // into it, so later backwards accumulate in place; the first backward
 // outside no_sync reduces the sum.
 #include "compat/torch_compat.h"
-#include "unit/sharded_state.h"
+#include "unit/engine.h"
 
 namespace fsdp::detail {
 
-torch::Tensor alias(const torch::Tensor& base, int64_t offset, c10::IntArrayRef shape);
-
-
-namespace {
-
-// Folds every parameter's .grad into u.full_grad (allocated zeroed, in the
+// Folds every parameter's .grad into full_grad (allocated zeroed, in the
 // param dtype, when missing) and points .grad at its slice: accumulation
 // across no_sync backwards then happens in place.
-void collect_into_full_grad(Unit& u) {
+void Unit::collect_into_full_grad() {
   torch::NoGradGuard ng;
-  if (!u.full_grad.defined()) {
-    AllocPurpose purpose("unsharded gradients", u);
-    u.full_grad = torch::zeros({u.padded_numel}, u.param_dtype);
+  if (!full_grad.defined()) {
+    AllocPurpose purpose("unsharded gradients", *this);
+    full_grad = torch::zeros({padded_numel}, param_dtype);
   }
-  for (auto& s : u.params) {
+  for (auto& s : params) {
     if (!s.requires_grad) continue;
     auto g = s.param.grad();
-    if (g.defined() && g.data_ptr() == static_cast<char*>(u.full_grad.data_ptr()) +
-                                           s.offset * u.full_grad.element_size())
+    if (g.defined() && g.data_ptr() == static_cast<char*>(full_grad.data_ptr()) +
+                                           s.offset * full_grad.element_size())
       continue;  // still pointing into the buffer (no_sync accumulation)
-    if (g.defined()) u.full_grad.narrow(0, s.offset, s.numel).add_(g.reshape(-1));
-    s.param.mutable_grad() = alias(u.full_grad, s.offset, s.shape);
+    if (g.defined()) full_grad.narrow(0, s.offset, s.numel).add_(g.reshape(-1));
+    s.param.mutable_grad() = alias(full_grad, s.offset, s.shape);
   }
 }
 
 // The reduce input: the unit's gradients as one flat [padded] buffer in the
 // reduce dtype, zeros where no gradient landed (padding included). The
 // parameters' .grad are dropped.
-torch::Tensor flat_grads_for_reduce(Unit& u) {
+torch::Tensor Unit::flat_grads_for_reduce() {
   torch::NoGradGuard ng;
   torch::Tensor flat;
-  if (u.full_grad.defined()) {
+  if (full_grad.defined()) {
     // Gradients accumulated under no_sync (plus any that bypassed the buffer).
-    collect_into_full_grad(u);
-    flat = u.full_grad.scalar_type() == u.reduce_dtype ? u.full_grad : u.full_grad.to(u.reduce_dtype);
+    collect_into_full_grad();
+    flat = full_grad.scalar_type() == reduce_dtype ? full_grad : full_grad.to(reduce_dtype);
   } else {
-    AllocPurpose purpose("unsharded gradients", u);
-    flat = torch::zeros({u.padded_numel}, u.reduce_dtype);
-    for (auto& s : u.params) {
+    AllocPurpose purpose("unsharded gradients", *this);
+    flat = torch::zeros({padded_numel}, reduce_dtype);
+    for (auto& s : params) {
       if (!s.requires_grad) continue;
       const auto& g = s.param.grad();
       if (g.defined()) flat.narrow(0, s.offset, s.numel).copy_(g.reshape(-1));
     }
   }
-  for (auto& s : u.params)
+  for (auto& s : params)
     if (s.requires_grad) s.param.mutable_grad().reset();
-  u.full_grad = torch::Tensor();  // the reduce holds the flat buffer until it completes
+  full_grad = torch::Tensor();  // the reduce holds the flat buffer until it completes
   return flat;
 }
 
-}  // namespace
-
-// Pre-backward: reductions that finished meanwhile are folded in (their
-// outputs join shard_grad now rather than at the end of backward);
-// gradients accumulated under no_sync stay where they are and .grad keeps
-// pointing into them; otherwise nothing is allocated here.
-void ShardedState::prepare_grads(Unit& u) {
-  size_t done = 0;
-  while (done < pending.size() && pending[done].work->is_completed()) ++done;
-  if (done > 0) finish_reduces(done);
-  if (u.n_grad_params == 0 || !u.full_grad.defined()) return;
-  collect_into_full_grad(u);
+bool Unit::grad_ready() {
+  if (training_ != TrainingState::BACKWARD) {
+    if (training_ == TrainingState::FORWARD_DONE || training_ == TrainingState::IDLE)
+      training_ = TrainingState::BACKWARD;
+    return false;
+  }
+  return ++grads_ready_ == n_grad_params;
 }
 
-void ShardedState::on_grad_ready(Unit& u) {
-  if (u.training != TrainingState::BACKWARD) {
-    // A gradient arrived without this unit's pre-backward hook (its
-    // parameters were used outside its outputs' graph): collect it at the
-    // end of backward, where post_backward folds stray grads in.
-    if (u.training == TrainingState::FORWARD_DONE || u.training == TrainingState::IDLE)
-      u.training = TrainingState::BACKWARD;
-    return;
-  }
-  if (++u.grads_ready == u.n_grad_params) post_backward(u);
+void Unit::join_backward() {
+  expect(__FILE__, __LINE__, "join_backward", {TrainingState::FORWARD_DONE});
+  // Zeros: nothing reached this unit's parameters (no_sync keeps collecting).
+  if (n_grad_params > 0 && full_grad.defined()) collect_into_full_grad();
+  training_ = TrainingState::BACKWARD;
 }
 
-void ShardedState::post_backward(Unit& u) {
-  if (u.training == TrainingState::BACKWARD_DONE) return;
-  u.training = TrainingState::BACKWARD_DONE;
-  if (u.backward_span) {
-    u.backward_span->end();
-    u.backward_span.reset();
-  }
-  if (u.n_grad_params == 0) {
-    if (!u.keeps_unsharded) reshard(u);
-    return;
+torch::Tensor Unit::post_backward(bool no_sync) {
+  expect(__FILE__, __LINE__, "post_backward", {TrainingState::BACKWARD});
+  training_ = TrainingState::BACKWARD_DONE;
+  if (backward_span_) {
+    backward_span_->end();
+    backward_span_.reset();
   }
   // Parameters first: their bytes go before the gradient buffer arrives.
-  if (!u.keeps_unsharded) reshard(u);
+  if (!keeps_unsharded) reshard();
+  if (n_grad_params == 0) return {};
   if (no_sync) {
     // Gradients stay unsharded in full_grad; .grad keeps pointing there.
-    collect_into_full_grad(u);
-    if (opts.backward_prefetch == BackwardPrefetch::BACKWARD_POST) prefetch_after(u, /*backward=*/true);
-    return;
+    collect_into_full_grad();
+    return {};
   }
-  torch::Tensor in = flat_grads_for_reduce(u);
-  if (opts.backward_prefetch == BackwardPrefetch::BACKWARD_POST) prefetch_after(u, /*backward=*/true);
+  return flat_grads_for_reduce();
+}
 
+PendingReduce Unit::reduce(torch::Tensor grads) {
   torch::NoGradGuard ng;
   // The input is not kept here: the communicator holds it for the transfer
   // and drops it the moment the reduce-scatter completed, so the unsharded
   // gradients are freed then, not when the result is folded in.
-  PendingReduce p{&u, nullptr, torch::Tensor()};
-  if (u.keeps_unsharded) {
-    p.output = in;
-    p.work = comm->all_reduce(in, ReduceOp::AVG, {u.display_name()});
+  PendingReduce p{this, nullptr, torch::Tensor()};
+  if (keeps_unsharded) {
+    p.output = grads;
+    p.work = comm->all_reduce(grads, ReduceOp::AVG, {display_name()});
   } else {
-    p.output = torch::empty({u.shard_numel}, in.options());
-    p.work = comm->reduce_scatter(in, p.output, ReduceOp::AVG, {u.display_name()});
+    p.output = torch::empty({shard_numel}, grads.options());
+    p.work = comm->reduce_scatter(grads, p.output, ReduceOp::AVG, {display_name()});
   }
-  in = torch::Tensor();
-  pending.push_back(std::move(p));
+  grads = torch::Tensor();
+  return p;
+}
+
+namespace {
+bool views_alias(const Unit& u) {
+  if (!u.shard_grad.defined()) return false;
+  for (auto& s : u.params) {
+    if (!s.requires_grad) continue;
+    const auto& g = s.shard_view.grad();
+    if (!g.defined() || g.storage().unsafeGetStorageImpl() != u.shard_grad.storage().unsafeGetStorageImpl())
+      return false;
+  }
+  return true;
+}
+}  // namespace
+
+void Unit::accept_reduced(const torch::Tensor& output) {
+  torch::NoGradGuard ng;
+  torch::Tensor g = output.scalar_type() == torch::kFloat32 ? output : output.to(torch::kFloat32);
+  if (views_alias(*this)) {
+    // The optimizer's grads still alias shard_grad (zeroed in place or
+    // accumulating over micro-steps): add.
+    shard_grad.add_(g);
+  } else {
+    // First gradient since the optimizer reset them (zero_grad with
+    // set_to_none, or none yet): adopt the reduced buffer.
+    shard_grad = g;
+    for (auto& s : params) {
+      if (!s.requires_grad) continue;
+      const int64_t off = s.hi > s.lo ? s.offset + s.lo - shard_begin : 0;
+      s.shard_view.mutable_grad() = alias(shard_grad, off, {s.hi - s.lo});
+    }
+  }
+}
+
+void Unit::end_backward() {
+  expect(__FILE__, __LINE__, "end_backward", {TrainingState::IDLE, TrainingState::BACKWARD_DONE});
+  if (!keeps_unsharded) reshard();
+  training_ = TrainingState::IDLE;
+}
+
+// --- The engine's side: pending reductions, no_sync, the callback ---
+
+void Engine::on_grad_ready(Unit& u) {
+  if (u.grad_ready()) post_backward(u);
+}
+
+void Engine::post_backward(Unit& u) {
+  torch::Tensor in = u.post_backward(no_sync);
+  if (u.n_grad_params == 0) return;
+  if (opts.backward_prefetch == BackwardPrefetch::BACKWARD_POST) prefetch_after(u, /*backward=*/true);
+  if (no_sync) return;
+  pending.push_back(u.reduce(std::move(in)));
   if (!opts.async_reduce) {
     wait_pending();
   } else {
@@ -154,25 +188,17 @@ void ShardedState::post_backward(Unit& u) {
   }
 }
 
-namespace {
-bool views_alias(const Unit& u) {
-  if (!u.shard_grad.defined()) return false;
-  for (auto& s : u.params) {
-    if (!s.requires_grad) continue;
-    const auto& g = s.shard_view.grad();
-    if (!g.defined() || g.storage().unsafeGetStorageImpl() != u.shard_grad.storage().unsafeGetStorageImpl())
-      return false;
-  }
-  return true;
-}
-}  // namespace
+void Engine::wait_pending() { finish_reduces(pending.size()); }
 
-void ShardedState::wait_pending() { finish_reduces(pending.size()); }
+void Engine::fold_finished_reduces() {
+  size_t done = 0;
+  while (done < pending.size() && pending[done].work->is_completed()) ++done;
+  if (done > 0) finish_reduces(done);
+}
 
 // Waits for the first `count` pending reductions and adds them into the
 // shard gradients.
-void ShardedState::finish_reduces(size_t count) {
-  torch::NoGradGuard ng;
+void Engine::finish_reduces(size_t count) {
   for (size_t i = 0; i < count; ++i) {
     auto& p = pending[i];
     if (!p.work->is_completed()) {
@@ -181,45 +207,26 @@ void ShardedState::finish_reduces(size_t count) {
       p.work->wait();
     }
     p.work->wait();  // rethrows its error, if any
-    Unit& u = *p.unit;
-    torch::Tensor g = p.output.scalar_type() == torch::kFloat32 ? p.output : p.output.to(torch::kFloat32);
-    if (views_alias(u)) {
-      // The optimizer's grads still alias shard_grad (zeroed in place or
-      // accumulating over micro-steps): add.
-      u.shard_grad.add_(g);
-    } else {
-      // First gradient since the optimizer reset them (zero_grad with
-      // set_to_none, or none yet): adopt the reduced buffer.
-      u.shard_grad = g;
-      const int64_t base = u.keeps_unsharded ? 0 : int64_t(rank()) * u.shard_numel;
-      for (auto& s : u.params) {
-        if (!s.requires_grad) continue;
-        const int64_t off = s.hi > s.lo ? s.offset + s.lo - base : 0;
-        s.shard_view.mutable_grad() = alias(u.shard_grad, off, {s.hi - s.lo});
-      }
-    }
+    p.unit->accept_reduced(p.output);
   }
   pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(count));
 }
 
-void ShardedState::end_of_backward() {
+void Engine::end_of_backward() {
   callback_queued = false;
   // Units that ran forward with grad but whose gradients never completed
   // (unused parameters, outputs not in the loss) still reduce, so every rank
   // issues the same collectives in the same order.
   for (auto& up : units) {
     Unit& u = *up;
-    if (u.training == TrainingState::FORWARD_DONE) {
-      prepare_grads(u);  // zeros: nothing reached this unit's parameters
-      u.training = TrainingState::BACKWARD;
+    if (u.training() == TrainingState::FORWARD_DONE) {
+      fold_finished_reduces();
+      u.join_backward();
     }
-    if (u.training == TrainingState::BACKWARD) post_backward(u);
+    if (u.training() == TrainingState::BACKWARD) post_backward(u);
   }
   wait_pending();
-  for (auto& up : units) {
-    if (!up->keeps_unsharded) reshard(*up);
-    up->training = TrainingState::IDLE;
-  }
+  for (auto& up : units) up->end_backward();
 }
 
 }  // namespace fsdp::detail

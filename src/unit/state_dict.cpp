@@ -12,28 +12,26 @@
 #include "compat/torch_compat.h"
 #include "fsdp/progress.h"
 #include "fsdp/state_dict.h"
-#include "unit/sharded_state.h"
+#include "comm/agree.h"
+#include "shard/shard_math.h"
+#include "unit/engine_access.h"
 
 namespace fsdp {
 namespace {
 
+using detail::EngineAccess;
 using detail::ParamSlot;
-using detail::ShardedState;
 
 // Distinct slots in canonical order.
-std::vector<const ParamSlot*> slots(const FullyShardedModel& m) {
-  std::vector<const ParamSlot*> out;
-  std::unordered_set<const ParamSlot*> seen;
-  for (auto& [name, slot] : m.state().named_slots)
-    if (seen.insert(slot).second) out.push_back(slot);
-  return out;
-}
+std::vector<const ParamSlot*> slots(const FullyShardedModel& m) { return EngineAccess(m).slots(); }
 
 // For NO_SHARD every rank holds the whole tensor; write each byte once by
 // letting rank r save only its even part (the loader accepts any split).
 std::pair<int64_t, int64_t> saved_range(const FullyShardedModel& m, const ParamSlot& s) {
-  if (m.options().strategy == ShardingStrategy::NO_SHARD)
-    return ckpt::shard_range(s.numel, m.comm()->rank(), m.comm()->world_size());
+  if (m.options().strategy == ShardingStrategy::NO_SHARD) {
+    const auto r = shard::even_range(s.numel, m.comm()->rank(), m.comm()->world_size());
+    return {r.lo, r.hi};
+  }
   return {s.lo, s.hi};
 }
 
@@ -128,15 +126,13 @@ const torch::optim::OptimizerParamState* find_state(const torch::optim::Optimize
 }
 
 // Field `f` of every parameter of unit u laid out like u's master shard
-// ([shard_numel], zeros where no state exists), ready for gather_unit.
-torch::Tensor optim_flat(const ShardedState& st, const detail::Unit& u, const torch::optim::Optimizer& opt, OptKind k,
-                         const std::string& f) {
+// ([shard_numel], zeros where no state exists), ready for gather_flat.
+torch::Tensor optim_flat(const detail::Unit& u, const torch::optim::Optimizer& opt, OptKind k, const std::string& f) {
   auto flat = torch::zeros({u.shard_numel}, torch::kFloat32);
-  const int64_t base = u.keeps_unsharded ? 0 : int64_t(st.rank()) * u.shard_numel;
   for (auto& s : u.params) {
     if (s.hi <= s.lo) continue;
     torch::Tensor t = state_tensor(find_state(&opt, s), k, f);
-    if (t.defined()) flat.narrow(0, s.offset + s.lo - base, s.hi - s.lo).copy_(t.detach().reshape(-1));
+    if (t.defined()) flat.narrow(0, s.offset + s.lo - u.shard_begin, s.hi - s.lo).copy_(t.detach().reshape(-1));
   }
   return flat;
 }
@@ -182,17 +178,17 @@ nlohmann::json describe_groups(const FullyShardedModel& m, const torch::optim::O
 // Each parameter's optimizer step as rank 0 will save it: the largest any
 // rank holds (a rank whose slice of a tiny parameter is empty may hold no
 // state for it). Collective; the result is meaningful on rank 0.
-std::vector<int64_t> saved_steps(const ShardedState& st, const torch::optim::Optimizer* opt, OptKind k,
+std::vector<int64_t> saved_steps(Communicator& comm, const torch::optim::Optimizer* opt, OptKind k,
                                  const std::vector<const ParamSlot*>& all) {
   auto steps = torch::zeros({static_cast<int64_t>(all.size())}, torch::kLong);
   auto acc = steps.accessor<int64_t, 1>();
   for (size_t i = 0; i < all.size(); ++i) acc[i] = state_step(find_state(opt, *all[i]), k);
-  const bool root = st.rank() == 0;
-  torch::Tensor gathered = root ? torch::empty({st.world() * steps.numel()}, torch::kLong) : torch::Tensor();
-  st.comm->gather(steps, gathered, 0, {"optimizer steps"})->wait();
+  const bool root = comm.rank() == 0;
+  torch::Tensor gathered = root ? torch::empty({comm.world_size() * steps.numel()}, torch::kLong) : torch::Tensor();
+  comm.gather(steps, gathered, 0, {"optimizer steps"})->wait();
   std::vector<int64_t> out(all.size(), 0);
   if (root && !all.empty()) {
-    auto best = std::get<0>(gathered.view({st.world(), -1}).max(0));
+    auto best = std::get<0>(gathered.view({comm.world_size(), -1}).max(0));
     for (size_t i = 0; i < all.size(); ++i) out[i] = best[i].item<int64_t>();
   }
   return out;
@@ -201,11 +197,11 @@ std::vector<int64_t> saved_steps(const ShardedState& st, const torch::optim::Opt
 // Rank 0's writer of a full file; an error opening it is kept in `error`
 // for the agreement at the end (the other ranks still take part in the
 // gathers, so nobody hangs).
-std::unique_ptr<ckpt::SafetensorsWriter> open_writer(const ShardedState& st, const std::string& path,
+std::unique_ptr<ckpt::SafetensorsWriter> open_writer(int rank, const std::string& path,
                                                      const std::vector<ckpt::TensorSpec>& specs,
                                                      const std::map<std::string, std::string>& md,
                                                      std::string& error) {
-  if (st.rank() != 0) return nullptr;
+  if (rank != 0) return nullptr;
   try {
     return std::make_unique<ckpt::SafetensorsWriter>(path, specs, md);
   } catch (const std::exception& e) {
@@ -216,12 +212,12 @@ std::unique_ptr<ckpt::SafetensorsWriter> open_writer(const ShardedState& st, con
 
 // Rank 0's progress of a full-file save (bytes; shown when it takes more
 // than a few seconds, fsdp/progress.h).
-std::unique_ptr<Progress> save_progress(const ShardedState& st, const std::string& path,
+std::unique_ptr<Progress> save_progress(int rank, const std::string& path,
                                         const std::vector<ckpt::TensorSpec>& specs) {
   ProgressOptions po;
   po.label = "saving " + path;
   po.unit = "bytes";
-  po.rank = st.rank();
+  po.rank = rank;
   for (auto& sp : specs) {
     int64_t n = 1;
     for (auto d : sp.shape) n *= d;
@@ -252,9 +248,8 @@ void write_unit(ckpt::SafetensorsWriter* w, const detail::Unit& u, const torch::
 // Every rank learns whether rank 0's write failed, so a failed save throws
 // everywhere and nobody hangs.
 void agree(Communicator& comm, const std::string& error, const std::string& what) {
-  auto flag = torch::full({1}, error.empty() ? 0.0f : 1.0f);
-  comm.all_reduce(flag, ReduceOp::SUM, {what + " status"})->wait();
-  if (flag.item<float>() > 0) throw Error(what + " failed" + (error.empty() ? std::string(" on rank 0") : ": " + error));
+  fsdp::comm::agree(comm, error.empty() ? std::string() : what + " failed: " + error, {what + " status"},
+                    [&](const std::vector<int>&) { return what + " failed on rank 0"; });
 }
 
 }  // namespace
@@ -281,7 +276,7 @@ ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::O
   std::vector<ckpt::Slice> optim;
   nlohmann::json steps = nlohmann::json::object();
   const auto all = slots(model);
-  const auto step_of = saved_steps(model.state(), opt, k, all);
+  const auto step_of = saved_steps(*model.comm(), opt, k, all);
   for (size_t i = 0; i < all.size(); ++i) {
     const ParamSlot* s = all[i];
     const torch::optim::OptimizerParamState* st = find_state(opt, *s);
@@ -364,41 +359,42 @@ ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimiz
 
 namespace detail {
 
-torch::Tensor ShardedState::gather_unit(Unit& u, const torch::Tensor& shard_flat, int to_rank, const std::string& what) {
-  const bool keep = to_rank < 0 || rank() == to_rank;
+torch::Tensor gather_flat(const Unit& u, const torch::Tensor& shard_flat, int to_rank, const std::string& what) {
+  const bool keep = to_rank < 0 || u.comm->rank() == to_rank;
   if (u.keeps_unsharded) return keep ? shard_flat : torch::Tensor();
   const CollectiveInfo info{what + " " + u.display_name()};
   torch::Tensor full = keep ? torch::empty({u.padded_numel}, shard_flat.options()) : torch::Tensor();
-  if (to_rank < 0) comm->all_gather(shard_flat, full, info)->wait();
-  else comm->gather(shard_flat, full, to_rank, info)->wait();
+  if (to_rank < 0) u.comm->all_gather(shard_flat, full, info)->wait();
+  else u.comm->gather(shard_flat, full, to_rank, info)->wait();
   return full;
 }
 
 }  // namespace detail
 
 void save_full(const FullyShardedModel& model, const std::string& path) {
-  auto& st = model.state();
-  st.wait_pending();
+  const EngineAccess engine(model);
+  engine.wait_pending();
+  Communicator& comm = *model.comm();
   trace::Span span("checkpoint_save_full", "ckpt");
   std::vector<ckpt::TensorSpec> specs;
-  for (auto& u : st.units)
+  for (auto& u : engine.units())
     for (auto& s : u->params) {
       specs.push_back({s.name, s.shape, torch::kFloat32});
       for (auto& a : s.aliases) specs.push_back({a, s.shape, torch::kFloat32});
     }
-  auto buffers = st.root->named_buffers(/*recurse=*/true);
+  auto buffers = model.module().named_buffers(/*recurse=*/true);
   for (auto& b : buffers) specs.push_back({b.key(), b.value().sizes().vec(), b.value().scalar_type()});
 
   // Rank 0 streams unit by unit; the others only send their shards. A
   // failure to write on rank 0 is agreed on at the end so no rank hangs.
   std::string error;
-  auto w = open_writer(st, path, specs, {{"format", "pt"}}, error);
-  auto progress = save_progress(st, path, specs);
+  auto w = open_writer(comm.rank(), path, specs, {{"format", "pt"}}, error);
+  auto progress = save_progress(comm.rank(), path, specs);
   int64_t written = 0;
   torch::NoGradGuard ng;
-  for (auto& u : st.units) {
+  for (auto& u : engine.units()) {
     if (u->empty()) continue;
-    torch::Tensor full = st.gather_unit(*u, u->shard, 0, "save_full");
+    torch::Tensor full = detail::gather_flat(*u, u->shard, 0, "save_full");
     write_unit(w.get(), *u, full, /*with_aliases=*/true, written, *progress, error);
   }
   if (w && error.empty()) try {
@@ -411,41 +407,42 @@ void save_full(const FullyShardedModel& model, const std::string& path) {
     } catch (const std::exception& e) {
       error = e.what();
     }
-  agree(*st.comm, error, "saving the full state dict to '" + path + "'");
+  agree(comm, error, "saving the full state dict to '" + path + "'");
 }
 
 void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimizer& opt, const std::string& path) {
-  auto& st = model.state();
-  st.wait_pending();
+  const EngineAccess engine(model);
+  engine.wait_pending();
+  Communicator& comm = *model.comm();
   trace::Span span("checkpoint_save_full_optim", "ckpt");
   const OptKind k = kind_of(&opt);
   const bool ams = amsgrad_of(&opt, k);
   const auto fields = state_fields(k, ams);
   const auto all = slots(model);
-  const auto steps = saved_steps(st, &opt, k, all);
+  const auto steps = saved_steps(comm, &opt, k, all);
 
   // Data order: unit by unit, field by field, parameter by parameter, so
   // each gathered [padded] buffer is written out before the next is made;
   // the steps (scalars) come last.
   std::vector<ckpt::TensorSpec> specs;
-  for (auto& u : st.units)
+  for (auto& u : engine.units())
     for (auto& f : fields)
       for (auto& s : u->params) specs.push_back({s.name + "." + f, s.shape, torch::kFloat32});
   for (auto* s : all) specs.push_back({s->name + ".step", {}, torch::kLong});
 
   std::string error;
-  auto w = open_writer(st, path, specs,
+  auto w = open_writer(comm.rank(), path, specs,
                        {{"format", "fsdp-optim"},
                         {"optimizer", kind_name(k)},
                         {"param_groups", describe_groups(model, opt, k).dump()}},
                        error);
-  auto progress = save_progress(st, path, specs);
+  auto progress = save_progress(comm.rank(), path, specs);
   int64_t written = 0;
   torch::NoGradGuard ng;
-  for (auto& u : st.units) {
+  for (auto& u : engine.units()) {
     if (u->empty()) continue;
     for (auto& f : fields) {
-      torch::Tensor full = st.gather_unit(*u, optim_flat(st, *u, opt, k, f), 0, "save_full_optim");
+      torch::Tensor full = detail::gather_flat(*u, optim_flat(*u, opt, k, f), 0, "save_full_optim");
       write_unit(w.get(), *u, full, /*with_aliases=*/false, written, *progress, error);
     }
   }
@@ -456,13 +453,13 @@ void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimiz
     } catch (const std::exception& e) {
       error = e.what();
     }
-  agree(*st.comm, error, "saving the full optimizer state to '" + path + "'");
+  agree(comm, error, "saving the full optimizer state to '" + path + "'");
 }
 
 void load_full_optim(FullyShardedModel& model, torch::optim::Optimizer& opt, const std::string& path,
                      const ckpt::LoadOptions& lopts) {
-  auto& st = model.state();
-  st.wait_pending();
+  model.wait_pending();
+  Communicator& comm = *model.comm();
   trace::Span span("checkpoint_load_full_optim", "ckpt");
   const OptKind k = kind_of(&opt);
   const bool ams = amsgrad_of(&opt, k);
@@ -483,10 +480,9 @@ void load_full_optim(FullyShardedModel& model, torch::optim::Optimizer& opt, con
   } catch (const std::exception& e) {
     error = e.what();
   }
-  auto flag = torch::full({1}, error.empty() ? 0.0f : 1.0f);
-  st.comm->all_reduce(flag, ReduceOp::SUM, {"load_full_optim check"})->wait();
-  if (flag.item<float>() > 0)
-    throw Error(error.empty() ? "loading the optimizer state from '" + path + "' failed on another rank" : error);
+  fsdp::comm::agree(comm, error, {"load_full_optim check"}, [&](const std::vector<int>&) {
+    return "loading the optimizer state from '" + path + "' failed on another rank";
+  });
 
   const auto fields = state_fields(k, ams);
   std::vector<ckpt::Slice> want;
@@ -506,7 +502,7 @@ void load_full_optim(FullyShardedModel& model, torch::optim::Optimizer& opt, con
     want.push_back({s->name + ".step", {}, torch::kLong, 0, 1, step});
     tmps.push_back({s, "step", step});
   }
-  ckpt::load_full_safetensors(*st.comm, path, want, lopts);
+  ckpt::load_full_safetensors(comm, path, want, lopts);
   for (auto* s : slots(model)) {
     auto get = [&](const std::string& f) {
       for (auto& t : tmps)
@@ -518,8 +514,7 @@ void load_full_optim(FullyShardedModel& model, torch::optim::Optimizer& opt, con
 }
 
 void load_full(FullyShardedModel& model, const std::string& path, const ckpt::LoadOptions& lopts) {
-  auto& st = model.state();
-  st.wait_pending();
+  model.wait_pending();
   trace::Span span("checkpoint_load_full", "ckpt");
   std::vector<ckpt::Slice> want;
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // dst, tmp
@@ -530,12 +525,12 @@ void load_full(FullyShardedModel& model, const std::string& path, const ckpt::Lo
     for (auto& a : s->aliases)  // tied names: present in the file, read and dropped
       want.push_back({a, s->shape, torch::kFloat32, s->lo, s->hi, torch::empty({s->hi - s->lo})});
   }
-  for (auto& b : st.root->named_buffers(/*recurse=*/true)) {
+  for (auto& b : model.module().named_buffers(/*recurse=*/true)) {
     auto t = torch::empty({b.value().numel()}, b.value().scalar_type());
     want.push_back({b.key(), b.value().sizes().vec(), b.value().scalar_type(), 0, b.value().numel(), t});
     copies.emplace_back(b.value(), t);
   }
-  ckpt::load_full_safetensors(*st.comm, path, want, lopts);
+  ckpt::load_full_safetensors(*model.comm(), path, want, lopts);
   torch::NoGradGuard ng;
   for (auto& [dst, tmp] : copies) dst.view({-1}).copy_(tmp);
 }

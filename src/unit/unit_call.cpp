@@ -7,15 +7,17 @@
 //                 output that requires grad will call pre_backward when the
 //                 gradient of that output arrives, i.e. right before autograd
 //                 runs this unit's ops backwards
-//   pre_backward: unshard again, point the parameters' .grad at a zeroed flat
-//                 gradient buffer, make sure the end-of-backward callback is
-//                 queued
+//   pre_backward: unshard again (prefetching the unit before it), keep .grad
+//                 pointing into full_grad under no_sync, make sure the
+//                 end-of-backward callback is queued
+// Each step is the Unit's checked transition (Unit::pre_forward, ...) inside
+// the Engine's entry point, which adds what spans units.
 #include <mutex>
 #include <unordered_map>
 
 #include "compat/torch_compat.h"
 #include "fsdp/memory.h"
-#include "unit/sharded_state.h"
+#include "unit/engine.h"
 
 namespace fsdp::detail {
 namespace {
@@ -41,44 +43,80 @@ Unit* unit_of(const torch::nn::Module* m) {
   return it == registry().end() ? nullptr : it->second;
 }
 
-void ShardedState::pre_forward(Unit& u) {
+// --- The unit's side ---
+
+void Unit::pre_forward() {
+  expect(__FILE__, __LINE__, "pre_forward", {TrainingState::IDLE, TrainingState::FORWARD_DONE});
+  if (keeps_unsharded && !aliased && training_ == TrainingState::IDLE) {
+    // NO_SHARD with mixed precision: refresh the low-precision copy from the
+    // fp32 master the optimizer updated.
+    torch::NoGradGuard ng;
+    full.copy_(shard);
+  }
+  unshard();
+  wait_for_unshard();
+  training_ = TrainingState::FORWARD;
+}
+
+void Unit::post_forward(bool will_backward) {
+  expect(__FILE__, __LINE__, "post_forward", {TrainingState::FORWARD});
+  if (reshard_after_forward || !will_backward) reshard();
+  training_ = will_backward ? TrainingState::FORWARD_DONE : TrainingState::IDLE;
+}
+
+void Unit::forward_failed() {
+  training_ = TrainingState::IDLE;
+  if (!keeps_unsharded) reshard();
+}
+
+void Unit::forget_forward() {
+  if (training_ == TrainingState::FORWARD_DONE) training_ = TrainingState::IDLE;
+}
+
+bool Unit::pre_backward(const std::function<void()>& after_unshard) {
+  if (training_ == TrainingState::BACKWARD || training_ == TrainingState::BACKWARD_DONE) return false;
+  expect(__FILE__, __LINE__, "pre_backward", {TrainingState::IDLE, TrainingState::FORWARD_DONE});
+  if (trace::enabled()) backward_span_ = std::make_unique<trace::Span>("backward", "backward", nlohmann::json{{"unit", name}});
+  unshard();
+  wait_for_unshard();
+  after_unshard();
+  // Gradients accumulated under no_sync stay where they are and .grad keeps
+  // pointing into them; otherwise nothing is allocated here.
+  if (n_grad_params > 0 && full_grad.defined()) collect_into_full_grad();
+  grads_ready_ = 0;
+  training_ = TrainingState::BACKWARD;
+  return true;
+}
+
+// --- The engine's side: what spans units ---
+
+void Engine::pre_forward(Unit& u) {
   const bool is_root = u.index == 0;
   if (is_root && depth == 0) {
     // A new iteration. Reductions of the previous backward landed at its
     // end; a forward that never got a backward leaves units FORWARD_DONE.
     wait_pending();
-    for (auto& x : units)
-      if (x->training == TrainingState::FORWARD_DONE) x->training = TrainingState::IDLE;
+    for (auto& x : units) x->forget_forward();
     root_forward_start_bytes = memory::stats().current;
   }
   if (!forward_order_final && std::find(forward_order.begin(), forward_order.end(), &u) == forward_order.end())
     forward_order.push_back(&u);
-  if (u.keeps_unsharded && !u.aliased && u.training == TrainingState::IDLE) {
-    // NO_SHARD with mixed precision: refresh the low-precision copy from the
-    // fp32 master the optimizer updated.
-    torch::NoGradGuard ng;
-    u.full.copy_(u.shard);
-  }
-  unshard(u);
+  u.pre_forward();
   if (opts.forward_prefetch) prefetch_after(u, /*backward=*/false);
-  u.training = TrainingState::FORWARD;
   ++depth;
 }
 
-void ShardedState::post_forward(Unit& u, const std::vector<torch::Tensor>& outputs) {
+void Engine::post_forward(Unit& u, const std::vector<torch::Tensor>& outputs) {
   --depth;
   const bool grad_mode = torch::GradMode::is_enabled();
   bool will_backward = false;
   for (auto& t : outputs) will_backward = will_backward || (t.defined() && t.requires_grad());
   will_backward = will_backward && grad_mode;
-  if (u.reshard_after_forward || !will_backward) reshard(u);
+  u.post_forward(will_backward);
   if (will_backward) {
-    u.training = TrainingState::FORWARD_DONE;
     Unit* up = &u;
     for (auto& t : outputs)
       if (t.defined() && t.requires_grad()) t.register_hook([this, up](const torch::Tensor&) { pre_backward(*up); });
-  } else {
-    u.training = TrainingState::IDLE;
   }
   if (u.index == 0 && depth == 0) {
     // A is what a training forward leaves for backward; evaluation and
@@ -88,24 +126,22 @@ void ShardedState::post_forward(Unit& u, const std::vector<torch::Tensor>& outpu
   }
 }
 
-void ShardedState::forward_failed(Unit& u) {
+void Engine::forward_failed(Unit& u) {
   --depth;
-  u.training = TrainingState::IDLE;
-  if (!u.keeps_unsharded) reshard(u);
+  u.forward_failed();
 }
 
-void ShardedState::pre_backward(Unit& u) {
+void Engine::pre_backward(Unit& u) {
   if (!callback_queued) {
     callback_queued = true;
     compat::queue_backward_callback([this] { end_of_backward(); });
   }
-  if (u.training == TrainingState::BACKWARD || u.training == TrainingState::BACKWARD_DONE) return;
-  if (trace::enabled()) u.backward_span = std::make_unique<trace::Span>("backward", "backward", nlohmann::json{{"unit", u.name}});
-  unshard(u);
-  if (opts.backward_prefetch == BackwardPrefetch::BACKWARD_PRE) prefetch_after(u, /*backward=*/true);
-  prepare_grads(u);
-  u.grads_ready = 0;
-  u.training = TrainingState::BACKWARD;
+  u.pre_backward([&] {
+    if (opts.backward_prefetch == BackwardPrefetch::BACKWARD_PRE) prefetch_after(u, /*backward=*/true);
+    // Reductions that finished meanwhile are folded in (their outputs join
+    // shard_grad now rather than at the end of backward).
+    fold_finished_reduces();
+  });
 }
 
 // ---------------------------------------------------------------------------
@@ -143,7 +179,7 @@ void UnitCall::rethrow(const std::exception_ptr& e) {
         what.find("out of bounds for storage of size 0") != std::string::npos) {
       std::string sharded;
       for (auto& x : u_->owner->units)
-        if (x->state == UnitState::SHARDED && !x->empty())
+        if (x->state() == UnitState::SHARDED && !x->empty())
           sharded += (sharded.empty() ? "'" : ", '") + x->display_name() + "'";
       throw Error(
           "a parameter of a sharded FSDP unit was used while its storage is freed (inside the call of '" +

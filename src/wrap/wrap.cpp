@@ -1,30 +1,22 @@
 // fsdp-cpp: wrap — the module tree becomes units.
 //
 // A unit is a subtree whose parameters are all-gathered and reduce-scattered
-// together (the seed's "档口"). The policy decides bottom-up which submodules
-// become units; the root is always one and keeps every parameter not claimed
-// by a nested unit. A parameter registered in several modules (tied weights)
-// lives in exactly one unit: the one enclosing all its owners.
+// together. Two steps: describe_wrap (wrap.h), a pure function from the tree
+// and the policy to unit descriptions, then Engine::build_units, which turns
+// each description into a Unit. Also here: the options' names and checks.
 #include <unordered_map>
 #include <unordered_set>
 
-#include "unit/sharded_state.h"
+#include "common/strategy_names.h"
+#include "unit/engine.h"
+#include "wrap/wrap.h"
 
 namespace fsdp {
 
-const char* to_string(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::FULL_SHARD: return "FULL_SHARD";
-    case ShardingStrategy::SHARD_GRAD_OP: return "SHARD_GRAD_OP";
-    case ShardingStrategy::NO_SHARD: return "NO_SHARD";
-  }
-  return "?";
-}
+const char* to_string(ShardingStrategy s) { return detail::strategy_name(s); }
 
 ShardingStrategy parse_strategy(const std::string& t) {
-  if (t == "full" || t == "FULL_SHARD" || t == "full_shard") return ShardingStrategy::FULL_SHARD;
-  if (t == "grad-op" || t == "SHARD_GRAD_OP" || t == "shard_grad_op") return ShardingStrategy::SHARD_GRAD_OP;
-  if (t == "none" || t == "NO_SHARD" || t == "no_shard") return ShardingStrategy::NO_SHARD;
+  if (auto s = detail::strategy_from_name(t)) return *s;
   throw UsageError("unknown sharding strategy '" + t + "': expected full, grad-op or none");
 }
 
@@ -70,15 +62,20 @@ void FsdpOptions::validate() const {
 namespace detail {
 namespace {
 
+// --- describe_wrap's stages ---
+
 struct TreeNode {
   std::string path;
   torch::nn::Module* module;
   int parent;  // index, -1 for the root
   std::vector<int> children;
   bool is_unit = false;
-  int unit = -1;  // index into units once assigned
+  int unit = -1;  // index into the units once assigned
 };
 
+std::string join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
+
+// The module tree in pre-order; a shared submodule belongs where first seen.
 void walk(torch::nn::Module& m, const std::string& path, int parent, std::vector<TreeNode>& nodes,
           std::unordered_set<const torch::nn::Module*>& seen) {
   int me = static_cast<int>(nodes.size());
@@ -86,35 +83,22 @@ void walk(torch::nn::Module& m, const std::string& path, int parent, std::vector
   if (parent >= 0) nodes[parent].children.push_back(me);
   seen.insert(&m);
   for (const auto& kv : m.named_children()) {
-    if (seen.count(kv.value().get())) continue;  // a shared submodule belongs where first seen
-    walk(*kv.value(), path.empty() ? kv.key() : path + "." + kv.key(), me, nodes, seen);
+    if (seen.count(kv.value().get())) continue;
+    walk(*kv.value(), join(path, kv.key()), me, nodes, seen);
   }
 }
 
-std::string join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
-
-}  // namespace
-
-void ShardedState::build_units() {
-  std::vector<TreeNode> nodes;
-  std::unordered_set<const torch::nn::Module*> seen;
-  walk(*root, "", -1, nodes, seen);
-
-  for (auto& n : nodes)
-    if (unit_of(n.module))
-      throw Error("module '" + (n.path.empty() ? std::string("<root>") : n.path) +
-                  "' is already part of a fully_shard()ed model: wrap a model once, at its root, "
-                  "and let the wrap policy choose the units inside it");
-
-  // Policy, bottom-up: children are decided before their parent, and a
-  // parent only counts parameters its unit would really hold.
+// The policy, bottom-up: children are decided before their parent, and a
+// parent only counts parameters its unit would really hold. The root is
+// always a unit.
+void decide_units(std::vector<TreeNode>& nodes, const WrapPolicy& policy) {
   std::unordered_set<const c10::TensorImpl*> counted;
   std::function<int64_t(int)> decide = [&](int i) -> int64_t {
     int64_t unwrapped = 0;
     for (int c : nodes[i].children) unwrapped += decide(c);
     for (const auto& p : nodes[i].module->named_parameters(/*recurse=*/false))
       if (counted.insert(p.value().unsafeGetTensorImpl()).second) unwrapped += p.value().numel();
-    if (i != 0 && opts.wrap.fn && opts.wrap.fn(nodes[i].path, *nodes[i].module, unwrapped)) {
+    if (i != 0 && policy.fn && policy.fn(nodes[i].path, *nodes[i].module, unwrapped)) {
       nodes[i].is_unit = true;
       return 0;
     }
@@ -122,25 +106,34 @@ void ShardedState::build_units() {
   };
   decide(0);
   nodes[0].is_unit = true;
+}
 
-  // Units in pre-order (the root first); each knows its enclosing unit.
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    auto& n = nodes[i];
-    if (n.is_unit) {
-      auto u = std::make_unique<Unit>();
-      u->index = static_cast<int>(units.size());
-      u->name = n.path;
-      u->module = n.module;
-      u->owner = this;
-      n.unit = u->index;
-      if (n.parent >= 0) u->parent = units[nodes[n.parent].unit].get();
-      units.push_back(std::move(u));
-    } else {
+// Units in pre-order (the root first); each node learns the unit it is in,
+// each unit its enclosing unit.
+std::vector<UnitDesc> number_units(std::vector<TreeNode>& nodes) {
+  std::vector<UnitDesc> units;
+  for (auto& n : nodes) {
+    if (!n.is_unit) {
       n.unit = nodes[n.parent].unit;
+      continue;
     }
+    n.unit = static_cast<int>(units.size());
+    UnitDesc u;
+    u.name = n.path;
+    u.module = n.module;
+    u.parent = n.parent >= 0 ? nodes[n.parent].unit : -1;
+    units.push_back(std::move(u));
   }
+  return units;
+}
 
-  // Parameters: every (name, owner) pair in named_parameters() order.
+std::string display(const std::string& name) { return name.empty() ? "<root>" : name; }
+
+// Each parameter goes to the first of its owners' units that encloses all the
+// others, in order of first appearance; returns (unit, param) per tensor.
+std::unordered_map<const c10::TensorImpl*, std::pair<int, int>> place_params(const std::vector<TreeNode>& nodes,
+                                                                            std::vector<UnitDesc>& units) {
+  // Every (name, owner) pair in walk order.
   struct Owner {
     std::string name;
     int unit;
@@ -159,11 +152,11 @@ void ShardedState::build_units() {
     }
   }
   auto is_ancestor = [&](int a, int b) {  // unit a encloses unit b (or a == b)
-    for (Unit* u = units[b].get(); u; u = u->parent)
-      if (u->index == a) return true;
+    for (int u = b; u >= 0; u = units[u].parent)
+      if (u == a) return true;
     return false;
   };
-  std::unordered_map<const c10::TensorImpl*, std::pair<int, size_t>> where;  // unit, slot
+  std::unordered_map<const c10::TensorImpl*, std::pair<int, int>> where;
   for (auto* impl : order) {
     auto& os = owners[impl];
     int home = -1;
@@ -178,31 +171,91 @@ void ShardedState::build_units() {
     if (home < 0) {
       std::string msg = "parameter '" + os[0].name + "' is shared by ";
       for (size_t k = 0; k < os.size(); ++k)
-        msg += (k ? ", '" : "'") + os[k].name + "' (unit '" + units[os[k].unit]->display_name() + "')";
+        msg += (k ? ", '" : "'") + os[k].name + "' (unit '" + display(units[os[k].unit].name) + "')";
       msg += ", but the wrap policy puts its owners in sibling units, so one of them would compute "
              "on freed storage. Expected: every owner of a shared parameter inside one unit. "
              "Fix: exclude these modules from the policy, or wrap their common parent as a unit.";
       throw Error(msg);
     }
-    Unit& u = *units[home];
+    ParamDesc d;
+    d.name = os[0].name;
+    for (size_t k = 1; k < os.size(); ++k) d.aliases.push_back(os[k].name);
+    d.tensor = tensors[impl];
+    where[impl] = {home, static_cast<int>(units[home].params.size())};
+    units[home].params.push_back(std::move(d));
+  }
+  return where;
+}
+
+}  // namespace
+
+WrapDescription describe_wrap(torch::nn::Module& root, const WrapPolicy& policy) {
+  std::vector<TreeNode> nodes;
+  std::unordered_set<const torch::nn::Module*> seen;
+  walk(root, "", -1, nodes, seen);
+  decide_units(nodes, policy);
+  WrapDescription out;
+  out.units = number_units(nodes);
+  const auto where = place_params(nodes, out.units);
+  // Canonical order of the unwrapped model: named_parameters(), aliases included.
+  for (const auto& p : root.named_parameters(/*recurse=*/true)) {
+    auto w = where.at(p.value().unsafeGetTensorImpl());
+    out.named.push_back({p.key(), w.first, w.second});
+  }
+  return out;
+}
+
+// --- build_units's stages: check, describe, materialise ---
+
+namespace {
+
+// A module can be in one wrapped model only (its unit registry entry would
+// be overwritten, its parameters sharded twice).
+void check_not_wrapped(torch::nn::Module& root) {
+  std::vector<TreeNode> nodes;
+  std::unordered_set<const torch::nn::Module*> seen;
+  walk(root, "", -1, nodes, seen);
+  for (auto& n : nodes)
+    if (unit_of(n.module))
+      throw Error("module '" + display(n.path) +
+                  "' is already part of a fully_shard()ed model: wrap a model once, at its root, "
+                  "and let the wrap policy choose the units inside it");
+}
+
+// One Unit per description, its parameter slots laid out back to back in
+// the flat buffer (offsets; padding comes with the shard, init_flat_param).
+std::unique_ptr<Unit> materialise(const UnitDesc& d, int index, Engine* owner,
+                                  const std::vector<std::unique_ptr<Unit>>& earlier) {
+  auto u = std::make_unique<Unit>();
+  u->index = index;
+  u->name = d.name;
+  u->module = d.module;
+  u->owner = owner;
+  u->comm = owner->comm.get();
+  if (d.parent >= 0) u->parent = earlier[d.parent].get();
+  for (auto& p : d.params) {
     ParamSlot s;
-    s.name = os[0].name;
-    for (size_t k = 1; k < os.size(); ++k) s.aliases.push_back(os[k].name);
-    s.param = tensors[impl];
+    s.name = p.name;
+    s.aliases = p.aliases;
+    s.param = p.tensor;
     s.shape = s.param.sizes().vec();
     s.numel = s.param.numel();
-    s.offset = u.numel;
+    s.offset = u->numel;
     s.requires_grad = s.param.requires_grad();
-    u.numel += s.numel;
-    if (s.requires_grad) ++u.n_grad_params;
-    where[impl] = {home, u.params.size()};
-    u.params.push_back(std::move(s));
+    u->numel += s.numel;
+    if (s.requires_grad) ++u->n_grad_params;
+    u->params.push_back(std::move(s));
   }
-  // Canonical order of the unwrapped model: named_parameters(), aliases included.
-  for (const auto& p : root->named_parameters(/*recurse=*/true)) {
-    auto w = where.at(p.value().unsafeGetTensorImpl());
-    named_slots.emplace_back(p.key(), &units[w.first]->params[w.second]);
-  }
+  return u;
+}
+
+}  // namespace
+
+void Engine::build_units() {
+  check_not_wrapped(*root);
+  const WrapDescription d = describe_wrap(*root, opts.wrap);
+  for (size_t i = 0; i < d.units.size(); ++i) units.push_back(materialise(d.units[i], static_cast<int>(i), this, units));
+  for (auto& n : d.named) named_slots.emplace_back(n.name, &units[n.unit]->params[n.param]);
 }
 
 }  // namespace detail

@@ -1,0 +1,27 @@
+// fsdp-cpp: failing together — every rank learns which ranks failed a step,
+// so a failure on one rank throws on all of them and none waits forever in
+// the next collective.
+// defines: comm::agree
+//
+// Used wherever a step may fail on some ranks only (a file rank 0 cannot
+// write, a checkpoint a rank cannot read): the engine's full-state files
+// (src/unit/state_dict.cpp) and the sharded checkpoints (src/checkpoint/).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm.h"
+
+namespace fsdp::comm {
+
+// Collective (one all_reduce of a flag per rank, so also a barrier; `info`
+// labels it in errors and traces). When no rank failed, returns. Otherwise
+// every rank throws fsdp::Error: a rank that failed throws `local_error`
+// (its own message), the others throw `others_failed(failed_ranks)`.
+// `local_error` empty means this rank succeeded.
+void agree(Communicator& comm, const std::string& local_error, const CollectiveInfo& info,
+           const std::function<std::string(const std::vector<int>& failed_ranks)>& others_failed);
+
+}  // namespace fsdp::comm

@@ -1,0 +1,83 @@
+// fsdp-cpp: the engine of one wrapped model — what spans its units.
+//
+// defines: Engine
+//
+// The data's path through one step, and where each stage lives:
+//   wrap       src/wrap/wrap.cpp         module tree -> unit descriptions -> units
+//   shard      src/shard/flat_param.cpp  flat buffer, padding (shard_math.h), views
+//   all-gather src/unit/unshard.cpp      unshard / reshard, prefetch
+//   compute    src/unit/unit_call.cpp    pre/post-forward, pre-backward hooks
+//   reduce     src/unit/reduce.cpp       post-backward reduce-scatter, no_sync
+//   optimizer  src/unit/model.cpp        shard grads, global-norm clipping
+//   observe    src/unit/model.cpp        the ledger, measured
+//   checkpoint src/unit/state_dict.cpp   shards <-> checkpoints (through engine_access.h)
+//
+// Each Unit (unit.h) owns its buffers and its state; the Engine keeps only
+// what spans units: the units themselves, the forward order and the
+// prefetch policy over it, the reductions in flight, no_sync, the
+// end-of-backward callback. Its entry points are what the hooks call; each
+// does the model-level part and runs the unit's checked transition.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "unit/unit.h"
+
+namespace fsdp::detail {
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FsdpOptions opts);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // --- Entry points of the hooks (unit_call.cpp, reduce.cpp) ---
+  void pre_forward(Unit& u);  // fsdp::call, before the module's forward
+  void post_forward(Unit& u, const std::vector<torch::Tensor>& outputs);
+  void forward_failed(Unit& u);
+  void pre_backward(Unit& u);   // tensor hook on the unit's outputs
+  void on_grad_ready(Unit& u);  // accumulator post-hook of each parameter
+  void end_of_backward();       // autograd engine's final callback
+  // Waits for every pending reduction and folds it into the shard grads.
+  void wait_pending();
+
+  // --- Constant after construction ---
+  std::shared_ptr<torch::nn::Module> root;
+  CommPtr comm;
+  FsdpOptions opts;
+  std::vector<std::unique_ptr<Unit>> units;  // pre-order; units[0] is the root
+  // Names of the unwrapped model, in named_parameters() order.
+  std::vector<std::pair<std::string, ParamSlot*>> named_slots;
+
+  // --- Protected by the caller's thread ---
+  std::vector<Unit*> forward_order;  // recorded in the first forward
+  bool forward_order_final = false;
+  std::vector<PendingReduce> pending;  // issue order
+  bool no_sync = false;
+  bool callback_queued = false;
+  int depth = 0;  // nesting of unit calls on this thread
+  int64_t root_forward_start_bytes = 0;
+  int64_t activation_bytes = 0;  // measured A of the last root forward
+
+  Unit& root_unit() { return *units.front(); }
+  int world() const { return comm->world_size(); }
+  int rank() const { return comm->rank(); }
+
+ private:
+  // wrap.cpp: the module tree -> units (describe_wrap, then materialise).
+  void build_units();
+  // unshard.cpp: the prefetch policy over the recorded forward order.
+  int unsharded_prefetch_count() const;
+  void prefetch_after(Unit& u, bool backward);
+  // reduce.cpp
+  void post_backward(Unit& u);
+  void fold_finished_reduces();      // the ones already completed
+  void finish_reduces(size_t count);  // the oldest `count`, waiting
+  void publish_trace_metadata() const;  // model.cpp: the unit table for the report
+};
+
+}  // namespace fsdp::detail

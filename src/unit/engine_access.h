@@ -1,0 +1,42 @@
+// fsdp-cpp: what the checkpoint code reads of a wrapped model's engine.
+// defines: EngineAccess, gather_flat
+//
+// The public API (include/fsdp/fully_shard.h) hands out no engine internals.
+// Saving and loading shards (src/unit/state_dict.cpp, and through it the
+// checkpoint layer and the tools) needs more than it: each unit's layout
+// (which [lo, hi) of which parameter this rank holds, the master shard) and a
+// gather of a unit's flat buffer. This is that interface, and all of it:
+// read-only, except that wait_pending() completes the reductions in flight.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "unit/unit.h"
+
+namespace fsdp::detail {
+
+class EngineAccess {
+ public:
+  explicit EngineAccess(const FullyShardedModel& m);  // m outlives this
+
+  // Units in pre-order, the root first; their layout and shards.
+  const std::vector<std::unique_ptr<Unit>>& units() const;
+  // Distinct parameter slots in the unwrapped model's named_parameters()
+  // order (a tied parameter once, under its canonical name).
+  std::vector<const ParamSlot*> slots() const;
+  // Blocks until every reduction in flight landed in the shard gradients.
+  void wait_pending() const;
+
+ private:
+  Engine* engine_;
+};
+
+// Unit u's flat buffer [padded] assembled from every rank's `shard_flat`
+// [shard_numel] (the master shard, or optimizer state laid out like it), on
+// `to_rank` only (every rank when to_rank < 0); undefined elsewhere. NO_SHARD:
+// shard_flat is already the whole. Collective.
+torch::Tensor gather_flat(const Unit& u, const torch::Tensor& shard_flat, int to_rank, const std::string& what);
+
+}  // namespace fsdp::detail

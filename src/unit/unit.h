@@ -1,0 +1,223 @@
+// fsdp-cpp: one unit — its flat buffers and its life through a step.
+//
+// defines: ParamSlot, UnitState, TrainingState, Unit, PendingReduce
+//
+// A Unit (like PyTorch FSDP2's FSDPParamGroup) owns one all-gather and one
+// reduce-scatter: its parameters' flat buffer, its shard, and the two state
+// machines below. Each transition is a method that checks the state it starts
+// from; an illegal one is an internal error (file:line, rank, the unit, the
+// state it was in and the states expected), never a silent return. What spans
+// units (forward order, prefetch, pending reductions, no_sync, the
+// end-of-backward callback) is the Engine's (src/unit/engine.h).
+//
+// Where each transition lives:
+//   init_flat_param                    src/shard/flat_param.cpp
+//   unshard, wait_for_unshard, reshard src/unit/unshard.cpp
+//   pre_forward, post_forward,
+//   forward_failed, pre_backward       src/unit/unit_call.cpp
+//   grad_ready, join_backward,
+//   post_backward, reduce,
+//   accept_reduced, end_backward       src/unit/reduce.cpp
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/trace.h"
+
+namespace fsdp::detail {
+
+class Engine;
+
+// One original parameter inside a unit's flat buffer.
+struct ParamSlot {
+  std::string name;                  // canonical (first) name in the unwrapped model
+  std::vector<std::string> aliases;  // further names of the same tensor (tied weights)
+  torch::Tensor param;               // the module's parameter; its TensorImpl is never replaced
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  int64_t offset = 0;  // in the unit's flat buffer
+  bool requires_grad = true;
+  // Kept alive so the post-hook below fires (libtorch only fires hooks of
+  // accumulators that someone holds).
+  std::shared_ptr<torch::autograd::Node> accumulator;
+  // This rank's slice of the flattened parameter: [lo, hi) in param-local
+  // elements (shard::param_range); `shard_view` is the optimizer's leaf over
+  // shard[offset + lo - shard_begin ..].
+  int64_t lo = 0, hi = 0;
+  torch::Tensor shard_view;
+};
+
+// Where the unit's parameters are.
+enum class UnitState {
+  SHARDED,     // only the shard is resident; `full` has no storage
+  UNSHARDING,  // all-gather issued (prefetch); wait_for_unshard() before use
+  UNSHARDED,   // `full` holds every rank's shard; module params are usable
+};
+
+// Where the unit is in the step.
+enum class TrainingState {
+  IDLE,
+  FORWARD,        // inside its forward
+  FORWARD_DONE,   // forward ran with grad enabled: a backward will come
+  BACKWARD,       // in backward: autograd is writing the params' .grad
+  BACKWARD_DONE,  // post-backward ran (reduced, or kept for no_sync)
+};
+
+const char* to_string(UnitState s);
+const char* to_string(TrainingState s);
+
+// A reduce-scatter (NO_SHARD: all-reduce) in flight. Its input, the unit's
+// flat unsharded gradients, is held by the communicator alone and freed the
+// moment the collective completes; `output` is then added into the unit's
+// shard_grad (Unit::accept_reduced).
+struct PendingReduce {
+  class Unit* unit;
+  WorkPtr work;
+  torch::Tensor output;
+};
+
+class Unit {
+ public:
+  // --- Constant after construction (src/wrap/wrap.cpp, init_flat_param) ---
+  int index = 0;
+  std::string name;  // module path; "" for the root
+  torch::nn::Module* module = nullptr;
+  Unit* parent = nullptr;    // enclosing unit (nullptr for the root)
+  Engine* owner = nullptr;   // outlives the unit
+  Communicator* comm = nullptr;  // the owner's
+  std::vector<ParamSlot> params;
+  // The flat layout (shard::flat_layout): padded / shard sizes and where this
+  // rank's shard starts in the padded buffer.
+  int64_t numel = 0, padded_numel = 0, shard_numel = 0, shard_begin = 0;
+  torch::ScalarType param_dtype = torch::kFloat32;
+  torch::ScalarType reduce_dtype = torch::kFloat32;
+  bool reshard_after_forward = true;  // FULL_SHARD
+  bool keeps_unsharded = false;       // NO_SHARD: `full` always resident
+  bool aliased = false;               // NO_SHARD in fp32: full and shard are one tensor
+  int n_grad_params = 0;
+
+  // --- Tensors (docs/DESIGN.md#vocabulary) ---
+  torch::Tensor shard;       // fp32 [S]: the master shard, optimizer-owned through shard_views
+  torch::Tensor shard_grad;  // fp32 [S]: reduced gradients, views handed to shard_views' .grad
+  torch::Tensor full;        // param_dtype [padded]: all-gather output; storage freed when SHARDED
+  torch::Tensor full_grad;   // param_dtype [padded]: unsharded grads kept under no_sync; undefined otherwise
+
+  bool empty() const { return numel == 0; }
+  std::string display_name() const { return name.empty() ? "<root>" : name; }
+  UnitState state() const { return state_; }
+  TrainingState training() const { return training_; }
+
+  // --- Transitions. Called on the caller / autograd thread only; the comm
+  // thread touches only the tensors it was handed until its Work completes.
+
+  // Builds the flat buffer from the module's parameters (rank 0's values
+  // everywhere when opts.sync_module_states: one broadcast), keeps this
+  // rank's shard, points the parameters at `full` and frees it (NO_SHARD:
+  // keeps it). Leaves SHARDED (NO_SHARD: UNSHARDED), IDLE.
+  void init_flat_param(const FsdpOptions& opts);
+
+  // SHARDED -> UNSHARDING: allocates `full` and issues its all-gather.
+  // Idempotent: a no-op when already UNSHARDING / UNSHARDED, for an empty
+  // unit and for NO_SHARD (always UNSHARDED). `prefetch` marks an all-gather
+  // issued ahead of the unit's own use.
+  void unshard(bool prefetch = false);
+  // UNSHARDING -> UNSHARDED: waits for the all-gather. Idempotent: a no-op
+  // in any other state.
+  void wait_for_unshard();
+  // UNSHARDING | UNSHARDED -> SHARDED: frees `full`'s storage (waiting first
+  // for an in-flight all-gather, which writes into it). Idempotent: a no-op
+  // when SHARDED, for an empty unit and for NO_SHARD.
+  void reshard();
+
+  // IDLE | FORWARD_DONE -> FORWARD (FORWARD_DONE: a second call in the same
+  // forward): refreshes NO_SHARD's low-precision copy, unshards and waits.
+  void pre_forward();
+  // FORWARD -> FORWARD_DONE (will_backward) or IDLE: reshards when the
+  // strategy frees parameters after forward or no backward will come.
+  void post_forward(bool will_backward);
+  // Any state -> IDLE, resharded: the forward threw. Runs while the
+  // exception unwinds, so it checks nothing.
+  void forward_failed();
+  // FORWARD_DONE -> IDLE: a forward whose backward never came (the next
+  // iteration began). A no-op in any other state.
+  void forget_forward();
+
+  // IDLE | FORWARD_DONE -> BACKWARD: unshards (waiting for a prefetch), runs
+  // `after_unshard` (the engine's prefetch and folding of finished
+  // reductions), then points .grad into full_grad when gradients accumulate
+  // under no_sync. Idempotent: returns false (and does nothing) when already
+  // BACKWARD or BACKWARD_DONE, as the hook on each output fires it.
+  bool pre_backward(const std::function<void()>& after_unshard);
+  // One parameter's gradient landed (its accumulator's post-hook). Returns
+  // true when this completes the unit's gradients (BACKWARD only). A
+  // gradient that arrives without the pre-backward hook (its parameters were
+  // used outside the outputs' graph) moves IDLE | FORWARD_DONE -> BACKWARD,
+  // to be collected at the end of backward; other states ignore it.
+  bool grad_ready();
+  // FORWARD_DONE -> BACKWARD without unsharding (end of backward: a unit
+  // that ran forward with grad but got no gradient still reduces, zeros).
+  void join_backward();
+  // BACKWARD -> BACKWARD_DONE: reshards (parameters first: their bytes go
+  // before the gradient buffer arrives), then the gradients become the
+  // reduce input: a zero-padded [padded] buffer in the reduce dtype, the
+  // params' .grad dropped. Under no_sync they are collected into full_grad
+  // instead and the result is undefined; so it is without gradients.
+  torch::Tensor post_backward(bool no_sync);
+  // Issues the reduce-scatter (NO_SHARD: all-reduce, AVG) of `grads`, the
+  // result of post_backward. Only the communicator keeps the input.
+  PendingReduce reduce(torch::Tensor grads);
+  // Adds a finished reduction's output into shard_grad (adopting it when the
+  // optimizer dropped the previous gradients).
+  void accept_reduced(const torch::Tensor& output);
+  // IDLE | BACKWARD_DONE -> IDLE, resharded: the end-of-backward callback.
+  void end_backward();
+
+ private:
+  [[noreturn]] void illegal(const char* file, int line, const char* transition, const std::string& was,
+                            const std::string& expected) const;
+  void expect(const char* file, int line, const char* transition, std::initializer_list<TrainingState> ok) const;
+  void collect_into_full_grad();
+  torch::Tensor flat_grads_for_reduce();
+
+  // --- Protected by the caller's thread ---
+  UnitState state_ = UnitState::SHARDED;
+  TrainingState training_ = TrainingState::IDLE;
+  WorkPtr gather_work_;         // the all-gather into `full` while UNSHARDING
+  torch::Tensor gather_input_;  // param_dtype [S] cast of `shard`, alive until gather_work_ completes
+  int grads_ready_ = 0;
+  bool prefetched_ = false;
+  std::unique_ptr<trace::Span> backward_span_;  // pre_backward .. post_backward
+};
+
+// A tensor sharing `base`'s storage without being an autograd view (so
+// optimizers may detach_() or replace its grad, and it can be a leaf).
+torch::Tensor alias(const torch::Tensor& base, int64_t offset, c10::IntArrayRef shape);
+
+// Labels the engine's own large allocations (a unit's all-gather output, its
+// unsharded gradients) for the out-of-memory diagnosis (oom.cpp).
+extern thread_local const char* g_alloc_purpose;
+extern thread_local const Unit* g_alloc_unit;
+struct AllocPurpose {
+  AllocPurpose(const char* what, const Unit& u) {
+    g_alloc_purpose = what;
+    g_alloc_unit = &u;
+  }
+  ~AllocPurpose() {
+    g_alloc_purpose = nullptr;
+    g_alloc_unit = nullptr;
+  }
+};
+
+// Registry of unit roots (module -> unit), filled at wrap, emptied at destruction.
+void register_unit(const torch::nn::Module* m, Unit* u);
+void unregister_unit(const torch::nn::Module* m);
+
+}  // namespace fsdp::detail
