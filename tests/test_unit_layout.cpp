@@ -1,5 +1,5 @@
 // Tests of what a unit is before any communication: the padding and shard
-// arithmetic (src/shard/shard_math.h, shared by the engine, the planner and
+// arithmetic (src/common/shard_math.h, shared by the engine, the planner and
 // the checkpoints), the strategy names (src/common/strategy_names.h) and the
 // wrap description (src/wrap/wrap.h), run on module trees without a
 // communicator.
@@ -14,7 +14,7 @@
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
 #include "plan/names.h"
-#include "shard/shard_math.h"
+#include "common/shard_math.h"
 #include "unit/unit.h"
 #include "wrap/wrap.h"
 

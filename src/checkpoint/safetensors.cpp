@@ -19,7 +19,7 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/file_io.h"
 #include "fsdp/checkpoint.h"
-#include "shard/shard_math.h"
+#include "common/shard_math.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors data is little-endian; a big-endian host needs byte swaps here");

@@ -8,7 +8,7 @@
 #include "fsdp/errors.h"
 #include "fsdp/memory.h"
 #include "plan/names.h"
-#include "shard/shard_math.h"
+#include "common/shard_math.h"
 
 namespace fsdp::plan {
 

@@ -4,7 +4,7 @@
 //   flat     = concat(param_0.flatten(), param_1.flatten(), ...) + zero padding
 //   padded   = ceil(numel / N) * N        (NO_SHARD: numel, no padding)
 //   shard    = flat[r*S, (r+1)*S), S = padded / N, fp32: the master copy
-//   (the arithmetic is shard/shard_math.h, shared with the planner and the
+//   (the arithmetic is common/shard_math.h, shared with the planner and the
 //   checkpoint code)
 //   full     = the unsharded flat buffer in param_dtype (all-gather output);
 //              each module parameter is re-pointed (set_data) at its slice of
@@ -12,7 +12,7 @@
 // After this, `full`'s storage is freed (FULL_SHARD, SHARD_GRAD_OP): the
 // module's parameters keep their shapes but hold no bytes until unshard().
 #include "compat/torch_compat.h"
-#include "shard/shard_math.h"
+#include "common/shard_math.h"
 #include "unit/engine.h"
 
 namespace fsdp::detail {

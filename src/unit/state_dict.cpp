@@ -13,7 +13,7 @@
 #include "fsdp/progress.h"
 #include "fsdp/state_dict.h"
 #include "comm/agree.h"
-#include "shard/shard_math.h"
+#include "common/shard_math.h"
 #include "unit/engine_access.h"
 
 namespace fsdp {
