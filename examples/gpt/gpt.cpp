@@ -1,4 +1,4 @@
-// build/bin/gpt: train GPT-mini (GPT_MINI.md) with FSDP on byte-level text.
+// build/bin/gpt: train GPT-mini (docs/GPT_MINI.md) with FSDP on byte-level text.
 //
 //   fsdp prepare --text a.txt b.txt --out data/x
 //   fsdp run -n 2 -- build/bin/gpt --data data/x/train.bin --val data/x/val.bin --steps 300
@@ -23,12 +23,17 @@
 #include <unistd.h>
 
 #include "cli_checks.h"
+#include "usage.h"
+#include "fault_injection.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/init.h"
 #include "fsdp/memory.h"
+#include "fsdp/optim.h"
 #include "fsdp/plan.h"
+#include "gpt/plan_gpt.h"
 #include "fsdp/progress.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/straggler.h"
@@ -39,12 +44,12 @@
 namespace {
 
 // ---------------------------------------------------------------------------
-// Flags. Defaults: the GPT_MINI.md model size, training settings that suit it.
+// Flags. Defaults: the docs/GPT_MINI.md model size, training settings that suit it.
 struct Args {
   // data
   std::string data, val;           // token files (.bin)
   std::vector<std::string> text;   // or text files, split 90/10 on the fly
-  std::string shuffle = "off";     // off: the deterministic order of GPT_MINI.md
+  std::string shuffle = "off";     // off: the deterministic order of docs/GPT_MINI.md
   // model
   gpt::Config cfg;
   std::string init;                // FILE.safetensors to start from
@@ -100,7 +105,7 @@ bool parse_args(int argc, char** argv, Args& a) {
   app.add_option("--dim", a.cfg.dim, "width d")->check(fsdp::cli::integer(1, 1 << 16));
   app.add_option("--layers", a.cfg.layers, "transformer blocks L")->check(fsdp::cli::integer(0, 4096));
   app.add_option("--heads", a.cfg.heads, "attention heads (divide --dim)")->check(fsdp::cli::integer(1, 1 << 16));
-  app.add_option("--init", a.init, "start from these weights (.safetensors, GPT_MINI.md names)");
+  app.add_option("--init", a.init, "start from these weights (.safetensors, docs/GPT_MINI.md names)");
   app.add_option("--batch", a.batch, "rows per micro-batch on each rank")->check(fsdp::cli::integer(1, 1 << 20));
   app.add_option("--accum", a.accum, "micro-steps per optimizer step (gradient accumulation)")->check(fsdp::cli::integer(1, 1 << 20));
   app.add_option("--steps", a.steps, "optimizer steps")->check(fsdp::cli::integer(0, kMaxSteps));
@@ -174,7 +179,7 @@ bool parse_args(int argc, char** argv, Args& a) {
                 "; the cosine decays from --lr down to --min-lr");
   try {
     fsdp::parse_strategy(a.strategy);
-  } catch (const fsdp::UsageError& e) {
+  } catch (const fsdp::Error& e) {
     usage_error(std::string("--strategy: ") + e.what());
   }
   if (a.wrap != "block" && a.wrap != "none" && a.wrap.rfind("size:", 0) != 0)
@@ -191,7 +196,7 @@ bool parse_args(int argc, char** argv, Args& a) {
     usage_error("--top-k " + std::to_string(a.top_k) + " is larger than --vocab " + std::to_string(a.cfg.vocab));
   if (!a.max_memory.empty()) {
     try {
-      fsdp::memory::parse_bytes(a.max_memory);
+      fsdp::cli::parse_bytes(a.max_memory);
     } catch (const fsdp::UsageError& e) {
       usage_error(std::string("--max-memory: ") + e.what());
     }
@@ -219,29 +224,16 @@ double lr_at(const Args& a, int64_t step) {
   return a.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (a.lr - a.min_lr);
 }
 
-// AdamW with two parameter groups built from the shards' original shapes:
-// weight decay on 2-D weights (embeddings, linear weights) only.
+// AdamW with two parameter groups chosen on the shards' original shapes
+// (the shards themselves are 1-D): weight decay on 2-D weights (embeddings,
+// linear weights) only, the default of fsdp::decay_groups.
 std::unique_ptr<torch::optim::AdamW> make_optimizer(const fsdp::FullyShardedModel& m, const Args& a) {
-  std::vector<torch::Tensor> decay, no_decay;
-  for (auto& s : m.named_shards()) (s.full_shape.size() == 2 ? decay : no_decay).push_back(s.tensor);
-  auto opts = [&](double wd) {
-    return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(a.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(wd));
-  };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, opts(a.weight_decay));
-  groups.emplace_back(no_decay, opts(0.0));
-  return std::make_unique<torch::optim::AdamW>(std::move(groups), *opts(a.weight_decay));
+  const auto base = torch::optim::AdamWOptions(a.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(a.weight_decay);
+  return std::make_unique<torch::optim::AdamW>(fsdp::decay_groups(m, base, a.weight_decay), base);
 }
 
 void set_lr(torch::optim::Optimizer& opt, double lr) {
   for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
-}
-
-double mean_over_ranks(fsdp::Communicator& comm, double v, const char* label) {
-  auto t = torch::tensor({float(v)});  // fp32: the dtype every engine reduces
-  comm.all_reduce(t, fsdp::ReduceOp::AVG, {label})->wait();
-  return t.item<double>();
 }
 
 // "r0 12.3 MiB (peak 20.1 MiB)  r1 ..." from an all-gather of every rank's stats.
@@ -270,7 +262,7 @@ double evaluate(Model& model, fsdp::Communicator& comm, const gpt::data::Tokens&
     auto b = gpt::data::eval_batch(val, order, e, comm.rank());
     sum += gpt::loss(model.forward(b.x), b.y).item<double>();  // logits [B,T,V]
   }
-  return mean_over_ranks(comm, sum / double(batches), "validation loss");
+  return fsdp::all_reduce_mean(comm, sum / double(batches), {"validation loss"});
 }
 
 // Generates n tokens after `prompt`. Every rank runs the model (each forward
@@ -302,7 +294,7 @@ std::string sample(Model& model, fsdp::Communicator& comm, const Args& a) {
   return gpt::data::decode(gpt::data::Tokens(ctx.begin() + prompt_len, ctx.end()));
 }
 
-// --init: GPT_MINI.md names and shapes, fp32 (or any float dtype, converted).
+// --init: docs/GPT_MINI.md names and shapes, fp32 (or any float dtype, converted).
 // Collective; every rank loads the whole model before wrapping.
 void load_init(fsdp::Communicator& comm, gpt::GPT& net, const std::string& path) {
   torch::NoGradGuard no_grad;
@@ -356,6 +348,13 @@ int train(const Args& a) {
   // The flags reach the library's reporters (checkpoint saves) through the environment.
   if (a.no_progress) ::setenv("FSDP_PROGRESS", "off", 1);
   if (a.progress_every >= 0) ::setenv("FSDP_PROGRESS_EVERY", std::to_string(a.progress_every).c_str(), 1);
+  try {  // a bad FSDP_PROGRESS / FSDP_PROGRESS_EVERY is the user's flag error (exit 2), found before step 1
+    fsdp::ProgressOptions check;
+    check.enabled = false;
+    fsdp::Progress probe(check);
+  } catch (const fsdp::Error& e) {
+    throw fsdp::UsageError(e.what());
+  }
   fsdp::CommOptions copts;
   if (a.timeout > 0) copts.timeout = std::chrono::milliseconds(int64_t(a.timeout * 1000));
   fsdp::CommPtr comm = fsdp::make_communicator_from_env(copts);
@@ -365,7 +364,7 @@ int train(const Args& a) {
   comm = fsdp::with_wait_clock(comm, waits);
   const int rank = comm->rank(), N = comm->world_size();
   const bool lead = rank == 0;
-  if (!a.max_memory.empty()) fsdp::memory::set_limit(fsdp::memory::parse_bytes(a.max_memory));
+  if (!a.max_memory.empty()) fsdp::memory::set_limit(fsdp::cli::parse_bytes(a.max_memory));
   if (int th = a.threads ? a.threads : default_threads(*comm)) torch::set_num_threads(th);
   if (a.resume && a.ckpt_dir.empty()) throw fsdp::UsageError("--resume needs --ckpt-dir DIR (where to look)");
   if (!a.trace.empty()) fsdp::trace::start(a.trace, rank, N);
@@ -426,7 +425,7 @@ int train(const Args& a) {
   // The planner on this run: the real units, GPT-mini's activation estimate.
   std::optional<fsdp::plan::Plan> plan;
   if (a.plan) {
-    const fsdp::plan::GptShape shape{a.cfg.layers, a.cfg.dim, a.cfg.heads, a.cfg.vocab, a.cfg.seq, a.batch};
+    const gpt::GptShape shape{a.cfg.layers, a.cfg.dim, a.cfg.heads, a.cfg.vocab, a.cfg.seq, a.batch};
     fsdp::plan::PlanOptions po;
     po.world = N;
     po.strategy = fopts.strategy;
@@ -436,8 +435,8 @@ int train(const Args& a) {
     po.prefetch = a.prefetch ? 1 : 0;
     const int act_bytes = po.param_bytes;
     plan = fsdp::plan::make_plan(fsdp::plan::units_from(model->units()),
-                                 fsdp::plan::gpt_activations(shape, act_bytes).total, po,
-                                 fsdp::plan::gpt_released(shape, a.wrap, act_bytes));
+                                 gpt::gpt_activations(shape, act_bytes).total, po,
+                                 gpt::gpt_released(shape, a.wrap, act_bytes));
     if (lead) std::printf("%s\n", plan->str().c_str()), std::fflush(stdout);
   }
 
@@ -452,7 +451,7 @@ int train(const Args& a) {
   int64_t first_step = 0;
   if (a.resume) {
     // Model shards, optimizer state and the step; the data position is a
-    // function of the step (GPT_MINI.md's order), so nothing else is needed.
+    // function of the step (docs/GPT_MINI.md's order), so nothing else is needed.
     auto r = fsdp::load_checkpoint(*model, opt.get(), a.ckpt_dir);
     if (r.found) {
       first_step = r.train_state.value("step", int64_t(0));
@@ -500,7 +499,7 @@ int train(const Args& a) {
     const int64_t sent0 = comm->counters().total_bytes_sent();
     const auto t0 = clock::now();
     const double waited0 = waits->seconds();
-    fsdp::inject_step_delay(rank);  // FSDP_INJECT_STEP_DELAY=RANK:MS (tests of the monitor)
+    examples::inject_step_delay(rank);  // fault injection: FSDP_INJECT_STEP_DELAY=RANK:MS (tests of the monitor)
     const double lr = lr_at(a, step);
     set_lr(*opt, lr);
 
@@ -545,7 +544,7 @@ int train(const Args& a) {
     }
     if (step % a.log_every == 0 || step + 1 == a.steps) {
       // Collectives: every rank takes this branch at the same steps.
-      const double loss = mean_over_ranks(*comm, loss_sum / double(a.accum), "train loss");
+      const double loss = fsdp::all_reduce_mean(*comm, loss_sum / double(a.accum), {"train loss"});
       const std::string mem = memory_line(*comm);
       if (lead) {
         fsdp::progress::clear_line();
@@ -573,7 +572,7 @@ int train(const Args& a) {
   if (!a.ckpt_dir.empty() && first_step < a.steps) checkpoint(a.steps);
   const double seconds = std::chrono::duration<double>(clock::now() - run_start).count();
 
-  // The ledger: measured memory terms against the seed's formulas.
+  // The ledger: measured memory terms against the FSDP guide's formulas.
   const fsdp::Ledger ledger = model->ledger(opt.get());
   if (lead) {
     std::printf("trained %lld steps in %.1f s (%.0f tokens/s)\n", (long long)(a.steps - first_step), seconds,
@@ -622,6 +621,7 @@ int train(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  fsdp::init();  // the counting allocator (ledger, --max-memory) and SIGPIPE, before any tensor
   Args a;
   try {
     if (!parse_args(argc, argv, a)) return 0;

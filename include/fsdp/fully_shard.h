@@ -34,16 +34,12 @@
 
 #include "fsdp/comm.h"
 #include "fsdp/errors.h"
+#include "fsdp/strategy.h"
 
 namespace fsdp {
 
-enum class ShardingStrategy {
-  FULL_SHARD,     // params, grads, optimizer state sharded; params freed after forward
-  SHARD_GRAD_OP,  // params kept unsharded from forward through backward
-  NO_SHARD,       // replicas, gradients all-reduced (DDP)
-};
 const char* to_string(ShardingStrategy s);
-// Accepts full|grad-op|none and the enum names; throws UsageError otherwise.
+// Accepts full|grad-op|none and the enum names; throws fsdp::Error otherwise.
 ShardingStrategy parse_strategy(const std::string& text);
 
 enum class BackwardPrefetch { NONE, BACKWARD_PRE, BACKWARD_POST };
@@ -122,7 +118,7 @@ struct NamedShard {
   torch::Tensor tensor;
 };
 
-// The seed's ledger, measured on this rank (bytes).
+// The FSDP guide's ledger (docs/GUIDE.md), measured on this rank (bytes).
 struct Ledger {
   int world_size = 1;
   std::string strategy;
@@ -134,9 +130,9 @@ struct Ledger {
   int64_t P_block = 0;        // largest unit's unsharded bytes
   std::string P_block_unit;   // its name
   int64_t A = 0;              // activation bytes of the last forward (measured)
-  int64_t peak = 0;           // counting allocator peak since reset
+  int64_t peak = 0;           // counting allocator peak since reset (0 without it: fsdp::init)
   int64_t current = 0;        // counting allocator now
-  // Predictions from the seed's formulas with this run's sizes.
+  // Predictions from the guide's formulas with this run's sizes.
   int64_t predicted_rest = 0;  // (P+G+O)/N (+ replicas for NO_SHARD / SHARD_GRAD_OP params)
   int64_t predicted_peak = 0;  // P/N + G/N + O/N + P_block (+ prefetched units) + A
   std::string str() const;     // the table printed by the examples

@@ -2,8 +2,9 @@
 // defines: memory::install, memory::stats, memory::reset_peak, memory::set_limit,
 //          memory::OutOfMemory, memory::Stats
 //
-// Installed with c10::SetCPUAllocator before the model is built (fsdp::init and
-// make_communicator_from_env do it), it wraps the default CPU allocator and
+// Installed with c10::SetCPUAllocator before the model is built (by
+// fsdp::init, init.h, or by calling install() yourself; nothing installs it
+// implicitly), it wraps the default CPU allocator and
 // carries each block's size in its DataPtr context, so current and peak bytes
 // are exact for every tensor allocated afterwards. With a limit set, an
 // allocation that would pass it throws memory::OutOfMemory (like a GPU's
@@ -12,8 +13,9 @@
 
 #include <cstdint>
 #include <functional>
-#include <stdexcept>
 #include <string>
+
+#include "fsdp/errors.h"
 
 namespace fsdp::memory {
 
@@ -24,7 +26,9 @@ struct Stats {
   int64_t limit = 0;        // 0 = none
 };
 
-// Idempotent. Returns true when the counting allocator is active.
+// Idempotent. Returns true when the counting allocator is active. Without
+// it, stats() stays zero, the ledger's peak/current are 0 and set_limit has
+// no effect.
 bool install();
 bool installed();
 Stats stats();
@@ -37,14 +41,12 @@ void set_limit(int64_t bytes);
 // the FSDP layer installs one that names the ledger term that overflowed.
 void set_oom_explainer(std::function<std::string(int64_t requested, const Stats&)> fn);
 
-class OutOfMemory : public std::runtime_error {
+class OutOfMemory : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 // "1.50 MiB"
 std::string format_bytes(int64_t bytes);
-// "2GiB", "512M", "1e9" -> bytes; throws fsdp::UsageError on bad input.
-int64_t parse_bytes(const std::string& text);
 
 }  // namespace fsdp::memory

@@ -27,7 +27,7 @@ inline std::optional<ShardingStrategy> parse_strategy_or_auto(const std::string&
   if (t == "full" || t == "FULL_SHARD") return ShardingStrategy::FULL_SHARD;
   if (t == "grad-op" || t == "SHARD_GRAD_OP") return ShardingStrategy::SHARD_GRAD_OP;
   if (t == "none" || t == "NO_SHARD") return ShardingStrategy::NO_SHARD;
-  throw UsageError("--strategy: expected full|grad-op|none|auto, found '" + t + "'");
+  throw Error("--strategy: expected full|grad-op|none|auto, found '" + t + "'");
 }
 
 }  // namespace fsdp::plan

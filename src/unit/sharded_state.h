@@ -9,7 +9,7 @@
 //   compute    src/unit/unit_call.cpp    pre/post-forward, pre-backward hooks
 //   reduce     src/unit/reduce.cpp       post-backward reduce-scatter, no_sync
 //   optimizer  src/unit/model.cpp        shard grads, global-norm clipping
-//   observe    src/unit/model.cpp        the seed's ledger, measured
+//   observe    src/unit/model.cpp        the FSDP guide's ledger, measured
 //   checkpoint src/unit/state_dict.cpp   shards <-> checkpoints; full state to one rank
 #pragma once
 

@@ -1,7 +1,7 @@
 // fsdp-cpp: wrap — the module tree becomes units.
 //
 // A unit is a subtree whose parameters are all-gathered and reduce-scattered
-// together (the seed's "档口"). The policy decides bottom-up which submodules
+// together (the FSDP guide's "档口"). The policy decides bottom-up which submodules
 // become units; the root is always one and keeps every parameter not claimed
 // by a nested unit. A parameter registered in several modules (tied weights)
 // lives in exactly one unit: the one enclosing all its owners.
@@ -25,7 +25,7 @@ ShardingStrategy parse_strategy(const std::string& t) {
   if (t == "full" || t == "FULL_SHARD" || t == "full_shard") return ShardingStrategy::FULL_SHARD;
   if (t == "grad-op" || t == "SHARD_GRAD_OP" || t == "shard_grad_op") return ShardingStrategy::SHARD_GRAD_OP;
   if (t == "none" || t == "NO_SHARD" || t == "no_shard") return ShardingStrategy::NO_SHARD;
-  throw UsageError("unknown sharding strategy '" + t + "': expected full, grad-op or none");
+  throw Error("unknown sharding strategy '" + t + "': expected full, grad-op or none");
 }
 
 const char* to_string(BackwardPrefetch p) {
@@ -41,7 +41,7 @@ WrapPolicy WrapPolicy::none() { return WrapPolicy{nullptr, "none (one unit)"}; }
 
 WrapPolicy WrapPolicy::size_based(int64_t min_num_params) {
   if (min_num_params < 1)
-    throw UsageError("size-based wrap policy: min_num_params must be >= 1, found " +
+    throw Error("size-based wrap policy: min_num_params must be >= 1, found " +
                      std::to_string(min_num_params));
   return WrapPolicy{[min_num_params](const std::string&, const torch::nn::Module&, int64_t n) {
                       return n >= min_num_params;
