@@ -27,7 +27,7 @@ namespace {
 TEST(PublicHeaders, PlanNeedsOnlyTheStandardLibrary) {
   const char* cxx_env = std::getenv("CXX");
   const std::string cxx = cxx_env && *cxx_env ? cxx_env : "c++";
-  if (run_command({"/bin/sh", "-c", "command -v " + cxx}).exit_code != 0)
+  if (run_command({"/bin/sh", "-c", "command -v '" + cxx + "'"}).exit_code != 0)
     GTEST_SKIP() << "no C++ compiler '" << cxx << "' on PATH";
   const std::string dir = ::testing::TempDir();
   const std::string src = dir + "/plan_header_only.cpp";
@@ -41,7 +41,9 @@ TEST(PublicHeaders, PlanNeedsOnlyTheStandardLibrary) {
                         "  auto p = fsdp::plan::make_plan({{\"\", 1000}}, 0, o);\n"
                         "  return p.units.size() == 1 ? 0 : 1;\n"
                         "}\n";
-  auto r = run_command({cxx, "-std=c++17", "-fsyntax-only", "-I", source_path("include"), src});
+  // Through the shell: run_command does not search PATH.
+  auto r = run_command(
+      {"/bin/sh", "-c", "'" + cxx + "' -std=c++17 -fsyntax-only -I '" + source_path("include") + "' '" + src + "'"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   std::remove(src.c_str());
 }

@@ -3,6 +3,7 @@
 // latter measured against a real libtorch forward/backward with the counting
 // allocator), and the `fsdp plan` command.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <c10/core/CPUAllocator.h>
