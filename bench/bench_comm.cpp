@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "fsdp/comm.h"
+#include "fsdp/init.h"
 
 namespace {
 
@@ -189,6 +190,7 @@ double median(std::vector<double> v) {
 }
 
 int main(int argc, char** argv) {
+  fsdp::init();
   CLI::App app("all_gather / reduce_scatter bus bandwidth vs loopback TCP and memcpy", "bench_comm");
   std::string json_path, piece_list;
   int max_mib = 64, rounds = 5;

@@ -3,7 +3,7 @@
 //
 //   build/bin/fsdp run -n 2 -- build/bin/bench_train [--json FILE] [--steps 10] [--warmup 3]
 //
-// Model and batch follow GPT_MINI.md's benchmark size (V=256 T=128 d=256 L=6
+// Model and batch follow docs/GPT_MINI.md's benchmark size (V=256 T=128 d=256 L=6
 // h=4, 4.90 M parameters), B=4 rows per rank, one compute thread per rank,
 // one FSDP unit per transformer block (the root unit holds the embeddings,
 // the final LayerNorm and the head), AdamW.
@@ -48,6 +48,7 @@
 
 #include "fsdp/comm.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/init.h"
 #include "fsdp/memory.h"
 #include "gpt/model.h"
 
@@ -106,7 +107,7 @@ double median(std::vector<double> v) {
   return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// AdamW of GPT_MINI.md: decay on 2-D weights only.
+// AdamW of docs/GPT_MINI.md: decay on 2-D weights only.
 std::vector<torch::optim::OptimizerParamGroup> adamw_groups(const std::vector<torch::Tensor>& params,
                                                             const std::vector<size_t>& dims) {
   std::vector<torch::Tensor> decay, no_decay;
@@ -243,6 +244,7 @@ double mib(double bytes) { return bytes / double(1 << 20); }
 }  // namespace
 
 int main(int argc, char** argv) {
+  fsdp::init();  // the counting allocator: the peaks it reports
   CLI::App app("GPT-mini training step under every FSDP configuration, beside compute only", "bench_train");
   Settings s;
   std::string json_path, strategies = "full,grad-op,none", dtypes = "fp32,bf16", prefetch = "off,on";
@@ -273,7 +275,7 @@ int main(int argc, char** argv) {
   // One compute thread per rank by default (the setting): N ranks
   // share the cores, a rank's communication threads run beside it.
   torch::set_num_threads(threads);
-  auto comm = fsdp::make_communicator_from_env();  // also installs the counting allocator
+  auto comm = fsdp::make_communicator_from_env();
   const int N = comm->world_size(), rank = comm->rank();
   const bool lead = rank == 0;
 

@@ -3,7 +3,7 @@
 
     python3 bench/ddp_reference.py --world 2 [--modes ddp,zero] [--json FILE]
 
-The same model as examples/gpt (GPT_MINI.md; the Python definition is
+The same model as examples/gpt (docs/GPT_MINI.md; the Python definition is
 tests/python/gpt_reference.py), the same per-rank batch (B=4, T=128), one
 compute thread per rank, AdamW (betas 0.9/0.95, weight decay 0.1 on 2-D
 weights), Gloo over loopback TCP. This script starts the N ranks itself

@@ -38,11 +38,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           if (p.hi > n || p.file >= static_cast<int>(m.files.size())) __builtin_trap();
       }
     m.dump();
+  } catch (const fsdp::InternalError&) {
+    throw;  // a bug, not a rejection: the fuzzer must see it
   } catch (const fsdp::Error&) {
   }
   try {
     auto j = nlohmann::json::parse(text, nullptr, false);
     if (!j.is_discarded()) RankIndex::from_json("fuzz/rank.index.json", j);
+  } catch (const fsdp::InternalError&) {
+    throw;  // a bug, not a rejection: the fuzzer must see it
   } catch (const fsdp::Error&) {
   }
   return 0;

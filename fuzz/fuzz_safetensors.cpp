@@ -31,6 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (e.end - e.begin <= static_cast<int64_t>(size)) reader.read_all(e.name);
     }
     reader.metadata();
+  } catch (const fsdp::InternalError&) {
+    throw;  // a bug, not a rejection: the fuzzer must see it
   } catch (const fsdp::Error&) {
     // Rejected with a message: the expected outcome for hostile input.
   }

@@ -38,8 +38,9 @@ INSTANTIATE_TEST_SUITE_P(Grid, CoreParity,
 
 // Prefetch and asynchronous reduce-scatter keep parity, also with delays
 // injected to expose a missing wait: rank r sleeps 5r ms before each
-// micro-step, and the communication thread holds every collective 2(r+1) ms
-// (FSDP_TEST_COMM_DELAY_MS), so prefetched all-gathers and reduce-scatters
+// micro-step, and every collective is held back 2(r+1) ms before it runs
+// (FSDP_TEST_COMM_DELAY_MS: the worker's delaying communicator,
+// tests/workers/delayed_comm.h), so prefetched all-gathers and reduce-scatters
 // are still running when the engine would read their outputs without waiting.
 using PrefetchParam = std::tuple<int, std::string, std::string>;
 class CorePrefetch : public ::testing::TestWithParam<PrefetchParam> {};
@@ -47,7 +48,9 @@ TEST_P(CorePrefetch, KeepsParity) {
   auto [n, strategy, prefetch] = GetParam();
   auto r = run_ranks(n, "core_parity", {strategy, "rs", prefetch}, {"FSDP_TEST_DELAY=1", "FSDP_TEST_COMM_DELAY_MS=2"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (auto& l : lines_with(r.output, "PARITY")) EXPECT_NE(l.find(" OK"), std::string::npos) << l;
+  auto ok = lines_with(r.output, "PARITY");
+  ASSERT_EQ(static_cast<int>(ok.size()), n) << r.output;
+  for (auto& l : ok) EXPECT_NE(l.find(" OK"), std::string::npos) << l;
 }
 INSTANTIATE_TEST_SUITE_P(Grid, CorePrefetch,
                          ::testing::Combine(::testing::Values(2, 3), ::testing::Values("full", "grad-op"),
@@ -63,7 +66,9 @@ INSTANTIATE_TEST_SUITE_P(Grid, CorePrefetch,
 TEST(CoreMixedPrecision, Bf16TrainsCloseToFp32) {
   auto r = run_ranks(2, "core_parity", {"full", "plain", "none", "bf16"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (auto& l : lines_with(r.output, "PARITY")) EXPECT_NE(l.find(" OK"), std::string::npos) << l;
+  auto ok = lines_with(r.output, "PARITY");
+  ASSERT_EQ(ok.size(), 2u) << r.output;
+  for (auto& l : ok) EXPECT_NE(l.find(" OK"), std::string::npos) << l;
 }
 
 // ---------------------------------------------------------------- ledger
@@ -73,49 +78,74 @@ struct LedgerCase {
 };
 class CoreLedger : public ::testing::TestWithParam<LedgerCase> {};
 
-TEST_P(CoreLedger, RestingStateAndTrafficMatchTheSeedFormulas) {
-  auto c = GetParam();
-  auto r = run_ranks(c.n, "core_ledger", {c.strategy});
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto traffic = lines_with(r.output, "TRAFFIC");
-  auto ledger = lines_with(r.output, "LEDGER");
-  ASSERT_EQ(static_cast<int>(traffic.size()), c.n) << r.output;
-  ASSERT_EQ(static_cast<int>(ledger.size()), c.n) << r.output;
-  long long local_sum = 0, ar_sum = 0;
-  const long long N = c.n;
-  for (int i = 0; i < c.n; ++i) {
-    auto t = parse_kv(traffic[i]);
-    auto l = parse_kv(ledger[i]);
-    const long long padded_bytes = l["padded"] * 4, S_bytes = padded_bytes / N;
-    local_sum += l["local"];
-    ar_sum += t["ar"];
-    if (c.strategy == "full") {
-      // Forward all-gather + backward all-gather + reduce-scatter: (N-1)/N x 3P.
-      EXPECT_EQ(t["ag"], 2 * (N - 1) * S_bytes) << traffic[i];
-      EXPECT_EQ(t["rs"], (N - 1) * S_bytes) << traffic[i];
-      EXPECT_EQ(t["ar"], 0);
-    } else if (c.strategy == "grad-op") {
-      EXPECT_EQ(t["ag"], (N - 1) * S_bytes) << traffic[i];
-      EXPECT_EQ(t["rs"], (N - 1) * S_bytes) << traffic[i];
-    } else {
-      EXPECT_EQ(t["ag"], 0);
-      EXPECT_EQ(t["rs"], 0);
-    }
-    // At rest: P = G = padded/N (fp32), O = Adam's 2 x this rank's elements.
-    if (c.strategy != "none") {
-      EXPECT_EQ(l["P"], S_bytes) << ledger[i];
-      EXPECT_EQ(l["G"], S_bytes) << ledger[i];
-    } else {
-      EXPECT_EQ(l["P"], l["numel"] * 4) << ledger[i];
-      EXPECT_EQ(l["G"], l["numel"] * 4) << ledger[i];
-    }
-    EXPECT_EQ(l["O"], 2 * 4 * l["local"]) << ledger[i];
+// Runs in each rank (FSDP_IN_RANKS): one training step, then this rank's
+// traffic of the next step and its ledger against the formulas; sums over
+// the ranks through the communicator.
+TEST_P(CoreLedger, RestingStateAndTrafficMatchTheGuideFormulas) {
+  const auto c = GetParam();
+  FSDP_IN_RANKS(c.n);
+  auto comm = make_communicator_from_env();
+  ASSERT_EQ(comm->world_size(), c.n);
+  torch::manual_seed(1);
+  Net net(7, 12, 5, 3);
+  FsdpOptions o;
+  o.strategy = parse_strategy(c.strategy);
+  o.wrap = WrapPolicy::predicate(
+      [](const std::string&, const torch::nn::Module& m, int64_t) {
+        return dynamic_cast<const BlockImpl*>(&m) || dynamic_cast<const GateImpl*>(&m);
+      },
+      "Block and Gate");
+  auto model = fully_shard(net, comm, o);
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
+  auto x = torch::randn({4, 7});
+  CommCounters t;
+  for (int step = 0; step < 2; ++step) {
+    comm->reset_counters();
+    auto loss = model.forward(x).pow(2).mean();
+    loss.backward();
+    model->wait_pending();
+    t = comm->counters();  // step 1's: the steady state
+    opt.step();
+    opt.zero_grad();
   }
-  auto l0 = parse_kv(ledger[0]);
+  const Ledger l = model->ledger(&opt);
+  int64_t padded = 0, numel = 0, local = 0;
+  for (auto& u : model->units()) padded += u.padded_numel, numel += u.numel;
+  for (auto& s : model->named_shards()) local += s.hi - s.lo;
+  ASSERT_GT(numel, 0);
+
+  const int64_t N = c.n, padded_bytes = padded * 4, S_bytes = padded_bytes / N;
+  const int64_t ag = t[CollectiveKind::ALL_GATHER].bytes_sent, rs = t[CollectiveKind::REDUCE_SCATTER].bytes_sent;
+  const int64_t ar = t[CollectiveKind::ALL_REDUCE].bytes_sent;
+  if (c.strategy == "full") {
+    // Forward all-gather + backward all-gather + reduce-scatter: (N-1)/N x 3P.
+    EXPECT_EQ(ag, 2 * (N - 1) * S_bytes);
+    EXPECT_EQ(rs, (N - 1) * S_bytes);
+    EXPECT_EQ(ar, 0);
+  } else if (c.strategy == "grad-op") {
+    EXPECT_EQ(ag, (N - 1) * S_bytes);
+    EXPECT_EQ(rs, (N - 1) * S_bytes);
+  } else {
+    EXPECT_EQ(ag, 0);
+    EXPECT_EQ(rs, 0);
+  }
+  // At rest: P = G = padded/N (fp32), O = Adam's 2 x this rank's elements.
+  if (c.strategy != "none") {
+    EXPECT_EQ(l.P, S_bytes);
+    EXPECT_EQ(l.G, S_bytes);
+  } else {
+    EXPECT_EQ(l.P, numel * 4);
+    EXPECT_EQ(l.G, numel * 4);
+  }
+  EXPECT_EQ(l.O, 2 * 4 * local);
+
+  // Over all ranks (fp64 sums: exact at these sizes).
+  auto sums = torch::tensor({double(local), double(ar)}, torch::kFloat64);
+  comm->all_reduce(sums, ReduceOp::SUM, {"test sums"})->wait();
   if (c.strategy != "none")
-    EXPECT_EQ(local_sum, l0["numel"]);  // the shards cover every element exactly once
+    EXPECT_EQ(int64_t(sums[0].item<double>()), numel);  // the shards cover every element exactly once
   else
-    EXPECT_EQ(ar_sum, 2 * (N - 1) * l0["numel"] * 4);  // ring all-reduce: 2(N-1)/N x P per rank
+    EXPECT_EQ(int64_t(sums[1].item<double>()), 2 * (N - 1) * numel * 4);  // ring all-reduce: 2(N-1)/N x P per rank
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, CoreLedger,

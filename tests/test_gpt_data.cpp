@@ -1,4 +1,4 @@
-// GPT-mini data: the batch order of GPT_MINI.md, `fsdp prepare`, bad input.
+// GPT-mini data: the batch order of docs/GPT_MINI.md, `fsdp prepare`, bad input.
 #include <gtest/gtest.h>
 
 #include <filesystem>

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "fsdp/checkpoint.h"
+#include "fsdp/optim.h"
 #include "test_util.h"
 #include "gpt/model.h"
 
@@ -17,7 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// GPT_MINI.md's list, in state dict order.
+// docs/GPT_MINI.md's list, in state dict order.
 std::vector<std::pair<std::string, std::vector<int64_t>>> spec_params(const gpt::Config& c) {
   const int64_t V = c.vocab, T = c.seq, d = c.dim;
   std::vector<std::pair<std::string, std::vector<int64_t>>> p = {{"tok.weight", {V, d}}, {"pos.weight", {T, d}}};
@@ -71,6 +72,34 @@ TEST(GptModel, ParameterNamesAndShapesFollowTheSpec) {
   EXPECT_EQ(cfg.num_params(), total);
   EXPECT_TRUE(m->named_buffers().is_empty());  // the state dict is exactly the parameters
   EXPECT_NE(cfg.str().find("4.90 M"), std::string::npos) << cfg.str();
+}
+
+// The gpt trainer's optimizer groups come from fsdp::decay_groups; they must
+// be the groups its own rule made before (full_shape of 2 dimensions: the
+// embeddings and Linear weights of docs/GPT_MINI.md's list), tensor for
+// tensor and in order.
+TEST(GptModel, DecayGroupsAreTheSpecsTwoDimensionalWeights) {
+  gpt::Config cfg{256, 16, 32, 2, 4};
+  gpt::GPT net(cfg);
+  fsdp::FsdpOptions o;
+  o.wrap = fsdp::WrapPolicy::module_type<gpt::BlockImpl>("Block");
+  auto model = fsdp::fully_shard(net, fsdp::make_local_communicator(), o);
+  std::vector<torch::Tensor> decay, no_decay;
+  for (auto& s : model->named_shards()) (s.full_shape.size() == 2 ? decay : no_decay).push_back(s.tensor);
+  auto groups = fsdp::decay_groups(*model, torch::optim::AdamWOptions(1e-3), 0.1);
+  ASSERT_EQ(groups.size(), 2u);
+  auto same = [](const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); i++)
+      if (!a[i].is_same(b[i])) return false;
+    return true;
+  };
+  EXPECT_TRUE(same(groups[0].params(), decay));
+  EXPECT_TRUE(same(groups[1].params(), no_decay));
+  size_t spec_2d = 0;
+  for (auto& [name, shape] : spec_params(cfg)) spec_2d += shape.size() == 2;
+  EXPECT_EQ(decay.size(), spec_2d);
+  EXPECT_EQ(spec_2d, 2u + 4u * 2u + 1u);  // tok, pos; qkv, proj, fc, out per block; head
 }
 
 TEST(GptModel, NumParamsMatchesOtherSizes) {

@@ -81,6 +81,7 @@ TEST_P(GptParity, WorldSizesOneTwoThreeMatchThePlainModel) {
     // The same losses as the reference, step by step.
     auto got = fsdp::testing::lines_with(r.output, "loss ");
     auto want = fsdp::testing::lines_with(ref.output, "loss ");
+    ASSERT_FALSE(want.empty()) << ref.output;
     ASSERT_EQ(got.size(), want.size()) << r.output;
     for (size_t i = 0; i < got.size(); i++) {
       const double g = std::stod(got[i].substr(got[i].rfind(' ') + 1));

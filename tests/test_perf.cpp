@@ -183,7 +183,9 @@ TEST(PerfThreads, DefaultIsCoresOverRanksAndOversubscriptionIsPassive) {
   }
   auto u = run_ranks(2, "perf_env", {}, {"OMP_WAIT_POLICY=ACTIVE", "OMP_NUM_THREADS=" + std::to_string(cores)});
   ASSERT_EQ(u.exit_code, 0) << u.output;
-  for (auto& l : lines_with(u.output, "THREADS")) EXPECT_NE(l.find("wait=ACTIVE"), std::string::npos) << l;
+  auto ul = lines_with(u.output, "THREADS");
+  ASSERT_EQ(ul.size(), 2u) << u.output;
+  for (auto& l : ul) EXPECT_NE(l.find("wait=ACTIVE"), std::string::npos) << l;
 }
 
 }  // namespace

@@ -56,7 +56,7 @@ TEST(PlanOom, NoShardFailsTheBudgetWithTheLedgerAndFullShardTrains) {
   for (const char* needle :
        {"out of memory", "would exceed the per-rank limit of 96.00 MiB", "FSDP ledger on rank",
         "(NO_SHARD) at the failure", "resident replicas P + G (NO_SHARD: nothing is sharded)  49.33 MiB",
-        "the optimizer creating its state O", "Remedies (the seed's): FULL_SHARD", "fsdp plan"})
+        "the optimizer creating its state O", "Remedies (the FSDP guide's): FULL_SHARD", "fsdp plan"})
     EXPECT_NE(none.output.find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << none.output;
 
   auto full = train("full", text);

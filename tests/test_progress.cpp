@@ -257,7 +257,7 @@ TEST_F(ProgressTest, SilencedOnOtherRanksWhenDisabledAndByTheEnvironment) {
   try {
     fsdp::Progress p{fsdp::ProgressOptions{}};
     ADD_FAILURE() << "FSDP_PROGRESS=sometimes accepted";
-  } catch (const fsdp::UsageError& e) {
+  } catch (const fsdp::Error& e) {
     EXPECT_NE(std::string(e.what()).find("FSDP_PROGRESS='sometimes': expected off"), std::string::npos) << e.what();
   }
   ::unsetenv("FSDP_PROGRESS");
@@ -274,7 +274,7 @@ TEST_F(ProgressTest, SilencedOnOtherRanksWhenDisabledAndByTheEnvironment) {
     EXPECT_TRUE(p.update(2));
   }
   ::setenv("FSDP_PROGRESS_EVERY", "-1", 1);
-  EXPECT_THROW({ fsdp::Progress p{fsdp::ProgressOptions{}}; }, fsdp::UsageError);
+  EXPECT_THROW({ fsdp::Progress p{fsdp::ProgressOptions{}}; }, fsdp::Error);
 }
 
 TEST_F(ProgressTest, Durations) {

@@ -81,7 +81,9 @@ TEST(ReliabilityDebug, DetailCheckTurnsASizeMismatchIntoAnErrorOnEveryRank) {
     EXPECT_TRUE(contains(e, "rank 2: all_reduce 'blocks.1' #2 (fp32, 1000 elements, SUM)|")) << e;
   }
   // Found by the exchange, long before the 20 s timeout.
-  for (auto& l : lines_with(r.output, "elapsed=")) EXPECT_LT(std::stod(l.substr(l.find('=') + 1)), 2.0) << l;
+  auto elapsed = lines_with(r.output, "elapsed=");
+  ASSERT_EQ(elapsed.size(), 3u) << r.output;
+  for (auto& l : elapsed) EXPECT_LT(std::stod(l.substr(l.find('=') + 1)), 2.0) << l;
 }
 
 TEST(ReliabilityDebug, WithoutDetailTheSameMismatchIsOnlyFoundByTheTimeout) {

@@ -13,6 +13,7 @@
 #include "fsdp/comm.h"
 #include "fsdp/errors.h"
 #include "fsdp/straggler.h"
+#include "fault_injection.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -117,10 +118,10 @@ TEST(StragglerTrainers, BadFactorAndDelayAreClearErrors) {
   EXPECT_NE(r.output.find("FSDP_INJECT_STEP_DELAY='slow': expected RANK:MS"), std::string::npos) << r.output;
   for (const char* v : {"1", ":5", "1:", "-1:5", "1:x", "1:5ms", "1:-3"}) {
     ::setenv("FSDP_INJECT_STEP_DELAY", v, 1);
-    EXPECT_THROW(fsdp::inject_step_delay(0), fsdp::UsageError) << v;
+    EXPECT_THROW(examples::inject_step_delay(0), fsdp::UsageError) << v;
   }
   ::setenv("FSDP_INJECT_STEP_DELAY", "1:0.5", 1);
-  EXPECT_NO_THROW(fsdp::inject_step_delay(0));
+  EXPECT_NO_THROW(examples::inject_step_delay(0));
   ::unsetenv("FSDP_INJECT_STEP_DELAY");
   fs::remove_all(d);
 }

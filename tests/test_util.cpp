@@ -1,6 +1,8 @@
 // fsdp-cpp tests: process helpers (see test_util.h).
 #include "test_util.h"
 
+#include <gtest/gtest.h>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -13,7 +15,20 @@
 #include <regex>
 #include <sstream>
 
+#include "fsdp/init.h"
+
 namespace fsdp::testing {
+namespace {
+
+// What every program built on fsdp-cpp does first (the ledger and memory
+// tests measure through the counting allocator).
+class InitEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override { fsdp::init(); }
+};
+const auto* const g_init_env = ::testing::AddGlobalTestEnvironment(new InitEnvironment);
+
+}  // namespace
 
 // FSDP_TEST_BIN_DIR overrides the build's bin/ (e.g. the sanitizer build's
 // binaries as the ranks of a plain fsdp_tests: make test-asan ASAN_QUICK=1).
@@ -78,6 +93,28 @@ ProcResult run_ranks(int n, const std::string& scenario, const std::vector<std::
   return run_command(argv, env, timeout_s);
 }
 
+bool run_in_ranks(int n, double timeout_s) {
+  if (std::getenv("FSDP_RANK_TEST")) return false;
+  const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string name = std::string(t->test_suite_name()) + "." + t->name();
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) {
+    ADD_FAILURE() << "cannot find this test binary (/proc/self/exe) to run " << name << " in ranks";
+    return true;
+  }
+  self[len] = '\0';
+  ProcResult r = run_command({bin_path("fsdp"), "run", "-n", std::to_string(n), "--", self, "--gtest_filter=" + name},
+                             {"FSDP_RANK_TEST=1"}, timeout_s);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  // Each rank must have run the test (not skipped or filtered it) and passed it.
+  for (int rank = 0; rank < n; ++rank)
+    EXPECT_NE(r.output.find("[rank " + std::to_string(rank) + "] [       OK ] " + name), std::string::npos)
+        << "rank " << rank << " did not report " << name << " OK:\n"
+        << r.output;
+  return true;
+}
+
 std::vector<std::string> lines_with(const std::string& text, const std::string& needle) {
   std::vector<std::string> out;
   std::istringstream is(text);
@@ -87,12 +124,19 @@ std::vector<std::string> lines_with(const std::string& text, const std::string& 
   return out;
 }
 
-std::map<std::string, long long> parse_kv(const std::string& line) {
-  std::map<std::string, long long> kv;
+Fields::Fields(std::string line) : line_(std::move(line)) {
   std::regex re("(\\w+)=(-?\\d+)");
-  for (std::sregex_iterator it(line.begin(), line.end(), re), end; it != end; ++it)
-    kv[(*it)[1]] = std::stoll((*it)[2]);
-  return kv;
+  for (std::sregex_iterator it(line_.begin(), line_.end(), re), end; it != end; ++it)
+    kv_[(*it)[1]] = std::stoll((*it)[2]);
 }
+
+long long Fields::operator[](const std::string& key) const {
+  auto it = kv_.find(key);
+  if (it != kv_.end()) return it->second;
+  ADD_FAILURE() << "no integer field '" << key << "=' in the line: " << (line_.empty() ? "(empty)" : line_);
+  return 0;
+}
+
+Fields parse_kv(const std::string& line) { return Fields(line); }
 
 }  // namespace fsdp::testing

@@ -1,5 +1,6 @@
 // fsdp-cpp tests: start ranks as processes and collect what they print.
-// defines: ProcResult, run_command, run_ranks, bin_path, lines_with, parse_kv
+// defines: ProcResult, run_command, run_ranks, run_in_ranks, FSDP_IN_RANKS, bin_path,
+//          lines_with, Fields, parse_kv
 #pragma once
 
 #include <map>
@@ -26,10 +27,39 @@ ProcResult run_command(const std::vector<std::string>& argv, const std::vector<s
 ProcResult run_ranks(int n, const std::string& scenario, const std::vector<std::string>& args = {},
                      const std::vector<std::string>& env = {}, double timeout_s = 120);
 
+// A test whose body runs in every rank, with gtest assertions there:
+//   TEST(Suite, Name) {
+//     FSDP_IN_RANKS(3);                            // the parent stops here
+//     auto comm = fsdp::make_communicator_from_env();
+//     EXPECT_EQ(...);                              // checked in each rank
+//   }
+// In the test process, run_in_ranks starts `fsdp run -n N -- <this binary>
+// --gtest_filter=<this test>` and fails the test unless every rank exited 0
+// and reported this test OK; it returns true (the parent's part is done).
+// Inside a rank (FSDP_RANK_TEST set) it returns false: run the body.
+bool run_in_ranks(int n, double timeout_s = 120);
+#define FSDP_IN_RANKS(n)                          \
+  do {                                             \
+    if (::fsdp::testing::run_in_ranks(n)) return; \
+  } while (0)
+
 // Lines of `text` that contain `needle`.
 std::vector<std::string> lines_with(const std::string& text, const std::string& needle);
 
 // The integer fields "key=value" of one printed line (e.g. "peak=123 rest=45").
-std::map<std::string, long long> parse_kv(const std::string& line);
+// Reading a key the line does not have fails the current test (naming the
+// key and the line) and gives 0: a missing line or field never passes as 0.
+class Fields {
+ public:
+  explicit Fields(std::string line);
+  long long operator[](const std::string& key) const;
+  bool has(const std::string& key) const { return kv_.count(key) > 0; }
+  const std::string& line() const { return line_; }
+
+ private:
+  std::string line_;
+  std::map<std::string, long long> kv_;
+};
+Fields parse_kv(const std::string& line);
 
 }  // namespace fsdp::testing

@@ -1,18 +1,28 @@
-// `fsdp plan --model gpt ...`: the seed's ledger and traffic for a model, before running it.
+// `fsdp plan --model gpt ...`: the FSDP guide's ledger and traffic for a model, before running it.
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <string>
 
 #include "cli_checks.h"
+#include "usage.h"
 #include "command.h"
 #include "fsdp/memory.h"
 #include "fsdp/plan.h"
+// The gpt example's planner code, compiled in here (the example has no library of its own).
+#include "gpt/plan_gpt.cpp"
 #include "plan/names.h"
 
 namespace {
 
 using namespace fsdp::plan;
+using gpt::ActivationEstimate;
+using gpt::gpt_activations;
+using gpt::gpt_candidates;
+using gpt::gpt_released;
+using gpt::gpt_units;
+using gpt::GptShape;
 
 int cmd_plan(int argc, char** argv) {
   std::string model = "gpt", strategy = "full", wrap = "block", dtype = "fp32", optimizer = "adam";
@@ -21,9 +31,9 @@ int cmd_plan(int argc, char** argv) {
   int world = 2, micro_steps = 1, prefetch = 0;
   bool as_json = false, measure = false;
   CLI::App app{"Predict per-rank memory (P, G, O, P_block, A, peak) and traffic per step for a model, "
-               "and recommend a strategy under a memory budget (the seed's ledger and decision tree)",
+               "and recommend a strategy under a memory budget (the FSDP guide's ledger and decision tree)",
                "fsdp plan"};
-  app.add_option("--model", model, "model family (gpt: GPT-mini of GPT_MINI.md)")->capture_default_str();
+  app.add_option("--model", model, "model family (gpt: GPT-mini of docs/GPT_MINI.md)")->capture_default_str();
   app.add_option("--layers", s.layers, "L: transformer blocks")->capture_default_str()->check(fsdp::cli::integer(0, 10000));
   app.add_option("--dim", s.dim, "d: width")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 20));
   app.add_option("--heads", s.heads, "h: attention heads")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 20));
@@ -81,7 +91,7 @@ int cmd_plan(int argc, char** argv) {
     chosen = parse_strategy_or_auto(strategy);
     if (!budget_text.empty()) {
       try {
-        budget = fsdp::memory::parse_bytes(budget_text);
+        budget = fsdp::cli::parse_bytes(budget_text);
       } catch (const fsdp::Error& e) {
         throw fsdp::UsageError(std::string("--budget: ") + e.what());
       }
@@ -113,7 +123,7 @@ int cmd_plan(int argc, char** argv) {
     o.strategy = *chosen;
     plan = make_plan(gpt_units(s, wrap), act.total, o, gpt_released(s, wrap, o.param_bytes));
     text += plan.str();
-    j["plan"] = plan.to_json();
+    j["plan"] = nlohmann::json::parse(plan.to_json());
     j["wrap"] = wrap;
   }
   if (budget > 0) {
@@ -122,7 +132,7 @@ int cmd_plan(int argc, char** argv) {
                           strategy_name(r.strategy) + " with --wrap " + r.wrap;
     if (!chosen) {
       text += r.plan.str();
-      j["plan"] = r.plan.to_json();
+      j["plan"] = nlohmann::json::parse(r.plan.to_json());
       j["wrap"] = r.wrap;
     }
     text += "\n" + r.why + "\n=> " + verdict + "\n";

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "cli_checks.h"
+#include "usage.h"
 #include "command.h"
 #include "fsdp/errors.h"
 #include "launcher.h"

@@ -6,7 +6,9 @@
 #include <string>
 
 #include "command.h"
+#include "usage.h"
 #include "fsdp/errors.h"
+#include "fsdp/init.h"
 
 namespace fsdp::tools {
 std::vector<Command>& commands() {
@@ -24,6 +26,10 @@ static void usage(FILE* out) {
 }
 
 int main(int argc, char** argv) {
+  // The launcher keeps the default SIGPIPE (its ranks get it back anyway).
+  fsdp::InitOptions init;
+  init.ignore_sigpipe = false;
+  fsdp::init(init);
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "usage.h"
+
 namespace fsdp::tools {
 
 struct LaunchOptions {

@@ -7,7 +7,7 @@
 // A token file is a flat array of little-endian uint16 ids (nanoGPT's .bin).
 // Byte-level: token = byte value, so any text converts 1:1 and back.
 //
-// The order (GPT_MINI.md, "Deterministic order"): for optimizer step s,
+// The order (docs/GPT_MINI.md, "Deterministic order"): for optimizer step s,
 // micro-step k (0..K-1), rank r (0..N-1) and row b (0..B-1),
 //   j = ((s*K + k)*N + r)*B + b,   row j = tokens[o, o+T), targets [o+1, o+T+1),
 //   o = (j*T) mod (len - T - 1).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main demo: GPT-mini trained with FULL_SHARD on 2 ranks, on the English
-# fortune files of Debian's `fortunes` package (byte-level, GPT_MINI.md).
+# fortune files of Debian's `fortunes` package (byte-level, docs/GPT_MINI.md).
 #
 #   examples/gpt/demo.sh BUILD_DIR [extra gpt flags, e.g. --steps 100]
 #

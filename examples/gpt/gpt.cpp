@@ -1,4 +1,4 @@
-// build/bin/gpt: train GPT-mini (GPT_MINI.md) with FSDP on byte-level text.
+// build/bin/gpt: train GPT-mini (docs/GPT_MINI.md) with FSDP on byte-level text.
 //
 //   fsdp prepare --text a.txt b.txt --out data/x
 //   fsdp run -n 2 -- build/bin/gpt --data data/x/train.bin --val data/x/val.bin --steps 300
@@ -17,8 +17,10 @@
 #include <unistd.h>
 
 #include "cli_checks.h"
+#include "usage.h"
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/init.h"
 #include "fsdp/memory.h"
 #include "gpt/train.h"
 
@@ -39,14 +41,14 @@ bool parse_args(int argc, char** argv, Args& a) {
                      ->expected(1, -1);
   o_data->excludes(o_text);
   app.add_option("--val", a.val, "validation tokens (.bin); default with --text: its last 10%");
-  app.add_option("--shuffle", a.shuffle, "row order: off (deterministic, GPT_MINI.md) or on (seeded)")
+  app.add_option("--shuffle", a.shuffle, "row order: off (deterministic, docs/GPT_MINI.md) or on (seeded)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--vocab", a.cfg.vocab, "vocabulary size (256: bytes)")->check(CLI::Range(int64_t(1), int64_t(65536)));
   app.add_option("--seq", a.cfg.seq, "context length T")->check(fsdp::cli::integer(1, 1 << 20));
   app.add_option("--dim", a.cfg.dim, "width d")->check(fsdp::cli::integer(1, 1 << 16));
   app.add_option("--layers", a.cfg.layers, "transformer blocks L")->check(fsdp::cli::integer(0, 4096));
   app.add_option("--heads", a.cfg.heads, "attention heads (divide --dim)")->check(fsdp::cli::integer(1, 1 << 16));
-  app.add_option("--init", a.init, "start from these weights (.safetensors, GPT_MINI.md names)");
+  app.add_option("--init", a.init, "start from these weights (.safetensors, docs/GPT_MINI.md names)");
   app.add_option("--batch", a.batch, "rows per micro-batch on each rank")->check(fsdp::cli::integer(1, 1 << 20));
   app.add_option("--accum", a.accum, "micro-steps per optimizer step (gradient accumulation)")->check(fsdp::cli::integer(1, 1 << 20));
   app.add_option("--steps", a.steps, "optimizer steps")->check(fsdp::cli::integer(0, kMaxSteps));
@@ -121,7 +123,7 @@ bool parse_args(int argc, char** argv, Args& a) {
                 "; the cosine decays from --lr down to --min-lr");
   try {
     fsdp::parse_strategy(a.strategy);
-  } catch (const fsdp::UsageError& e) {
+  } catch (const fsdp::Error& e) {
     usage_error(std::string("--strategy: ") + e.what());
   }
   if (a.wrap != "block" && a.wrap != "none" && a.wrap.rfind("size:", 0) != 0)
@@ -138,7 +140,7 @@ bool parse_args(int argc, char** argv, Args& a) {
     usage_error("--top-k " + std::to_string(a.top_k) + " is larger than --vocab " + std::to_string(a.cfg.vocab));
   if (!a.max_memory.empty()) {
     try {
-      fsdp::memory::parse_bytes(a.max_memory);
+      fsdp::cli::parse_bytes(a.max_memory);
     } catch (const fsdp::UsageError& e) {
       usage_error(std::string("--max-memory: ") + e.what());
     }
@@ -149,6 +151,7 @@ bool parse_args(int argc, char** argv, Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  fsdp::init();  // the counting allocator (ledger, --max-memory) and SIGPIPE, before any tensor
   Args a;
   try {
     if (!parse_args(argc, argv, a)) return 0;

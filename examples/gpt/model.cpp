@@ -7,6 +7,7 @@
 
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
+#include "usage.h"
 
 namespace gpt {
 
@@ -42,7 +43,7 @@ std::string Config::str() const {
 // ---------------------------------------------------------------------------
 
 BlockImpl::BlockImpl(int64_t dim, int64_t heads) : dim_(dim), heads_(heads) {
-  // Registration order == the state dict order of GPT_MINI.md.
+  // Registration order == the state dict order of docs/GPT_MINI.md.
   auto ln_opts = torch::nn::LayerNormOptions({dim}).eps(1e-5);
   ln1 = register_module("ln1", torch::nn::LayerNorm(ln_opts));
   qkv = register_module("qkv", torch::nn::Linear(dim, 3 * dim));
@@ -62,7 +63,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   auto v = parts[2].view({B, T, h, hs}).transpose(1, 2);  // [B,h,T,hs]
   auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hs)));  // [B,h,T,T]
   // Position t may attend to 0..t only; built per call (not a buffer, so the
-  // state dict holds exactly the parameters of GPT_MINI.md).
+  // state dict holds exactly the parameters of docs/GPT_MINI.md).
   auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool)).triu(1);  // [T,T]
   att = att.masked_fill(future, -std::numeric_limits<float>::infinity());
   att = torch::softmax(att, -1);

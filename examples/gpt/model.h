@@ -1,8 +1,8 @@
-// GPT-mini: the reference transformer of the project spec GPT_MINI.md.
+// GPT-mini: the reference transformer of the project spec docs/GPT_MINI.md.
 //
 // defines: gpt::Config, gpt::BlockImpl (Block), gpt::GPTImpl (GPT), gpt::loss
 //
-// Names, shapes and math follow GPT_MINI.md exactly, so a checkpoint means the
+// Names, shapes and math follow docs/GPT_MINI.md exactly, so a checkpoint means the
 // same thing here and in PyTorch (tests/python/gpt_reference.py):
 //   tok.weight [V,d]  pos.weight [T,d]
 //   blocks.{i}.ln1 [d]  qkv [3d,d]  proj [d,d]  ln2 [d]  fc [4d,d]  out [d,4d]

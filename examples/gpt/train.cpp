@@ -11,11 +11,14 @@
 #include <thread>
 #include <vector>
 
+#include "fault_injection.h"
+#include "usage.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
+#include "fsdp/optim.h"
 #include "fsdp/plan.h"
 #include "fsdp/progress.h"
 #include "fsdp/state_dict.h"
@@ -23,6 +26,7 @@
 #include "fsdp/trace.h"
 #include "gpt/data.h"
 #include "gpt/model.h"
+#include "gpt/plan_gpt.h"
 #include "gpt/train.h"
 
 namespace gpt {
@@ -50,29 +54,16 @@ double lr_at(const Args& a, int64_t step) {
   return a.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (a.lr - a.min_lr);
 }
 
-// AdamW with two parameter groups built from the shards' original shapes:
-// weight decay on 2-D weights (embeddings, linear weights) only.
+// AdamW with two parameter groups chosen on the shards' original shapes
+// (the shards themselves are 1-D): weight decay on 2-D weights (embeddings,
+// linear weights) only, the default of fsdp::decay_groups.
 std::unique_ptr<torch::optim::AdamW> make_optimizer(const fsdp::FullyShardedModel& m, const Args& a) {
-  std::vector<torch::Tensor> decay, no_decay;
-  for (auto& s : m.named_shards()) (s.full_shape.size() == 2 ? decay : no_decay).push_back(s.tensor);
-  auto opts = [&](double wd) {
-    return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(a.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(wd));
-  };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, opts(a.weight_decay));
-  groups.emplace_back(no_decay, opts(0.0));
-  return std::make_unique<torch::optim::AdamW>(std::move(groups), *opts(a.weight_decay));
+  const auto base = torch::optim::AdamWOptions(a.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(a.weight_decay);
+  return std::make_unique<torch::optim::AdamW>(fsdp::decay_groups(m, base, a.weight_decay), base);
 }
 
 void set_lr(torch::optim::Optimizer& opt, double lr) {
   for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
-}
-
-double mean_over_ranks(fsdp::Communicator& comm, double v, const char* label) {
-  auto t = torch::tensor({float(v)});  // fp32: the dtype every engine reduces
-  comm.all_reduce(t, fsdp::ReduceOp::AVG, {label})->wait();
-  return t.item<double>();
 }
 
 // "r0 12.3 MiB (peak 20.1 MiB, cached 4.0 MiB)  r1 ...": held bytes, the allocator cache beside them.
@@ -101,7 +92,7 @@ double evaluate(Model& model, fsdp::Communicator& comm, const gpt::data::Tokens&
     auto b = gpt::data::eval_batch(val, order, e, comm.rank());
     sum += gpt::loss(model.forward(b.x), b.y).item<double>();  // logits [B,T,V]
   }
-  return mean_over_ranks(comm, sum / double(batches), "validation loss");
+  return fsdp::all_reduce_mean(comm, sum / double(batches), {"validation loss"});
 }
 
 // Generates n tokens after `prompt`. Every rank runs the model (each forward
@@ -133,7 +124,7 @@ std::string sample(Model& model, fsdp::Communicator& comm, const Args& a) {
   return gpt::data::decode(gpt::data::Tokens(ctx.begin() + prompt_len, ctx.end()));
 }
 
-// --init: GPT_MINI.md names and shapes, fp32 (or any float dtype, converted).
+// --init: docs/GPT_MINI.md names and shapes, fp32 (or any float dtype, converted).
 // Collective; every rank loads the whole model before wrapping.
 void load_init(fsdp::Communicator& comm, gpt::GPT& net, const std::string& path) {
   torch::NoGradGuard no_grad;
@@ -197,6 +188,13 @@ Run start_run(const Args& a) {
   // The flags reach the library's reporters (checkpoint saves) through the environment.
   if (a.no_progress) ::setenv("FSDP_PROGRESS", "off", 1);
   if (a.progress_every >= 0) ::setenv("FSDP_PROGRESS_EVERY", std::to_string(a.progress_every).c_str(), 1);
+  try {  // a bad FSDP_PROGRESS / FSDP_PROGRESS_EVERY is the user's flag error (exit 2), found before step 1
+    fsdp::ProgressOptions check;
+    check.enabled = false;
+    fsdp::Progress probe(check);
+  } catch (const fsdp::Error& e) {
+    throw fsdp::UsageError(e.what());
+  }
   fsdp::CommOptions copts;
   if (a.timeout > 0) copts.timeout = std::chrono::milliseconds(int64_t(a.timeout * 1000));
   Run run;
@@ -207,7 +205,7 @@ Run start_run(const Args& a) {
   run.comm = fsdp::with_wait_clock(run.comm, run.waits);
   run.rank = run.comm->rank(), run.N = run.comm->world_size();
   run.lead = run.rank == 0;
-  if (!a.max_memory.empty()) fsdp::memory::set_limit(fsdp::memory::parse_bytes(a.max_memory));
+  if (!a.max_memory.empty()) fsdp::memory::set_limit(fsdp::cli::parse_bytes(a.max_memory));
   if (int th = a.threads ? a.threads : default_threads(*run.comm)) torch::set_num_threads(th);
   if (a.resume && a.ckpt_dir.empty()) throw fsdp::UsageError("--resume needs --ckpt-dir DIR (where to look)");
   if (!a.trace.empty()) fsdp::trace::start(a.trace, run.rank, run.N);
@@ -284,7 +282,7 @@ void print_run(const Args& a, const Run& run, const Data& d, const fsdp::FsdpOpt
 
 // The planner on this run: the real units, GPT-mini's activation estimate.
 fsdp::plan::Plan plan_run(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts, Model& model) {
-  const fsdp::plan::GptShape shape{a.cfg.layers, a.cfg.dim, a.cfg.heads, a.cfg.vocab, a.cfg.seq, a.batch};
+  const gpt::GptShape shape{a.cfg.layers, a.cfg.dim, a.cfg.heads, a.cfg.vocab, a.cfg.seq, a.batch};
   fsdp::plan::PlanOptions po;
   po.world = run.N;
   po.strategy = fopts.strategy;
@@ -294,14 +292,14 @@ fsdp::plan::Plan plan_run(const Args& a, const Run& run, const fsdp::FsdpOptions
   po.prefetch = a.prefetch ? 1 : 0;
   const int act_bytes = po.param_bytes;
   auto plan = fsdp::plan::make_plan(fsdp::plan::units_from(model->units()),
-                                    fsdp::plan::gpt_activations(shape, act_bytes).total, po,
-                                    fsdp::plan::gpt_released(shape, a.wrap, act_bytes));
+                                    gpt::gpt_activations(shape, act_bytes).total, po,
+                                    gpt::gpt_released(shape, a.wrap, act_bytes));
   if (run.lead) std::printf("%s\n", plan.str().c_str()), std::fflush(stdout);
   return plan;
 }
 
 // --resume: model shards, optimizer state and the step; the data position
-// is a function of the step (GPT_MINI.md's order), so nothing else is
+// is a function of the step (docs/GPT_MINI.md's order), so nothing else is
 // needed. Returns the first step to run.
 int64_t resume(const Args& a, const Run& run, Model& model, torch::optim::Optimizer& opt) {
   if (!a.resume) return 0;
@@ -340,7 +338,7 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
   const int64_t sent0 = run.comm->counters().total_bytes_sent();
   r.t0 = Clock::now();
   r.waited0 = run.waits->seconds();
-  fsdp::inject_step_delay(run.rank);  // FSDP_INJECT_STEP_DELAY=RANK:MS (tests of the monitor)
+  examples::inject_step_delay(run.rank);  // fault injection: FSDP_INJECT_STEP_DELAY=RANK:MS (tests of the monitor)
   r.lr = lr_at(a, step);
   set_lr(opt, r.lr);
 
@@ -381,7 +379,7 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
 void log_step(const Args& a, const Run& run, int64_t step, const StepResult& r, double ms,
               const fsdp::StragglerReport& srep, int64_t tokens_per_step) {
   if (!(step % a.log_every == 0 || step + 1 == a.steps)) return;
-  const double loss = mean_over_ranks(*run.comm, r.loss, "train loss");
+  const double loss = fsdp::all_reduce_mean(*run.comm, r.loss, {"train loss"});
   const std::string mem = memory_line(*run.comm);
   if (!run.lead) return;
   fsdp::progress::clear_line();
@@ -400,7 +398,7 @@ void log_step(const Args& a, const Run& run, int64_t step, const StepResult& r, 
   std::fflush(stdout);
 }
 
-// The ledger: measured memory terms against the seed's formulas (and the
+// The ledger: measured memory terms against the FSDP guide's formulas (and the
 // plan's peak and traffic against the measured ones with --plan).
 void print_ledger(const Run& run, Model& model, torch::optim::Optimizer& opt, const std::optional<fsdp::plan::Plan>& plan,
                   int64_t steps_run, double seconds, int64_t train_bytes, int64_t tokens_per_step) {

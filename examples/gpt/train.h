@@ -10,12 +10,12 @@
 
 namespace gpt {
 
-// Flags. Defaults: the GPT_MINI.md model size, training settings that suit it.
+// Flags. Defaults: the docs/GPT_MINI.md model size, training settings that suit it.
 struct Args {
   // data
   std::string data, val;           // token files (.bin)
   std::vector<std::string> text;   // or text files, split 90/10 on the fly
-  std::string shuffle = "off";     // off: the deterministic order of GPT_MINI.md
+  std::string shuffle = "off";     // off: the deterministic order of docs/GPT_MINI.md
   // model
   gpt::Config cfg;
   std::string init;                // FILE.safetensors to start from

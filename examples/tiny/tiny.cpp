@@ -1,10 +1,10 @@
-// fsdp-cpp: the seed's demo in C++ — TinyModel, FULL_SHARD, Adam, gradient
-// accumulation, loss per epoch, the ledger next to the seed's formulas, and
+// fsdp-cpp: the FSDP guide's demo in C++ — TinyModel, FULL_SHARD, Adam, gradient
+// accumulation, loss per epoch, the ledger next to the guide's formulas, and
 // the full weights saved at the end.
 //
 //   build/bin/fsdp run -n 2 -- build/bin/tiny [--strategy full|grad-op|none]
 //
-// Reads top to bottom like the seed's Python demo (docs/GUIDE.md).
+// Reads top to bottom like the FSDP guide's Python demo (docs/GUIDE.md).
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -12,11 +12,13 @@
 #include <optional>
 
 #include "cli_checks.h"
+#include "usage.h"
+#include "fault_injection.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/progress.h"
 #include "fsdp/straggler.h"
 
-// The seed's TinyModel: three Linear(512, 512) with ReLU. Each Linear will
+// The guide's TinyModel: three Linear(512, 512) with ReLU. Each Linear will
 // be its own unit (size policy, min 2048 params), so its forward is routed
 // through fsdp::call — a plain call when the model is not wrapped.
 struct TinyModelImpl : torch::nn::Module {
@@ -35,7 +37,8 @@ struct TinyModelImpl : torch::nn::Module {
 TORCH_MODULE(TinyModel);
 
 int main(int argc, char** argv) {
-  CLI::App app{"the seed's FSDP demo: TinyModel trained with Adam and gradient accumulation"};
+  fsdp::init();  // the counting allocator (ledger, --max-memory) and SIGPIPE, before any tensor
+  CLI::App app{"the FSDP guide's demo: TinyModel trained with Adam and gradient accumulation"};
   std::string strategy = "full", save = "fsdp_model.safetensors", ckpt_dir, trace_dir, max_memory;
   int epochs = 3, accum = 4, micro_bs = 64, ckpt_every = 0;
   int64_t min_params = 2048;
@@ -44,7 +47,7 @@ int main(int argc, char** argv) {
   double progress_every = -1, straggler_factor = 1.5;
   int straggler_window = 5;
   app.add_option("--strategy", strategy, "full | grad-op | none")->check(CLI::IsMember({"full", "grad-op", "none"}));
-  app.add_option("--epochs", epochs, "optimizer steps (the seed calls them epochs)")->check(CLI::Range(1, 1000000));
+  app.add_option("--epochs", epochs, "optimizer steps (the FSDP guide calls them epochs)")->check(CLI::Range(1, 1000000));
   app.add_option("--accum", accum, "micro-steps per optimizer step")->check(CLI::Range(1, 10000));
   app.add_option("--batch", micro_bs, "micro-batch per rank")->check(CLI::Range(1, 1 << 20));
   app.add_option("--lr", lr, "Adam learning rate")->check(fsdp::cli::real(1e-30, 1e3));
@@ -76,7 +79,7 @@ int main(int argc, char** argv) {
   }
   if (!max_memory.empty()) {
     try {
-      fsdp::memory::parse_bytes(max_memory);
+      fsdp::cli::parse_bytes(max_memory);
     } catch (const fsdp::Error& e) {
       std::fprintf(stderr, "tiny: usage error: --max-memory: %s\nrun 'tiny --help' for the flags\n", e.what());
       return 2;
@@ -99,7 +102,7 @@ int main(int argc, char** argv) {
     comm = fsdp::with_wait_clock(comm, waits);
     const int rank = comm->rank();
     if (!trace_dir.empty()) fsdp::trace::start(trace_dir, rank, comm->world_size());
-    if (!max_memory.empty()) fsdp::memory::set_limit(fsdp::memory::parse_bytes(max_memory));
+    if (!max_memory.empty()) fsdp::memory::set_limit(fsdp::cli::parse_bytes(max_memory));
 
     torch::manual_seed(0);
     TinyModel net;
@@ -122,7 +125,7 @@ int main(int argc, char** argv) {
       }
     }
 
-    torch::manual_seed(1000 + rank);  // each rank its own data, as in the seed
+    torch::manual_seed(1000 + rank);  // each rank its own data, as in the FSDP guide
     auto data = torch::randn({micro_bs, 512});
     fsdp::CommCounters before, after;  // around the last step (the monitor's all-gather excluded)
     fsdp::ProgressOptions po;
@@ -145,7 +148,7 @@ int main(int argc, char** argv) {
       before = comm->counters();
       const auto t0 = std::chrono::steady_clock::now();
       const double waited0 = waits->seconds();
-      fsdp::inject_step_delay(rank);  // FSDP_INJECT_STEP_DELAY=RANK:MS (tests of the monitor)
+      examples::inject_step_delay(rank);  // fault injection: FSDP_INJECT_STEP_DELAY=RANK:MS (tests of the monitor)
       fsdp::trace::Span step_span("step", "step");
       if (step_span.active()) step_span.arg("step", epoch);
       opt.zero_grad();
@@ -205,7 +208,7 @@ int main(int argc, char** argv) {
       // micro-step, or once with no_sync. NO_SHARD's all-reduce counts 2.
       const int reduces = no_sync ? 1 : accum;
       const int passes = strategy == "full" ? 2 * accum + reduces : strategy == "grad-op" ? accum + reduces : 2 * reduces;
-      std::printf("  traffic   %14s   sent by this rank in the last step | seed: %d passes x (N-1)/N x P = %s\n",
+      std::printf("  traffic   %14s   sent by this rank in the last step | guide: %d passes x (N-1)/N x P = %s\n",
                   fsdp::memory::format_bytes(sent).c_str(), passes,
                   fsdp::memory::format_bytes(static_cast<int64_t>(passes * (N - 1) / N * P)).c_str());
     }

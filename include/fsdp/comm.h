@@ -22,6 +22,8 @@
 #include <memory>
 #include <string>
 
+#include "fsdp/errors.h"
+
 namespace fsdp {
 
 enum class ReduceOp { SUM, AVG };
@@ -111,15 +113,23 @@ using CommPtr = std::shared_ptr<Communicator>;
 // MASTER_PORT (torchrun's conventions, as set by `fsdp run`). With no RANK /
 // WORLD_SIZE in the environment, or WORLD_SIZE=1, returns a single-process
 // communicator without any rendezvous.
+// It has no process-wide side effects: the counting allocator and the
+// SIGPIPE disposition are fsdp::init's (init.h); call that first.
 CommPtr make_communicator_from_env(const CommOptions& opts = {});
 
 // A world of one; every collective is a local copy.
 CommPtr make_local_communicator(const CommOptions& opts = {});
 
 // The error every failed collective raises (timeouts, dead peers, misuse).
-class CollectiveError : public std::runtime_error {
+class CollectiveError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
+
+// The mean over all ranks of one number, e.g. the loss for logging:
+//   double loss = fsdp::all_reduce_mean(*comm, local_loss.item<double>());
+// Collective (every rank calls it, blocks until done); computed in fp64, so
+// every rank gets the same value. A world of one returns `value`.
+double all_reduce_mean(Communicator& comm, double value, const CollectiveInfo& info = {"all_reduce_mean"});
 
 }  // namespace fsdp

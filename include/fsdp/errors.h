@@ -1,10 +1,19 @@
-// fsdp-cpp: the two tiers of errors.
-// defines: Error, UsageError, FSDP_CHECK, FSDP_USER_CHECK
+// fsdp-cpp: the two tiers of errors, one hierarchy.
+// defines: Error, InternalError, FSDP_CHECK, FSDP_USER_CHECK
 //
-// - Internal invariants (FSDP_CHECK): a bug in fsdp-cpp; the message carries
-//   file:line, the rank and both values.
-// - User errors (fsdp::Error / UsageError): something the user can fix; the
-//   message says what was expected, what was found and what to do.
+// Every error fsdp-cpp raises derives from fsdp::Error, so one
+//   catch (const fsdp::Error& e)
+// handles all of them. The subclasses say what failed:
+//   fsdp::CollectiveError      a collective failed (timeout, dead peer, misuse); comm.h
+//   fsdp::memory::OutOfMemory  an allocation over memory::set_limit; memory.h
+//   fsdp::InternalError        a bug in fsdp-cpp (FSDP_CHECK failed)
+// - User errors (fsdp::Error itself): something the user can fix (bad option,
+//   bad file, misuse); the message says what was expected, what was found
+//   and what to do.
+// - Internal invariants (FSDP_CHECK -> InternalError): the message carries
+//   file:line, the rank and both values; report it.
+// Errors of libtorch (c10::Error) and of the standard library pass through
+// unchanged.
 // The library never calls exit(); every failure is an exception.
 #pragma once
 
@@ -20,8 +29,8 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// A command-line usage error (bad flag or value): tools exit with code 2.
-class UsageError : public Error {
+// A failed internal invariant: a bug in fsdp-cpp, not in the caller's code.
+class InternalError : public Error {
  public:
   using Error::Error;
 };

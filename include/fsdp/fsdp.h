@@ -5,6 +5,8 @@
 #include "fsdp/comm.h"
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/init.h"
 #include "fsdp/memory.h"
+#include "fsdp/optim.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/trace.h"

@@ -41,7 +41,7 @@ namespace fsdp {
 // ShardingStrategy itself is in fsdp/strategy.h.
 const char* to_string(ShardingStrategy s);
 // Accepts full|grad-op|none and the enum names (also in lower case); throws
-// UsageError otherwise.
+// fsdp::Error otherwise.
 ShardingStrategy parse_strategy(const std::string& text);
 
 enum class BackwardPrefetch { NONE, BACKWARD_PRE, BACKWARD_POST };
@@ -120,7 +120,7 @@ struct NamedShard {
   torch::Tensor tensor;
 };
 
-// The seed's ledger, measured on this rank (bytes).
+// The FSDP guide's ledger (docs/GUIDE.md), measured on this rank (bytes).
 struct Ledger {
   int world_size = 1;
   std::string strategy;
@@ -132,11 +132,11 @@ struct Ledger {
   int64_t P_block = 0;        // largest unit's unsharded bytes
   std::string P_block_unit;   // its name
   int64_t A = 0;              // activation bytes of the last forward (measured)
-  int64_t peak = 0;           // counting allocator peak since reset
+  int64_t peak = 0;           // counting allocator peak since reset (0 without it: fsdp::init)
   int64_t current = 0;        // counting allocator now
   int64_t cached = 0;         // allocator cache now: freed blocks kept for reuse (not in peak/current)
   int64_t rss_peak = 0;       // the process's resident high-water mark (VmHWM; 0 where unknown)
-  // Predictions from the seed's formulas with this run's sizes.
+  // Predictions from the guide's formulas with this run's sizes.
   int64_t predicted_rest = 0;  // (P+G+O)/N (+ replicas for NO_SHARD / SHARD_GRAD_OP params)
   int64_t predicted_peak = 0;  // P/N + G/N + O/N + P_block (+ prefetched units) + A
   std::string str() const;     // the table printed by the examples

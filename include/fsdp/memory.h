@@ -2,8 +2,9 @@
 // defines: memory::install, memory::stats, memory::reset_peak, memory::set_limit,
 //          memory::empty_cache, memory::set_caching, memory::OutOfMemory, memory::Stats
 //
-// Installed with c10::SetCPUAllocator before the model is built (fsdp::init and
-// make_communicator_from_env do it), it wraps the default CPU allocator and
+// Installed with c10::SetCPUAllocator before the model is built (by
+// fsdp::init, init.h, or by calling install() yourself; nothing installs it
+// implicitly), it wraps the default CPU allocator and
 // carries each block's size in its DataPtr context, so current and peak bytes
 // are exact for every tensor allocated afterwards. Blocks of 64 KiB and more
 // are cached and reused (a training step repeats the sizes of the last one),
@@ -15,8 +16,9 @@
 
 #include <cstdint>
 #include <functional>
-#include <stdexcept>
 #include <string>
+
+#include "fsdp/errors.h"
 
 namespace fsdp::memory {
 
@@ -34,7 +36,9 @@ struct Stats {
   int64_t cache_released = 0;      // cached bytes given back (bound, limit, empty_cache)
 };
 
-// Idempotent. Returns true when the counting allocator is active.
+// Idempotent. Returns true when the counting allocator is active. Without
+// it, stats() stays zero, the ledger's peak/current are 0 and set_limit has
+// no effect.
 bool install();
 bool installed();
 Stats stats();
@@ -56,9 +60,9 @@ bool caching();
 // the FSDP layer installs one that names the ledger term that overflowed.
 void set_oom_explainer(std::function<std::string(int64_t requested, const Stats&)> fn);
 
-class OutOfMemory : public std::runtime_error {
+class OutOfMemory : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 // The process's resident high-water mark (VmHWM in /proc/self/status): what
@@ -67,7 +71,5 @@ int64_t process_peak_rss();
 
 // "1.50 MiB"
 std::string format_bytes(int64_t bytes);
-// "2GiB", "512M", "1e9" -> bytes; throws fsdp::UsageError on bad input.
-int64_t parse_bytes(const std::string& text);
 
 }  // namespace fsdp::memory

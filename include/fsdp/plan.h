@@ -1,10 +1,13 @@
-// fsdp-cpp: the planner -- the seed's ledger and traffic formulas, before a run.
+// fsdp-cpp: the planner -- the FSDP guide's ledger and traffic formulas
+// (docs/GUIDE.md), before a run.
 //
 // defines: plan::Optimizer, plan::UnitSpec, plan::PlanOptions, plan::UnitPlan,
 //          plan::Traffic, plan::Plan, plan::make_plan, plan::traffic,
 //          plan::Candidate, plan::Recommendation, plan::recommend,
-//          plan::GptShape, plan::gpt_units, plan::gpt_activations,
 //          plan::units_from, plan::measure_loopback_bandwidth, plan::parse_bandwidth
+//
+// Needs only the standard library (no torch): a planner runs where no engine
+// is linked in. GPT-mini described by its flags is examples/gpt/plan_gpt.h.
 //
 // The core takes a list of units {name, numel} and an activation estimate, so
 // it plans a real wrapped model as well as a model described by flags:
@@ -35,19 +38,21 @@
 //             micro_steps (every micro-step gathers and reduces).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "fsdp/fully_shard.h"
+#include "fsdp/strategy.h"
+
+namespace fsdp {
+struct UnitInfo;  // fully_shard.h
+}
 
 namespace fsdp::plan {
 
 enum class Optimizer { ADAM, SGD_MOMENTUM, SGD };
 const char* to_string(Optimizer o);
-// adam|adamw|sgd|sgd-momentum (sgd = SGD with momentum, the common case); throws UsageError.
+// adam|adamw|sgd|sgd-momentum (sgd = SGD with momentum, the common case); throws fsdp::Error.
 Optimizer parse_optimizer(const std::string& text);
 int state_per_param(Optimizer o);  // Adam 2, SGD with momentum 1, plain SGD 0
 
@@ -66,7 +71,7 @@ struct PlanOptions {
   int micro_steps = 1;   // gradient accumulation steps per optimizer step
   int prefetch = 0;      // units gathered ahead (FsdpOptions::forward_prefetch / backward_prefetch)
   double bandwidth = 0;  // bytes/s per rank for the time estimate; 0 = unknown
-  // Throws fsdp::UsageError naming the field.
+  // Throws fsdp::Error naming the field.
   void validate() const;
   int reduce() const { return reduce_bytes > 0 ? reduce_bytes : param_bytes; }
 };
@@ -89,7 +94,7 @@ struct Plan {
   PlanOptions options;
   std::vector<UnitPlan> units;
   int64_t numel = 0, padded_numel = 0;
-  int64_t P_full = 0;  // numel * master_bytes: the seed's P
+  int64_t P_full = 0;  // numel * master_bytes: the FSDP guide's P
   int64_t P = 0, G = 0, O = 0, rest = 0;
   int64_t P_block = 0, G_block = 0;
   std::string P_block_unit;
@@ -102,8 +107,8 @@ struct Plan {
   Traffic full_shard, shard_grad_op, no_shard;      // all three, for comparison
   double comm_seconds = 0;                          // traffic / bandwidth (0 when unknown)
 
-  std::string str() const;  // the table `fsdp plan` prints
-  nlohmann::json to_json() const;
+  std::string str() const;      // the table `fsdp plan` prints
+  std::string to_json() const;  // a JSON object (what `fsdp plan --json` embeds)
 };
 
 // Pads every unit to a multiple of N and applies the formulas above.
@@ -115,15 +120,12 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
                int64_t released_activation_bytes = 0);
 Traffic traffic(ShardingStrategy s, int64_t padded_numel, const PlanOptions& opts);
 
-// The units of a wrapped model (fully_shard's unit table).
-inline std::vector<UnitSpec> units_from(const std::vector<UnitInfo>& infos) {
-  std::vector<UnitSpec> out;
-  for (auto& u : infos) out.push_back({u.name, u.numel});
-  return out;
-}
+// The units of a wrapped model (FullyShardedModel::units(); include
+// fsdp/fully_shard.h to call it).
+std::vector<UnitSpec> units_from(const std::vector<UnitInfo>& infos);
 
 // ---------------------------------------------------------------------------
-// Choosing a strategy and a wrapping under a memory budget (the seed's
+// Choosing a strategy and a wrapping under a memory budget (the FSDP guide's
 // decision tree): the model fits replicated -> NO_SHARD (least traffic, no
 // gathers); else it fits with parameters unsharded through the step ->
 // SHARD_GRAD_OP (2P instead of 3P); else FULL_SHARD with the coarsest wrapping
@@ -148,49 +150,11 @@ Recommendation recommend(const std::vector<Candidate>& candidates_coarse_to_fine
                          const PlanOptions& base, int64_t budget);
 
 // ---------------------------------------------------------------------------
-// GPT-mini (GPT_MINI.md) described by its flags.
-struct GptShape {
-  int64_t layers = 6, dim = 256, heads = 4, vocab = 256, seq = 128, batch = 8;
-  int64_t num_params() const;  // V*d + T*d + L*(12d^2 + 13d) + 2d + V*d + V
-  void validate() const;       // throws UsageError
-};
-
-// "block": root (tok, pos, ln, head) + one unit per block; "none": one unit;
-// "size:N": the size-based policy (a module whose parameters not already in a
-// nested unit number at least N becomes a unit, children first), as
-// WrapPolicy::size_based does. Units in parameter order, root first.
-std::vector<UnitSpec> gpt_units(const GptShape& s, const std::string& wrap);
-
-// What autograd keeps alive for GPT-mini's forward (libtorch 1.13 kernels):
-// per block the LayerNorm inputs and stats, the qkv/proj/fc/out inputs, the
-// copies matmul makes of q, k^T and v, the softmax output [B,h,T,T], the
-// GELU input and the causal mask; at the end the final LayerNorm, the head's
-// input, log_softmax's output and the logits [B,T,V] the caller holds; plus
-// the two [B,T,V] gradients that exist when backward starts.
-struct ActivationEstimate {
-  int64_t per_block = 0;      // bytes saved by one block
-  int64_t attention = 0;      // of which the softmax output [B,h,T,T]
-  int64_t head = 0;           // final LayerNorm, head input, log_softmax, logits
-  int64_t backward_transient = 0;
-  int64_t total = 0;          // L*per_block + head + embeddings + transient
-  std::string str() const;
-};
-ActivationEstimate gpt_activations(const GptShape& s, int act_bytes = 4);
-
-// Wrappings to try for GPT, coarse to fine: none, block, then size-based
-// thresholds that split blocks into their Linear layers.
-std::vector<Candidate> gpt_candidates(const GptShape& s, int act_bytes = 4);
-// Activations freed before the second unit's backward for a GPT wrapping:
-// the last block's and the head's with one unit per block, the head's with a
-// size-based wrapping, everything (the whole A) with one unit.
-int64_t gpt_released(const GptShape& s, const std::string& wrap, int act_bytes = 4);
-
-// ---------------------------------------------------------------------------
 // Bandwidth.
 // Sends `bytes` through a loopback TCP connection on this host and returns
 // bytes/s (what ranks on one machine get from Gloo's TCP transport, at best).
 double measure_loopback_bandwidth(int64_t bytes = int64_t(256) << 20);
-// "2GB/s", "500MiB/s", "10Gbit/s", "1e9" (bytes/s); throws UsageError.
+// "2GB/s", "500MiB/s", "10Gbit/s", "1e9" (bytes/s); throws fsdp::Error.
 double parse_bandwidth(const std::string& text);
 std::string format_bandwidth(double bytes_per_s);
 

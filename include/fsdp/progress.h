@@ -26,7 +26,7 @@
 //   FSDP_PROGRESS=lines     full lines even on a terminal (tty: force rewriting)
 //   FSDP_PROGRESS_EVERY=S   seconds between lines (and before the first) for
 //                           every reporter whose caller left interval_s < 0
-// Invalid values are an fsdp::UsageError naming the variable.
+// Invalid values are an fsdp::Error naming the variable.
 //
 // Another writer to the same terminal calls progress::clear_line() before
 // printing, so its line does not land on the end of a half-drawn one.
@@ -68,7 +68,7 @@ class Progress {
  public:
   using Fields = std::vector<std::pair<std::string, std::string>>;
 
-  explicit Progress(ProgressOptions opts);  // throws UsageError for bad env values
+  explicit Progress(ProgressOptions opts);  // throws fsdp::Error for bad env values
   ~Progress();                              // finish()
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;

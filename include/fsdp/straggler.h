@@ -1,6 +1,5 @@
 // fsdp-cpp: naming the rank that holds everyone back.
-// defines: StragglerMonitor, StragglerReport, WaitClock, with_wait_clock,
-//          inject_step_delay
+// defines: StragglerMonitor, StragglerReport, WaitClock, with_wait_clock
 //
 // Every rank calls observe(step_seconds) once per optimizer step, at the same
 // step (it is a collective: one all_gather of one fp64 per rank). A rank is a
@@ -88,12 +87,5 @@ class WaitClock {
 // wait() blocks (a collective not yet complete) to `clock`. Everything else
 // (counters, timeouts, errors) is inner's.
 CommPtr with_wait_clock(CommPtr inner, std::shared_ptr<WaitClock> clock);
-
-// Fault injection for tests and demos of the monitor: with the environment
-// FSDP_INJECT_STEP_DELAY="RANK:MS" (e.g. 1:50), sleeps MS milliseconds when
-// called on rank RANK and does nothing elsewhere; the trainers call it once
-// per step, before the forward. Unset: no-op. A malformed value throws
-// fsdp::UsageError naming the variable.
-void inject_step_delay(int rank);
 
 }  // namespace fsdp

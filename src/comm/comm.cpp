@@ -1,8 +1,5 @@
 // fsdp-cpp: the communicator entry points (see include/fsdp/comm.h).
-#include <csignal>
-
 #include "comm/backends.h"
-#include "fsdp/memory.h"
 
 namespace fsdp {
 
@@ -25,22 +22,22 @@ int64_t CommCounters::total_bytes_sent() const {
   return total;
 }
 
+// The counting allocator and SIGPIPE are fsdp::init's (init.h), not a side
+// effect of the first communicator.
 CommPtr make_communicator_from_env(const CommOptions& opts) {
-  // Before any tensor exists, so the ledger counts every byte of the run.
-  memory::install();
   comm::WorldEnv world = comm::read_world_env();
   comm::ResolvedOptions resolved = comm::resolve_options(opts);
   if (world.world_size == 1) return comm::make_world_of_one(resolved);
-  // A peer that dies makes our next socket write raise SIGPIPE, which would
-  // kill this rank silently instead of failing the collective with a message.
-  struct sigaction old {};
-  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
   return comm::make_gloo_communicator(world, resolved);
 }
 
-CommPtr make_local_communicator(const CommOptions& opts) {
-  memory::install();
-  return comm::make_world_of_one(comm::resolve_options(opts));
+CommPtr make_local_communicator(const CommOptions& opts) { return comm::make_world_of_one(comm::resolve_options(opts)); }
+
+double all_reduce_mean(Communicator& comm, double value, const CollectiveInfo& info) {
+  if (comm.world_size() == 1) return value;
+  auto t = torch::tensor({value}, torch::kFloat64);
+  comm.all_reduce(t, ReduceOp::AVG, info)->wait();
+  return t.item<double>();
 }
 
 }  // namespace fsdp

@@ -211,14 +211,6 @@ class GlooCommunicator final : public Communicator {
 
   // On the communication thread, in issue order.
   void execute(const CallShape& shape, const std::function<int64_t(const Step&)>& algo) {
-    // Test hook: FSDP_TEST_COMM_DELAY_MS=M holds every collective M ms on the
-    // communication thread (rank r: M*(r+1)), so an asynchronous collective
-    // is still running when a caller that forgot to wait reads its output.
-    static const int delay_ms = [] {
-      const char* v = std::getenv("FSDP_TEST_COMM_DELAY_MS");
-      return v ? std::max(0, std::atoi(v)) : 0;
-    }();
-    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms * (world_.rank + 1)));
     const uint64_t seq = ++seq_;
     // Times the collective on the "comm" track (the report's AG/RS lanes).
     trace::Span span(to_string(shape.kind), "comm");

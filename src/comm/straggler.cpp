@@ -145,25 +145,4 @@ CommPtr with_wait_clock(CommPtr inner, std::shared_ptr<WaitClock> clock) {
   return std::make_shared<WaitClockCommunicator>(std::move(inner), std::move(clock));
 }
 
-void inject_step_delay(int rank) {
-  const char* v = std::getenv("FSDP_INJECT_STEP_DELAY");
-  if (!v || !*v) return;
-  const std::string s(v);
-  const auto colon = s.find(':');
-  char* end = nullptr;
-  long r = -1;
-  double ms = -1;
-  if (colon != std::string::npos && colon > 0) {
-    r = std::strtol(s.c_str(), &end, 10);
-    if (end != s.c_str() + colon) r = -1;
-    ms = std::strtod(s.c_str() + colon + 1, &end);
-    if (colon + 1 == s.size() || *end != '\0' || !std::isfinite(ms)) ms = -1;
-  }
-  if (r < 0 || ms < 0 || ms > 3.6e6)
-    throw UsageError(detail::cat("FSDP_INJECT_STEP_DELAY='", s,
-                                 "': expected RANK:MS (a rank >= 0 and milliseconds 0..3600000 of sleep per step "
-                                 "on that rank, e.g. 1:50); unset it to train without an injected delay"));
-  if (r == rank) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
-}
-
 }  // namespace fsdp

@@ -14,7 +14,7 @@ int current_rank_for_errors() {
 }
 
 void internal_error(const char* file, int line, const std::string& msg) {
-  throw std::logic_error(cat("fsdp-cpp internal error at ", file, ":", line, " (rank ",
+  throw InternalError(cat("fsdp-cpp internal error at ", file, ":", line, " (rank ",
                              current_rank_for_errors(), "): ", msg,
                              ". This is a bug in fsdp-cpp; please report it with this message."));
 }

@@ -32,7 +32,7 @@ EnvMode env_mode() {
   if (s == "off" || s == "0" || s == "no" || s == "false") return EnvMode::OFF;
   if (s == "lines") return EnvMode::LINES;
   if (s == "tty") return EnvMode::TTY;
-  throw UsageError(detail::cat("FSDP_PROGRESS='", v,
+  throw Error(detail::cat("FSDP_PROGRESS='", v,
                                "': expected off (no progress), on (the default), lines (full lines even on a "
                                "terminal) or tty (rewrite one line); unset it or pick one of these"));
 }
@@ -44,7 +44,7 @@ double env_interval(double fallback) {
   char* end = nullptr;
   const double s = std::strtod(v, &end);
   if (end == v || *end != '\0' || !std::isfinite(s) || s < 0)
-    throw UsageError(detail::cat("FSDP_PROGRESS_EVERY='", v,
+    throw Error(detail::cat("FSDP_PROGRESS_EVERY='", v,
                                  "': expected seconds between progress lines, a number >= 0 (e.g. 5; 0: every "
                                  "update); unset it for the default"));
   return s;

@@ -110,7 +110,7 @@ double parse_bandwidth(const std::string& text) {
   for (auto& u : units)
     if (unit == u.name) mult = u.m;
   if (pos == 0 || mult < 0 || !(v > 0) || !std::isfinite(v))
-    throw UsageError("--bandwidth: expected a rate such as 2GB/s, 500MiB/s, 10Gbit/s or 1e9 (bytes/s), found '" +
+    throw Error("--bandwidth: expected a rate such as 2GB/s, 500MiB/s, 10Gbit/s or 1e9 (bytes/s), found '" +
                      text + "'");
   return v * mult;
 }

@@ -1,16 +1,25 @@
 // fsdp-cpp: the planner's formulas (see include/fsdp/plan.h for the ledger).
 #include "fsdp/plan.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
 
 #include "fsdp/errors.h"
+#include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
 #include "plan/names.h"
 #include "common/shard_math.h"
 
 namespace fsdp::plan {
+
+std::vector<UnitSpec> units_from(const std::vector<UnitInfo>& infos) {
+  std::vector<UnitSpec> out;
+  for (auto& u : infos) out.push_back({u.name, u.numel});
+  return out;
+}
 
 const char* to_string(Optimizer o) {
   switch (o) {
@@ -25,7 +34,7 @@ Optimizer parse_optimizer(const std::string& t) {
   if (t == "adam" || t == "adamw") return Optimizer::ADAM;
   if (t == "sgd" || t == "sgd-momentum") return Optimizer::SGD_MOMENTUM;
   if (t == "sgd-plain") return Optimizer::SGD;
-  throw UsageError("--optimizer: expected adam|adamw|sgd|sgd-momentum|sgd-plain, found '" + t + "'");
+  throw Error("--optimizer: expected adam|adamw|sgd|sgd-momentum|sgd-plain, found '" + t + "'");
 }
 
 int state_per_param(Optimizer o) { return o == Optimizer::ADAM ? 2 : o == Optimizer::SGD_MOMENTUM ? 1 : 0; }
@@ -200,13 +209,13 @@ std::string Plan::str() const {
      << (o.micro_steps > 1 ? ", " + std::to_string(o.micro_steps) + " micro-steps" : "") << "\n";
   os << "\nmodel\n";
   os << line("parameters", millions(numel), "padded to multiples of N: " + millions(padded_numel));
-  os << line("P (fp32, whole model)", b(P_full), "the seed's P = num_params x 4 B");
+  os << line("P (fp32, whole model)", b(P_full), "the FSDP guide's P = num_params x 4 B");
   os << "\nper rank (every rank the same)\n";
   const bool ns = o.strategy == ShardingStrategy::NO_SHARD;
   os << line("P  params resident", b(P), ns ? "full replica" : "P/N (fp32 master shard)");
   os << line("G  grads resident", b(G), ns ? "full replica" : "G/N");
   os << line("O  optimizer state", b(O), std::to_string(k) + " x P" + (ns ? "" : "/N"));
-  os << line("rest = P + G + O", b(rest), ns ? "" : "(P+G+O)/N, the seed's ledger");
+  os << line("rest = P + G + O", b(rest), ns ? "" : "(P+G+O)/N, the FSDP guide's ledger");
   os << line("P_block (largest unit)", b(P_block), "unit " + (P_block_unit.empty() ? std::string("<root>") : P_block_unit));
   std::string wnote = o.strategy == ShardingStrategy::FULL_SHARD
                           ? (peak_at == "backward start" && units.size() == 1
@@ -251,7 +260,7 @@ std::string Plan::str() const {
   return os.str();
 }
 
-nlohmann::json Plan::to_json() const {
+std::string Plan::to_json() const {
   auto tj = [](const Traffic& t) {
     return nlohmann::json{{"all_gather", t.all_gather}, {"reduce_scatter", t.reduce_scatter},
                           {"all_reduce", t.all_reduce}, {"total", t.total()}};
@@ -261,7 +270,7 @@ nlohmann::json Plan::to_json() const {
     us.push_back({{"name", u.name}, {"numel", u.numel}, {"padded_numel", u.padded_numel},
                   {"shard_numel", u.shard_numel}, {"unsharded_bytes", u.unsharded_bytes},
                   {"shard_bytes", u.shard_bytes}});
-  return {{"strategy", strategy_name(options.strategy)},
+  return nlohmann::json{{"strategy", strategy_name(options.strategy)},
           {"world", options.world},
           {"param_bytes_per_elem", options.param_bytes},
           {"reduce_bytes_per_elem", options.reduce()},
@@ -290,7 +299,7 @@ nlohmann::json Plan::to_json() const {
            {{"FULL_SHARD", tj(full_shard)}, {"SHARD_GRAD_OP", tj(shard_grad_op)}, {"NO_SHARD", tj(no_shard)}}},
           {"bandwidth_bytes_per_s", options.bandwidth},
           {"comm_seconds", comm_seconds},
-          {"units", us}};
+          {"units", us}}.dump();
 }
 
 }  // namespace fsdp::plan

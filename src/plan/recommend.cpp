@@ -1,4 +1,4 @@
-// fsdp-cpp planner: the seed's decision tree under a memory budget.
+// fsdp-cpp planner: the FSDP guide's decision tree (docs/GUIDE.md) under a memory budget.
 //
 // 显存快爆了，优先 FULL_SHARD；显存刚好够，试试 SHARD_GRAD_OP；模型不大、卡又多，
 // NO_SHARD 反而省心. Tried in order of least traffic first: a strategy or a

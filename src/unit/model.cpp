@@ -19,7 +19,6 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> root_, CommPtr comm_, FsdpOpti
   FSDP_USER_CHECK(root, "fully_shard: the module is null");
   FSDP_USER_CHECK(comm, "fully_shard: the communicator is null (use fsdp::make_communicator_from_env())");
   opts.validate();
-  memory::install();
   build_units();
   for (auto& u : units) u->init_flat_param(opts);
   // Buffers are replicated: rank 0's values everywhere, cast if asked.
@@ -221,7 +220,7 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
   const int64_t N = l.world_size;
   int64_t padded_bytes = 0;
   for (auto& u : engine_->units) padded_bytes += u->padded_numel * 4;
-  // The seed's formulas with this run's sizes: G = P, O as measured (Adam: 2P).
+  // The FSDP guide's formulas with this run's sizes: G = P, O as measured (Adam: 2P).
   const double o_ratio = l.P > 0 ? double(l.O) / double(l.P) : 0.0;
   if (engine_->opts.strategy == ShardingStrategy::NO_SHARD) {
     l.predicted_rest = l.P + l.G + l.O;
@@ -254,10 +253,10 @@ std::string Ledger::str() const {
   row("P", P, "parameters resident here (shards; replicas for NO_SHARD)");
   row("G", G, "gradients resident here");
   row("O", O, "optimizer state here");
-  row("P+G+O", P + G + O, "model state at rest  | seed: (P+G+O)/N = " + format_bytes(predicted_rest));
+  row("P+G+O", P + G + O, "model state at rest  | guide: (P+G+O)/N = " + format_bytes(predicted_rest));
   row("P_block", P_block, "largest unit unsharded: '" + P_block_unit + "'");
   row("A", A, "activations of the last forward (measured)");
-  row("peak", peak, "measured peak (counting allocator) | seed: (P+G+O)/N + P_block (+ its grad) + A = " +
+  row("peak", peak, "measured peak (counting allocator) | guide: (P+G+O)/N + P_block (+ its grad) + A = " +
                         format_bytes(predicted_peak));
   row("cached", cached, "freed blocks the allocator keeps for reuse (not in the terms above)");
   if (rss_peak > 0) row("VmHWM", rss_peak, "the process's resident high-water mark (libraries, cache included)");

@@ -1,4 +1,4 @@
-// fsdp-cpp: out-of-memory diagnosis — which term of the seed's ledger
+// fsdp-cpp: out-of-memory diagnosis — which term of the FSDP guide's ledger
 // overflowed the per-rank budget (fsdp::memory::set_limit, --max-memory).
 //
 // The counting allocator calls the explainer when an allocation would pass
@@ -57,7 +57,7 @@ std::string explain_oom(const Engine& st, int64_t requested, const memory::Stats
        << "optimizer creating its state O, or the resident shards)\n";
     term = "O";
   }
-  os << "Remedies (the seed's): ";
+  os << "Remedies (the FSDP guide's): ";
   if (term == "P_block")
     os << "wrap finer so the largest unit ('" << (biggest ? biggest->display_name() : std::string()) << "', "
        << format_bytes(biggest ? biggest->padded_numel * static_cast<int64_t>(c10::elementSize(biggest->param_dtype)) : 0)

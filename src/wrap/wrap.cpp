@@ -17,7 +17,7 @@ const char* to_string(ShardingStrategy s) { return detail::strategy_name(s); }
 
 ShardingStrategy parse_strategy(const std::string& t) {
   if (auto s = detail::strategy_from_name(t)) return *s;
-  throw UsageError("unknown sharding strategy '" + t + "': expected full, grad-op or none");
+  throw Error("unknown sharding strategy '" + t + "': expected full, grad-op or none");
 }
 
 const char* to_string(BackwardPrefetch p) {
@@ -33,7 +33,7 @@ WrapPolicy WrapPolicy::none() { return WrapPolicy{nullptr, "none (one unit)"}; }
 
 WrapPolicy WrapPolicy::size_based(int64_t min_num_params) {
   if (min_num_params < 1)
-    throw UsageError("size-based wrap policy: min_num_params must be >= 1, found " +
+    throw Error("size-based wrap policy: min_num_params must be >= 1, found " +
                      std::to_string(min_num_params));
   return WrapPolicy{[min_num_params](const std::string&, const torch::nn::Module&, int64_t n) {
                       return n >= min_num_params;

@@ -4,7 +4,7 @@
     gpt_reference.py WEIGHTS.safetensors
 
 The file (written by the C++ test) holds the model's parameters under the
-names of GPT_MINI.md plus three extra tensors:
+names of docs/GPT_MINI.md plus three extra tensors:
   __tokens__  int64 [B, T]   inputs
   __targets__ int64 [B, T]   targets
   __config__  int64 [5]      vocab, seq, dim, layers, heads

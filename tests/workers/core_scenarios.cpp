@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "../core_model.h"
+#include "delayed_comm.h"
 #include "fsdp/comm.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
@@ -56,7 +57,7 @@ FSDP_SCENARIO(core_parity) {
   const std::string strategy = args.at(0), mode = args.at(1);
   const std::string prefetch = args.size() > 2 ? args[2] : "none";
   const std::string dtype = args.size() > 3 ? args[3] : "fp32";
-  auto comm = make_communicator_from_env();
+  auto comm = comm_from_env_with_test_delay();
   const int N = comm->world_size(), r = comm->rank();
   const int K = mode == "plain" ? 1 : 3, B = 2, steps = 3;
 
@@ -124,49 +125,6 @@ FSDP_SCENARIO(core_parity) {
               strategy.c_str(), mode.c_str(), prefetch.c_str(), dtype.c_str(), N, max_rel, max_abs,
               max_rel <= tol ? "OK" : "MISMATCH");
   return max_rel <= tol ? 0 : 1;
-}
-
-// core_ledger STRATEGY: one training step, then the ledger and the traffic of
-// that step, printed as key=value for the test to check against the formulas.
-FSDP_SCENARIO(core_ledger) {
-  const std::string strategy = args.at(0);
-  const std::string prefetch = args.size() > 1 ? args[1] : "none";
-  const std::string dtype = args.size() > 2 ? args[2] : "fp32";
-  auto comm = make_communicator_from_env();
-  torch::manual_seed(1);
-  Net net(7, 12, 5, 3);
-  auto model = fully_shard(net, comm, make_options(strategy, prefetch, dtype));
-  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
-  auto x = torch::randn({4, 7});
-  for (int step = 0; step < 2; ++step) {
-    comm->reset_counters();
-    auto loss = model.forward(x).to(torch::kFloat32).pow(2).mean();
-    loss.backward();
-    model->wait_pending();
-    auto c = comm->counters();
-    if (step == 1)
-      std::printf("TRAFFIC ag=%lld rs=%lld ar=%lld ag_calls=%lld rs_calls=%lld ar_calls=%lld\n",
-                  (long long)c[CollectiveKind::ALL_GATHER].bytes_sent,
-                  (long long)c[CollectiveKind::REDUCE_SCATTER].bytes_sent,
-                  (long long)c[CollectiveKind::ALL_REDUCE].bytes_sent,
-                  (long long)c[CollectiveKind::ALL_GATHER].calls, (long long)c[CollectiveKind::REDUCE_SCATTER].calls,
-                  (long long)c[CollectiveKind::ALL_REDUCE].calls);
-    opt.step();
-    opt.zero_grad();
-  }
-  auto l = model->ledger(&opt);
-  int64_t padded = 0, numel = 0, local = 0, pblock = 0;
-  for (auto& u : model->units()) {
-    padded += u.padded_numel;
-    numel += u.numel;
-    pblock = std::max(pblock, u.unsharded_bytes);
-  }
-  for (auto& s : model->named_shards()) local += s.hi - s.lo;
-  std::printf("LEDGER P=%lld G=%lld O=%lld P_block=%lld padded=%lld numel=%lld local=%lld A=%lld peak=%lld\n",
-              (long long)l.P, (long long)l.G, (long long)l.O, (long long)l.P_block, (long long)padded,
-              (long long)numel, (long long)local, (long long)l.A, (long long)l.peak);
-  std::printf("%s", l.str().c_str());
-  return 0;
 }
 
 }  // namespace fsdp::testing

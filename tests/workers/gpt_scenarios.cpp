@@ -5,8 +5,8 @@
 //
 // Both train the same small GPT (2 layers, d=64) for a few steps on the same
 // global batch (6 rows per micro-step, 2 micro-steps, the deterministic order
-// of GPT_MINI.md: rank r of N takes rows r*6/N ..), with the cross-check
-// optimizer of GPT_MINI.md, print "loss <step> <value>" (rank 0) and write the
+// of docs/GPT_MINI.md: rank r of N takes rows r*6/N ..), with the cross-check
+// optimizer of docs/GPT_MINI.md, print "loss <step> <value>" (rank 0) and write the
 // final full parameters to OUT (rank 0). The test compares the files.
 #include <cstdio>
 #include <string>
@@ -42,7 +42,7 @@ gpt::data::Tokens corpus() {
   return gpt::data::encode(s);
 }
 
-// AdamW of GPT_MINI.md: betas (0.9, 0.95), eps 1e-8, decay on 2-D weights only.
+// AdamW of docs/GPT_MINI.md: betas (0.9, 0.95), eps 1e-8, decay on 2-D weights only.
 std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<std::pair<torch::Tensor, bool>>& params,
                                                 const Setup& s) {
   std::vector<torch::Tensor> decay, no_decay;

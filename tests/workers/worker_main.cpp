@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "fsdp/init.h"
 #include "scenario.h"
 
 namespace fsdp::testing {
@@ -12,6 +13,7 @@ std::map<std::string, ScenarioFn>& scenarios() {
 }  // namespace fsdp::testing
 
 int main(int argc, char** argv) {
+  fsdp::init();  // every scenario measures with the counting allocator
   auto& all = fsdp::testing::scenarios();
   if (argc < 2 || !all.count(argv[1])) {
     std::fprintf(stderr, "usage: fsdp_test_worker <scenario> [args...]\nscenarios:");

@@ -1,5 +1,6 @@
-// fsdp-cpp planner: GPT-mini's units and activations from its flags
-// (GPT_MINI.md; the model is examples/gpt/model.cpp).
+// GPT-mini for the planner (see plan_gpt.h; the model is docs/GPT_MINI.md).
+#include "gpt/plan_gpt.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -7,9 +8,9 @@
 
 #include "fsdp/errors.h"
 #include "fsdp/memory.h"
-#include "fsdp/plan.h"
+#include "usage.h"
 
-namespace fsdp::plan {
+namespace gpt {
 
 int64_t GptShape::num_params() const {
   const int64_t d = dim;
@@ -95,7 +96,7 @@ std::vector<UnitSpec> gpt_units(const GptShape& s, const std::string& wrap) {
   if (wrap.rfind("size:", 0) == 0) {
     int64_t min_params = 0;
     try {
-      min_params = static_cast<int64_t>(fsdp::memory::parse_bytes(wrap.substr(5)));
+      min_params = static_cast<int64_t>(fsdp::cli::parse_bytes(wrap.substr(5)));
     } catch (const std::exception&) {
       min_params = -1;
     }
@@ -103,7 +104,7 @@ std::vector<UnitSpec> gpt_units(const GptShape& s, const std::string& wrap) {
                     wrap, "'");
     return wrap_tree(root, [&](const Node&, int64_t unwrapped) { return unwrapped >= min_params; });
   }
-  throw UsageError("--wrap: expected block|none|size:N, found '" + wrap + "'");
+  throw fsdp::UsageError("--wrap: expected block|none|size:N, found '" + wrap + "'");
 }
 
 int64_t gpt_released(const GptShape& s, const std::string& wrap, int act_bytes) {
@@ -156,4 +157,4 @@ std::string ActivationEstimate::str() const {
   return os.str();
 }
 
-}  // namespace fsdp::plan
+}  // namespace gpt

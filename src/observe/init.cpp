@@ -1,0 +1,21 @@
+// fsdp-cpp: process-wide setup (see include/fsdp/init.h).
+#include "fsdp/init.h"
+
+#include <csignal>
+#include <mutex>
+
+#include "fsdp/memory.h"
+
+namespace fsdp {
+
+void init(const InitOptions& opts) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> g(mu);
+  if (opts.install_allocator) memory::install();
+  if (opts.ignore_sigpipe) {
+    struct sigaction old {};
+    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+}  // namespace fsdp

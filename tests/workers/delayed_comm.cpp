@@ -1,0 +1,151 @@
+// fsdp-cpp tests: the delaying communicator (see delayed_comm.h).
+#include "delayed_comm.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace fsdp::testing {
+namespace {
+
+// Completion of one delayed call: done once inner's collective finished.
+class DelayedWork : public Work {
+ public:
+  void finish(std::exception_ptr e) {
+    std::lock_guard<std::mutex> g(mu_);
+    error_ = std::move(e);
+    done_ = true;
+    cv_.notify_all();
+  }
+  void wait() override {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool is_completed() const override {
+    std::lock_guard<std::mutex> g(mu_);
+    return done_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+class DelayedCommunicator : public Communicator {
+ public:
+  DelayedCommunicator(CommPtr inner, std::chrono::milliseconds delay)
+      : inner_(std::move(inner)), delay_(delay), thread_([this] { run(); }) {}
+  // Drains what is queued: every Work handed out completes.
+  ~DelayedCommunicator() override {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  int local_rank() const override { return inner_->local_rank(); }
+  int local_world_size() const override { return inner_->local_world_size(); }
+
+  // The lambdas hold the tensors (by value) until inner's collective is done.
+  WorkPtr all_gather(const torch::Tensor& input, torch::Tensor output, const CollectiveInfo& info) override {
+    return submit([=] { inner_->all_gather(input, output, info)->wait(); });
+  }
+  WorkPtr reduce_scatter(const torch::Tensor& input, torch::Tensor output, ReduceOp op,
+                         const CollectiveInfo& info) override {
+    return submit([=] { inner_->reduce_scatter(input, output, op, info)->wait(); });
+  }
+  WorkPtr all_reduce(torch::Tensor tensor, ReduceOp op, const CollectiveInfo& info) override {
+    return submit([=] { inner_->all_reduce(tensor, op, info)->wait(); });
+  }
+  WorkPtr broadcast(torch::Tensor tensor, int root, const CollectiveInfo& info) override {
+    return submit([=] { inner_->broadcast(tensor, root, info)->wait(); });
+  }
+  WorkPtr barrier(const CollectiveInfo& info) override {
+    return submit([=] { inner_->barrier(info)->wait(); });
+  }
+  WorkPtr gather(const torch::Tensor& input, torch::Tensor output, int root, const CollectiveInfo& info) override {
+    return submit([=] { inner_->gather(input, output, root, info)->wait(); });
+  }
+
+  CommCounters counters() const override { return inner_->counters(); }
+  void reset_counters() override { inner_->reset_counters(); }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  std::string describe() const override {
+    return inner_->describe() + " +" + std::to_string(delay_.count()) + " ms per collective";
+  }
+
+ private:
+  struct Job {
+    std::function<void()> call;
+    std::shared_ptr<DelayedWork> work;
+  };
+
+  WorkPtr submit(std::function<void()> call) {
+    auto work = std::make_shared<DelayedWork>();
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      jobs_.push_back({std::move(call), work});
+    }
+    cv_.notify_all();
+    return work;
+  }
+
+  // One thread, issue order: inner sees the calls in the order the engine made them.
+  void run() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      std::this_thread::sleep_for(delay_);
+      std::exception_ptr error;
+      try {
+        job.call();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      job.call = nullptr;  // release the tensors before the caller may reuse them
+      job.work->finish(error);
+    }
+  }
+
+  const CommPtr inner_;
+  const std::chrono::milliseconds delay_;
+  std::mutex mu_;  // guards jobs_ and stop_
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the members it uses exist
+};
+
+}  // namespace
+
+CommPtr with_comm_delay(CommPtr inner, std::chrono::milliseconds delay) {
+  return std::make_shared<DelayedCommunicator>(std::move(inner), delay);
+}
+
+CommPtr comm_from_env_with_test_delay() {
+  CommPtr comm = make_communicator_from_env();
+  const char* v = std::getenv("FSDP_TEST_COMM_DELAY_MS");
+  const int ms = v ? std::max(0, std::atoi(v)) : 0;
+  if (ms == 0) return comm;
+  return with_comm_delay(comm, std::chrono::milliseconds(ms * (comm->rank() + 1)));
+}
+
+}  // namespace fsdp::testing
