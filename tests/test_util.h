@@ -26,6 +26,10 @@ ProcResult run_command(const std::vector<std::string>& argv, const std::vector<s
 ProcResult run_ranks(int n, const std::string& scenario, const std::vector<std::string>& args = {},
                      const std::vector<std::string>& env = {}, double timeout_s = 120);
 
+// Whether ranks on this host may move bytes by cross-memory attach: two
+// ranks with FSDP_TRANSPORT=auto chose it (run once, then cached).
+bool cma_available();
+
 // Lines of `text` that contain `needle`.
 std::vector<std::string> lines_with(const std::string& text, const std::string& needle);
 
