@@ -41,25 +41,20 @@ std::chrono::milliseconds remaining(const Step& s) {
   return std::max(left, std::chrono::milliseconds(1));  // Gloo reads <= 0 as "the default"
 }
 
-// "rank 2" or "ranks 1, 3": the peers whose message has not arrived.
-std::string missing_ranks(const std::vector<bool>& got, int self) {
-  std::string s;
-  int count = 0;
-  for (size_t q = 0; q < got.size(); ++q)
-    if (!got[q] && static_cast<int>(q) != self) s += detail::cat(count++ ? ", " : "", q);
-  return (count == 1 ? "rank " : "ranks ") + s;
-}
-
 // One message of kind `m` to and from every peer. Receives are posted at
-// construction, so a peer's early message always has a home; the table
-// outlives every outstanding operation (waited for, or the object is
-// destroyed only after the Gloo context failed for good).
+// construction, so a peer's early message always has a home. One receive
+// buffer per peer: Gloo's completion reports only the last sender, and
+// waiting peer by peer names the one that failed. The tables outlive
+// every outstanding operation (waited for, or destroyed only after the
+// Gloo context failed for good).
 class AllToAll {
  public:
-  AllToAll(const Step& s, Msg m) : s_(s), m_(m), n_(s.ctx->size), r_(s.ctx->rank), table_(n_), got_(n_, false) {
-    recv_ = s.ctx->createUnboundBuffer(table_.data(), n_ * sizeof(Post));
-    for (int q = 0; q < n_; ++q)
-      if (q != r_) recv_->recv(q, slot(s, m), q * sizeof(Post), sizeof(Post));
+  AllToAll(const Step& s, Msg m) : s_(s), m_(m), n_(s.ctx->size), r_(s.ctx->rank), table_(n_), recv_(n_) {
+    for (int q = 0; q < n_; ++q) {
+      if (q == r_) continue;
+      recv_[q] = s.ctx->createUnboundBuffer(&table_[q], sizeof(Post));
+      recv_[q]->recv(q, slot(s, m), 0, sizeof(Post));
+    }
   }
 
   void send(uint64_t addr, int64_t nbytes) {
@@ -69,20 +64,18 @@ class AllToAll {
       if (q != r_) send_->send(q, slot(s_, m_), 0, sizeof mine_);
   }
 
-  // Every peer's message; names the ranks still missing on failure.
+  // Every peer's message, from r+1 on; names the peer that failed.
   const std::vector<Post>& wait(const char* what) {
     for (int i = 1; i < n_; ++i) {
-      int from = -1;
+      const int q = (r_ + i) % n_;
       try {
-        if (!recv_->waitRecv(&from, remaining(s_))) throw gloo::IoException("receive aborted");
+        if (!recv_[q]->waitRecv(remaining(s_))) throw gloo::IoException("receive aborted");
       } catch (const std::exception& e) {
-        throw std::runtime_error(detail::cat("waiting for ", what, " of ", missing_ranks(got_, r_), ": ",
-                                             e.what()));
+        throw std::runtime_error(detail::cat("waiting for ", what, " of rank ", q, ": ", e.what()));
       }
-      got_[from] = true;
-      const Post& p = table_[from];
+      const Post& p = table_[q];
       if (p.seq != s_.seq || p.msg != m_)
-        throw std::runtime_error(detail::cat("rank ", from, " sent message ", p.msg, " of collective #", p.seq,
+        throw std::runtime_error(detail::cat("rank ", q, " sent message ", p.msg, " of collective #", p.seq,
                                              " where this rank expected ", what, " of #", s_.seq));
     }
     return table_;
@@ -99,9 +92,9 @@ class AllToAll {
   Msg m_;
   int n_, r_;
   std::vector<Post> table_;
-  std::vector<bool> got_;
   Post mine_{};
-  std::unique_ptr<gloo::transport::UnboundBuffer> recv_, send_;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recv_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> send_;
 };
 
 // The peers' buffers, checked against what this rank expects (a peer that
