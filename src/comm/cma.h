@@ -73,6 +73,13 @@ TransportChoice choose_transport(gloo::Context* ctx, const std::string& mode, Cl
 // timed out).
 void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int64_t nbytes);
 
+// The peers whose process no longer exists ("rank 1 (pid 4242)", comma
+// separated; empty when all live), for the diagnosis of a failed call: a
+// process that has exited (even one not yet reaped) has no memory to
+// read, which process_vm_readv reports as ESRCH before it looks at the
+// address.
+std::string cma_gone_peers(const CmaPeers& p, int self);
+
 // Same contracts as ring_all_gather / ring_reduce_scatter / the ring
 // all_reduce of gloo_communicator.cpp; return the ring's byte counts.
 // all_gather: `in` holds this rank's block (block_bytes), which lands at

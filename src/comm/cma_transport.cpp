@@ -3,9 +3,10 @@
 //
 // Host identity: FSDP_HOST_ID when set (tests use it to make one machine
 // look like several hosts), else the host name, the kernel's boot id and
-// this process's pid namespace. Ranks in two containers of one machine
-// share a boot id but not a pid namespace, and a pid means nothing across
-// namespaces, so they count as two hosts. The probe then proves what the
+// this process's pid and network namespaces. Ranks in two containers of
+// one machine share a boot id but not a pid namespace, and a pid means
+// nothing across namespaces, so they count as two hosts; so do network
+// namespaces (tests/netns/two_hosts.sh simulates two hosts with them). The probe then proves what the
 // identity only suggests: each rank reads a random value from each peer's
 // memory; the value must come back (a pid that names some other process
 // gives a wrong value or an error, never a false success).
@@ -56,14 +57,18 @@ std::string read_line(const char* path) {
   return s;
 }
 
+std::string ns_of(const char* path) {
+  char ns[64] = {0};
+  const ssize_t k = readlink(path, ns, sizeof ns - 1);
+  return k > 0 ? std::string(ns, static_cast<size_t>(k)) : std::string("?");
+}
+
 std::string host_identity() {
   if (const char* id = std::getenv("FSDP_HOST_ID"); id && *id) return std::string("FSDP_HOST_ID=") + id;
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
-  char ns[64] = {0};
-  ssize_t k = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
-  return detail::cat(host, " boot ", read_line("/proc/sys/kernel/random/boot_id"), " ",
-                     k > 0 ? std::string(ns, static_cast<size_t>(k)) : std::string("pid:?"));
+  return detail::cat(host, " boot ", read_line("/proc/sys/kernel/random/boot_id"), " ", ns_of("/proc/self/ns/pid"),
+                     " ", ns_of("/proc/self/ns/net"));
 }
 
 template <class T>
@@ -114,6 +119,18 @@ void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int6
                                          e == EFAULT ? " (rank died and its pid was reused, or posted a bad address)"
                                                      : ""));
   }
+}
+
+std::string cma_gone_peers(const CmaPeers& p, int self) {
+  std::string out;
+  for (size_t q = 0; q < p.pid.size(); ++q) {
+    if (static_cast<int>(q) == self) continue;
+    char byte = 0;
+    iovec local{&byte, 1}, far{nullptr, 1};
+    if (process_vm_readv(p.pid[q], &local, 1, &far, 1, 0) < 0 && errno == ESRCH)
+      out += detail::cat(out.empty() ? "" : ", ", "rank ", q, " (pid ", p.pid[q], ")");
+  }
+  return out;
 }
 
 TransportChoice choose_transport(gloo::Context* ctx, const std::string& mode, Clock::time_point deadline) {

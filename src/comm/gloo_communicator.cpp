@@ -317,7 +317,9 @@ class GlooCommunicator final : public Communicator {
     if (!unknown.empty())
       msg += detail::cat("\nProgress of ranks ", unknown, " is unknown: the store at ",
                          rdv_->describe_store(), " is unreachable (rank 0 may have exited).");
-    if (missing.empty() && mismatched.empty() && unknown.empty())
+    const std::string gone = transport_.cma ? cma_gone_peers(transport_.peers, world_.rank) : "";
+    if (!gone.empty()) msg += detail::cat("\nRanks whose process is gone: ", gone, ".");
+    if (missing.empty() && mismatched.empty() && unknown.empty() && gone.empty())
       msg += "\nEvery rank entered this collective, so the transfer itself failed: a peer died "
              "mid-transfer or the network stalled.";
     msg += timed_out ? "\nWhat to do: make every rank issue the same collectives in the same order; "
