@@ -107,7 +107,7 @@ TEST(CommTransport, RankKilledMidGatherFailsTheOthersNamingIt) {
                         "comm_kill_gather", "1"},
                        {"FSDP_TRANSPORT=cma", "FSDP_TIMEOUT=3"}, 60);
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_EQ(lines_with(r.output, "transport cma+gloo").size(), 3u) << r.output;
+  EXPECT_EQ(lines_with(r.output, "] transport cma+gloo").size(), 3u) << r.output;
   for (int survivor : {0, 2}) {
     const std::string tag = "[rank " + std::to_string(survivor) + "] ";
     auto elapsed = lines_with(r.output, tag + "after ");
