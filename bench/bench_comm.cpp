@@ -9,6 +9,12 @@
 // so it is comparable with the TCP figures. Rank 0 prints a table and
 // appends one JSON line to --json.
 //
+// Transports (FSDP_TRANSPORT) at the largest size: a communicator of each
+// (tcp: Gloo's ring over loopback; cma: cross-memory attach), in paired
+// rounds beside a plain memcpy of the same bytes each rank moves, done by
+// every rank at once (the memory bus is shared alike). The target
+// for ranks on one host is >= 0.5 x that memcpy.
+//
 // Two TCP references, measured in the same run:
 //   loopback 1 stream   one connection over 127.0.0.1 inside rank 0 (a writer
 //                       thread, a reader), the others idle at a barrier: the
@@ -159,6 +165,41 @@ double memcpy_gbps(size_t bytes, int reps) {
   return double(bytes) * reps / since(t0) / 1e9;
 }
 
+// Every rank copies `bytes` between two cold buffers at once; the mean
+// per-rank rate.
+double memcpy_all_ranks_gbps(fsdp::Communicator& c, size_t bytes, std::vector<char>& src, std::vector<char>& dst) {
+  if (src.size() != bytes) {
+    src.assign(bytes, 1);
+    dst.assign(bytes, 0);
+  }
+  c.barrier()->wait();
+  auto t0 = Clock::now();
+  std::memcpy(dst.data(), src.data(), bytes);
+  auto t = torch::full({1}, bytes / since(t0) / 1e9, torch::kDouble);
+  c.all_reduce(t, fsdp::ReduceOp::AVG)->wait();
+  return t.item<double>();
+}
+
+// A communicator with FSDP_TRANSPORT=`transport` (every rank asks for the
+// same one, so every rank gets it or every rank fails); null when this
+// host cannot.
+fsdp::CommPtr communicator_over(const char* transport) {
+  const char* old = std::getenv("FSDP_TRANSPORT");
+  const std::string saved = old ? old : "";
+  setenv("FSDP_TRANSPORT", transport, 1);
+  fsdp::CommPtr c;
+  try {
+    c = fsdp::make_communicator_from_env();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_comm: no %s communicator: %s\n", transport, e.what());
+  }
+  if (old)
+    setenv("FSDP_TRANSPORT", saved.c_str(), 1);
+  else
+    unsetenv("FSDP_TRANSPORT");
+  return c;
+}
+
 struct Row {
   int64_t bytes;
   double ag_busbw, rs_busbw;  // GB/s
@@ -263,6 +304,38 @@ int main(int argc, char** argv) {
   }
   unsetenv("FSDP_RING_PIECE_KIB");
   const double ring_gbps = median(paired[0].ring);
+
+  // Transports at the largest size, in paired rounds with a memcpy of the
+  // same bytes (see the top of the file).
+  struct Over {
+    std::string name;
+    fsdp::CommPtr comm;
+    std::vector<double> ag, rs, ag_ratio, rs_ratio;
+  };
+  std::vector<Over> over_t;
+  std::vector<double> memcpy_rounds;
+  if (n > 1) {
+    for (const char* t : {"tcp", "cma"}) {
+      auto comm = communicator_over(t);
+      if (comm) over_t.push_back({t, comm, {}, {}, {}, {}});
+    }
+    std::vector<char> src, dst;
+    for (int round = 0; round < rounds; ++round) {
+      const double mc = memcpy_all_ranks_gbps(*c, static_cast<size_t>(moved), src, dst);
+      memcpy_rounds.push_back(mc);
+      for (auto& o : over_t) {
+        auto& x = *o.comm;
+        const double ag = moved / time_calls(x, big, [&] { x.all_gather(shard_t, full_t)->wait(); }, 2) / 1e9;
+        const double rs =
+            moved / time_calls(x, big, [&] { x.reduce_scatter(full_t, shard_t, fsdp::ReduceOp::SUM)->wait(); }, 2) /
+            1e9;
+        o.ag.push_back(ag);
+        o.rs.push_back(rs);
+        o.ag_ratio.push_back(mc > 0 ? ag / mc : 0);
+        o.rs_ratio.push_back(mc > 0 ? rs / mc : 0);
+      }
+    }
+  }
   if (!lead) return 0;
 
   std::printf("bench_comm: %s, loopback TCP 1 stream %.2f GB/s, TCP ring %.2f GB/s per rank (%lld MiB), memcpy "
@@ -319,6 +392,27 @@ int main(int argc, char** argv) {
                              {"reduce_scatter_vs_tcp_ring", median(p.rs_ratio)},
                              {"all_gather_vs_tcp_ring_each", p.ag_ratio},
                              {"reduce_scatter_vs_tcp_ring_each", p.rs_ratio}});
+    }
+  }
+  if (!over_t.empty()) {
+    std::printf("transports at %lld MiB, %d rounds (median; x a memcpy of the same %.1f MiB per rank, all ranks at "
+                "once, in the same round): memcpy %.3f GB/s\n",
+                (long long)max_mib, rounds, moved / (1 << 20), median(memcpy_rounds));
+    j["transports"] = nlohmann::json::array();
+    for (auto& o : over_t) {
+      std::printf("  %-4s AG %.3f GB/s = %.3f x memcpy | RS %.3f GB/s = %.3f x memcpy\n", o.name.c_str(),
+                  median(o.ag), median(o.ag_ratio), median(o.rs), median(o.rs_ratio));
+      j["transports"].push_back({{"transport", o.name},
+                                 {"engine", o.comm->describe()},
+                                 {"bytes", big},
+                                 {"rounds", rounds},
+                                 {"memcpy_all_ranks_GBps", median(memcpy_rounds)},
+                                 {"all_gather_busbw_GBps", median(o.ag)},
+                                 {"reduce_scatter_busbw_GBps", median(o.rs)},
+                                 {"all_gather_vs_memcpy", median(o.ag_ratio)},
+                                 {"reduce_scatter_vs_memcpy", median(o.rs_ratio)},
+                                 {"all_gather_vs_memcpy_each", o.ag_ratio},
+                                 {"reduce_scatter_vs_memcpy_each", o.rs_ratio}});
     }
   }
   std::fflush(stdout);

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <regex>
+#include <tuple>
 
 #include "fsdp/comm.h"
 #include "test_util.h"
@@ -106,19 +107,36 @@ TEST(CommLocal, TimeoutFromEnvironment) {
   EXPECT_EQ(c->timeout().count(), 2500);
 }
 
-// Every collective x dtype x size at N ranks, checked in each rank.
-class CommCollectives : public ::testing::TestWithParam<int> {};
+// Every collective x dtype x size at N ranks, checked in each rank, over
+// each transport between ranks of this host (FSDP_TRANSPORT): Gloo's TCP
+// ring and cross-memory attach. cma is skipped where this host forbids
+// reading a peer's memory (auto then falls back to tcp).
+using GridParam = std::tuple<int, std::string>;
+class CommCollectives : public ::testing::TestWithParam<GridParam> {};
 
 TEST_P(CommCollectives, GridMatchesLocalReference) {
-  auto r = run_ranks(GetParam(), "comm_collectives", {}, {}, 240);
+  auto [n, transport] = GetParam();
+  if (transport == "cma" && !fsdp::testing::cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
+  auto r = run_ranks(n, "comm_collectives", {}, {"FSDP_TRANSPORT=" + transport}, 240);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(lines_with(r.output, "comm_collectives passed").size(), static_cast<size_t>(GetParam()))
-      << r.output;
+  EXPECT_EQ(lines_with(r.output, "comm_collectives passed").size(), static_cast<size_t>(n)) << r.output;
   EXPECT_TRUE(lines_with(r.output, "MISMATCH").empty()) << r.output;
+  // The transport really used (a world of one has none).
+  if (n > 1) {
+    EXPECT_EQ(lines_with(r.output, transport == "cma" ? "cma+gloo world=" : "gloo/tcp world=").size(),
+              static_cast<size_t>(n))
+        << r.output;
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, CommCollectives, ::testing::Values(1, 2, 3, 4),
-                         [](const auto& info) { return "N" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CommCollectives,
+                         ::testing::Values(GridParam{1, "auto"}, GridParam{2, "tcp"}, GridParam{2, "cma"},
+                                           GridParam{3, "tcp"}, GridParam{3, "cma"}, GridParam{4, "tcp"},
+                                           GridParam{4, "cma"}),
+                         [](const auto& info) {
+                           const int n = std::get<0>(info.param);
+                           return "N" + std::to_string(n) + (n == 1 ? "" : "_" + std::get<1>(info.param));
+                         });
 
 TEST(CommFailure, TimeoutNamesCollectiveAndMissingRank) {
   // Rank 2 never arrives at collective #3; ranks 0 and 1 must fail within

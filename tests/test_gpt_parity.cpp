@@ -63,8 +63,8 @@ class GptParity : public ::testing::TestWithParam<std::string> {};
 
 }  // namespace
 
-TEST_P(GptParity, WorldSizesOneTwoThreeMatchThePlainModel) {
-  const std::string strategy = GetParam();
+// `env` goes to every rank (e.g. FSDP_TRANSPORT).
+static void expect_gpt_parity(const std::string& strategy, const std::vector<std::string>& env) {
   const auto dir = fs::temp_directory_path() / ("fsdp_gpt_parity_" + strategy + "_" + std::to_string(::getpid()));
   fs::create_directories(dir);
 
@@ -76,7 +76,7 @@ TEST_P(GptParity, WorldSizesOneTwoThreeMatchThePlainModel) {
   std::map<std::string, torch::Tensor> n1;
   for (int n : {1, 2, 3}) {
     const std::string file = (dir / ("n" + std::to_string(n) + ".safetensors")).string();
-    auto r = fsdp::testing::run_ranks(n, "gpt_parity", {strategy, file});
+    auto r = fsdp::testing::run_ranks(n, "gpt_parity", {strategy, file}, env);
     ASSERT_EQ(r.exit_code, 0) << "N=" << n << "\n" << r.output;
     // The same losses as the reference, step by step.
     auto got = fsdp::testing::lines_with(r.output, "loss ");
@@ -100,6 +100,16 @@ TEST_P(GptParity, WorldSizesOneTwoThreeMatchThePlainModel) {
     }
   }
   fs::remove_all(dir);
+}
+
+TEST_P(GptParity, WorldSizesOneTwoThreeMatchThePlainModel) { expect_gpt_parity(GetParam(), {}); }
+
+// Over each same-host transport explicitly (the default, auto, is cma where
+// the host allows it).
+TEST(GptParityTransport, FullShardOverTcp) { expect_gpt_parity("full", {"FSDP_TRANSPORT=tcp"}); }
+TEST(GptParityTransport, FullShardOverCma) {
+  if (!fsdp::testing::cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
+  expect_gpt_parity("full", {"FSDP_TRANSPORT=cma"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, GptParity, ::testing::Values("full", "grad-op", "none"),

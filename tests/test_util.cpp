@@ -115,6 +115,14 @@ bool run_in_ranks(int n, double timeout_s) {
   return true;
 }
 
+bool cma_available() {
+  static const bool yes = [] {
+    auto r = run_ranks(2, "comm_hello", {}, {"FSDP_TRANSPORT=auto"}, 60);
+    return r.exit_code == 0 && lines_with(r.output, "hello from cma+gloo").size() == 2;
+  }();
+  return yes;
+}
+
 std::vector<std::string> lines_with(const std::string& text, const std::string& needle) {
   std::vector<std::string> out;
   std::istringstream is(text);

@@ -43,6 +43,10 @@ bool run_in_ranks(int n, double timeout_s = 120);
     if (::fsdp::testing::run_in_ranks(n)) return; \
   } while (0)
 
+// Whether ranks on this host may move bytes by cross-memory attach: two
+// ranks with FSDP_TRANSPORT=auto chose it (run once, then cached).
+bool cma_available();
+
 // Lines of `text` that contain `needle`.
 std::vector<std::string> lines_with(const std::string& text, const std::string& needle);
 

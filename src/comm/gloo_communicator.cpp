@@ -27,6 +27,7 @@
 
 #include "comm/backends.h"
 #include "comm/checks.h"
+#include "comm/cma.h"
 #include "comm/rendezvous.h"
 #include "comm/ring.h"
 #include "comm/work_queue.h"
@@ -94,7 +95,12 @@ class GlooCommunicator final : public Communicator {
       : world_(world), opts_(opts),
         rdv_(std::make_unique<Rendezvous>(world, opts.rendezvous_timeout, opts.job_token)),
         ctx_(rdv_->connect_gloo(opts.ifname)),
-        queue_(std::make_unique<WorkQueue>()) {}
+        transport_(choose_transport(ctx_.get(), opts.transport, Clock::now() + opts.rendezvous_timeout)),
+        queue_(std::make_unique<WorkQueue>()) {
+    if (opts_.debug_info && world_.rank == 0)
+      std::fprintf(stderr, "fsdp: FSDP_DEBUG: collectives move bytes by %s: %s\n",
+                   transport_.cma ? "cma (cross-memory attach)" : "gloo/tcp", transport_.why.c_str());
+  }
 
   ~GlooCommunicator() override {
     queue_.reset();  // runs what is queued, each bounded by its timeout
@@ -113,6 +119,7 @@ class GlooCommunicator final : public Communicator {
       const int n = world_.world_size, r = world_.rank;
       const int64_t block = input.numel() * input.element_size();
       char* out = static_cast<char*>(output.data_ptr());
+      if (transport_.cma) return cma_all_gather(s, transport_.peers, input.data_ptr(), out, block);
       // In-place use (input is block r of output) needs no copy.
       if (block > 0 && input.data_ptr() != out + r * block) std::memmove(out + r * block, input.data_ptr(), block);
       std::vector<int64_t> offset(n), count(n, block);
@@ -128,6 +135,9 @@ class GlooCommunicator final : public Communicator {
     return submit(shape, [input, output, op, this](const Step& s) {
       const int n = world_.world_size;
       const int64_t m = output.numel();
+      if (transport_.cma)
+        return cma_reduce_scatter(s, transport_.peers, input.data_ptr(), output.data_ptr(), m,
+                                  input.scalar_type(), op == ReduceOp::AVG ? n : 1);
       std::vector<int64_t> offset(n), count(n, m);
       for (int j = 0; j < n; ++j) offset[j] = j * m;
       return ring_reduce_scatter(s, input.data_ptr(), output.data_ptr(), offset, count,
@@ -141,6 +151,9 @@ class GlooCommunicator final : public Communicator {
       // Ring reduce-scatter into our own chunk, then ring all-gather of the
       // chunks (uneven when numel % N != 0), all in place.
       const int n = world_.world_size, r = world_.rank;
+      if (transport_.cma)
+        return cma_all_reduce(s, transport_.peers, tensor.data_ptr(), tensor.numel(), tensor.scalar_type(),
+                              op == ReduceOp::AVG ? n : 1);
       const int64_t es = tensor.element_size();
       Chunks c = ring_chunks(tensor.numel(), n);
       char* data = static_cast<char*>(tensor.data_ptr());
@@ -187,7 +200,7 @@ class GlooCommunicator final : public Communicator {
   }
   std::chrono::milliseconds timeout() const override { return opts_.timeout; }
   std::string describe() const override {
-    return detail::cat("gloo/tcp world=", world_.world_size, " rank=", world_.rank);
+    return detail::cat(transport_.cma ? "cma+gloo" : "gloo/tcp", " world=", world_.world_size, " rank=", world_.rank);
   }
 
  private:
@@ -296,14 +309,16 @@ class GlooCommunicator final : public Communicator {
     if (!unknown.empty())
       msg += detail::cat("\nProgress of ranks ", unknown, " is unknown: the store at ",
                          rdv_->describe_store(), " is unreachable (rank 0 may have exited).");
-    if (missing.empty() && mismatched.empty() && unknown.empty())
+    const std::string gone = transport_.cma ? cma_gone_peers(transport_.peers, world_.rank) : "";
+    if (!gone.empty()) msg += detail::cat("\nRanks whose process is gone: ", gone, ".");
+    if (missing.empty() && mismatched.empty() && unknown.empty() && gone.empty())
       msg += "\nEvery rank entered this collective, so the transfer itself failed: a peer died "
              "mid-transfer or the network stalled.";
     msg += timed_out ? "\nWhat to do: make every rank issue the same collectives in the same order; "
                        "a rank that is legitimately slower (data loading, checkpointing) needs a "
                        "larger FSDP_TIMEOUT."
                      : "\nWhat to do: look at the first rank that failed in the launcher's output.";
-    msg += "\n(gloo: " + engine_error + ")";
+    msg += (transport_.cma ? "\n(cma+gloo: " : "\n(gloo: ") + engine_error + ")";
     return msg;
   }
 
@@ -312,6 +327,7 @@ class GlooCommunicator final : public Communicator {
   const ResolvedOptions opts_;
   std::unique_ptr<Rendezvous> rdv_;
   std::shared_ptr<gloo::Context> ctx_;
+  const TransportChoice transport_;  // same on every rank (choose_transport)
 
   // Touched only on the communication thread.
   uint64_t seq_ = 0;

@@ -70,10 +70,20 @@ ResolvedOptions resolve_options(const CommOptions& opts) {
     std::string v = d;
     for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     if (v == "detail")
-      r.debug_detail = true;
-    else if (v != "off" && v != "info" && v != "0")
+      r.debug_detail = r.debug_info = true;
+    else if (v == "info")
+      r.debug_info = true;
+    else if (v != "off" && v != "0")
       throw Error(detail::cat("FSDP_DEBUG='", d, "' is not a known level; expected off or detail "
                               "(detail checks that every rank issues the same collective)"));
+  }
+  if (const char* t = env("FSDP_TRANSPORT")) {
+    r.transport = t;
+    for (auto& ch : r.transport) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (r.transport != "auto" && r.transport != "tcp" && r.transport != "cma")
+      throw Error(detail::cat("FSDP_TRANSPORT='", t, "' is not a known transport; expected auto (the default: "
+                              "cma when every rank is on this host and may read its peers' memory, else tcp), "
+                              "tcp (Gloo over TCP) or cma (cross-memory attach between ranks of one host)"));
   }
   if (const char* t = env("FSDP_JOB_TOKEN")) {
     r.job_token = t;

@@ -10,6 +10,8 @@
 //                            collective that every rank issues the same call
 //   FSDP_JOB_TOKEN           secret shared by the ranks of one job (set by
 //                            `fsdp run`); store keys live under it
+//   FSDP_TRANSPORT           auto (default), tcp or cma: how ranks on one host
+//                            move collective bytes (docs/COMM.md)
 #pragma once
 
 #include <chrono>
@@ -37,6 +39,8 @@ struct ResolvedOptions {
   std::chrono::milliseconds rendezvous_timeout;  // joining, connecting
   std::string ifname;
   bool debug_detail = false;  // FSDP_DEBUG=detail
+  bool debug_info = false;    // FSDP_DEBUG=info or detail: one line per choice made
+  std::string transport = "auto";  // FSDP_TRANSPORT: auto, tcp or cma
   std::string job_token;      // FSDP_JOB_TOKEN, "" when unset
 };
 ResolvedOptions resolve_options(const CommOptions& opts);

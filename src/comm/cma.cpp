@@ -1,0 +1,254 @@
+// fsdp-cpp: all_gather, reduce_scatter and all_reduce by cross-memory
+// attach (see cma.h).
+#include "comm/cma.h"
+
+#include <gloo/common/error.h>
+#include <gloo/context.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+
+#include "comm/checks.h"
+#include "comm/reduce.h"
+#include "fsdp/errors.h"
+
+namespace fsdp::comm {
+namespace {
+
+// Steps of the CMA messages, apart from the ring's ([0, 2^19)) and the
+// FSDP_DEBUG=detail check's ([2^19, 2^19 + N)).
+constexpr int kCmaStepBase = (1 << 19) + (1 << 18);
+enum Msg { kPost = 0, kReduced = 1, kDone = 2 };
+
+// What a rank tells each peer: where to read, how much; seq and kind guard
+// against a peer that runs a different collective.
+struct Post {
+  uint64_t seq;
+  uint64_t addr;
+  int64_t nbytes;
+  int64_t msg;
+};
+
+uint64_t slot(const Step& s, Msg m) { return (s.seq << 20) | static_cast<uint64_t>(kCmaStepBase + m); }
+
+std::chrono::milliseconds remaining(const Step& s) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(s.deadline - Clock::now());
+  return std::max(left, std::chrono::milliseconds(1));  // Gloo reads <= 0 as "the default"
+}
+
+// One message of kind `m` to and from every peer. Receives are posted at
+// construction, so a peer's early message always has a home. One receive
+// buffer per peer: Gloo's completion reports only the last sender, and
+// waiting peer by peer names the one that failed. The tables outlive
+// every outstanding operation (waited for, or destroyed only after the
+// Gloo context failed for good).
+class AllToAll {
+ public:
+  AllToAll(const Step& s, Msg m) : s_(s), m_(m), n_(s.ctx->size), r_(s.ctx->rank), table_(n_), recv_(n_) {
+    for (int q = 0; q < n_; ++q) {
+      if (q == r_) continue;
+      recv_[q] = s.ctx->createUnboundBuffer(&table_[q], sizeof(Post));
+      recv_[q]->recv(q, slot(s, m), 0, sizeof(Post));
+    }
+  }
+
+  void send(uint64_t addr, int64_t nbytes) {
+    mine_ = {s_.seq, addr, nbytes, m_};
+    send_ = s_.ctx->createUnboundBuffer(&mine_, sizeof mine_);
+    for (int q = 0; q < n_; ++q)
+      if (q != r_) send_->send(q, slot(s_, m_), 0, sizeof mine_);
+  }
+
+  // Every peer's message, from r+1 on; names the peer that failed.
+  const std::vector<Post>& wait(const char* what) {
+    for (int i = 1; i < n_; ++i) {
+      const int q = (r_ + i) % n_;
+      try {
+        if (!recv_[q]->waitRecv(remaining(s_))) throw gloo::IoException("receive aborted");
+      } catch (const std::exception& e) {
+        throw std::runtime_error(detail::cat("waiting for ", what, " of rank ", q, ": ", e.what()));
+      }
+      const Post& p = table_[q];
+      if (p.seq != s_.seq || p.msg != m_)
+        throw std::runtime_error(detail::cat("rank ", q, " sent message ", p.msg, " of collective #", p.seq,
+                                             " where this rank expected ", what, " of #", s_.seq));
+    }
+    return table_;
+  }
+
+  void wait_sent() {
+    if (!send_) return;
+    for (int i = 1; i < n_; ++i)
+      if (!send_->waitSend(remaining(s_))) throw gloo::IoException("send aborted");
+  }
+
+ private:
+  Step s_;
+  Msg m_;
+  int n_, r_;
+  std::vector<Post> table_;
+  Post mine_{};
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recv_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> send_;
+};
+
+// The peers' buffers, checked against what this rank expects (a peer that
+// posts another size runs another collective: fail, do not read past it).
+const std::vector<Post>& posted(AllToAll& x, int64_t expect, int self) {
+  const auto& t = x.wait("the buffer address");
+  for (size_t q = 0; q < t.size(); ++q)
+    if (static_cast<int>(q) != self && t[q].nbytes != expect)
+      throw std::runtime_error(detail::cat("rank ", q, " posted a buffer of ", t[q].nbytes,
+                                           " bytes where this rank expected ", expect,
+                                           ": the ranks issued different collectives"));
+  return t;
+}
+
+// Elements of one reduce piece: the ring's (chunk cut into pieces of at
+// most 1 MiB, FSDP_RING_PIECE_KIB), so the staging is never more than the
+// ring's and the planner's prediction (src/plan/plan.cpp) holds.
+int64_t piece_elems(int64_t count, int64_t es) {
+  const char* v = std::getenv("FSDP_RING_PIECE_KIB");
+  const long long kib = v ? std::atoll(v) : 0;
+  const int64_t target = std::max<int64_t>(es, kib > 0 ? int64_t(kib) << 10 : int64_t(1) << 20);
+  const int64_t pieces = std::max<int64_t>(1, (count * es + target - 1) / target);
+  return (count + pieces - 1) / pieces;
+}
+
+// Writes to `out` the reduction of elements [off, off + count) of every
+// rank's posted buffer, in the ring's order (cma.h); this rank's own
+// elements are at `own`. out may be `own` (every piece of own is read
+// before it is written); otherwise no peer may read `out`. Staging: one
+// piece when out is own, one more when N > 2 (the ring stages 2 at N = 2
+// in place, 4 at N > 2); torch allocates it, so the ledger sees it.
+void reduce_chunk(const Step& s, const CmaPeers& p, const std::vector<Post>& t, int64_t off, int64_t count,
+                  const char* own, char* out, c10::ScalarType dtype, int divisor) {
+  const int n = s.ctx->size, r = s.ctx->rank;
+  if (count == 0) return;
+  const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
+  const bool in_place = out == own;
+  const int64_t pe = piece_elems(count, es);
+  const int slots = (in_place ? 1 : 0) + (n > 2 ? 1 : 0);
+  torch::Tensor staging;
+  if (slots > 0) staging = torch::empty({slots * pe * es}, torch::kByte);
+  char* mem = staging.defined() ? static_cast<char*>(staging.data_ptr()) : nullptr;
+  char* tmp = mem + (in_place ? pe * es : 0);
+  for (int64_t lo = 0; lo < count; lo += pe) {
+    const int64_t m = std::min(pe, count - lo);
+    const uint64_t at = static_cast<uint64_t>((off + lo) * es);
+    // The partial sum starts as rank r+1's piece, straight in the output
+    // when that is not our own input.
+    char* acc = in_place ? mem : out + lo * es;
+    int q = (r + 1) % n;
+    read_peer(s, q, p.pid[q], acc, t[q].addr + at, m * es);
+    for (int i = 2; i < n; ++i) {
+      q = (r + i) % n;
+      read_peer(s, q, p.pid[q], tmp, t[q].addr + at, m * es);
+      add_into(acc, acc, tmp, m, dtype, 1);
+    }
+    add_into(out + lo * es, acc, own + lo * es, m, dtype, divisor);
+  }
+}
+
+// "Nobody reads my buffers any more": sent by every rank, awaited from every
+// peer, before a collective returns its buffers to the caller.
+void finish(AllToAll& done) {
+  done.send(0, 0);
+  done.wait("the end of reading");
+}
+
+uint64_t address(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+}  // namespace
+
+int64_t cma_all_gather(const Step& s, const CmaPeers& p, const void* in, void* out, int64_t block) {
+  const int n = s.ctx->size, r = s.ctx->rank;
+  char* o = static_cast<char*>(out);
+  if (block > 0 && in != o + r * block) std::memmove(o + r * block, in, block);
+  if (n == 1 || block == 0) return 0;
+  AllToAll post(s, kPost), done(s, kDone);
+  // Peers read our block where it now lies in the output: this rank never
+  // writes there, whatever `in` aliases.
+  post.send(address(o + r * block), block);
+  const auto& t = posted(post, block, r);
+  // Rank r starts at r+1, so the N readers spread over the N sources.
+  for (int i = 1; i < n; ++i) {
+    const int q = (r + i) % n;
+    read_peer(s, q, p.pid[q], o + q * block, t[q].addr, block);
+  }
+  finish(done);
+  post.wait_sent();
+  done.wait_sent();
+  return (n - 1) * block;
+}
+
+int64_t cma_reduce_scatter(const Step& s, const CmaPeers& p, const void* in, void* out, int64_t count,
+                           c10::ScalarType dtype, int divisor) {
+  const int n = s.ctx->size, r = s.ctx->rank;
+  const int64_t es = static_cast<int64_t>(c10::elementSize(dtype)), chunk = count * es, total = n * chunk;
+  const char* input = static_cast<const char*>(in);
+  char* output = static_cast<char*>(out);
+  const char* own = input + r * chunk;
+  if (n == 1) {
+    if (out != in) std::memcpy(out, in, chunk);
+    return 0;
+  }
+  if (count == 0) return 0;
+  // An output inside the input anywhere but chunk r would be read by a peer
+  // while we write it: reduce into a spare, copy once nobody reads.
+  const bool overlaps = output < input + total && output + chunk > input;
+  torch::Tensor spare;
+  char* dst = output;
+  if (overlaps && output != own) {
+    spare = torch::empty({chunk}, torch::kByte);
+    dst = static_cast<char*>(spare.data_ptr());
+  }
+  AllToAll post(s, kPost), done(s, kDone);
+  post.send(address(input), total);
+  const auto& t = posted(post, total, r);
+  reduce_chunk(s, p, t, r * count, count, own, dst, dtype, divisor);
+  finish(done);
+  if (spare.defined()) std::memcpy(output, dst, chunk);
+  post.wait_sent();
+  done.wait_sent();
+  return (n - 1) * chunk;
+}
+
+int64_t cma_all_reduce(const Step& s, const CmaPeers& p, void* data, int64_t numel, c10::ScalarType dtype,
+                       int divisor) {
+  const int n = s.ctx->size, r = s.ctx->rank;
+  if (n == 1 || numel == 0) return 0;
+  const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
+  const Chunks c = ring_chunks(numel, n);
+  char* d = static_cast<char*>(data);
+  AllToAll post(s, kPost), reduced(s, kReduced), done(s, kDone);
+  post.send(address(d), numel * es);
+  const auto& t = posted(post, numel * es, r);
+  // Phase 1: chunk r, in place. Peers read only their own chunks of our
+  // tensor, never chunk r, so writing it is safe while they read.
+  char* mine = d + c.offset[r] * es;
+  reduce_chunk(s, p, t, c.offset[r], c.count[r], mine, mine, dtype, divisor);
+  // Phase 2 overwrites chunk q, which rank q may still be reading in phase
+  // 1, with rank q's result, which must be final: both wait for this.
+  reduced.send(0, 0);
+  reduced.wait("the end of the reduce phase");
+  for (int i = 1; i < n; ++i) {
+    const int q = (r + i) % n;
+    read_peer(s, q, p.pid[q], d + c.offset[q] * es, t[q].addr + static_cast<uint64_t>(c.offset[q] * es),
+              c.count[q] * es);
+  }
+  finish(done);
+  post.wait_sent();
+  reduced.wait_sent();
+  done.wait_sent();
+  // The ring's bytes: every chunk but ours in the reduce-scatter, every
+  // chunk but our right neighbour's in the all-gather.
+  return (2 * numel - c.count[r] - c.count[(r + 1) % n]) * es;
+}
+
+}  // namespace fsdp::comm

@@ -1,0 +1,96 @@
+// fsdp-cpp: collectives between ranks of one host by cross-memory attach.
+// defines: CmaPeers, choose_transport, TransportChoice, read_peer,
+//          cma_all_gather, cma_reduce_scatter, cma_all_reduce
+//
+// A rank reads what it needs straight out of its peers' buffers with
+// process_vm_readv(2): one copy, by the kernel, from the peer's pages into
+// ours. Nothing is shared by name (no /dev/shm file, no futex word), so a
+// rank that dies leaves nothing behind, and a reader of a dead rank gets
+// ESRCH at once instead of waiting on memory nobody will ever write.
+//
+// Each collective, on the existing Gloo pairs and slots of its sequence
+// number (steps from kCmaStepBase, apart from the ring's and the call
+// check's):
+//   1. every rank sends every peer a Post (the address and byte count of
+//      the buffer the peer will read), and receives theirs;
+//   2. reads what it needs, in pieces, with the call's deadline checked
+//      between pieces;
+//   3. sends every peer "done" and waits for every peer's: a buffer is
+//      returned to its owner (freed, reused, written) only when no peer
+//      can still be reading it.
+// all_reduce has one more such exchange between its two phases.
+//
+// Bytes counted are the TCP ring's for the same call (see ring.h), so the
+// counters measure the algorithm's traffic whatever the transport: for
+// all_gather and reduce_scatter that is exactly what this rank reads.
+//
+// Summation order (reduce_scatter, all_reduce): chunk c is summed as the
+// ring sums it, starting at rank c+1 and ending at rank c,
+//   ((in[c+1] + in[c+2]) + ...) + in[c]      (ranks mod N),
+// each addition by add_into in the dtype (bf16/fp16 widened to fp32 and
+// rounded after each addition, AVG divided at the last), so results are
+// bitwise those of the ring for any input.
+#pragma once
+
+#include <sys/types.h>
+
+#include <c10/core/ScalarType.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/ring.h"
+
+namespace fsdp::comm {
+
+using Clock = std::chrono::steady_clock;
+
+// The process ids of every rank of a communicator that moves bytes by CMA.
+struct CmaPeers {
+  std::vector<pid_t> pid;
+};
+
+struct TransportChoice {
+  bool cma = false;
+  CmaPeers peers;   // filled when cma
+  std::string why;  // one sentence: why this transport
+};
+
+// Collective (every rank calls it once, right after the Gloo mesh is up, at
+// sequence number 0): exchanges each rank's host identity and FSDP_TRANSPORT
+// (`mode`: auto, tcp, cma), then each rank reads a random value from every
+// peer's memory. CMA when every rank is on this host and every probe read
+// the right value; else TCP. Every rank reaches the same choice. Throws
+// fsdp::Error when the ranks disagree on the mode, or when mode is cma and
+// CMA is impossible (the message says why and what to do).
+TransportChoice choose_transport(gloo::Context* ctx, const std::string& mode, Clock::time_point deadline);
+
+// Copies `nbytes` from address `remote` of rank q (process `pid`) to `dst`
+// in pieces of at most 4 MiB, checking the deadline between pieces. Throws
+// std::runtime_error naming rank q (gone, not permitted, bad address,
+// timed out).
+void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int64_t nbytes);
+
+// The peers whose process no longer exists ("rank 1 (pid 4242)", comma
+// separated; empty when all live), for the diagnosis of a failed call: a
+// process that has exited (even one not yet reaped) has no memory to
+// read, which process_vm_readv reports as ESRCH before it looks at the
+// address.
+std::string cma_gone_peers(const CmaPeers& p, int self);
+
+// Same contracts as ring_all_gather / ring_reduce_scatter / the ring
+// all_reduce of gloo_communicator.cpp; return the ring's byte counts.
+// all_gather: `in` holds this rank's block (block_bytes), which lands at
+// out + r * block_bytes (in may be exactly there).
+int64_t cma_all_gather(const Step& s, const CmaPeers& p, const void* in, void* out, int64_t block_bytes);
+// Writes the reduction of every rank's chunk r (count elements) of `in` to
+// `out`; out may be chunk r of `in`, nothing else of `in` is written.
+int64_t cma_reduce_scatter(const Step& s, const CmaPeers& p, const void* in, void* out, int64_t count,
+                           c10::ScalarType dtype, int divisor);
+// In place, chunks as ring_chunks(numel, N).
+int64_t cma_all_reduce(const Step& s, const CmaPeers& p, void* data, int64_t numel, c10::ScalarType dtype,
+                       int divisor);
+
+}  // namespace fsdp::comm

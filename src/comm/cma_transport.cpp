@@ -1,0 +1,201 @@
+// fsdp-cpp: choosing the same-host transport, and reading a peer's memory
+// (see cma.h).
+//
+// Host identity: FSDP_HOST_ID when set (tests use it to make one machine
+// look like several hosts), else the host name, the kernel's boot id and
+// this process's pid and network namespaces. Ranks in two containers of
+// one machine share a boot id but not a pid namespace, and a pid means
+// nothing across namespaces, so they count as two hosts; so do network
+// namespaces (tests/netns/two_hosts.sh simulates two hosts with them). The probe then proves what the
+// identity only suggests: each rank reads a random value from each peer's
+// memory; the value must come back (a pid that names some other process
+// gives a wrong value or an error, never a false success).
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <gloo/context.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+
+#include "comm/cma.h"
+#include "fsdp/errors.h"
+
+namespace fsdp::comm {
+namespace {
+
+// Pieces of one read: big enough that the syscall is noise, small enough
+// that the deadline is looked at every few milliseconds.
+constexpr int64_t kReadPiece = int64_t(4) << 20;
+
+// One rank's hello at sequence number 0 (fixed layout, raw bytes).
+struct Hello {
+  char mode[8];
+  char host[160];
+  int64_t pid;
+  uint64_t probe_addr;
+  uint64_t probe_value;
+};
+static_assert(sizeof(Hello) == 192, "Hello must have no hidden padding");
+
+// One rank's probe outcome: ok, or the first peer it could not read.
+struct ProbeResult {
+  int32_t ok;
+  int32_t peer;
+  int32_t err;  // errno, or 0 when the read succeeded with a wrong value
+  int32_t pad;
+};
+
+std::string read_line(const char* path) {
+  std::ifstream f(path);
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+
+std::string ns_of(const char* path) {
+  char ns[64] = {0};
+  const ssize_t k = readlink(path, ns, sizeof ns - 1);
+  return k > 0 ? std::string(ns, static_cast<size_t>(k)) : std::string("?");
+}
+
+std::string host_identity() {
+  if (const char* id = std::getenv("FSDP_HOST_ID"); id && *id) return std::string("FSDP_HOST_ID=") + id;
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return detail::cat(host, " boot ", read_line("/proc/sys/kernel/random/boot_id"), " ", ns_of("/proc/self/ns/pid"),
+                     " ", ns_of("/proc/self/ns/net"));
+}
+
+template <class T>
+std::vector<T> exchange(gloo::Context* ctx, const T& mine, int step_base, Clock::time_point deadline) {
+  const int n = ctx->size;
+  std::vector<T> all(n);
+  all[ctx->rank] = mine;
+  std::vector<int64_t> offset(n), count(n, sizeof(T));
+  for (int q = 0; q < n; ++q) offset[q] = q * static_cast<int64_t>(sizeof(T));
+  ring_all_gather(Step{ctx, 0, deadline}, all.data(), offset, count, step_base);
+  return all;
+}
+
+std::string why_unreadable(int reader, const ProbeResult& p, const std::vector<Hello>& hello) {
+  std::string what = p.err == 0 ? std::string("the read succeeded but returned a wrong value (the ranks live in "
+                                              "different pid namespaces)")
+                                : detail::cat("process_vm_readv failed: ", std::strerror(p.err));
+  return detail::cat("rank ", reader, " could not read the memory of rank ", p.peer, " (pid ", hello[p.peer].pid,
+                     "): ", what,
+                     ". Reading a peer's memory needs ptrace permission over it: the same user, and with Yama "
+                     "(/proc/sys/kernel/yama/ptrace_scope) at 1 or more a permission the ranks do not grant; "
+                     "containers may forbid it (seccomp, no CAP_SYS_PTRACE)");
+}
+
+}  // namespace
+
+void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int64_t nbytes) {
+  char* d = static_cast<char*>(dst);
+  for (int64_t done = 0; done < nbytes;) {
+    if (Clock::now() > s.deadline)
+      throw std::runtime_error(detail::cat("timed out reading the buffer of rank ", q, " (pid ", pid, ") after ",
+                                           done, " of ", nbytes, " bytes"));
+    const int64_t m = std::min(kReadPiece, nbytes - done);
+    iovec local{d + done, static_cast<size_t>(m)};
+    iovec far{reinterpret_cast<void*>(remote + static_cast<uint64_t>(done)), static_cast<size_t>(m)};
+    const ssize_t got = process_vm_readv(pid, &local, 1, &far, 1, 0);
+    if (got > 0) {
+      done += got;  // a partial read continues where it stopped
+      continue;
+    }
+    const int e = got < 0 ? errno : EFAULT;
+    if (e == EINTR) continue;
+    if (e == ESRCH)
+      throw std::runtime_error(detail::cat("rank ", q, " (pid ", pid, ") is gone: it died while this rank read ",
+                                           "its buffer (process_vm_readv: ", std::strerror(e), ")"));
+    throw std::runtime_error(detail::cat("reading the buffer of rank ", q, " (pid ", pid, ") failed after ", done,
+                                         " of ", nbytes, " bytes: process_vm_readv: ", std::strerror(e),
+                                         e == EFAULT ? " (rank died and its pid was reused, or posted a bad address)"
+                                                     : ""));
+  }
+}
+
+std::string cma_gone_peers(const CmaPeers& p, int self) {
+  std::string out;
+  for (size_t q = 0; q < p.pid.size(); ++q) {
+    if (static_cast<int>(q) == self) continue;
+    char byte = 0;
+    iovec local{&byte, 1}, far{nullptr, 1};
+    if (process_vm_readv(p.pid[q], &local, 1, &far, 1, 0) < 0 && errno == ESRCH)
+      out += detail::cat(out.empty() ? "" : ", ", "rank ", q, " (pid ", p.pid[q], ")");
+  }
+  return out;
+}
+
+TransportChoice choose_transport(gloo::Context* ctx, const std::string& mode, Clock::time_point deadline) {
+  const int n = ctx->size, r = ctx->rank;
+  // Lives on this stack until every rank has reported its probe below, so
+  // no peer reads it after it is gone.
+  volatile uint64_t probe_value = std::random_device{}() | (uint64_t(std::random_device{}()) << 32) | 1;
+  Hello mine;
+  std::memset(&mine, 0, sizeof mine);
+  std::strncpy(mine.mode, mode.c_str(), sizeof mine.mode - 1);
+  std::strncpy(mine.host, host_identity().c_str(), sizeof mine.host - 1);
+  mine.pid = getpid();
+  mine.probe_addr = reinterpret_cast<uint64_t>(&probe_value);
+  mine.probe_value = probe_value;
+
+  TransportChoice out;
+  try {
+    auto hello = exchange(ctx, mine, /*step_base=*/0, deadline);
+    for (int q = 0; q < n; ++q)
+      if (std::strcmp(hello[q].mode, hello[0].mode) != 0)
+        throw Error(detail::cat("ranks disagree on FSDP_TRANSPORT: rank 0 has '", hello[0].mode, "', rank ", q,
+                                " has '", hello[q].mode, "'. Start every rank with the same FSDP_TRANSPORT "
+                                "(or none: auto)."));
+    if (mode == "tcp") {
+      out.why = "FSDP_TRANSPORT=tcp";
+      return out;
+    }
+    int other = -1;
+    for (int q = 0; q < n && other < 0; ++q)
+      if (std::strcmp(hello[q].host, hello[0].host) != 0) other = q;
+    if (other >= 0) {
+      out.why = detail::cat("the ranks are not all on one host (rank 0 on '", hello[0].host, "', rank ", other,
+                            " on '", hello[other].host,
+                            "'); cross-memory attach needs every rank on one host, and composing it with TCP "
+                            "between hosts is not implemented");
+    } else {
+      ProbeResult res{1, -1, 0, 0};
+      for (int i = 1; i < n && res.ok; ++i) {
+        const int q = (r + i) % n;
+        uint64_t got = 0;
+        iovec local{&got, sizeof got};
+        iovec far{reinterpret_cast<void*>(hello[q].probe_addr), sizeof got};
+        const ssize_t k = process_vm_readv(static_cast<pid_t>(hello[q].pid), &local, 1, &far, 1, 0);
+        if (k != static_cast<ssize_t>(sizeof got) || got != hello[q].probe_value)
+          res = {0, q, k < 0 ? errno : 0, 0};
+      }
+      auto results = exchange(ctx, res, /*step_base=*/1 << 17, deadline);
+      for (int q = 0; q < n && out.why.empty(); ++q)
+        if (!results[q].ok) out.why = why_unreadable(q, results[q], hello);
+      if (out.why.empty()) {
+        out.cma = true;
+        out.why = detail::cat("all ", n, " ranks are on this host and may read each other's memory");
+        for (auto& h : hello) out.peers.pid.push_back(static_cast<pid_t>(h.pid));
+      }
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(detail::cat("rank ", r, ": choosing the transport (FSDP_TRANSPORT=", mode,
+                            ") failed: a rank stopped or the network stalled: ", e.what()));
+  }
+  if (!out.cma && mode == "cma")
+    throw Error(detail::cat("FSDP_TRANSPORT=cma, but ", out.why,
+                            ". Use FSDP_TRANSPORT=auto (falls back to TCP) or FSDP_TRANSPORT=tcp."));
+  return out;
+}
+
+}  // namespace fsdp::comm

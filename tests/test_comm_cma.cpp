@@ -1,0 +1,218 @@
+// fsdp-cpp tests: the same-host transport (FSDP_TRANSPORT, src/comm/cma.*)
+// with real rank processes: its choice, the ring's summation order, a rank
+// killed mid-transfer, timeouts, hosts simulated with FSDP_HOST_ID, and
+// parity of training over each transport. Scenarios:
+// tests/workers/cma_scenarios.cpp and comm_scenarios.cpp.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+#include <thread>
+
+#include "test_util.h"
+
+namespace fsdp::testing {
+namespace {
+
+bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Two `fsdp run --nnodes 2` launchers of 2 ranks each on this machine, at
+// once; env0/env1 go to node 0/1 (FSDP_HOST_ID there makes them two hosts).
+std::pair<ProcResult, ProcResult> run_two_nodes(const std::string& scenario, const std::vector<std::string>& env0,
+                                                const std::vector<std::string>& env1, double timeout_s = 240) {
+  const std::string port = std::to_string(free_port());
+  auto argv = [&](int node) {
+    return std::vector<std::string>{bin_path("fsdp"), "run", "-n", "2", "--nnodes", "2", "--node-rank",
+                                    std::to_string(node), "--master-addr", "127.0.0.1", "--master-port", port,
+                                    "--", bin_path("fsdp_test_worker"), scenario};
+  };
+  auto with_token = [](std::vector<std::string> env) {
+    env.push_back("FSDP_JOB_TOKEN=cma_test_token_0123456789");
+    return env;
+  };
+  ProcResult r1;
+  std::thread t([&] { r1 = run_command(argv(1), with_token(env1), timeout_s); });
+  ProcResult r0 = run_command(argv(0), with_token(env0), timeout_s);
+  t.join();
+  return {r0, r1};
+}
+
+std::set<std::string> shm_entries() {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) out.insert(e.path().filename().string());
+  return out;
+}
+
+TEST(CommTransport, ForcedCmaWorksOrSaysWhy) {
+  auto r = run_ranks(2, "comm_hello", {}, {"FSDP_TRANSPORT=cma", "FSDP_DEBUG=info"}, 60);
+  if (r.exit_code != 0) {
+    // A host that forbids it (Yama, a container): one clear message.
+    EXPECT_TRUE(contains(r.output, "FSDP_TRANSPORT=cma, but rank")) << r.output;
+    EXPECT_FALSE(cma_available()) << r.output;
+    return;
+  }
+  EXPECT_EQ(lines_with(r.output, "hello from cma+gloo").size(), 2u) << r.output;
+  EXPECT_EQ(lines_with(r.output, "FSDP_DEBUG: collectives move bytes by cma").size(), 1u) << r.output;
+  EXPECT_TRUE(cma_available()) << "auto must choose cma where cma works";
+}
+
+TEST(CommTransport, UnknownTransportIsAClearError) {
+  auto r = run_ranks(2, "comm_hello", {}, {"FSDP_TRANSPORT=shm"}, 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "FSDP_TRANSPORT='shm' is not a known transport; expected auto")) << r.output;
+}
+
+// Reduced values equal a local sum in the ring's order bit for bit, over
+// both transports, so the two give identical results for any input.
+using OrderParam = std::tuple<int, std::string>;
+class CommSumOrder : public ::testing::TestWithParam<OrderParam> {};
+TEST_P(CommSumOrder, BitwiseEqualToTheRingOrderSum) {
+  auto [n, transport] = GetParam();
+  if (transport == "cma" && !cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
+  auto r = run_ranks(n, "comm_sum_order", {}, {"FSDP_TRANSPORT=" + transport}, 240);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(lines_with(r.output, "comm_sum_order passed").size(), static_cast<size_t>(n)) << r.output;
+  EXPECT_TRUE(lines_with(r.output, "MISMATCH").empty()) << r.output;
+}
+INSTANTIATE_TEST_SUITE_P(Transports, CommSumOrder,
+                         ::testing::Values(OrderParam{2, "cma"}, OrderParam{3, "cma"}, OrderParam{4, "cma"},
+                                           OrderParam{3, "tcp"}),
+                         [](const auto& info) {
+                           return "N" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
+                         });
+
+// Rank 1 of 3 SIGKILLs itself while 16 MiB blocks are being read from it:
+// ranks 0 and 2 fail within timeout + 2 s with an error naming rank 1, and
+// nothing is left in /dev/shm (the transport creates no files at all).
+TEST(CommTransport, RankKilledMidGatherFailsTheOthersNamingIt) {
+  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
+  const auto shm_before = shm_entries();
+  auto r = run_command({bin_path("fsdp"), "run", "-n", "3", "--grace", "10", "--", bin_path("fsdp_test_worker"),
+                        "comm_kill_gather", "1"},
+                       {"FSDP_TRANSPORT=cma", "FSDP_TIMEOUT=3"}, 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_EQ(lines_with(r.output, "] transport cma+gloo").size(), 3u) << r.output;
+  for (int survivor : {0, 2}) {
+    const std::string tag = "[rank " + std::to_string(survivor) + "] ";
+    auto elapsed = lines_with(r.output, tag + "after ");
+    ASSERT_EQ(elapsed.size(), 1u) << r.output;
+    const double s = std::stod(elapsed[0].substr(elapsed[0].find("elapsed=") + 8));
+    EXPECT_LT(s, 3.0 + 2.0) << elapsed[0];
+    auto error = lines_with(r.output, tag + "error:");
+    ASSERT_EQ(error.size(), 1u) << r.output;
+    EXPECT_TRUE(contains(error[0], "rank 1")) << error[0];
+    EXPECT_TRUE(contains(error[0], "all_gather 'big.ag'")) << error[0];
+  }
+  std::set<std::string> added;
+  for (auto& e : shm_entries())
+    if (!shm_before.count(e)) added.insert(e);
+  EXPECT_TRUE(added.empty()) << "new in /dev/shm: " << *added.begin();
+}
+
+// The existing timeout contract over each transport: rank 2 never arrives
+// at #3, the others fail within timeout + 2 s naming it.
+class CommTimeoutOver : public ::testing::TestWithParam<std::string> {};
+TEST_P(CommTimeoutOver, NamesTheMissingRank) {
+  const std::string transport = GetParam();
+  if (transport == "cma" && !cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
+  auto r = run_ranks(3, "comm_timeout", {"2", "3"}, {"FSDP_TIMEOUT=2", "FSDP_TRANSPORT=" + transport}, 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  auto elapsed = lines_with(r.output, "[rank 0] elapsed=");
+  ASSERT_EQ(elapsed.size(), 1u) << r.output;
+  const double s = std::stod(elapsed[0].substr(elapsed[0].find('=') + 1));
+  EXPECT_GE(s, 1.9) << r.output;
+  EXPECT_LT(s, 4.0) << r.output;
+  EXPECT_FALSE(lines_with(r.output, "[rank 0] Ranks that never arrived at #3: rank 2 (last entered #2").empty())
+      << r.output;
+  EXPECT_FALSE(lines_with(r.output, "[rank 0] later call failed after 0.0").empty()) << r.output;
+}
+INSTANTIATE_TEST_SUITE_P(Transports, CommTimeoutOver, ::testing::Values("tcp", "cma"));
+
+// Two launchers whose host identities differ look like two hosts: auto
+// falls back to TCP for everything (tiers are not composed) and says why;
+// the whole grid passes over it.
+TEST(CommTransport, TwoHostsFallBackToTcpAndPassTheGrid) {
+  auto [a, b] = run_two_nodes("comm_collectives", {"FSDP_HOST_ID=node-a", "FSDP_DEBUG=info"},
+                              {"FSDP_HOST_ID=node-b", "FSDP_DEBUG=info"});
+  EXPECT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(lines_with(a.output + b.output, "comm_collectives passed").size(), 4u) << a.output << b.output;
+  EXPECT_EQ(lines_with(a.output + b.output, "gloo/tcp world=4").size(), 4u) << a.output << b.output;
+  EXPECT_FALSE(
+      lines_with(a.output, "collectives move bytes by gloo/tcp: the ranks are not all on one host").empty())
+      << a.output;
+}
+
+// The same two launchers without FSDP_HOST_ID are on one host, whatever
+// LOCAL_WORLD_SIZE says: CMA.
+TEST(CommTransport, TwoLaunchersOnOneHostUseCma) {
+  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
+  auto [a, b] = run_two_nodes("comm_hello", {}, {}, 60);
+  EXPECT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(lines_with(a.output + b.output, "hello from cma+gloo world=4").size(), 4u) << a.output << b.output;
+}
+
+TEST(CommTransport, ForcedCmaAcrossHostsIsAClearError) {
+  auto [a, b] = run_two_nodes("comm_hello", {"FSDP_HOST_ID=node-a", "FSDP_TRANSPORT=cma"},
+                              {"FSDP_HOST_ID=node-b", "FSDP_TRANSPORT=cma"}, 60);
+  EXPECT_NE(a.exit_code, 0) << a.output;
+  EXPECT_NE(b.exit_code, 0) << b.output;
+  EXPECT_TRUE(contains(a.output, "FSDP_TRANSPORT=cma, but the ranks are not all on one host")) << a.output;
+  EXPECT_TRUE(contains(a.output, "Use FSDP_TRANSPORT=auto")) << a.output;
+  EXPECT_LT(a.seconds, 30) << a.output;
+}
+
+TEST(CommTransport, RanksThatDisagreeOnTheTransportFailClearly) {
+  auto [a, b] = run_two_nodes("comm_hello", {"FSDP_TRANSPORT=tcp"}, {"FSDP_TRANSPORT=auto"}, 60);
+  EXPECT_NE(a.exit_code, 0) << a.output;
+  EXPECT_NE(b.exit_code, 0) << b.output;
+  EXPECT_TRUE(contains(a.output, "ranks disagree on FSDP_TRANSPORT: rank 0 has 'tcp', rank 2 has 'auto'"))
+      << a.output;
+}
+
+// Training parity (tests/test_core.cpp's scenario) over each transport: a
+// subset of the grid that covers all_gather, reduce_scatter (FULL_SHARD,
+// SHARD_GRAD_OP with no_sync) and all_reduce (NO_SHARD).
+using CoreParam = std::tuple<std::string, int, std::string, std::string>;
+class CoreParityOver : public ::testing::TestWithParam<CoreParam> {};
+TEST_P(CoreParityOver, MatchesUnshardedReference) {
+  auto [transport, n, strategy, mode] = GetParam();
+  if (transport == "cma" && !cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
+  auto r = run_ranks(n, "core_parity", {strategy, mode}, {"FSDP_TRANSPORT=" + transport});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto ok = lines_with(r.output, "PARITY");
+  ASSERT_EQ(static_cast<int>(ok.size()), n) << r.output;
+  for (auto& l : ok) EXPECT_NE(l.find(" OK"), std::string::npos) << l;
+}
+INSTANTIATE_TEST_SUITE_P(Transports, CoreParityOver,
+                         ::testing::Values(CoreParam{"tcp", 3, "full", "rs"}, CoreParam{"cma", 3, "full", "rs"},
+                                           CoreParam{"tcp", 2, "none", "plain"}, CoreParam{"cma", 2, "none", "plain"},
+                                           CoreParam{"tcp", 3, "grad-op", "nosync"},
+                                           CoreParam{"cma", 3, "grad-op", "nosync"}),
+                         [](const auto& info) {
+                           std::string s = std::get<2>(info.param);
+                           for (auto& c : s)
+                             if (c == '-') c = '_';
+                           return std::get<0>(info.param) + "_N" + std::to_string(std::get<1>(info.param)) + "_" +
+                                  s + "_" + std::get<3>(info.param);
+                         });
+
+}  // namespace
+}  // namespace fsdp::testing
