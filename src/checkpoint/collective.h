@@ -12,7 +12,7 @@
 
 namespace fsdp::ckpt::detail {
 
-// The checkpoint wording of comm::agree (src/comm/agree.h): when any rank
+// The checkpoint wording of comm::agree (src/common/agree.h): when any rank
 // reported an error every rank throws fsdp::Error: its own message, or one
 // naming the failed ranks and `consequence` ("nothing was loaded").
 void agree(Communicator& comm, const char* phase, const std::string& local_error, const std::string& consequence);

@@ -19,7 +19,7 @@
 #include "checkpoint/collective.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors.h"
-#include "comm/agree.h"
+#include "common/agree.h"
 #include "fsdp/progress.h"
 
 namespace fsdp::ckpt {

@@ -12,7 +12,7 @@
 #include "compat/torch_compat.h"
 #include "fsdp/progress.h"
 #include "fsdp/state_dict.h"
-#include "comm/agree.h"
+#include "common/agree.h"
 #include "common/shard_math.h"
 #include "unit/engine_access.h"
 

@@ -1,5 +1,5 @@
 // fsdp-cpp: failing together (see agree.h).
-#include "comm/agree.h"
+#include "common/agree.h"
 
 #include "fsdp/errors.h"
 
