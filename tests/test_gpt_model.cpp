@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "fsdp/checkpoint.h"
+#include "usage.h"
 #include "fsdp/optim.h"
 #include "test_util.h"
 #include "gpt/model.h"

@@ -13,10 +13,11 @@
 #include <unordered_map>
 
 #include "fsdp/errors.h"
+#include "usage.h"
 #include "fsdp/memory.h"
 #include "fsdp/plan.h"
 // The gpt example's planner code, compiled in here (the example has no library of its own).
-#include "gpt/plan_gpt.cpp"
+#include "gpt/plan_gpt.h"
 #include "test_util.h"
 
 namespace {

@@ -137,9 +137,9 @@ TEST(StrategyNames, OneParserForEngineAndPlanner) {
     EXPECT_STREQ(to_string(s), fsdp::detail::strategy_name(s));
   }
   EXPECT_FALSE(plan::parse_strategy_or_auto("auto").has_value());
-  EXPECT_THROW(parse_strategy("auto"), UsageError);
-  EXPECT_THROW(parse_strategy("half"), UsageError);
-  EXPECT_THROW(plan::parse_strategy_or_auto("half"), UsageError);
+  EXPECT_THROW(parse_strategy("auto"), Error);
+  EXPECT_THROW(parse_strategy("half"), Error);
+  EXPECT_THROW(plan::parse_strategy_or_auto("half"), Error);
 }
 
 // --- wrap descriptions -------------------------------------------------------

@@ -15,20 +15,10 @@
 #include <regex>
 #include <sstream>
 
-#include "fsdp/init.h"
+// Torch-free: the install test (tests/install) compiles this file without
+// the library. fsdp_tests' fsdp::init is in test_init.cpp.
 
 namespace fsdp::testing {
-namespace {
-
-// What every program built on fsdp-cpp does first (the ledger and memory
-// tests measure through the counting allocator).
-class InitEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override { fsdp::init(); }
-};
-const auto* const g_init_env = ::testing::AddGlobalTestEnvironment(new InitEnvironment);
-
-}  // namespace
 
 // FSDP_TEST_BIN_DIR overrides the build's bin/ (e.g. the sanitizer build's
 // binaries as the ranks of a plain fsdp_tests: make test-asan ASAN_QUICK=1).

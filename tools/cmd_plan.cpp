@@ -11,7 +11,7 @@
 #include "fsdp/memory.h"
 #include "fsdp/plan.h"
 // The gpt example's planner code, compiled in here (the example has no library of its own).
-#include "gpt/plan_gpt.cpp"
+#include "gpt/plan_gpt.h"
 #include "plan/names.h"
 
 namespace {

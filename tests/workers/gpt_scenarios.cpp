@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fsdp/checkpoint.h"
+#include "usage.h"
 #include "fsdp/comm.h"
 #include "fsdp/fully_shard.h"
 #include "gpt/data.h"
