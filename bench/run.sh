@@ -85,32 +85,30 @@ run_peers() {
 BENCHES=${BENCHES:-"bench_single bench_comm bench_train bench_threads peers"}
 
 # The machine must be quiet for a figure to mean anything. Before each
-# section (when none of ours runs) the number of other runnable processes is
-# sampled ten times over a second (/proc/loadavg's running count, less the
-# process reading it); a mean of BENCH_MAX_OTHERS (0.5) or more means someone
-# else computes beside us, and the section's figures are flagged. The load
-# averages before and after go into the results too, for context only: the
-# 1-minute average after a section counts that section's own ranks, and
-# decays into the next section's "before".
-BENCH_MAX_OTHERS=${BENCH_MAX_OTHERS:-0.5}
+# section (when none of ours runs) the CPU time that every process of the
+# machine used over one second is read from /proc/stat, in cores: BENCH_MAX_BUSY
+# (0.25) or more means someone else computes beside us, and the section's
+# figures are flagged. The load averages before and after go into the results
+# for context only: on some virtual machines they never fall below 1 even
+# when idle, and after a section they count that section's own ranks.
+BENCH_MAX_BUSY=${BENCH_MAX_BUSY:-0.25}
 LOADS="$RUN_DIR/load.jsonl"
-others_runnable() {
-  t=0
-  for _ in 1 2 3 4 5 6 7 8 9 10; do
-    r=$(cut -d' ' -f4 /proc/loadavg)
-    t=$((t + ${r%%/*} - 1))
-    sleep 0.1
-  done
-  awk -v t="$t" 'BEGIN { printf "%.1f", t / 10 }'
+busy_cores() {
+  read -r _ u n s i w q sq st _ < /proc/stat
+  t1=$((u + n + s + i + w + q + sq + st)); i1=$((i + w))
+  sleep 1
+  read -r _ u n s i w q sq st _ < /proc/stat
+  t2=$((u + n + s + i + w + q + sq + st)); i2=$((i + w))
+  awk -v dt=$((t2 - t1)) -v di=$((i2 - i1)) -v c="$(nproc)" 'BEGIN { printf "%.2f", (dt > 0 ? (dt - di) / dt * c : 0) }'
 }
 record_load() {  # section, when
   o=null
-  [ "$2" = before ] && o=$(others_runnable)
-  printf '{"section": "%s", "when": "%s", "load1": %s, "others_runnable": %s, "loadavg": "%s"}\n' "$1" "$2" \
+  [ "$2" = before ] && o=$(busy_cores)
+  printf '{"section": "%s", "when": "%s", "load1": %s, "busy_cores": %s, "loadavg": "%s"}\n' "$1" "$2" \
     "$(cut -d' ' -f1 /proc/loadavg)" "$o" "$(cut -d' ' -f1-3 /proc/loadavg)" >> "$LOADS"
-  if [ "$o" != null ] && awk -v o="$o" -v m="$BENCH_MAX_OTHERS" 'BEGIN { exit !(o >= m) }'; then
-    echo "bench/run.sh: WARNING: $o other processes were running before '$1' (load average" \
-      "$(cut -d' ' -f1-3 /proc/loadavg)): the machine is busy, these figures do not hold" >&2
+  if [ "$o" != null ] && awk -v o="$o" -v m="$BENCH_MAX_BUSY" 'BEGIN { exit !(o >= m) }'; then
+    echo "bench/run.sh: WARNING: $o cores were busy with other work before '$1' (load average" \
+      "$(cut -d' ' -f1-3 /proc/loadavg)): these figures do not hold" >&2
   fi
 }
 
@@ -136,7 +134,7 @@ echo "bench/run.sh: results appended to $BENCH_JSON"
 # Side by side, and the ratios of issue 6.
 if ls "$RUN_DIR"/bench_train.jsonl "$RUN_DIR"/bench_single.jsonl >/dev/null 2>&1; then
   echo "== summary"
-  BENCH_MAX_OTHERS=$BENCH_MAX_OTHERS "$PYTHON" - "$RUN_DIR" "$RESULTS" <<'EOF' || status=1
+  BENCH_MAX_BUSY=$BENCH_MAX_BUSY "$PYTHON" - "$RUN_DIR" "$RESULTS" <<'EOF' || status=1
 import json, os, sys
 
 run_dir, out = sys.argv[1], sys.argv[2]
@@ -293,15 +291,15 @@ for c in comm:
            0.50, ">=")
     target("all_gather_64MiB_over_tcp_N%d" % n, R.get("all_gather_64MiB_over_tcp_N%d" % n), 0.80, ">=")
     target("reduce_scatter_64MiB_over_tcp_N%d" % n, R.get("reduce_scatter_64MiB_over_tcp_N%d" % n), 0.80, ">=")
-busy = [l for l in loads if l.get("others_runnable") is not None and
-        l["others_runnable"] >= float(os.environ.get("BENCH_MAX_OTHERS", "0.5"))]
+busy = [l for l in loads if l.get("busy_cores") is not None and
+        l["busy_cores"] >= float(os.environ.get("BENCH_MAX_BUSY", "0.25"))]
 res["busy"] = bool(busy)
 res["runs"] = {"bench_train": train, "peers": peers, "bench_comm": comm, "bench_threads": threads2,
                "bench_single": single, "single_peer": single_peer}
 with open(out, "w") as f:
     json.dump(res, f, indent=1)
-print("before each section, other runnable processes (mean of 10 samples) and the 1-min load average: " +
-      ", ".join("%s %s/%.2f" % (l["section"], l["others_runnable"], l["load1"]) for l in loads if l["when"] == "before"))
+print("before each section, cores busy with other work (/proc/stat over 1 s) / the 1-min load average: " +
+      ", ".join("%s %.2f/%.2f" % (l["section"], l["busy_cores"], l["load1"]) for l in loads if l["when"] == "before"))
 if busy:
     print("WARNING: the machine was busy during %s: these ratios do not hold" %
           ", ".join(sorted({l["section"] for l in busy})))
