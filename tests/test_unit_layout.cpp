@@ -265,7 +265,7 @@ TEST(UnitTransitions, AnIllegalTransitionIsAnInternalErrorNamingTheUnitAndBothSt
   try {
     u->post_backward(/*no_sync=*/false);  // no backward is running
     FAIL() << "expected an internal error";
-  } catch (const std::logic_error& e) {
+  } catch (const fsdp::InternalError& e) {
     std::string m = e.what();
     EXPECT_NE(m.find("internal error at "), std::string::npos) << m;
     EXPECT_NE(m.find("unit 'blocks.1'"), std::string::npos) << m;

@@ -3,16 +3,16 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "cli_checks.h"
 #include "usage.h"
 #include "command.h"
+#include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
 #include "fsdp/plan.h"
-// The gpt example's planner code, compiled in here (the example has no library of its own).
-#include "gpt/plan_gpt.h"
-#include "plan/names.h"
+#include "gpt/plan_gpt.h"  // GPT-mini's units and activations (the fsdp_gpt library)
 
 namespace {
 
@@ -66,7 +66,7 @@ int cmd_plan(int argc, char** argv) {
   }
   // Everything below checks the user's input: a bad value is a usage error (exit 2).
   PlanOptions o;
-  decltype(parse_strategy_or_auto(strategy)) chosen;
+  std::optional<fsdp::ShardingStrategy> chosen;  // none: auto
   int64_t budget = 0;
   try {
     if (model != "gpt") throw fsdp::UsageError("--model: expected gpt, found '" + model + "'");
@@ -88,7 +88,13 @@ int cmd_plan(int argc, char** argv) {
     o.micro_steps = micro_steps;
     o.prefetch = prefetch;
     if (!bandwidth_text.empty()) parse_bandwidth(bandwidth_text);  // checked here, used below
-    chosen = parse_strategy_or_auto(strategy);
+    if (strategy != "auto") {
+      try {
+        chosen = fsdp::parse_strategy(strategy);
+      } catch (const fsdp::Error&) {
+        throw fsdp::Error("--strategy: expected full|grad-op|none|auto, found '" + strategy + "'");
+      }
+    }
     if (!budget_text.empty()) {
       try {
         budget = fsdp::cli::parse_bytes(budget_text);
@@ -129,14 +135,14 @@ int cmd_plan(int argc, char** argv) {
   if (budget > 0) {
     Recommendation r = recommend(gpt_candidates(s, o.param_bytes), act.total, o, budget);
     std::string verdict = std::string(r.fits ? "recommended: " : "closest (does NOT fit): ") +
-                          strategy_name(r.strategy) + " with --wrap " + r.wrap;
+                          fsdp::to_string(r.strategy) + " with --wrap " + r.wrap;
     if (!chosen) {
       text += r.plan.str();
       j["plan"] = nlohmann::json::parse(r.plan.to_json());
       j["wrap"] = r.wrap;
     }
     text += "\n" + r.why + "\n=> " + verdict + "\n";
-    j["recommendation"] = {{"fits", r.fits}, {"strategy", strategy_name(r.strategy)}, {"wrap", r.wrap},
+    j["recommendation"] = {{"fits", r.fits}, {"strategy", fsdp::to_string(r.strategy)}, {"wrap", r.wrap},
                            {"why", r.why}, {"budget", budget}, {"peak", r.plan.peak}};
   }
   j["model"] = {{"family", "gpt"}, {"layers", s.layers}, {"dim", s.dim}, {"heads", s.heads}, {"vocab", s.vocab},
