@@ -2,6 +2,7 @@
 #   make demo   the main job: GPT-mini trained with FULL_SHARD on 2 ranks, with a report
 #   make test   build and run the test suite (ctest)
 #   make build  build only;  make bench  benchmarks;  make deps  Debian packages only
+#   make scale  a model no rank can hold: GPT d=768 L=12 (85.6 M) on 8 ranks under 320 MiB each
 #   make docs   the API reference of include/fsdp (Doxygen) in build/docs/html
 #   make install PREFIX=DIR   headers, libraries, the fsdp command and the CMake package
 #   make fuzz   libFuzzer over the checkpoint parsers (clang, build-fuzz/, FUZZ_SECONDS each)
@@ -21,7 +22,7 @@ FUZZ_DEBS := clang-14 libclang-rt-14-dev
 DEBS ?= $(BUILD_DEBS) $(TEST_DEBS)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps deps-build configure build test demo tiny bench clean fuzz test-asan docs install
+.PHONY: deps deps-build configure build test demo scale tiny bench clean fuzz test-asan docs install
 
 # The one place that installs Debian packages: only those of $(DEBS) that are
 # missing (nothing, not even apt-get update, when all are there). Other
@@ -54,6 +55,10 @@ tiny: build
 DEMO_ARGS ?=
 demo: deps build
 	bash examples/gpt/demo.sh $(BUILD) $(DEMO_ARGS)
+
+# SCALE_N, SCALE_BUDGET, SCALE_STEPS: see examples/gpt/scale.sh
+scale: deps build
+	bash examples/gpt/scale.sh $(BUILD)
 
 bench: deps build
 	bash bench/run.sh $(BUILD)

@@ -30,10 +30,11 @@ std::string text_file() {
   return path;
 }
 
-fsdp::testing::ProcResult train(const std::string& strategy, const std::string& text) {
+fsdp::testing::ProcResult train(const std::string& strategy, const std::string& text, bool check = true) {
   std::vector<std::string> argv = {bin_path("fsdp"), "run", "-n", "2", "--", bin_path("gpt"), "--text", text,
                                    "--steps", "3", "--eval-every", "0", "--strategy", strategy, "--max-memory", "96MiB"};
   argv.insert(argv.end(), kModel.begin(), kModel.end());
+  if (!check) argv.push_back("--no-budget-check");
   return run_command(argv, {}, 180);
 }
 
@@ -51,7 +52,16 @@ TEST(PlanOom, NoShardFailsTheBudgetWithTheLedgerAndFullShardTrains) {
   EXPECT_LT(predicted_peak("full"), kBudget);
 
   const std::string text = text_file();
-  auto none = train("none", text);
+  // The trainer refuses it before building anything, with the planner's terms.
+  auto refused = train("none", text);
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  for (const char* needle : {"cannot fit --max-memory 96MiB", "the planner's peak per rank at N=2 with NO_SHARD",
+                             "the largest term is P+G+O, the model state NO_SHARD replicates", "Fix: --strategy full at this N"})
+    EXPECT_NE(refused.output.find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << refused.output;
+  EXPECT_EQ(refused.output.find("FSDP units"), std::string::npos) << "refused before the model was built";
+
+  // Run anyway: the out-of-memory diagnosis names the ledger term.
+  auto none = train("none", text, /*check=*/false);
   EXPECT_NE(none.exit_code, 0) << none.output;
   for (const char* needle :
        {"out of memory", "would exceed the per-rank limit of 96.00 MiB", "FSDP ledger on rank",

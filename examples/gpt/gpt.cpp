@@ -22,6 +22,7 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/init.h"
 #include "fsdp/memory.h"
+#include "fsdp/memory.h"
 #include "gpt/train.h"
 
 namespace {
@@ -48,7 +49,16 @@ bool parse_args(int argc, char** argv, Args& a) {
   app.add_option("--dim", a.cfg.dim, "width d")->check(fsdp::cli::integer(1, 1 << 16));
   app.add_option("--layers", a.cfg.layers, "transformer blocks L")->check(fsdp::cli::integer(0, 4096));
   app.add_option("--heads", a.cfg.heads, "attention heads (divide --dim)")->check(fsdp::cli::integer(1, 1 << 16));
-  app.add_option("--init", a.init, "start from these weights (.safetensors, docs/GPT_MINI.md names)");
+  app.add_option("--init", a.init, "start from these weights (.safetensors, docs/GPT_MINI.md names; with "
+                                   "--construct sharded each rank reads only its shards' bytes)");
+  app.add_option("--construct", a.construct,
+                 "sharded: build the model without memory (fsdp::DeferredInit) and give each unit its values "
+                 "while sharding, so no rank ever holds the whole model (default); eager: build it in full on "
+                 "every rank, then shard (same initial weights, bitwise)")
+      ->check(CLI::IsMember({"sharded", "eager"}));
+  app.add_flag("--rank-memory", a.rank_memory,
+               "at the end every rank prints its memory: the plan's peak, the counting allocator's peak of "
+               "construction and of training, and the process's VmHWM");
   app.add_option("--batch", a.batch, "rows per micro-batch on each rank")->check(fsdp::cli::integer(1, 1 << 20));
   app.add_option("--accum", a.accum, "micro-steps per optimizer step (gradient accumulation)")->check(fsdp::cli::integer(1, 1 << 20));
   app.add_option("--steps", a.steps, "optimizer steps")->check(fsdp::cli::integer(0, kMaxSteps));
@@ -82,7 +92,12 @@ bool parse_args(int argc, char** argv, Args& a) {
   app.add_option("--ckpt-every", a.ckpt_every, "save a sharded checkpoint every N steps (0 = only at the end when --ckpt-dir)")->check(fsdp::cli::integer(0, kMaxSteps));
   app.add_flag("--resume", a.resume, "continue from the latest checkpoint in --ckpt-dir when there is one (start fresh otherwise)");
   app.add_option("--trace", a.trace, "record a Chrome trace per rank into DIR (then: fsdp report DIR -o report.html)");
-  app.add_option("--max-memory", a.max_memory, "per-rank memory limit, e.g. 512MiB (fails like a GPU OOM)");
+  app.add_option("--max-memory", a.max_memory,
+                 "per-rank memory limit from process start, e.g. 512MiB (fails like a GPU OOM); a run the "
+                 "planner says cannot fit is refused before anything is built");
+  app.add_flag("--no-budget-check", a.no_budget_check,
+               "run even when the planner says --max-memory cannot hold it (to see the out-of-memory "
+               "diagnosis in the act)");
   app.add_option("--timeout", a.timeout, "seconds before a collective fails (0: default)")->check(fsdp::cli::real(0, 1e6));
   app.add_option("--progress-every", a.progress_every,
                  "seconds between progress lines (training steps, ETA, loss, tok/s; checkpoint saves) when stdout "
@@ -155,6 +170,8 @@ int main(int argc, char** argv) {
   Args a;
   try {
     if (!parse_args(argc, argv, a)) return 0;
+    // The budget covers the whole process: construction and loading included.
+    if (!a.max_memory.empty()) fsdp::memory::set_limit(fsdp::cli::parse_bytes(a.max_memory));
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "gpt: usage error: %s\nrun 'gpt --help' for the flags\n", e.what());
     return 2;

@@ -37,9 +37,14 @@ for s in none full; do
 done
 
 echo
-echo "== NO_SHARD with --max-memory $BUDGET (expected: out of memory, with the ledger)"
+echo "== NO_SHARD with --max-memory $BUDGET (expected: refused before anything is built)"
 "$BUILD/bin/fsdp" run -n 2 -- "$BUILD/bin/gpt" "${DATA[@]}" "${MODEL[@]}" --strategy none \
-  --max-memory "$BUDGET" --steps 20 --eval-every 0 2>&1 | grep -v '^\[rank 1\]' | grep -v '^  |'
+  --max-memory "$BUDGET" --steps 20 --eval-every 0 2>&1 | grep -v '^\[rank 1\]' | grep -m1 'cannot fit' || true
+
+echo
+echo "== the same with --no-budget-check (expected: out of memory, with the ledger)"
+"$BUILD/bin/fsdp" run -n 2 -- "$BUILD/bin/gpt" "${DATA[@]}" "${MODEL[@]}" --strategy none \
+  --max-memory "$BUDGET" --no-budget-check --steps 20 --eval-every 0 2>&1 | grep -v '^\[rank 1\]' | grep -v '^  |'
 none=${PIPESTATUS[0]}
 
 echo

@@ -15,10 +15,12 @@
 #include "usage.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
+#include "fsdp/deferred.h"
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
 #include "fsdp/optim.h"
+#include "fsdp/param_init.h"
 #include "fsdp/plan.h"
 #include "fsdp/progress.h"
 #include "fsdp/state_dict.h"
@@ -205,7 +207,6 @@ Run start_run(const Args& a) {
   run.comm = fsdp::with_wait_clock(run.comm, run.waits);
   run.rank = run.comm->rank(), run.N = run.comm->world_size();
   run.lead = run.rank == 0;
-  if (!a.max_memory.empty()) fsdp::memory::set_limit(fsdp::cli::parse_bytes(a.max_memory));
   if (int th = a.threads ? a.threads : default_threads(*run.comm)) torch::set_num_threads(th);
   if (a.resume && a.ckpt_dir.empty()) throw fsdp::UsageError("--resume needs --ckpt-dir DIR (where to look)");
   if (!a.trace.empty()) fsdp::trace::start(a.trace, run.rank, run.N);
@@ -256,12 +257,103 @@ fsdp::FsdpOptions fsdp_options(const Args& a) {
   return fopts;
 }
 
-// The same seed on every rank (and FSDP broadcasts rank 0's anyway).
+// Initial weights depend on --seed and each parameter's name only
+// (docs/GPT_MINI.md), so they are the same at any world size and with either
+// construction. Sharded: the module tree is built without memory and each
+// unit gets its values while it is sharded; --init then reads each rank's
+// slices only. Eager: the whole model on every rank first.
 Model build_model(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts) {
-  torch::manual_seed(a.seed);
+  const fsdp::ParamInit init = fsdp::default_param_init(a.seed);
+  if (a.construct == "sharded") {
+    gpt::GPT net{nullptr};
+    {
+      fsdp::DeferredInit deferred;
+      net = gpt::GPT(a.cfg);
+    }
+    fsdp::FsdpOptions o = fopts;
+    // With --init the file overwrites every value: zeros are the cheapest start.
+    o.param_init = a.init.empty() ? init : [](const fsdp::InitTarget&, torch::Tensor& v) { v.zero_(); };
+    Model model = fsdp::fully_shard(net.ptr(), run.comm, o);
+    if (!a.init.empty()) {
+      fsdp::ckpt::LoadOptions lo;
+      lo.allow_dtype_cast = true;  // e.g. weights saved in bf16
+      const int64_t bytes = fsdp::load_full(*model, a.init, lo);
+      std::printf("init: rank %d read %s of %s (its shards' slices) bytes_read=%lld\n", run.rank,
+                  fsdp::memory::format_bytes(bytes).c_str(), a.init.c_str(), (long long)bytes);
+      std::fflush(stdout);
+    }
+    return model;
+  }
   gpt::GPT net(a.cfg);
+  fsdp::initialize(*net, init);
   if (!a.init.empty()) load_init(*run.comm, net, a.init);  // every rank reads; checked names and shapes
   return fsdp::fully_shard(net.ptr(), run.comm, fopts);
+}
+
+// The planner on GPT-mini: `units` from the wrapped model (--plan) or from
+// the flags alone (the budget check before anything is built).
+fsdp::plan::Plan gpt_plan(const Args& a, int N, fsdp::ShardingStrategy strategy,
+                          const std::vector<fsdp::plan::UnitSpec>& units) {
+  const gpt::GptShape shape{a.cfg.layers, a.cfg.dim, a.cfg.heads, a.cfg.vocab, a.cfg.seq, a.batch};
+  fsdp::plan::PlanOptions po;
+  po.world = N;
+  po.strategy = strategy;
+  po.param_bytes = a.dtype == "bf16" ? 2 : 4;
+  po.optimizer = fsdp::plan::Optimizer::ADAM;
+  po.micro_steps = static_cast<int>(a.accum);
+  po.prefetch = a.prefetch ? 1 : 0;
+  const int act_bytes = po.param_bytes;
+  return fsdp::plan::make_plan(units, gpt::gpt_activations(shape, act_bytes).total, po,
+                               gpt::gpt_released(shape, a.wrap, act_bytes));
+}
+
+std::vector<fsdp::plan::UnitSpec> flag_units(const Args& a) {
+  const gpt::GptShape shape{a.cfg.layers, a.cfg.dim, a.cfg.heads, a.cfg.vocab, a.cfg.seq, a.batch};
+  return gpt::gpt_units(shape, a.wrap);
+}
+
+// --max-memory: a run the planner can tell will not fit is refused before
+// anything is built, naming the term and what would fit.
+void check_budget(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts) {
+  if (a.max_memory.empty() || a.no_budget_check) return;
+  using fsdp::memory::format_bytes;
+  const int64_t limit = fsdp::cli::parse_bytes(a.max_memory);
+  const auto units = flag_units(a);
+  const fsdp::plan::Plan p = gpt_plan(a, run.N, fopts.strategy, units);
+  const std::string budget = "--max-memory " + a.max_memory + " (" + format_bytes(limit) + ")";
+  if (a.construct == "eager" && p.P_full > limit)
+    throw fsdp::Error("this run cannot fit " + budget + ": eager construction builds the whole model on every "
+                      "rank before sharding, and its parameters alone are P = " + format_bytes(p.P_full) +
+                      " (fp32). Fix: --construct sharded (each rank then holds its shards and one parameter "
+                      "at a time; the plan's peak is " + format_bytes(p.peak) + " at N=" + std::to_string(run.N) +
+                      ").");
+  if (p.peak <= limit) return;
+  const int64_t rest = p.rest, working = p.working + p.staging, act = p.A;
+  const int64_t biggest = std::max({rest, working, act});
+  const bool replicated = fopts.strategy == fsdp::ShardingStrategy::NO_SHARD;
+  const std::string rest_name = replicated ? "P+G+O" : "(P+G+O)/N";
+  const std::string term = biggest == rest      ? rest_name + (replicated ? ", the model state NO_SHARD replicates on every rank"
+                                                                          : ", the sharded model state")
+                           : biggest == working ? "the unsharded units (P_block and what is gathered with it)"
+                                                : "A, the activations";
+  std::string fix;
+  const auto full = fsdp::ShardingStrategy::FULL_SHARD;
+  int fit_n = 0;
+  for (int n = run.N; n <= 65536 && !fit_n; n = n < 64 ? n + 1 : n * 2)
+    if (gpt_plan(a, n, full, units).peak <= limit) fit_n = n;
+  if (fopts.strategy != full && gpt_plan(a, run.N, full, units).peak <= limit)
+    fix = "--strategy full at this N (its peak: " + format_bytes(gpt_plan(a, run.N, full, units).peak) + ")";
+  else if (fit_n)
+    fix = "N = " + std::to_string(fit_n) + " ranks or more with --strategy full (peak " +
+          format_bytes(gpt_plan(a, fit_n, full, units).peak) + ")";
+  else
+    fix = "no N fits with FULL_SHARD: lower A (a smaller --batch or --seq) or P_block (a finer --wrap)";
+  if (biggest == act && fix.rfind("no N", 0) != 0) fix += ", or lower A with a smaller --batch";
+  throw fsdp::Error("this run cannot fit " + budget + ": the planner's peak per rank at N=" + std::to_string(run.N) +
+                    " with " + fsdp::to_string(fopts.strategy) + " is " + format_bytes(p.peak) + " = " + rest_name + " " +
+                    format_bytes(rest) + " + unsharded units " + format_bytes(working) + " + activations " +
+                    format_bytes(act) + "; the largest term is " + term + ". Fix: " + fix +
+                    " (--no-budget-check runs it anyway, to see where it runs out).");
 }
 
 void print_run(const Args& a, const Run& run, const Data& d, const fsdp::FsdpOptions& fopts, Model& model,
@@ -282,18 +374,7 @@ void print_run(const Args& a, const Run& run, const Data& d, const fsdp::FsdpOpt
 
 // The planner on this run: the real units, GPT-mini's activation estimate.
 fsdp::plan::Plan plan_run(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts, Model& model) {
-  const gpt::GptShape shape{a.cfg.layers, a.cfg.dim, a.cfg.heads, a.cfg.vocab, a.cfg.seq, a.batch};
-  fsdp::plan::PlanOptions po;
-  po.world = run.N;
-  po.strategy = fopts.strategy;
-  po.param_bytes = a.dtype == "bf16" ? 2 : 4;
-  po.optimizer = fsdp::plan::Optimizer::ADAM;
-  po.micro_steps = static_cast<int>(a.accum);
-  po.prefetch = a.prefetch ? 1 : 0;
-  const int act_bytes = po.param_bytes;
-  auto plan = fsdp::plan::make_plan(fsdp::plan::units_from(model->units()),
-                                    gpt::gpt_activations(shape, act_bytes).total, po,
-                                    gpt::gpt_released(shape, a.wrap, act_bytes));
+  auto plan = gpt_plan(a, run.N, fopts.strategy, fsdp::plan::units_from(model->units()));
   if (run.lead) std::printf("%s\n", plan.str().c_str()), std::fflush(stdout);
   return plan;
 }
@@ -453,7 +534,9 @@ int train(const Args& a) {
   const Run run = start_run(a);
   const Data data = load_data(a, run);
   const fsdp::FsdpOptions fopts = fsdp_options(a);
+  check_budget(a, run, fopts);
   Model model = build_model(a, run, fopts);
+  const int64_t construction_peak = fsdp::memory::stats().high_water;  // from process start
   auto opt = make_optimizer(*model, a);
   fsdp::verify_optimizer(*model, *opt);
   const int64_t tokens_per_step = run.N * a.batch * a.accum * a.cfg.seq;
@@ -520,6 +603,20 @@ int train(const Args& a) {
   const double seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
 
   print_ledger(run, model, *opt, plan, a.steps - first_step, seconds, train_bytes, tokens_per_step);
+  if (a.rank_memory) {
+    using fsdp::memory::format_bytes;
+    const auto ms = fsdp::memory::stats();
+    const int64_t planned =
+        plan ? plan->peak : gpt_plan(a, run.N, fopts.strategy, fsdp::plan::units_from(model->units())).peak;
+    const int64_t hwm = fsdp::memory::process_peak_rss();
+    std::printf("rank %d memory: plan peak %s | construction %s | training peak %s | from start %s | VmHWM %s "
+                "| bytes: plan_peak=%lld construction=%lld training_peak=%lld from_start=%lld vmhwm=%lld\n",
+                run.rank, format_bytes(planned).c_str(), format_bytes(construction_peak).c_str(),
+                format_bytes(ms.peak).c_str(), format_bytes(ms.high_water).c_str(), format_bytes(hwm).c_str(),
+                (long long)planned, (long long)construction_peak, (long long)ms.peak, (long long)ms.high_water,
+                (long long)hwm);
+    std::fflush(stdout);
+  }
   finish(a, run, model, popts);
   return 0;
 }

@@ -19,6 +19,7 @@ struct Args {
   // model
   gpt::Config cfg;
   std::string init;                // FILE.safetensors to start from
+  std::string construct = "sharded";  // sharded (fsdp::DeferredInit) | eager
   // training
   int64_t batch = 8;               // rows per micro-batch per rank
   int64_t accum = 1;               // micro-steps per optimizer step
@@ -42,7 +43,9 @@ struct Args {
   bool prefetch = true;  // as PyTorch FSDP (BACKWARD_PRE by default); --no-prefetch turns it off
   bool plan = false;  // print the planner's ledger before step 1, compare at the end
   int64_t ckpt_every = 0;
-  std::string max_memory;          // "2GiB": the counting allocator's limit
+  std::string max_memory;          // "2GiB": the counting allocator's limit (set in main, before anything)
+  bool rank_memory = false;        // every rank prints its memory at the end
+  bool no_budget_check = false;    // skip the planner's refusal before construction
   double timeout = 0;              // seconds per collective; 0: the library default
   // progress and stragglers
   double progress_every = -1;      // seconds between progress lines; < 0: FSDP_PROGRESS_EVERY or 5

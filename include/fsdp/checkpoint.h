@@ -255,7 +255,8 @@ int64_t write_full_safetensors(const std::string& path, const std::vector<Tensor
 // Collective: each rank reads only its slices' byte ranges of a full
 // safetensors file (ours or from PyTorch); same all-or-nothing contract and
 // key/shape/dtype checks as load_sharded (safetensors has no checksums).
-void load_full_safetensors(Communicator& comm, const std::string& path, std::vector<Slice>& wanted,
+// Returns the tensor bytes this rank read from the file.
+int64_t load_full_safetensors(Communicator& comm, const std::string& path, std::vector<Slice>& wanted,
                            const LoadOptions& opts = {});
 
 // Offline tools (`fsdp ckpt convert`): single process, bounded memory (one

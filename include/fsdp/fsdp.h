@@ -3,10 +3,12 @@
 
 #include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
+#include "fsdp/deferred.h"
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/init.h"
 #include "fsdp/memory.h"
 #include "fsdp/optim.h"
+#include "fsdp/param_init.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/trace.h"

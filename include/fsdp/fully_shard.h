@@ -34,6 +34,7 @@
 
 #include "fsdp/comm.h"
 #include "fsdp/errors.h"
+#include "fsdp/param_init.h"
 #include "fsdp/strategy.h"
 
 namespace fsdp {
@@ -93,6 +94,14 @@ struct FsdpOptions {
   bool sync_module_states = true;
   // Reduce-scatter asynchronously; waited for before the optimizer needs it.
   bool async_reduce = true;
+  // Initial values by name (fsdp/param_init.h), applied while wrapping, unit
+  // by unit: each parameter is made at full size once, initialised, and only
+  // this rank's slice kept; buffers are made and initialised in full. No
+  // broadcast is needed (sync_module_states is then ignored): the ranks'
+  // values agree by construction, which a checksum per unit verifies.
+  // Required for a model built under fsdp::DeferredInit (fsdp/deferred.h);
+  // empty: the module's own values (rank 0's, with sync_module_states).
+  ParamInit param_init;
 
   // Throws fsdp::Error naming the bad field.
   void validate() const;

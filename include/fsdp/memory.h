@@ -25,6 +25,7 @@ namespace fsdp::memory {
 struct Stats {
   int64_t current = 0;      // bytes held by live tensors allocated since install
   int64_t peak = 0;         // max of current since install or reset_peak()
+  int64_t high_water = 0;   // max of current since install, never reset (construction included)
   int64_t allocations = 0;  // count of allocations
   int64_t limit = 0;        // 0 = none
   // The cache (blocks of 64 KiB and more kept for reuse instead of returned

@@ -64,8 +64,11 @@ void load_full_optim(FullyShardedModel& model, torch::optim::Optimizer& opt, con
                      const ckpt::LoadOptions& lopts = {});
 
 // Collective: initialises the model from a full safetensors file (ours, or
-// written from a PyTorch state dict); each rank reads only its shards' bytes.
-void load_full(FullyShardedModel& model, const std::string& path, const ckpt::LoadOptions& lopts = {});
+// written from a PyTorch state dict); each rank reads only its shards' bytes
+// (returned: the tensor bytes this rank read). Works on a model built under
+// fsdp::DeferredInit: the shards get their values without any rank holding
+// the whole model. All or nothing, like load_checkpoint.
+int64_t load_full(FullyShardedModel& model, const std::string& path, const ckpt::LoadOptions& lopts = {});
 
 // The slices behind the two calls above (for tools and tests).
 std::vector<ckpt::Slice> model_slices(const FullyShardedModel& model);

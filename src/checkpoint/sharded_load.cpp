@@ -210,11 +210,12 @@ LoadResult load_sharded(Communicator& comm, const std::string& path_or_root, std
   return res;
 }
 
-void load_full_safetensors(Communicator& comm, const std::string& path, std::vector<Slice>& wanted,
-                           const LoadOptions& opts) {
+int64_t load_full_safetensors(Communicator& comm, const std::string& path, std::vector<Slice>& wanted,
+                              const LoadOptions& opts) {
   const int rank = comm.rank();
   std::vector<Staged> staged;
   std::string err;
+  int64_t bytes = 0;
   try {
     d::check_slices("model", wanted, true);
     SafetensorsReader r(path);
@@ -224,12 +225,14 @@ void load_full_safetensors(Communicator& comm, const std::string& path, std::vec
     for (auto& s : wanted) {
       if (s.hi == s.lo) continue;
       staged.push_back({&s, r.read(s.name, s.lo, s.hi)});
+      bytes += (s.hi - s.lo) * static_cast<int64_t>(c10::elementSize(avail.at(s.name).dtype));
     }
   } catch (const std::exception& e) {
     err = cat("rank ", rank, ": ", e.what());
   }
   d::agree(comm, "loading a safetensors file", err, "nothing was loaded: every tensor is unchanged");
   commit(staged);
+  return bytes;
 }
 
 int64_t write_full_safetensors(const std::string& path, const std::vector<TensorSpec>& specs,

@@ -20,6 +20,9 @@
 #include <cstdio>
 #include <mutex>
 
+#include <sys/mman.h>
+
+#include "fsdp/deferred.h"
 #include "fsdp/errors.h"
 
 namespace fsdp::memory {
@@ -139,8 +142,40 @@ int64_t cache_bound() {
   return b;
 }
 
+// Deferred construction (fsdp/deferred.h): every tensor a thread allocates
+// inside a DeferredInit scope gets the same block of one scratch mapping
+// (MAP_NORESERVE: address space, no memory until written). Constructors that
+// write their default initial values touch at most the largest tensor's
+// pages; those are dropped when the last scope ends. Never unmapped: deferred
+// tensors may point into it for as long as they live.
+struct Scratch {
+  std::mutex mu;
+  char* base = nullptr;
+  int64_t size = 0;
+  std::atomic<int> scopes{0};
+  std::atomic<int64_t> live{0};        // deferred blocks not yet released
+  std::atomic<int64_t> touched_max{0};  // largest deferred block handed out
+};
+Scratch& scratch() {
+  static Scratch* s = new Scratch;  // immortal, like the cache
+  return *s;
+}
+thread_local int tl_defer_depth = 0;
+thread_local int64_t tl_deferred_bytes = 0;
+thread_local int64_t tl_deferred_count = 0;
+
+bool in_scratch(const void* p) {
+  Scratch& s = scratch();
+  const char* c = static_cast<const char*>(p);
+  return s.base && c >= s.base && c < s.base + s.size;
+}
+
 void release(void* data) {
   if (!data) return;
+  if (in_scratch(data)) {
+    scratch().live.fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
   char* raw = static_cast<char*>(data) - kHeader;
   const Header h = *reinterpret_cast<Header*>(raw);
   g_current.fetch_sub(h.size, std::memory_order_relaxed);
@@ -167,6 +202,7 @@ class CountingAllocator final : public c10::Allocator {
     const c10::Device cpu(c10::DeviceType::CPU);
     int64_t size = static_cast<int64_t>(n);
     if (n == 0) return c10::DataPtr(nullptr, nullptr, &release, cpu);
+    if (tl_defer_depth > 0) return deferred(size, cpu);
     Cache& c = cache();
     const bool cacheable = size >= kCacheMin && c.enabled.load(std::memory_order_relaxed);
     const int64_t cap = cacheable ? round_capacity(size) : 0;
@@ -216,6 +252,23 @@ class CountingAllocator final : public c10::Allocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+ private:
+  static c10::DataPtr deferred(int64_t size, c10::Device cpu) {
+    Scratch& s = scratch();
+    if (size > s.size)
+      throw Error("deferred construction: a tensor of " + format_bytes(size) +
+                  " is larger than the scratch region (" + format_bytes(s.size) +
+                  "). Expected: module constructors that allocate their parameters tensor by tensor. "
+                  "Fix: construct this module without fsdp::DeferredInit.");
+    s.live.fetch_add(1, std::memory_order_relaxed);
+    int64_t t = s.touched_max.load(std::memory_order_relaxed);
+    while (size > t && !s.touched_max.compare_exchange_weak(t, size, std::memory_order_relaxed)) {
+    }
+    tl_deferred_bytes += size;
+    ++tl_deferred_count;
+    return c10::DataPtr(s.base, s.base, &release, cpu);
+  }
 };
 
 std::atomic<bool> g_installed{false};
@@ -244,6 +297,7 @@ Stats stats() {
   Stats s;
   s.current = g_current.load(std::memory_order_relaxed);
   s.peak = g_peak.load(std::memory_order_relaxed);
+  s.high_water = g_high.load(std::memory_order_relaxed);
   s.allocations = g_allocs.load(std::memory_order_relaxed);
   s.limit = g_limit.load(std::memory_order_relaxed);
   Cache& c = cache();
@@ -262,6 +316,68 @@ void set_limit(int64_t bytes) {
 }
 
 int64_t empty_cache() { return cache().trim(0); }
+
+}  // namespace fsdp::memory
+
+namespace fsdp {
+
+using memory::scratch;
+using memory::tl_defer_depth;
+
+DeferredInit::DeferredInit() {
+  if (!memory::installed())
+    throw Error("fsdp::DeferredInit needs the counting allocator, which hands out the deferred blocks. "
+                "Expected: fsdp::init() (or memory::install()) before the model is built. Fix: call "
+                "fsdp::init() first in main().");
+  memory::Scratch& s = scratch();
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    if (!s.base) {
+      // Address space only; the largest tensor a constructor writes is what
+      // becomes resident.
+      for (int64_t want = int64_t(1) << 36; want >= (int64_t(1) << 30) && !s.base; want /= 2) {
+        void* p = ::mmap(nullptr, static_cast<size_t>(want), PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p != MAP_FAILED) {
+          s.base = static_cast<char*>(p);
+          s.size = want;
+        }
+      }
+      if (!s.base)
+        throw Error("fsdp::DeferredInit: could not reserve address space for deferred construction "
+                    "(mmap of 1 GiB, MAP_NORESERVE, refused). Fix: construct the model eagerly.");
+    }
+  }
+  s.scopes.fetch_add(1);
+  bytes_before_ = memory::tl_deferred_bytes;
+  count_before_ = memory::tl_deferred_count;
+  ++tl_defer_depth;
+}
+
+DeferredInit::~DeferredInit() {
+  --tl_defer_depth;
+  memory::Scratch& s = scratch();
+  if (s.scopes.fetch_sub(1) == 1) {
+    // The values there are garbage by contract: give the touched pages back.
+    std::lock_guard<std::mutex> g(s.mu);
+    if (s.scopes.load() == 0) ::madvise(s.base, static_cast<size_t>(s.size), MADV_DONTNEED);
+  }
+}
+
+int64_t DeferredInit::bytes() const { return memory::tl_deferred_bytes - bytes_before_; }
+int64_t DeferredInit::tensors() const { return memory::tl_deferred_count - count_before_; }
+
+bool is_deferred(const torch::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return false;
+  const void* p = t.storage().data();
+  return p && memory::in_scratch(p);
+}
+
+int64_t deferred_blocks_alive() { return scratch().live.load(std::memory_order_relaxed); }
+
+}  // namespace fsdp
+
+namespace fsdp::memory {
 
 void set_caching(bool on) {
   cache().enabled = on;

@@ -13,6 +13,7 @@
 // module's parameters keep their shapes but hold no bytes until unshard().
 #include "compat/torch_compat.h"
 #include "common/shard_math.h"
+#include "fsdp/deferred.h"
 #include "unit/engine.h"
 
 namespace fsdp::detail {
@@ -26,7 +27,7 @@ torch::Tensor alias(const torch::Tensor& base, int64_t offset, c10::IntArrayRef 
   return t;
 }
 
-void Unit::init_flat_param(const FsdpOptions& opts) {
+void Unit::init_flat_param(const FsdpOptions& opts, const InitTargetOf& target_of) {
   torch::NoGradGuard ng;
   const int N = comm->world_size();
   const bool no_shard = opts.strategy == ShardingStrategy::NO_SHARD;
@@ -40,15 +41,26 @@ void Unit::init_flat_param(const FsdpOptions& opts) {
   shard_numel = layout.shard_numel;
   shard_begin = layout.shard_begin;
 
-  // Rank 0's values, everywhere (sync_module_states): one broadcast per unit.
-  auto flat = torch::zeros({padded_numel}, torch::kFloat32);
-  for (auto& s : params) flat.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape(-1));
-  if (opts.sync_module_states && N > 1 && numel > 0)
-    comm->broadcast(flat, 0, {"sync_module_states " + display_name()})->wait();
-
-  shard = no_shard ? flat : flat.narrow(0, shard_begin, shard_numel).clone();
+  if (opts.param_init) {
+    init_shard_from(opts.param_init, target_of);
+  } else {
+    for (auto& s : params)
+      if (is_deferred(s.param))
+        throw Error("parameter '" + s.name + "' was built under fsdp::DeferredInit (it has no values yet), but "
+                    "FsdpOptions::param_init is empty. Expected: a ParamInit that gives every parameter its "
+                    "initial value. Fix: opts.param_init = fsdp::default_param_init(seed) (fsdp/param_init.h), "
+                    "or build the model without DeferredInit.");
+    // Rank 0's values, everywhere (sync_module_states): one broadcast per unit.
+    auto flat = torch::zeros({padded_numel}, torch::kFloat32);
+    for (auto& s : params) flat.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape(-1));
+    if (opts.sync_module_states && N > 1 && numel > 0)
+      comm->broadcast(flat, 0, {"sync_module_states " + display_name()})->wait();
+    shard = no_shard ? flat : flat.narrow(0, shard_begin, shard_numel).clone();
+  }
   full = aliased ? shard : torch::empty({padded_numel}, param_dtype);
-  if (!aliased) full.copy_(flat);
+  // NO_SHARD keeps the unsharded copy (shard is the whole flat buffer); the
+  // sharded strategies free `full` below, so its values do not matter.
+  if (!aliased && keeps_unsharded) full.copy_(shard);
 
   for (auto& s : params) {
     // set_data keeps the parameter's TensorImpl (modules hold it as a member)
@@ -70,6 +82,52 @@ void Unit::init_flat_param(const FsdpOptions& opts) {
   } else {
     compat::free_storage(full);
     state_ = UnitState::SHARDED;
+  }
+}
+
+// Sharded construction: each original parameter is made once at full size
+// (fp32), initialised by `init` from its name, and only this rank's slice
+// kept; so a unit never exists unsharded here, and the ranks need no
+// broadcast (the values are a function of the names). What they must agree
+// on is checked instead: one checksum of the unit's full values per rank.
+void Unit::init_shard_from(const ParamInit& init, const InitTargetOf& target_of) {
+  const int N = comm->world_size();
+  shard = torch::zeros({keeps_unsharded ? padded_numel : shard_numel}, torch::kFloat32);
+  uint64_t sum = 0;  // integer sums of the values' bits (mod 2^64): the same on every rank that agrees
+  // One buffer of the largest parameter's size holds each full value in turn.
+  int64_t largest = 0;
+  for (auto& s : params) largest = std::max(largest, s.numel);
+  torch::Tensor buffer = torch::empty({largest}, torch::kFloat32);
+  for (auto& s : params) {
+    const InitTarget target = target_of(s);
+    torch::Tensor value = buffer.narrow(0, 0, s.numel).view(s.shape);
+    init(target, value);
+    FSDP_USER_CHECK(value.sizes().vec() == s.shape && value.scalar_type() == torch::kFloat32,
+                    "param_init changed the shape or dtype of '", s.name, "'; expected it to write in place");
+    sum += static_cast<uint64_t>(value.view(torch::kInt32).sum(torch::kLong).item<int64_t>()) *
+           static_cast<uint64_t>(1 + s.offset % 7919);
+    const shard::Range r = shard::param_range(s.offset, s.numel, shard_begin, shard_numel);
+    if (!r.empty())
+      shard.narrow(0, s.offset + r.lo - shard_begin, r.size()).copy_(value.view({-1}).narrow(0, r.lo, r.size()));
+  }
+  if (N <= 1 || numel == 0) return;
+  // Three exact 21-bit pieces of the sum, gathered from every rank.
+  auto mine = torch::empty({3}, torch::kFloat32);
+  const uint64_t u = sum;
+  for (int k = 0; k < 3; k++) mine[k] = static_cast<float>((u >> (21 * k)) & 0x1fffff);
+  auto all = torch::empty({3 * N}, torch::kFloat32);
+  comm->all_gather(mine, all, {"param_init check " + display_name()})->wait();
+  auto a = all.view({N, 3});
+  std::vector<int> differ;
+  for (int r = 1; r < N; r++)
+    if (!a[r].equal(a[0])) differ.push_back(r);
+  if (!differ.empty()) {
+    std::string ranks;
+    for (int r : differ) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    throw Error("param_init gave unit '" + display_name() + "' different values on different ranks (ranks " + ranks +
+                " differ from rank 0). Expected: initial values that depend only on the tensor's name and a "
+                "seed. Fix: draw from fsdp::init_generator(seed, target.name) (fsdp/param_init.h), not from "
+                "the global generator.");
   }
 }
 

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "compat/torch_compat.h"
+#include "fsdp/deferred.h"
 #include "fsdp/memory.h"
 #include "unit/engine.h"
 #include "unit/engine_access.h"
@@ -13,6 +14,7 @@ namespace fsdp {
 namespace detail {
 
 std::string explain_oom(const Engine& st, int64_t requested, const memory::Stats& s);  // oom.cpp
+std::vector<std::pair<InitTarget, torch::Tensor>> init_targets(torch::nn::Module& root, bool buffers);  // param_init.cpp
 
 Engine::Engine(std::shared_ptr<torch::nn::Module> root_, CommPtr comm_, FsdpOptions opts_)
     : root(std::move(root_)), comm(std::move(comm_)), opts(std::move(opts_)) {
@@ -20,12 +22,31 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> root_, CommPtr comm_, FsdpOpti
   FSDP_USER_CHECK(comm, "fully_shard: the communicator is null (use fsdp::make_communicator_from_env())");
   opts.validate();
   build_units();
-  for (auto& u : units) u->init_flat_param(opts);
-  // Buffers are replicated: rank 0's values everywhere, cast if asked.
+  // What a ParamInit sees for each slot: its canonical name, its module.
+  std::unordered_map<std::string, InitTarget> targets;
+  if (opts.param_init)
+    for (auto& [t, tensor] : init_targets(*root, /*buffers=*/false)) targets.emplace(t.name, t);
+  const InitTargetOf target_of = [&](const ParamSlot& s) { return targets.at(s.name); };
+  for (auto& u : units) u->init_flat_param(opts, target_of);
+  // Buffers are replicated: made and initialised in full by param_init, or
+  // rank 0's values everywhere; cast if asked.
   torch::NoGradGuard ng;
+  if (opts.param_init) {
+    std::unordered_set<const c10::TensorImpl*> done;
+    for (auto& [t, b] : init_targets(*root, /*buffers=*/true)) {
+      if (!b.defined() || !done.insert(b.unsafeGetTensorImpl()).second) continue;
+      auto value = torch::empty(b.sizes(), b.options().memory_format(at::MemoryFormat::Contiguous));
+      opts.param_init(t, value);
+      b.set_data(value);
+    }
+  }
   for (auto& b : root->named_buffers(/*recurse=*/true)) {
     torch::Tensor t = b.value();
-    if (opts.sync_module_states && world() > 1 && t.numel() > 0) {
+    if (is_deferred(t))
+      throw Error("buffer '" + b.key() + "' was built under fsdp::DeferredInit (it has no values yet), but "
+                  "FsdpOptions::param_init is empty. Expected: a ParamInit for every parameter and buffer. Fix: "
+                  "opts.param_init = fsdp::default_param_init(seed), or build the model without DeferredInit.");
+    if (!opts.param_init && opts.sync_module_states && world() > 1 && t.numel() > 0) {
       auto tmp = t.contiguous().clone();
       comm->broadcast(tmp, 0, {"sync_module_states buffer " + b.key()})->wait();
       t.copy_(tmp);

@@ -513,7 +513,7 @@ void load_full_optim(FullyShardedModel& model, torch::optim::Optimizer& opt, con
   }
 }
 
-void load_full(FullyShardedModel& model, const std::string& path, const ckpt::LoadOptions& lopts) {
+int64_t load_full(FullyShardedModel& model, const std::string& path, const ckpt::LoadOptions& lopts) {
   model.wait_pending();
   trace::Span span("checkpoint_load_full", "ckpt");
   std::vector<ckpt::Slice> want;
@@ -530,9 +530,10 @@ void load_full(FullyShardedModel& model, const std::string& path, const ckpt::Lo
     want.push_back({b.key(), b.value().sizes().vec(), b.value().scalar_type(), 0, b.value().numel(), t});
     copies.emplace_back(b.value(), t);
   }
-  ckpt::load_full_safetensors(*model.comm(), path, want, lopts);
+  const int64_t bytes = ckpt::load_full_safetensors(*model.comm(), path, want, lopts);
   torch::NoGradGuard ng;
   for (auto& [dst, tmp] : copies) dst.view({-1}).copy_(tmp);
+  return bytes;
 }
 
 }  // namespace fsdp

@@ -35,6 +35,9 @@
 namespace fsdp::detail {
 
 class Engine;
+struct ParamSlot;
+// The name, module and local name a ParamInit sees for a slot.
+using InitTargetOf = std::function<InitTarget(const ParamSlot&)>;
 
 // One original parameter inside a unit's flat buffer.
 struct ParamSlot {
@@ -122,7 +125,11 @@ class Unit {
   // everywhere when opts.sync_module_states: one broadcast), keeps this
   // rank's shard, points the parameters at `full` and frees it (NO_SHARD:
   // keeps it). Leaves SHARDED (NO_SHARD: UNSHARDED), IDLE.
-  void init_flat_param(const FsdpOptions& opts);
+  // With opts.param_init (sharded construction, fsdp/param_init.h) the
+  // values come from it, parameter by parameter, and only this rank's slice
+  // is kept: no broadcast, and the unit is never unsharded here (a checksum
+  // per rank checks that the ranks agree).
+  void init_flat_param(const FsdpOptions& opts, const InitTargetOf& target_of);
 
   // SHARDED -> UNSHARDING: allocates `full` and issues its all-gather.
   // Idempotent: a no-op when already UNSHARDING / UNSHARDED, for an empty
@@ -185,6 +192,7 @@ class Unit {
                             const std::string& expected) const;
   void expect(const char* file, int line, const char* transition, std::initializer_list<TrainingState> ok) const;
   void collect_into_full_grad();
+  void init_shard_from(const ParamInit& init, const InitTargetOf& target_of);
   torch::Tensor flat_grads_for_reduce();
 
   // --- Protected by the caller's thread ---

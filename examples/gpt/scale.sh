@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# A model no rank can hold: GPT d=768 L=12 h=12 T=256 (85.6 M parameters:
+# 342 MB of fp32 parameters, ~1.4 GB of training state with AdamW) trained
+# for a few steps on N ranks of this host, each under a per-rank budget that
+# lies between the sharded plan and the unsharded parameters.
+#
+#   examples/gpt/scale.sh BUILD_DIR
+#
+# Shows, in order: the planner's view; the same model refused at start at
+# N = 1, under NO_SHARD and with eager construction (the planner's message);
+# then the run (sharded construction, activation checkpointing per block)
+# with a table per rank: the plan's peak, the counting allocator's peak of
+# construction and of training, the process's VmHWM. Environment: SCALE_N
+# (ranks, default 8), SCALE_BUDGET (default 320MiB), SCALE_STEPS (default 3),
+# RUN_DIR (outputs; default runs/scale).
+set -euo pipefail
+
+if [[ $# -lt 1 || "$1" == -h || "$1" == --help ]]; then
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+BUILD=$(cd "$1" && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+N=${SCALE_N:-8}
+BUDGET=${SCALE_BUDGET:-320MiB}
+STEPS=${SCALE_STEPS:-3}
+RUN=${RUN_DIR:-$ROOT/runs/scale}
+for bin in fsdp gpt; do
+  if [[ ! -x "$BUILD/bin/$bin" ]]; then
+    echo "scale: $BUILD/bin/$bin not found; build it first: cmake --build $BUILD --target fsdp gpt" >&2
+    exit 1
+  fi
+done
+mkdir -p "$RUN"
+MODEL=(--dim 768 --layers 12 --heads 12 --seq 256 --batch 1)
+AC=(--ac block)
+# Text: the repository's own documents (any text does: a few steps only).
+TEXT=("$ROOT"/docs/*.md "$ROOT"/README.md)
+COMMON=(--text "${TEXT[@]}" "${MODEL[@]}" --steps "$STEPS" --eval-every 0 --log-every 1 --threads 1
+        --lr 3e-4 --warmup 0 --no-progress)
+start=$(date +%s)
+
+echo "== the planner: FULL_SHARD at N=$N, activations recomputed per block"
+"$BUILD/bin/fsdp" plan --world "$N" --strategy full "${MODEL[@]}" "${AC[@]}" | grep -E '^plan:|rest = |predicted peak|P_full' || true
+
+refuse() {  # label, ranks, extra flags...
+  local label=$1 n=$2
+  shift 2
+  echo
+  echo "== refused at start: $label"
+  set +e
+  out=$("$BUILD/bin/fsdp" run -n "$n" -- "$BUILD/bin/gpt" "${COMMON[@]}" "${AC[@]}" --max-memory "$BUDGET" "$@" 2>&1)
+  rc=$?
+  set -e
+  echo "$out" | grep -m1 'cannot fit' | sed 's/^\[rank 0\] //' || true
+  if [[ $rc -eq 0 ]]; then
+    echo "scale: expected '$label' to be refused, but it ran" >&2
+    exit 1
+  fi
+}
+refuse "N=1 (FULL_SHARD)" 1
+refuse "NO_SHARD at N=$N" "$N" --strategy none
+refuse "eager construction at N=$N" "$N" --construct eager
+
+echo
+echo "== training: N=$N, FULL_SHARD, sharded construction, --ac block, --max-memory $BUDGET (log: $RUN/train.log)"
+t0=$(date +%s)
+"$BUILD/bin/fsdp" run -n "$N" -- "$BUILD/bin/gpt" "${COMMON[@]}" "${AC[@]}" --strategy full --construct sharded \
+  --max-memory "$BUDGET" --rank-memory --plan > "$RUN/train.log" 2>&1 || {
+  tail -30 "$RUN/train.log"
+  echo "scale: the run failed (log: $RUN/train.log)" >&2
+  exit 1
+}
+t1=$(date +%s)
+grep -E '^\[rank 0\] (gpt:|step )' "$RUN/train.log" | sed 's/^\[rank 0\] //'
+echo
+echo "per rank (bytes as MiB; budget $BUDGET):"
+printf '%-6s %12s %14s %14s %12s\n' rank "plan peak" "construction" "training peak" "VmHWM"
+grep -o 'rank [0-9]* memory:.*' "$RUN/train.log" | sort -t' ' -k2 -n |
+  awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[2] != "") f[kv[1]] = kv[2] }
+         printf "%-6s %12.1f %14.1f %14.1f %12.1f\n", $2, f["plan_peak"] / 1048576, f["construction"] / 1048576,
+                f["training_peak"] / 1048576, f["vmhwm"] / 1048576 }'
+echo
+echo "training run: $((t1 - t0)) s; all of make scale: $(( $(date +%s) - start )) s"
