@@ -399,3 +399,45 @@ TEST(ShardedConstruction, BudgetRefusesWhatCannotFitBeforeStepOne) {
     EXPECT_LE(parse_kv(line)["from_start"], 24ll << 20) << line;
   fs::remove_all(d);
 }
+
+// load_full into a deferred model: a damaged file is one error on every rank
+// and no shard changed; the sound file loads each rank's slices.
+TEST(ShardedConstruction, LoadFullIntoADeferredModelIsAllOrNothing) {
+  FSDP_IN_RANKS(2);
+  auto comm = make_communicator_from_env();
+  auto build = [&](uint64_t seed) {
+    Tiny net{nullptr};
+    {
+      DeferredInit d;
+      net = Tiny();
+    }
+    FsdpOptions o;
+    o.wrap = WrapPolicy::predicate([](const std::string& n, const torch::nn::Module&, int64_t) { return n == "a"; });
+    o.param_init = tiny_init(seed);
+    return fully_shard(net, comm, o);
+  };
+  auto src = build(1);
+  const std::string dir = fs::temp_directory_path() / ("fsdp_construct_load_" + std::to_string(::getppid()));
+  if (comm->rank() == 0) fs::create_directories(dir);
+  comm->barrier()->wait();
+  const std::string good = dir + "/good.safetensors", cut = dir + "/cut.safetensors";
+  save_full(*src, good);
+  if (comm->rank() == 0) {
+    const std::string bytes = read_file(good);
+    std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() - 40);  // the last tensor loses bytes
+  }
+  comm->barrier()->wait();
+
+  auto dst = build(2);
+  auto before = dst->full_state(-1);
+  EXPECT_THROW(load_full(*dst, cut), Error);
+  auto after = dst->full_state(-1);
+  for (size_t i = 0; i < before.size(); i++) EXPECT_TRUE(before[i].second.equal(after[i].second)) << before[i].first;
+
+  const int64_t bytes = load_full(*dst, good);
+  EXPECT_GT(bytes, 0);
+  auto loaded = dst->full_state(-1), want = src->full_state(-1);
+  for (size_t i = 0; i < want.size(); i++) EXPECT_TRUE(loaded[i].second.equal(want[i].second)) << want[i].first;
+  comm->barrier()->wait();
+  if (comm->rank() == 0) fs::remove_all(dir);
+}

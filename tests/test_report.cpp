@@ -98,8 +98,9 @@ struct RankWriter {
   void memory(double ts, int64_t delta) {
     mem += delta;
     peak = std::max(peak, mem);
-    events.push_back({{"ph", "C"}, {"pid", rank}, {"tid", 0}, {"ts", ts}, {"name", "memory"},
-                      {"args", {{"current", mem}, {"peak", peak}}}});
+    json args = {{"current", mem}, {"peak", peak}};
+    if (rank == 0) args["cached"] = peak - mem;  // rank 0's allocator keeps what was freed
+    events.push_back({{"ph", "C"}, {"pid", rank}, {"tid", 0}, {"ts", ts}, {"name", "memory"}, {"args", args}});
   }
 };
 
@@ -259,6 +260,28 @@ TEST(Report, AnalyzeSyntheticTraceTrafficStepsCheckpoints) {
   EXPECT_DOUBLE_EQ(m["ranks"][0]["memory"][0][0].get<double>(), 0.0);
 }
 
+// The allocator's cache is drawn beside the held bytes: each memory sample
+// carries it as its fourth value, and the rank its largest.
+TEST(Report, MemorySamplesCarryTheAllocatorsCache) {
+  std::string dir = fresh_dir("cached");
+  json units = write_synthetic_trace(dir);
+  // Rewrite rank 0's memory counters with a cache that grows 1000 bytes a sample.
+  const std::string f = dir + "/trace-rank0.json";
+  json t = json::parse(slurp(f));
+  int64_t cached = 0, samples = 0;
+  for (auto& e : t["traceEvents"])
+    if (e["ph"] == "C" && e["name"] == "memory") e["args"]["cached"] = (cached += 1000), ++samples;
+  std::ofstream(f) << t.dump();
+  json m = fsdp::report::analyze(dir);
+  ASSERT_GT(samples, 2);
+  auto& mem = m["ranks"][0]["memory"];
+  ASSERT_GT(mem.size(), 2u);
+  ASSERT_EQ(mem[0].size(), 4u) << mem[0].dump();
+  EXPECT_EQ(mem[0][3].get<double>(), 1000.0);
+  EXPECT_EQ(m["ranks"][0]["cached_peak"].get<double>(), double(cached));
+  EXPECT_EQ(m["ranks"][1]["cached_peak"].get<double>(), 0.0) << "rank 1's trace has no cached field";
+}
+
 TEST(Report, MergedTraceGivesTheSameNumbers) {
   std::string dir = fresh_dir("merged");
   write_synthetic_trace(dir);
@@ -364,6 +387,8 @@ TEST(Report, HeadlessChromiumRendersTheReport) {
     EXPECT_NE(dom.output.find(name), std::string::npos) << name;
   EXPECT_NE(dom.output.find("blocks.2.qkv.weight"), std::string::npos) << "per-parameter hover titles";
   EXPECT_NE(dom.output.find("ckpt/step-3/rank1.safetensors"), std::string::npos) << "checkpoint table";
+  EXPECT_NE(dom.output.find("class=\"cached-line\""), std::string::npos) << "rank 0's held + cached line";
+  EXPECT_NE(dom.output.find("dotted: held + cached by the allocator"), std::string::npos) << "its legend";
 
   auto shot_args = flags;
   shot_args.push_back("--screenshot=" + out + "/report.png");

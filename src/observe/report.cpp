@@ -173,7 +173,7 @@ struct RankEvents {
   struct Comm { double t; std::string name; double bytes; };
   std::vector<Comm> comms;
   std::vector<std::pair<double, double>> mem_points;  // (t, current) for step peaks
-  double peak = 0, peak_counter = 0;
+  double peak = 0, peak_counter = 0, cached_peak = 0;
   size_t skipped = 0;
 };
 
@@ -209,8 +209,10 @@ RankEvents collect_events(const RankTrace& rt, double t_origin) {
         ++r.skipped;
       }
     } else if (ph == "C" && name == "memory") {
-      double cur = num(args, "current"), pk = num(args, "peak", cur);
-      r.memory_raw.push_back({t, cur, pk});
+      double cur = num(args, "current"), pk = num(args, "peak", cur), cached = num(args, "cached", 0);
+      // [t, held, peak, cached]: cached bytes are the allocator's, beside the tensors' (held)
+      r.memory_raw.push_back({t, cur, pk, cached});
+      r.cached_peak = std::max(r.cached_peak, cached);
       r.mem_points.emplace_back(t, cur);
       r.peak = std::max(r.peak, cur);
       r.peak_counter = std::max(r.peak_counter, pk);
@@ -282,7 +284,7 @@ json analyze_rank(const RankTrace& rt, double t_origin, json& warnings) {
   for (auto& [tid, n] : r.thread_names) tn[std::to_string(tid)] = n;
   return {{"rank", rt.rank}, {"meta", rt.meta}, {"spans", std::move(r.spans)},
           {"memory", std::move(memory)}, {"steps", std::move(steps)},
-          {"ckpt", std::move(r.ckpt)}, {"peak", std::max(r.peak, r.peak_counter)},
+          {"ckpt", std::move(r.ckpt)}, {"peak", std::max(r.peak, r.peak_counter)}, {"cached_peak", r.cached_peak},
           {"peak_current", r.peak}, {"threads", tn}};
 }
 
