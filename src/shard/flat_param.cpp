@@ -32,7 +32,8 @@ void Unit::init_flat_param(const FsdpOptions& opts) {
   const bool no_shard = opts.strategy == ShardingStrategy::NO_SHARD;
   param_dtype = opts.mixed_precision.param_dtype.value_or(torch::kFloat32);
   reduce_dtype = opts.mixed_precision.reduce_dtype.value_or(param_dtype);
-  reshard_after_forward = opts.strategy == ShardingStrategy::FULL_SHARD;
+  reshard_after_forward =
+      opts.strategy == ShardingStrategy::FULL_SHARD || opts.strategy == ShardingStrategy::HYBRID_SHARD;
   keeps_unsharded = no_shard;
   aliased = no_shard && param_dtype == torch::kFloat32;
   const shard::FlatLayout layout = shard::flat_layout(numel, N, comm->rank(), no_shard);
@@ -43,8 +44,9 @@ void Unit::init_flat_param(const FsdpOptions& opts) {
   // Rank 0's values, everywhere (sync_module_states): one broadcast per unit.
   auto flat = torch::zeros({padded_numel}, torch::kFloat32);
   for (auto& s : params) flat.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape(-1));
-  if (opts.sync_module_states && N > 1 && numel > 0)
-    comm->broadcast(flat, 0, {"sync_module_states " + display_name()})->wait();
+  // Over the whole world (owner->comm): HYBRID's replicas start equal too.
+  if (opts.sync_module_states && owner->world() > 1 && numel > 0)
+    owner->comm->broadcast(flat, 0, {"sync_module_states " + display_name()})->wait();
 
   shard = no_shard ? flat : flat.narrow(0, shard_begin, shard_numel).clone();
   full = aliased ? shard : torch::empty({padded_numel}, param_dtype);
