@@ -80,6 +80,23 @@ TEST(HybridTwoLaunchers, DefaultShardGroupIsOneHost) {
   expect_parity_lines(r, 4);
 }
 
+// Two real network namespaces joined by a veth pair (tests/netns/two_hosts.sh),
+// 2 ranks in each: HYBRID at 2 x 2 trains exactly as 4 ranks on one host with
+// the same shard group. Skips (with the script's reason) where namespaces
+// cannot be made.
+TEST(HybridTwoNamespaces, TrainLikeOneHostWithFourRanks) {
+  auto r = run_command({"/bin/bash", source_path("tests/netns/two_hosts.sh"), bin_path(""), "core_parity", "hybrid",
+                        "nosync", "none", "fp32", "2"},
+                       {}, 600);
+  if (r.exit_code == 77) {
+    auto why = lines_with(r.output, "two_hosts: SKIP:");
+    GTEST_SKIP() << (why.empty() ? r.output : why[0]);
+  }
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(lines_with(r.output, "two_hosts: PASS").empty()) << r.output;
+  EXPECT_GE(lines_with(r.output, "PARITY strategy=hybrid").size(), 8u) << r.output;  // 4 two-host + 4 one-host
+}
+
 TEST(HybridErrors, ShardGroupMustDivideTheWorld) {
   auto r = run_ranks(4, "core_parity", {"hybrid", "plain", "none", "fp32", "3"});
   EXPECT_NE(r.exit_code, 0) << r.output;

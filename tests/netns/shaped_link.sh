@@ -59,18 +59,19 @@ shape() {  # rate | none
   done
 }
 port=$((21000 + tag % 20000))
-run_gpt() {  # strategy dtype -> seconds per step on stdout
+run_gpt() {  # strategy dtype -> seconds per step on stdout (the mean of rank 0's steps after the first)
   port=$((port + 1))
   local s=$1 d=$2
   for k in 0 1; do
     local ns=$A; [ $k = 1 ] && ns=$B
     ip netns exec "$ns" env FSDP_JOB_TOKEN="$TOKEN" timeout 600 "$BIN/fsdp" run --nnodes 2 --node-rank $k \
       --master-addr "$ADDR_A" --master-port $port -n 2 -- "$BIN/gpt" --text "$TEXT" "${MODEL[@]}" \
-      --steps "$STEPS" --warmup 0 --eval-every 0 --log-every 1000 --no-progress --straggler-factor 0 \
+      --steps "$STEPS" --warmup 0 --eval-every 0 --log-every 1 --no-progress --straggler-factor 0 \
       --strategy "$s" --dtype "$d" >"$OUT/$s-$k.log" 2>&1 &
   done
   wait
-  grep -h -o 'trained [0-9]* steps in [0-9.]* s' "$OUT/$s-0.log" | awk '{print $5 / $2}'
+  grep -h '\[rank 0\] step ' "$OUT/$s-0.log" | grep -o '[0-9.]* ms/step' |
+    awk 'NR > 1 {t += $1; n++} END {if (n) printf "%.5f\n", t / n / 1000}'
   grep -h 'traffic by tier' "$OUT/$s-0.log" | sed "s/^/    $s $d: /" >&2
 }
 plan_comm() {  # dtype inter-rate -> "full_seconds hybrid_seconds"
@@ -92,7 +93,7 @@ for d in $DTYPES; do
     : >"$OUT/full"; : >"$OUT/hybrid"
     for i in $(seq "$ROUNDS"); do run_gpt full "$d" >>"$OUT/full"; run_gpt hybrid "$d" >>"$OUT/hybrid"; done
     tf=$(mean <"$OUT/full"); th=$(mean <"$OUT/hybrid")
-    read -r cf ch < <(plan_comm "$d" "$RATE")
+    read -r cf ch < <(plan_comm "$d" "$(echo "$RATE" | sed 's/kbit/Kbit/; s/mbit/Mbit/; s/gbit/Gbit/')")
     python3 - "$d" "$RATE" "$tf" "$th" "$t0f" "$t0h" "$cf" "$ch" "$base_f" "$base_h" <<'PY'
 import sys
 d, rate = sys.argv[1], sys.argv[2]
