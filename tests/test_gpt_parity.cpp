@@ -119,3 +119,40 @@ INSTANTIATE_TEST_SUITE_P(Strategies, GptParity, ::testing::Values("full", "grad-
                              if (c == '-') c = '_';
                            return s;
                          });
+
+// HYBRID_SHARD and HYBRID_SHARD_ZERO2 at 2 x 2 (two `fsdp run --nnodes 2`
+// launchers, one simulated host each, shard group = LOCAL_WORLD_SIZE = 2)
+// give the parameters of FULL_SHARD at N = 4 and of plain libtorch on the
+// whole batch (4 rows per micro-step), 1e-5 relative, and the same losses.
+TEST(GptParityHybrid, TwoByTwoMatchesFullShardAndThePlainModel) {
+  const auto dir = fs::temp_directory_path() / ("fsdp_gpt_hybrid_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string ref_file = (dir / "reference.safetensors").string();
+  auto ref = fsdp::testing::run_command({bin_path("fsdp_test_worker"), "gpt_reference", ref_file, "4"});
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  const auto reference = read_all(ref_file);
+  const auto want = fsdp::testing::lines_with(ref.output, "loss ");
+  ASSERT_EQ(want.size(), 3u) << ref.output;
+
+  const std::string full_file = (dir / "full4.safetensors").string();
+  auto full = fsdp::testing::run_ranks(4, "gpt_parity", {"full", full_file, "4"});
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  const auto full4 = read_all(full_file);
+  for (std::string strategy : {"hybrid", "hybrid-zero2"}) {
+    const std::string file = (dir / (strategy + ".safetensors")).string();
+    auto r = fsdp::testing::run_two_nodes({"gpt_parity", strategy, file, "4"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto got = fsdp::testing::lines_with(r.output, "loss ");
+    ASSERT_EQ(got.size(), want.size()) << r.output;
+    for (size_t i = 0; i < got.size(); i++) {
+      const double g = std::stod(got[i].substr(got[i].rfind(' ') + 1));
+      const double w = std::stod(want[i].substr(want[i].rfind(' ') + 1));
+      EXPECT_NEAR(g, w, 1e-5 * std::abs(w)) << strategy << " step " << i;
+    }
+    const auto params = read_all(file);
+    std::string worst;
+    EXPECT_LT(max_rel_diff(params, reference, &worst), 1e-5) << strategy << " vs plain libtorch, worst " << worst;
+    EXPECT_LT(max_rel_diff(params, full4, &worst), 1e-5) << strategy << " vs FULL_SHARD N=4, worst " << worst;
+  }
+  fs::remove_all(dir);
+}

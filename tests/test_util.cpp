@@ -4,16 +4,20 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 // Torch-free: the install test (tests/install) compiles this file without
 // the library. fsdp_tests' fsdp::init is in test_init.cpp.
@@ -81,6 +85,39 @@ ProcResult run_ranks(int n, const std::string& scenario, const std::vector<std::
                                    bin_path("fsdp_test_worker"), scenario};
   argv.insert(argv.end(), args.begin(), args.end());
   return run_command(argv, env, timeout_s);
+}
+
+ProcResult run_two_nodes(const std::vector<std::string>& worker_args, double timeout_s) {
+  // A free port: bind to port 0 and read back what the kernel chose.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  auto argv = [&](int node) {
+    std::vector<std::string> v{bin_path("fsdp"), "run", "-n", "2", "--nnodes", "2", "--node-rank",
+                               std::to_string(node), "--master-addr", "127.0.0.1", "--master-port", port,
+                               "--", bin_path("fsdp_test_worker")};
+    v.insert(v.end(), worker_args.begin(), worker_args.end());
+    return v;
+  };
+  auto env = [](int node) {
+    return std::vector<std::string>{"FSDP_JOB_TOKEN=two_nodes_test_token_0123456789",
+                                    "FSDP_HOST_ID=node-" + std::to_string(node)};
+  };
+  ProcResult r1;
+  std::thread t([&] { r1 = run_command(argv(1), env(1), timeout_s); });
+  ProcResult r0 = run_command(argv(0), env(0), timeout_s);
+  t.join();
+  ProcResult both = r0;
+  if (both.exit_code == 0) both.exit_code = r1.exit_code;
+  both.output = r0.output + r1.output;
+  both.seconds = std::max(r0.seconds, r1.seconds);
+  return both;
 }
 
 bool run_in_ranks(int n, double timeout_s) {

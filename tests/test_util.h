@@ -1,5 +1,5 @@
 // fsdp-cpp tests: start ranks as processes and collect what they print.
-// defines: ProcResult, run_command, run_ranks, run_in_ranks, FSDP_IN_RANKS, bin_path,
+// defines: ProcResult, run_command, run_ranks, run_two_nodes, run_in_ranks, FSDP_IN_RANKS, bin_path,
 //          lines_with, Fields, parse_kv
 #pragma once
 
@@ -26,6 +26,12 @@ ProcResult run_command(const std::vector<std::string>& argv, const std::vector<s
 // `fsdp run -n N -- fsdp_test_worker <scenario> args...`
 ProcResult run_ranks(int n, const std::string& scenario, const std::vector<std::string>& args = {},
                      const std::vector<std::string>& env = {}, double timeout_s = 120);
+
+// Two `fsdp run -n 2 --nnodes 2` launchers at once on this machine (a world
+// of 4), node k with FSDP_HOST_ID=node-k so the two count as two hosts, both
+// running `fsdp_test_worker <worker_args>`. exit_code: node 0's, or node
+// 1's when node 0's is 0; output: node 0's then node 1's.
+ProcResult run_two_nodes(const std::vector<std::string>& worker_args, double timeout_s = 240);
 
 // A test whose body runs in every rank, with gtest assertions there:
 //   TEST(Suite, Name) {

@@ -52,6 +52,10 @@ int inspect(const std::string& path) {
               info.path.c_str(), info.format_version, static_cast<long long>(info.step), info.world_size,
               info.strategy.c_str(), info.fingerprint.c_str(), info.files.size(), human_bytes(total).c_str(),
               info.train_state.dump().c_str());
+  // The layout: which ranks' files hold bytes (HYBRID: only replica group 0's).
+  std::printf("  files:");
+  for (auto& f : info.files) std::printf(" %s (%s)", f.name.c_str(), human_bytes(f.bytes).c_str());
+  std::printf("\n");
   std::printf("  %-7s %-48s %-6s %-20s %-10s %s\n", "section", "name", "dtype", "shape", "bytes", "pieces");
   for (auto& t : info.tensors) {
     int64_t bytes = numel_of(t.shape) * static_cast<int64_t>(c10::elementSize(t.dtype));

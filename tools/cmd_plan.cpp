@@ -26,9 +26,9 @@ using gpt::GptShape;
 
 int cmd_plan(int argc, char** argv) {
   std::string model = "gpt", strategy = "full", wrap = "block", dtype = "fp32", optimizer = "adam";
-  std::string budget_text, bandwidth_text;
+  std::string budget_text, bandwidth_text, intra_text, inter_text;
   GptShape s;
-  int world = 2, micro_steps = 1, prefetch = 0;
+  int world = 2, micro_steps = 1, prefetch = 0, hosts = 1, shard_group = 0;
   bool as_json = false, measure = false;
   CLI::App app{"Predict per-rank memory (P, G, O, P_block, A, peak) and traffic per step for a model, "
                "and recommend a strategy under a memory budget (the FSDP guide's ledger and decision tree)",
@@ -41,7 +41,16 @@ int cmd_plan(int argc, char** argv) {
   app.add_option("--seq", s.seq, "T: context length")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 24));
   app.add_option("--batch", s.batch, "B: micro-batch per rank")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 24));
   app.add_option("--world,-n", world, "N: ranks")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 20));
-  app.add_option("--strategy", strategy, "full|grad-op|none|auto (auto needs --budget)")->capture_default_str();
+  app.add_option("--strategy", strategy, "full|grad-op|none|hybrid|hybrid-zero2|auto (auto needs --budget)")
+      ->capture_default_str();
+  app.add_option("--hosts", hosts, "H: hosts, N/H ranks each: traffic and time per tier for every strategy")
+      ->capture_default_str()
+      ->check(fsdp::cli::integer(1, 1 << 20));
+  app.add_option("--shard-group", shard_group, "hybrid: ranks per shard group (0: one host, N/H)")
+      ->capture_default_str()
+      ->check(fsdp::cli::integer(0, 1 << 20));
+  app.add_option("--intra-bw", intra_text, "link rate per rank inside a host, e.g. 10GB/s");
+  app.add_option("--inter-bw", inter_text, "link rate of one host to the others, e.g. 1Gbit/s");
   app.add_option("--wrap", wrap, "block|none|size:N (N parameters)")->capture_default_str();
   app.add_option("--dtype", dtype, "compute / communication dtype: fp32|bf16")->capture_default_str();
   app.add_option("--optimizer", optimizer, "adam|sgd (with momentum)|sgd-plain")->capture_default_str();
@@ -88,11 +97,21 @@ int cmd_plan(int argc, char** argv) {
     o.micro_steps = micro_steps;
     o.prefetch = prefetch;
     if (!bandwidth_text.empty()) parse_bandwidth(bandwidth_text);  // checked here, used below
+    o.hosts = hosts;
+    o.shard_group = shard_group;
+    if (!intra_text.empty()) o.intra_bandwidth = parse_bandwidth(intra_text);
+    if (!inter_text.empty()) o.inter_bandwidth = parse_bandwidth(inter_text);
+    if (world % hosts != 0)
+      throw fsdp::UsageError("--hosts " + std::to_string(hosts) + " must divide --world " + std::to_string(world) +
+                             " (every host runs the same number of ranks)");
+    if (shard_group > 0 && world % shard_group != 0)
+      throw fsdp::UsageError("--shard-group " + std::to_string(shard_group) + " must divide --world " +
+                             std::to_string(world));
     if (strategy != "auto") {
       try {
         chosen = fsdp::parse_strategy(strategy);
       } catch (const fsdp::Error&) {
-        throw fsdp::Error("--strategy: expected full|grad-op|none|auto, found '" + strategy + "'");
+        throw fsdp::Error("--strategy: expected full|grad-op|none|hybrid|hybrid-zero2|auto, found '" + strategy + "'");
       }
     }
     if (!budget_text.empty()) {
@@ -131,6 +150,17 @@ int cmd_plan(int argc, char** argv) {
     text += plan.str();
     j["plan"] = nlohmann::json::parse(plan.to_json());
     j["wrap"] = wrap;
+  }
+  if (hosts > 1 || o.intra_bandwidth > 0 || o.inter_bandwidth > 0) {
+    const auto tiers = compare_tiers(gpt_units(s, wrap), o);
+    text += tiers_str(tiers, o);
+    nlohmann::json rows = nlohmann::json::array();
+    for (auto& r : tiers.rows)
+      rows.push_back({{"strategy", fsdp::to_string(r.strategy)}, {"intra_bytes", r.intra}, {"inter_bytes", r.inter},
+                      {"rest", r.rest}, {"comm_seconds", r.seconds}});
+    j["tiers"] = {{"hosts", hosts}, {"shard_group", o.group()}, {"intra_bandwidth", o.intra_bandwidth},
+                  {"inter_bandwidth", o.inter_bandwidth}, {"rows", rows},
+                  {"recommended", fsdp::to_string(tiers.best)}, {"why", tiers.why}};
   }
   if (budget > 0) {
     Recommendation r = recommend(gpt_candidates(s, o.param_bytes), act.total, o, budget);

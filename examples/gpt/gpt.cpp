@@ -68,7 +68,12 @@ bool parse_args(int argc, char** argv, Args& a) {
       ->check(fsdp::cli::real(0, 1e3));
   app.add_option("--weight-decay", a.weight_decay, "AdamW decay on 2-D weights only")->check(fsdp::cli::real(0, 1e3));
   app.add_option("--clip", a.clip, "global gradient-norm clip (0: off)")->check(fsdp::cli::real(0, 1e12));
-  app.add_option("--strategy", a.strategy, "full | grad-op | none (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD)");
+  app.add_option("--strategy", a.strategy,
+                 "full | grad-op | none | hybrid | hybrid-zero2 (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, "
+                 "HYBRID_SHARD, HYBRID_SHARD_ZERO2)");
+  app.add_option("--shard-group", a.shard_group,
+                 "hybrid: ranks per shard group, a divisor of the world size (0: the ranks of one host)")
+      ->check(fsdp::cli::integer(0, 1 << 20));
   app.add_option("--wrap", a.wrap, "block (one unit per transformer block) | size:N | none");
   app.add_flag("--plan", a.plan, "print the planner's ledger of this run (from the wrapped model's units) before step 1 "
                                  "and compare its peak and traffic with the measured ones at the end");

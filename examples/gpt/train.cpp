@@ -250,6 +250,7 @@ fsdp::FsdpOptions fsdp_options(const Args& a) {
   fopts.strategy = fsdp::parse_strategy(a.strategy);
   fopts.wrap = wrap_policy(a.wrap);
   if (a.dtype == "bf16") fopts.mixed_precision.param_dtype = torch::kBFloat16;
+  fopts.shard_group_size = a.shard_group;
   if (a.prefetch) {
     fopts.backward_prefetch = fsdp::BackwardPrefetch::BACKWARD_PRE;
     fopts.forward_prefetch = true;
@@ -368,6 +369,9 @@ void print_run(const Args& a, const Run& run, const Data& d, const fsdp::FsdpOpt
               "lr %.2e -> %.2e, warmup %lld\n",
               (long long)a.steps, N, (long long)a.batch, (long long)a.accum, (long long)a.cfg.seq,
               (long long)tokens_per_step, a.lr, a.min_lr, (long long)a.warmup);
+  if (model->replica_group())
+    std::printf("hybrid: shard groups of %d ranks, %d replicas (gradients all-reduced across them)\n",
+                model->shard_group()->world_size(), model->replica_group()->world_size());
   std::printf("%s\n", model->describe_units().c_str());
   std::fflush(stdout);
 }
@@ -404,6 +408,7 @@ struct StepResult {
   double loss = 0;         // this rank's mean over the micro-steps
   double norm = 0, lr = 0;
   int64_t sent = 0;        // bytes sent inside the step's span
+  int64_t sent_inter = 0;  // of which to ranks on another host
   Clock::time_point t0;    // the step's start (its time runs to after the checkpoint)
   double waited0 = 0;      // the wait clock at t0
 };
@@ -417,6 +422,7 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
   if (step_span.active()) step_span.arg("step", step);
   StepResult r;
   const int64_t sent0 = run.comm->counters().total_bytes_sent();
+  const int64_t inter0 = run.comm->counters().total_bytes_inter_host();
   r.t0 = Clock::now();
   r.waited0 = run.waits->seconds();
   examples::inject_step_delay(run.rank);  // fault injection: FSDP_INJECT_STEP_DELAY=RANK:MS (tests of the monitor)
@@ -452,6 +458,7 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
   if (step_span.active()) step_span.arg("loss", r.loss);
   step_span.end();
   r.sent = run.comm->counters().total_bytes_sent() - sent0;
+  r.sent_inter = run.comm->counters().total_bytes_inter_host() - inter0;
   return r;
 }
 
@@ -482,12 +489,20 @@ void log_step(const Args& a, const Run& run, int64_t step, const StepResult& r, 
 // The ledger: measured memory terms against the FSDP guide's formulas (and the
 // plan's peak and traffic against the measured ones with --plan).
 void print_ledger(const Run& run, Model& model, torch::optim::Optimizer& opt, const std::optional<fsdp::plan::Plan>& plan,
-                  int64_t steps_run, double seconds, int64_t train_bytes, int64_t tokens_per_step) {
+                  int64_t steps_run, double seconds, int64_t train_bytes, int64_t train_inter_bytes,
+                  int64_t tokens_per_step) {
   const fsdp::Ledger ledger = model->ledger(&opt);
   if (!run.lead) return;
   std::printf("trained %lld steps in %.1f s (%.0f tokens/s)\n", (long long)steps_run, seconds,
               double(tokens_per_step * steps_run) / std::max(seconds, 1e-9));
   std::printf("%s\n", ledger.str().c_str());
+  // Exact integers for the tests (tests/test_hybrid.cpp): bytes rank 0 sent
+  // in the training steps, by tier (hosts as the same-host transport sees them).
+  std::printf("traffic by tier (rank 0, per step): intra-host %s, inter-host %s | intra_bytes=%lld "
+              "inter_bytes=%lld steps=%lld (totals)\n",
+              fsdp::memory::format_bytes(steps_run > 0 ? (train_bytes - train_inter_bytes) / steps_run : 0).c_str(),
+              fsdp::memory::format_bytes(steps_run > 0 ? train_inter_bytes / steps_run : 0).c_str(),
+              (long long)(train_bytes - train_inter_bytes), (long long)train_inter_bytes, (long long)steps_run);
   if (plan) {
     const int64_t sent = train_bytes;
     std::printf("plan vs measured (rank 0): peak %s predicted, %s measured (%.3f); traffic %s/step predicted, "
@@ -577,10 +592,12 @@ int train(const Args& a) {
   }
   const auto run_start = Clock::now();
   int64_t train_bytes = 0;  // sent inside the steps' spans (what the plan predicts)
+  int64_t train_inter_bytes = 0;  // of which to ranks on another host
   for (int64_t step = first_step; step < a.steps; step++) {
     if (data.eval_on && step % a.eval_every == 0) validate(step);
     const StepResult r = train_step(a, run, model, *opt, data, step);
     train_bytes += r.sent;
+    train_inter_bytes += r.sent_inter;
     if (!a.ckpt_dir.empty() && a.ckpt_every > 0 && (step + 1) % a.ckpt_every == 0 && step + 1 < a.steps)
       checkpoint(step + 1);
 
@@ -602,7 +619,7 @@ int train(const Args& a) {
   if (!a.ckpt_dir.empty() && first_step < a.steps) checkpoint(a.steps);
   const double seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
 
-  print_ledger(run, model, *opt, plan, a.steps - first_step, seconds, train_bytes, tokens_per_step);
+  print_ledger(run, model, *opt, plan, a.steps - first_step, seconds, train_bytes, train_inter_bytes, tokens_per_step);
   if (a.rank_memory) {
     using fsdp::memory::format_bytes;
     const auto ms = fsdp::memory::stats();

@@ -28,6 +28,7 @@ struct Args {
   int64_t warmup = 20;
   double weight_decay = 0.1, clip = 1.0;
   std::string strategy = "full", wrap = "block", dtype = "fp32";
+  int shard_group = 0;             // hybrid: ranks per shard group; 0: the ranks of one host
   uint64_t seed = 1337;
   int threads = 0;                 // 0: cores / ranks on this host
   // reporting

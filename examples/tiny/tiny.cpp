@@ -2,7 +2,7 @@
 // accumulation, loss per epoch, the ledger next to the guide's formulas, and
 // the full weights saved at the end.
 //
-//   build/bin/fsdp run -n 2 -- build/bin/tiny [--strategy full|grad-op|none]
+//   build/bin/fsdp run -n 2 -- build/bin/tiny [--strategy full|grad-op|none|hybrid|hybrid-zero2]
 //
 // Reads top to bottom like the FSDP guide's Python demo (docs/GUIDE.md).
 #include <CLI/CLI.hpp>
@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
   bool resume = false, no_sync = false, no_progress = false;
   double progress_every = -1, straggler_factor = 1.5;
   int straggler_window = 5;
-  app.add_option("--strategy", strategy, "full | grad-op | none")->check(CLI::IsMember({"full", "grad-op", "none"}));
+  app.add_option("--strategy", strategy, "full | grad-op | none | hybrid | hybrid-zero2 (hybrid: shard groups of one host)")
+      ->check(CLI::IsMember({"full", "grad-op", "none", "hybrid", "hybrid-zero2"}));
   app.add_option("--epochs", epochs, "optimizer steps (the FSDP guide calls them epochs)")->check(CLI::Range(1, 1000000));
   app.add_option("--accum", accum, "micro-steps per optimizer step")->check(CLI::Range(1, 10000));
   app.add_option("--batch", micro_bs, "micro-batch per rank")->check(CLI::Range(1, 1 << 20));
@@ -207,10 +208,26 @@ int main(int argc, char** argv) {
       // and backward for FULL_SHARD) every micro-step; a reduction every
       // micro-step, or once with no_sync. NO_SHARD's all-reduce counts 2.
       const int reduces = no_sync ? 1 : accum;
-      const int passes = strategy == "full" ? 2 * accum + reduces : strategy == "grad-op" ? accum + reduces : 2 * reduces;
-      std::printf("  traffic   %14s   sent by this rank in the last step | guide: %d passes x (N-1)/N x P = %s\n",
-                  fsdp::memory::format_bytes(sent).c_str(), passes,
-                  fsdp::memory::format_bytes(static_cast<int64_t>(passes * (N - 1) / N * P)).c_str());
+      const bool hybrid = strategy == "hybrid" || strategy == "hybrid-zero2";
+      const int passes = strategy == "full" || strategy == "hybrid" ? 2 * accum + reduces
+                         : strategy == "grad-op" || strategy == "hybrid-zero2" ? accum + reduces
+                                                                               : 2 * reduces;
+      if (!hybrid) {
+        std::printf("  traffic   %14s   sent by this rank in the last step | guide: %d passes x (N-1)/N x P = %s\n",
+                    fsdp::memory::format_bytes(sent).c_str(), passes,
+                    fsdp::memory::format_bytes(static_cast<int64_t>(passes * (N - 1) / N * P)).c_str());
+      } else {
+        // Inside the shard group of S: the passes over (S-1)/S; across the R
+        // replicas: each reduction's shard all-reduced, 2 (R-1)/R x P/S.
+        const double S = model->shard_group()->world_size(), R = N / S;
+        const int64_t inter = after.total_bytes_inter_host() - before.total_bytes_inter_host();
+        std::printf("  traffic   %14s   sent by this rank in the last step: intra-host %s, inter-host %s | guide: "
+                    "%d passes x (S-1)/S x P = %s inside the group, %d x 2(R-1)/R x P/S = %s across (S=%g, R=%g)\n",
+                    fsdp::memory::format_bytes(sent).c_str(), fsdp::memory::format_bytes(sent - inter).c_str(),
+                    fsdp::memory::format_bytes(inter).c_str(), passes,
+                    fsdp::memory::format_bytes(static_cast<int64_t>(passes * (S - 1) / S * P)).c_str(), reduces,
+                    fsdp::memory::format_bytes(static_cast<int64_t>(reduces * 2 * (R - 1) / R * P / S)).c_str(), S, R);
+      }
     }
     if (!save.empty()) {
       fsdp::save_full(*model, save);

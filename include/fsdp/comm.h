@@ -1,7 +1,8 @@
 // fsdp-cpp: the communicator, the one interface every stage talks to.
 //
 // defines: ReduceOp, CollectiveKind, CollectiveInfo, CommOptions, CommCounters,
-//          Work, Communicator, make_communicator_from_env, make_local_communicator
+//          Work, SplitOptions, Communicator, make_communicator_from_env,
+//          make_local_communicator
 //
 // A Communicator runs the collectives that FSDP needs over a distributed engine
 // (Gloo over TCP today). No engine type appears here, so MPI or NCCL can sit
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fsdp/errors.h"
 
@@ -45,17 +47,27 @@ struct CommOptions {
 };
 
 // Per collective kind: how many calls, bytes this rank sent, seconds spent
-// inside the engine. Bytes are counted from what the algorithm really sends.
+// inside the engine. Bytes are counted from what the algorithm really sends,
+// and split by tier: bytes_inter_host went to ranks on another host (the
+// host identity of the same-host transport, docs/COMM.md: FSDP_HOST_ID, or
+// the host name, boot id and namespaces), the rest stayed on this host.
 struct CommCounters {
   struct Entry {
     int64_t calls = 0;
     int64_t bytes_sent = 0;
+    int64_t bytes_inter_host = 0;  // part of bytes_sent
     double seconds = 0;
+    int64_t bytes_intra_host() const { return bytes_sent - bytes_inter_host; }
   };
   Entry by_kind[static_cast<int>(CollectiveKind::kCount)];
   const Entry& operator[](CollectiveKind k) const { return by_kind[static_cast<int>(k)]; }
   Entry& operator[](CollectiveKind k) { return by_kind[static_cast<int>(k)]; }
   int64_t total_bytes_sent() const;
+  int64_t total_bytes_inter_host() const;
+  int64_t total_bytes_intra_host() const { return total_bytes_sent() - total_bytes_inter_host(); }
+  // Element-wise sum (the traffic of several communicators, e.g. a model's
+  // shard and replica groups).
+  CommCounters& operator+=(const CommCounters& o);
 };
 
 // Completion handle of one queued collective.
@@ -68,6 +80,18 @@ class Work {
   virtual bool is_completed() const = 0;
 };
 using WorkPtr = std::shared_ptr<Work>;
+
+// How Communicator::split names and times its groups.
+struct SplitOptions {
+  // For messages, traces and describe(), e.g. "shard" or "replica".
+  std::string name = "group";
+  // Every collective of the new communicator fails after this long; zero:
+  // the parent's timeout.
+  std::chrono::milliseconds timeout{0};
+};
+
+class Communicator;
+using CommPtr = std::shared_ptr<Communicator>;
 
 class Communicator {
  public:
@@ -106,8 +130,28 @@ class Communicator {
   virtual std::chrono::milliseconds timeout() const = 0;
   // e.g. "gloo/tcp world=4" for messages.
   virtual std::string describe() const = 0;
+
+  // --- Groups (HYBRID_SHARD's shard and replica groups) ---
+
+  // The global rank (in the world this communicator was split from, at any
+  // depth) of each of this communicator's ranks, in rank order. A world:
+  // 0..N-1. Errors of a group name these.
+  virtual std::vector<int> global_ranks() const;
+  // The host of each rank, as indices 0..H-1 numbered in rank order of first
+  // appearance; ranks with the same index count as one host for the traffic
+  // tiers. A world of one: {0}.
+  virtual std::vector<int> hosts() const;
+  // Collective over this communicator: every rank passes a color >= 0 and
+  // gets a new communicator over the ranks that passed the same color,
+  // ranked in their order here, on the same engine (its own connections,
+  // communication thread, sequence numbers, counters and timeout; what it
+  // sends is also added to this communicator's counters). A group
+  // whose ranks share one host keeps the same-host transport. A group of one
+  // rank is a world of one. Throws fsdp::Error for a negative color, and for
+  // communicators that cannot be split (the default: anything with more
+  // than one rank).
+  virtual CommPtr split(int color, const SplitOptions& opts = {});
 };
-using CommPtr = std::shared_ptr<Communicator>;
 
 // Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 // MASTER_PORT (torchrun's conventions, as set by `fsdp run`). With no RANK /

@@ -41,8 +41,8 @@ namespace fsdp {
 
 // ShardingStrategy itself is in fsdp/strategy.h.
 const char* to_string(ShardingStrategy s);
-// Accepts full|grad-op|none and the enum names (also in lower case); throws
-// fsdp::Error otherwise.
+// Accepts full|grad-op|none|hybrid|hybrid-zero2 and the enum names (also in
+// lower case); throws fsdp::Error otherwise.
 ShardingStrategy parse_strategy(const std::string& text);
 
 enum class BackwardPrefetch { NONE, BACKWARD_PRE, BACKWARD_POST };
@@ -102,6 +102,11 @@ struct FsdpOptions {
   // Required for a model built under fsdp::DeferredInit (fsdp/deferred.h);
   // empty: the module's own values (rank 0's, with sync_module_states).
   ParamInit param_init;
+  // HYBRID_SHARD / HYBRID_SHARD_ZERO2: ranks per shard group, the groups
+  // being consecutive ranks [g*S, (g+1)*S) (one host under `fsdp run
+  // --nnodes`). 0: the communicator's local_world_size() (the ranks of one
+  // host). Must divide the world size; ignored by the other strategies.
+  int shard_group_size = 0;
 
   // Throws fsdp::Error naming the bad field.
   void validate() const;
@@ -145,6 +150,10 @@ struct Ledger {
   int64_t current = 0;        // counting allocator now
   int64_t cached = 0;         // allocator cache now: freed blocks kept for reuse (not in peak/current)
   int64_t rss_peak = 0;       // the process's resident high-water mark (VmHWM; 0 where unknown)
+  // Bytes this rank sent so far (the world's counters, its groups included;
+  // since the last reset_counters()), by tier: to ranks on this host / on others.
+  int64_t sent_intra_host = 0, sent_inter_host = 0;
+  int shard_group_size = 0;   // ranks a unit is sharded over (HYBRID: S; else N)
   // Predictions from the guide's formulas with this run's sizes.
   int64_t predicted_rest = 0;  // (P+G+O)/N (+ replicas for NO_SHARD / SHARD_GRAD_OP params)
   int64_t predicted_peak = 0;  // P/N + G/N + O/N + P_block (+ prefetched units) + A
@@ -215,6 +224,14 @@ class FullyShardedModel {
 
   const FsdpOptions& options() const;
   const CommPtr& comm() const;
+  // The communicator of this rank's shard group (the units' all-gathers and
+  // reduce-scatters): comm() itself except under HYBRID_SHARD*, where it is
+  // the S ranks holding one copy of the model between them.
+  const CommPtr& shard_group() const;
+  // HYBRID_SHARD*: the R = N/S ranks that hold the same shard (one per
+  // shard group), across which the shards' gradients are all-reduced; null
+  // for the other strategies.
+  const CommPtr& replica_group() const;
   torch::nn::Module& module() const;
 
  private:

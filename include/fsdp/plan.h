@@ -4,7 +4,8 @@
 // defines: plan::Optimizer, plan::UnitSpec, plan::PlanOptions, plan::UnitPlan,
 //          plan::Traffic, plan::Plan, plan::make_plan, plan::traffic,
 //          plan::Candidate, plan::Recommendation, plan::recommend,
-//          plan::units_from, plan::measure_loopback_bandwidth, plan::parse_bandwidth
+//          plan::units_from, plan::measure_loopback_bandwidth, plan::parse_bandwidth,
+//          plan::TierTraffic, plan::tier_traffic, plan::compare_tiers, plan::tiers_str
 //
 // Needs only the standard library (no torch): a planner runs where no engine
 // is linked in. GPT-mini described by its flags is examples/gpt/plan_gpt.h.
@@ -34,6 +35,11 @@
 //               FULL_SHARD     AG forward + AG backward + RS = 3P * (N-1)/N
 //               SHARD_GRAD_OP  AG forward + RS                = 2P * (N-1)/N
 //               NO_SHARD       all-reduce                     = 2P * (N-1)/N
+//               HYBRID_SHARD   inside the shard group of S:   3P * (S-1)/S,
+//                              the all-reduce across R = N/S: 2 (R-1)/R * P/S
+//               HYBRID_SHARD_ZERO2  2P * (S-1)/S and the same all-reduce
+//             (HYBRID's memory terms are FULL_SHARD's / SHARD_GRAD_OP's at
+//             world size S: P, G, O divided by S, not N)
 //             with P = padded numel * bytes of the collective's dtype, times
 //             micro_steps (every micro-step gathers and reduces).
 #pragma once
@@ -71,6 +77,14 @@ struct PlanOptions {
   int micro_steps = 1;   // gradient accumulation steps per optimizer step
   int prefetch = 0;      // units gathered ahead (FsdpOptions::forward_prefetch / backward_prefetch)
   double bandwidth = 0;  // bytes/s per rank for the time estimate; 0 = unknown
+  // Two tiers: H hosts of N/H consecutive ranks; the links inside a host
+  // (bytes/s per rank) and between hosts (bytes/s of one host's link, shared
+  // by its ranks); 0 = unknown (then `bandwidth` for both).
+  int hosts = 1;
+  double intra_bandwidth = 0, inter_bandwidth = 0;
+  // HYBRID_SHARD*: ranks per shard group; 0: N / hosts (one host).
+  int shard_group = 0;
+  int group() const { return shard_group > 0 ? shard_group : world / hosts; }
   // Throws fsdp::Error naming the field.
   void validate() const;
   int reduce() const { return reduce_bytes > 0 ? reduce_bytes : param_bytes; }
@@ -123,6 +137,36 @@ Traffic traffic(ShardingStrategy s, int64_t padded_numel, const PlanOptions& opt
 // The units of a wrapped model (FullyShardedModel::units(); include
 // fsdp/fully_shard.h to call it).
 std::vector<UnitSpec> units_from(const std::vector<UnitInfo>& infos);
+
+// ---------------------------------------------------------------------------
+// Two tiers: what one step sends inside a host and between hosts, and how
+// long that takes, for a strategy over opts.hosts hosts (ranks in host order,
+// as `fsdp run --nnodes` numbers them).
+//   FULL_SHARD, SHARD_GRAD_OP, NO_SHARD over H > 1 hosts: the rings send to
+//     the right neighbour only, so the last rank of each host sends all its
+//     traffic across and the others none; the figures are that rank's (the
+//     one the ring waits for). A ring runs at the pace of its slowest link:
+//     time = its bytes / min(intra, inter).
+//   HYBRID_SHARD*: intra = the shard group's all-gathers and reduce-scatter,
+//     inter = the shard's all-reduce across replicas, every rank; the S ranks
+//     of a host share its link, so time = intra / intra_bw + S x inter / inter_bw.
+struct TierTraffic {
+  ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
+  int64_t intra = 0, inter = 0;  // bytes sent per step by the rank above
+  int64_t rest = 0;              // its (P+G+O) at rest (memory side of the trade)
+  double seconds = 0;            // communication time per step; 0 when a rate is unknown
+};
+TierTraffic tier_traffic(ShardingStrategy s, const std::vector<UnitSpec>& units, const PlanOptions& opts);
+// Every strategy, FULL_SHARD first; `best` is HYBRID_SHARD when the
+// inter-host link dominates (it cuts FULL_SHARD's communication time by a
+// fifth or more; without rates: fewer bytes cross hosts), else FULL_SHARD.
+struct TierComparison {
+  std::vector<TierTraffic> rows;
+  ShardingStrategy best = ShardingStrategy::FULL_SHARD;
+  std::string why;
+};
+TierComparison compare_tiers(const std::vector<UnitSpec>& units, const PlanOptions& opts);
+std::string tiers_str(const TierComparison& c, const PlanOptions& opts);  // the table `fsdp plan --hosts` prints
 
 // ---------------------------------------------------------------------------
 // Choosing a strategy and a wrapping under a memory budget (the FSDP guide's

@@ -56,6 +56,10 @@ struct TransportChoice {
   bool cma = false;
   CmaPeers peers;   // filled when cma
   std::string why;  // one sentence: why this transport
+  // Every rank's host identity (FSDP_HOST_ID, or host name, boot id and
+  // namespaces), whatever the transport: the traffic tiers and the groups'
+  // local ranks are counted from it.
+  std::vector<std::string> host;
 };
 
 // Collective (every rank calls it once, right after the Gloo mesh is up, at

@@ -149,6 +149,7 @@ TransportChoice choose_transport(gloo::Context* ctx, const std::string& mode, Cl
   TransportChoice out;
   try {
     auto hello = exchange(ctx, mine, /*step_base=*/0, deadline);
+    for (auto& h : hello) out.host.emplace_back(h.host, strnlen(h.host, sizeof h.host));
     for (int q = 0; q < n; ++q)
       if (std::strcmp(hello[q].mode, hello[0].mode) != 0)
         throw Error(detail::cat("ranks disagree on FSDP_TRANSPORT: rank 0 has '", hello[0].mode, "', rank ", q,

@@ -22,6 +22,41 @@ int64_t CommCounters::total_bytes_sent() const {
   return total;
 }
 
+int64_t CommCounters::total_bytes_inter_host() const {
+  int64_t total = 0;
+  for (const auto& e : by_kind) total += e.bytes_inter_host;
+  return total;
+}
+
+CommCounters& CommCounters::operator+=(const CommCounters& o) {
+  for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
+    by_kind[k].calls += o.by_kind[k].calls;
+    by_kind[k].bytes_sent += o.by_kind[k].bytes_sent;
+    by_kind[k].bytes_inter_host += o.by_kind[k].bytes_inter_host;
+    by_kind[k].seconds += o.by_kind[k].seconds;
+  }
+  return *this;
+}
+
+std::vector<int> Communicator::global_ranks() const {
+  std::vector<int> out(world_size());
+  for (int q = 0; q < world_size(); ++q) out[q] = q;
+  return out;
+}
+
+std::vector<int> Communicator::hosts() const { return std::vector<int>(world_size(), 0); }
+
+CommPtr Communicator::split(int color, const SplitOptions& opts) {
+  FSDP_USER_CHECK(color >= 0, "Communicator::split: the color must be >= 0, found ", color,
+                  " (every rank names the group it joins by a color >= 0)");
+  if (world_size() > 1)
+    throw Error(detail::cat("this communicator (", describe(), ") cannot be split into groups; "
+                            "use one made by fsdp::make_communicator_from_env()"));
+  comm::ResolvedOptions o = comm::resolve_options({});
+  o.timeout = opts.timeout.count() > 0 ? opts.timeout : timeout();
+  return comm::make_world_of_one(o, global_ranks().front(), opts.name);
+}
+
 // The counting allocator and SIGPIPE are fsdp::init's (init.h), not a side
 // effect of the first communicator.
 CommPtr make_communicator_from_env(const CommOptions& opts) {

@@ -10,6 +10,13 @@
 // ranks that never arrived (read from the store's progress keys); the queue
 // then fails every later call with that same error.
 //
+// Groups (split): a group is a GlooCommunicator of its own over a subset of
+// the parent's ranks, with its own Gloo mesh (keys under the parent's
+// prefix, rendezvous.h), communication thread, sequence numbers, counters
+// and timeout; its messages name global ranks. The traffic tier of each
+// byte follows from where the algorithm sends it (ring.h) and the hosts of
+// the ranks, exchanged by choose_transport.
+//
 // FSDP_DEBUG=detail: before each collective the ranks all-gather a fixed-size
 // record of the call (kind, dtype, element count, root, reduce op, label) on
 // the same Gloo slot space, step numbers from kCheckStepBase up, so it can
@@ -19,6 +26,7 @@
 #include <gloo/context.h>
 #include <gloo/rendezvous/context.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
@@ -89,17 +97,44 @@ class CallMismatch : public CollectiveError {
   using CollectiveError::CollectiveError;
 };
 
+// One communicator's counters. A group adds each collective into its own
+// and into every ancestor's, so a world's counters() include the traffic of
+// the groups split from it (gpt's end-of-run lines read the world's).
+struct CounterBox {
+  mutable std::mutex mu;
+  CommCounters c;  // guarded by mu
+};
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(const WorldEnv& world, const ResolvedOptions& opts)
-      : world_(world), opts_(opts),
+      : world_(world), opts_(opts), global_(iota(world.world_size)),
         rdv_(std::make_unique<Rendezvous>(world, opts.rendezvous_timeout, opts.job_token)),
         ctx_(rdv_->connect_gloo(opts.ifname)),
         transport_(choose_transport(ctx_.get(), opts.transport, Clock::now() + opts.rendezvous_timeout)),
+        host_index_(index_hosts(transport_.host)),
         queue_(std::make_unique<WorkQueue>()) {
     if (opts_.debug_info && world_.rank == 0)
       std::fprintf(stderr, "fsdp: FSDP_DEBUG: collectives move bytes by %s: %s\n",
                    transport_.cma ? "cma (cross-memory attach)" : "gloo/tcp", transport_.why.c_str());
+  }
+
+  // A group of `parent`'s ranks (split): `group` is its own rank and size,
+  // `global` its ranks' global ranks.
+  GlooCommunicator(const GlooCommunicator& parent, const std::string& tag, const WorldEnv& group,
+                   const ResolvedOptions& opts, std::vector<int> global, std::string name)
+      : world_(group), opts_(opts), global_(std::move(global)), group_(std::move(name)),
+        ancestors_(parent.ancestors_),
+        rdv_(std::make_unique<Rendezvous>(*parent.rdv_, tag, group, global_)),
+        ctx_(rdv_->connect_gloo(opts.ifname)),
+        transport_(choose_transport(ctx_.get(), opts.transport, Clock::now() + opts.rendezvous_timeout)),
+        host_index_(index_hosts(transport_.host)),
+        queue_(std::make_unique<WorkQueue>()) {
+    ancestors_.push_back(parent.box_);
+    if (opts_.debug_info && world_.rank == 0)
+      std::fprintf(stderr, "fsdp: FSDP_DEBUG: group '%s' (%s) moves bytes by %s: %s\n", group_.c_str(),
+                   ranks_text().c_str(), transport_.cma ? "cma (cross-memory attach)" : "gloo/tcp",
+                   transport_.why.c_str());
   }
 
   ~GlooCommunicator() override {
@@ -191,16 +226,50 @@ class GlooCommunicator final : public Communicator {
   }
 
   CommCounters counters() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return counters_;
+    std::lock_guard<std::mutex> lock(box_->mu);
+    return box_->c;
   }
   void reset_counters() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    counters_ = {};
+    std::lock_guard<std::mutex> lock(box_->mu);
+    box_->c = {};
   }
   std::chrono::milliseconds timeout() const override { return opts_.timeout; }
   std::string describe() const override {
-    return detail::cat(transport_.cma ? "cma+gloo" : "gloo/tcp", " world=", world_.world_size, " rank=", world_.rank);
+    const char* engine = transport_.cma ? "cma+gloo" : "gloo/tcp";
+    if (group_.empty()) return detail::cat(engine, " world=", world_.world_size, " rank=", world_.rank);
+    return detail::cat(engine, " group '", group_, "' of ranks ", ranks_text(), " rank=", global_[world_.rank]);
+  }
+  std::vector<int> global_ranks() const override { return global_; }
+  std::vector<int> hosts() const override { return host_index_; }
+
+  CommPtr split(int color, const SplitOptions& so) override {
+    FSDP_USER_CHECK(color >= 0, "Communicator::split: the color must be >= 0, found ", color,
+                    " on rank ", global_[world_.rank], " (every rank names the group it joins by a color >= 0)");
+    const int n = world_.world_size, r = world_.rank;
+    auto mine = torch::full({1}, color, torch::kInt32);
+    auto all = torch::empty({n}, torch::kInt32);
+    all_gather(mine, all, {"split '" + so.name + "'"})->wait();
+    std::vector<int> members, global;
+    for (int q = 0; q < n; ++q)
+      if (all[q].item<int>() == color) {
+        members.push_back(q);
+        global.push_back(global_[q]);
+      }
+    ResolvedOptions o = opts_;
+    if (so.timeout.count() > 0) o.timeout = so.timeout;
+    const int k = splits_++;  // every rank here splits in the same order
+    if (members.size() == 1) return make_world_of_one(o, global.front(), so.name);
+    WorldEnv g = world_;
+    g.world_size = static_cast<int>(members.size());
+    g.rank = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+    g.local_rank = g.local_world_size = 0;
+    for (int q : members) {
+      if (host_index_[q] != host_index_[r]) continue;
+      g.local_rank += q < r;
+      g.local_world_size += 1;
+    }
+    return std::make_shared<GlooCommunicator>(*this, detail::cat("s", k, "/", color, "/"), g, o,
+                                              std::move(global), so.name);
   }
 
  private:
@@ -246,12 +315,73 @@ class GlooCommunicator final : public Communicator {
       failed_ = true;
       throw CollectiveError(diagnose(seq, what, e.what(), Clock::now() - t0));
     }
+    const int64_t inter = inter_host_bytes(shape, bytes);
     span.arg("bytes", bytes);
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& entry = counters_[shape.kind];
-    entry.calls += 1;
-    entry.bytes_sent += bytes;
-    entry.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (span.active()) span.arg("inter_host_bytes", inter);
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    auto add = [&](CounterBox& b) {
+      std::lock_guard<std::mutex> lock(b.mu);
+      auto& entry = b.c[shape.kind];
+      entry.calls += 1;
+      entry.bytes_sent += bytes;
+      entry.bytes_inter_host += inter;
+      entry.seconds += secs;
+    };
+    add(*box_);
+    for (auto& a : ancestors_) add(*a);
+  }
+
+  // Of the `bytes` this rank sent in one collective, those that went to a
+  // rank on another host. The ring algorithms send to the right neighbour
+  // only; broadcast's root sends the tensor to every other rank; gather's
+  // ranks send to the root; the barrier sends one byte per round to rank
+  // r + 2^k (ring.h). CMA runs only when every rank is on one host.
+  int64_t inter_host_bytes(const CallShape& shape, int64_t bytes) const {
+    const int n = world_.world_size, r = world_.rank;
+    auto far = [&](int q) { return host_index_[q] != host_index_[r]; };
+    if (bytes == 0 || transport_.cma) return 0;
+    switch (shape.kind) {
+      case CollectiveKind::BROADCAST: {
+        int far_peers = 0;
+        for (int q = 0; q < n; ++q) far_peers += q != r && far(q);
+        return bytes / (n - 1) * far_peers;
+      }
+      case CollectiveKind::GATHER: return far(shape.root) ? bytes : 0;
+      case CollectiveKind::BARRIER: {
+        int64_t out = 0;
+        for (int dist = 1; dist < n; dist *= 2) out += far((r + dist) % n);
+        return out;
+      }
+      default: return far((r + 1) % n) ? bytes : 0;
+    }
+  }
+
+  static std::vector<int> iota(int n) {
+    std::vector<int> v(n);
+    for (int q = 0; q < n; ++q) v[q] = q;
+    return v;
+  }
+  // Host identities -> indices numbered in rank order of first appearance.
+  static std::vector<int> index_hosts(const std::vector<std::string>& host) {
+    std::vector<int> out;
+    std::vector<std::string> seen;
+    for (auto& h : host) {
+      auto it = std::find(seen.begin(), seen.end(), h);
+      out.push_back(static_cast<int>(it - seen.begin()));
+      if (it == seen.end()) seen.push_back(h);
+    }
+    return out;
+  }
+  // "2, 3": the global ranks of this communicator.
+  std::string ranks_text() const {
+    std::string s;
+    for (int g : global_) s += (s.empty() ? "" : ", ") + std::to_string(g);
+    return s;
+  }
+  // How messages name rank q of this communicator: its global rank, with
+  // the group rank beside it inside a group.
+  std::string name_of(int q) const {
+    return group_.empty() ? detail::cat("rank ", q) : detail::cat("rank ", global_[q], " (group rank ", q, ")");
   }
 
   // FSDP_DEBUG=detail: every rank learns every rank's call before any byte
@@ -267,9 +397,9 @@ class GlooCommunicator final : public Communicator {
     for (int q = 1; q < n; ++q) same &= same_call(all[q], all[0]);
     if (same) return;
     std::string msg = detail::cat("FSDP_DEBUG=detail: ranks issued different collectives at #", step.seq,
-                                  " in a world of ", n, " (", describe(), "):");
+                                  " in a ", group_.empty() ? "world" : "group", " of ", n, " (", describe(), "):");
     for (int q = 0; q < n; ++q)
-      msg += detail::cat("\n  rank ", q, ": ", describe_record(all[q]),
+      msg += detail::cat("\n  ", name_of(q), ": ", describe_record(all[q]),
                          same_call(all[q], all[0]) ? "" : "   <-- differs from rank 0");
     msg += "\nExpected every rank to issue the same kind, dtype, element count, root and reduce op "
            "at each sequence number. What to do: find where the differing rank's code path diverges "
@@ -286,19 +416,20 @@ class GlooCommunicator final : public Communicator {
     char took[64];
     std::snprintf(took, sizeof took, "%s after %.2f s (timeout %g s, FSDP_TIMEOUT).",
                   timed_out ? "timed out" : "failed", secs, limit);
-    std::string msg = detail::cat(what, ", collective #", seq, " of rank ", world_.rank, " in a world of ",
-                                  world_.world_size, " (", describe(), "), ", took);
+    std::string msg = detail::cat(what, ", collective #", seq, " of ", name_of(world_.rank), " in a ",
+                                  group_.empty() ? "world" : "group", " of ", world_.world_size, " (", describe(),
+                                  "), ", took);
     auto progress = rdv_->read_progress(kDiagnosisBudget);
     std::string missing, mismatched, unknown;
     for (int q = 0; q < world_.world_size; ++q) {
       const auto& p = progress[q];
       if (p.seq < 0) {
-        unknown += detail::cat(unknown.empty() ? "" : ", ", q);
+        unknown += detail::cat(unknown.empty() ? "" : ", ", global_[q]);
       } else if (p.seq < static_cast<int64_t>(seq)) {
-        missing += detail::cat(missing.empty() ? "" : ", ", "rank ", q, " (last entered #", p.seq,
+        missing += detail::cat(missing.empty() ? "" : ", ", name_of(q), " (last entered #", p.seq,
                                p.seq > 0 ? " " + p.what : std::string(" none"), ")");
       } else if (p.seq == static_cast<int64_t>(seq) && p.what != what) {
-        mismatched += detail::cat("\n  rank ", q, " entered #", seq, " as ", p.what);
+        mismatched += detail::cat("\n  ", name_of(q), " entered #", seq, " as ", p.what);
       }
     }
     if (!missing.empty())
@@ -319,22 +450,30 @@ class GlooCommunicator final : public Communicator {
                        "larger FSDP_TIMEOUT."
                      : "\nWhat to do: look at the first rank that failed in the launcher's output.";
     msg += (transport_.cma ? "\n(cma+gloo: " : "\n(gloo: ") + engine_error + ")";
+    if (!group_.empty())
+      msg += detail::cat("\n(ranks inside the engine's message are group ranks; group '", group_,
+                         "' is global ranks ", ranks_text(), " in that order)");
     return msg;
   }
 
   // Constant after construction.
-  const WorldEnv world_;
+  const WorldEnv world_;  // a group's: its own rank and size
   const ResolvedOptions opts_;
+  const std::vector<int> global_;  // global rank of each rank here
+  const std::string group_;        // a group's name; "" for a world
+  std::vector<std::shared_ptr<CounterBox>> ancestors_;  // the parents' counters, nearest last
   std::unique_ptr<Rendezvous> rdv_;
   std::shared_ptr<gloo::Context> ctx_;
   const TransportChoice transport_;  // same on every rank (choose_transport)
+  const std::vector<int> host_index_;  // host of each rank (index_hosts)
 
   // Touched only on the communication thread.
   uint64_t seq_ = 0;
+  // Touched only on the caller's thread (split).
+  int splits_ = 0;
 
   std::atomic<bool> failed_{false};
-  mutable std::mutex mu_;
-  CommCounters counters_;  // guarded by mu_
+  const std::shared_ptr<CounterBox> box_ = std::make_shared<CounterBox>();
 
   // Declared last: destroyed first, while everything its tasks use is alive.
   std::unique_ptr<WorkQueue> queue_;

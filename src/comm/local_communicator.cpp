@@ -17,7 +17,8 @@ namespace {
 
 class WorldOfOne final : public Communicator {
  public:
-  explicit WorldOfOne(const ResolvedOptions& opts) : timeout_(opts.timeout) {}
+  WorldOfOne(const ResolvedOptions& opts, int global_rank, std::string group)
+      : timeout_(opts.timeout), global_rank_(global_rank), group_(std::move(group)) {}
 
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
@@ -61,7 +62,10 @@ class WorldOfOne final : public Communicator {
     counters_ = {};
   }
   std::chrono::milliseconds timeout() const override { return timeout_; }
-  std::string describe() const override { return "local world=1"; }
+  std::string describe() const override {
+    return group_.empty() ? "local world=1" : detail::cat("local group '", group_, "' of rank ", global_rank_);
+  }
+  std::vector<int> global_ranks() const override { return {global_rank_}; }
 
  private:
   static void copy(torch::Tensor& dst, const torch::Tensor& src) {
@@ -98,6 +102,8 @@ class WorldOfOne final : public Communicator {
   }
 
   const std::chrono::milliseconds timeout_;
+  const int global_rank_;
+  const std::string group_;
   mutable std::mutex mu_;
   CommCounters counters_;        // guarded by mu_
   std::exception_ptr failure_;   // guarded by mu_
@@ -106,6 +112,8 @@ class WorldOfOne final : public Communicator {
 
 }  // namespace
 
-CommPtr make_world_of_one(const ResolvedOptions& opts) { return std::make_shared<WorldOfOne>(opts); }
+CommPtr make_world_of_one(const ResolvedOptions& opts, int global_rank, const std::string& group) {
+  return std::make_shared<WorldOfOne>(opts, global_rank, group);
+}
 
 }  // namespace fsdp::comm

@@ -196,6 +196,41 @@ Rendezvous::Rendezvous(const WorldEnv& world, std::chrono::milliseconds timeout,
   }
 }
 
+Rendezvous::Rendezvous(const Rendezvous& parent, const std::string& tag, const WorldEnv& group,
+                       const std::vector<int>& global)
+    : world_(group), timeout_(parent.timeout_), prefix_(parent.prefix_ + tag), where_(parent.where_),
+      global_(global), store_(parent.store_) {
+  auto deadline = Clock::now() + timeout_;
+  const int n = group.world_size, r = group.rank;
+  auto names = [&](const std::vector<int>& ranks) {
+    std::string s;
+    for (int q : ranks) s += (s.empty() ? "" : ", ") + std::to_string(global_.at(q));
+    return s;
+  };
+  try {
+    store_->set(prefix_ + "seq/" + std::to_string(r), bytes("0"));
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    store_->set(prefix_ + "joined/" + std::to_string(r), bytes(detail::cat(host, " pid ", getpid())));
+    std::vector<std::string> keys;
+    for (int q = 0; q < n; ++q) keys.push_back(prefix_ + "joined/" + std::to_string(q));
+    auto missing = wait_keys(keys, deadline);
+    if (!missing.empty()) {
+      std::vector<int> ranks;
+      for (auto& k : missing) ranks.push_back(std::stoi(k.substr(k.rfind('/') + 1)));
+      throw Error(detail::cat("rank ", global_.at(r), ": ranks ", names(ranks), " of its group (ranks ",
+                              join_ranks(global_), ") did not join the group within ", seconds(timeout_),
+                              " s (store ", where_, "). Every rank of the parent communicator must call "
+                              "split() (FSDP_RENDEZVOUS_TIMEOUT sets the wait)"));
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(detail::cat("rank ", global_.at(r), ": joining its group (ranks ", join_ranks(global_),
+                            ") through the store at ", where_, " failed: ", e.what()));
+  }
+}
+
 bool Rendezvous::has(const std::string& key) { return store_->check({key}); }
 std::string Rendezvous::get(const std::string& key) { return text(store_->get(key)); }
 
@@ -228,7 +263,8 @@ std::shared_ptr<gloo::Context> Rendezvous::connect_gloo(const std::string& ifnam
     ctx->connectFullMesh(gs, device);
     return ctx;
   } catch (const std::exception& e) {
-    throw Error(detail::cat("rank ", world_.rank, ": connecting the Gloo TCP mesh (",
+    throw Error(detail::cat("rank ", global_.empty() ? world_.rank : global_.at(world_.rank),
+                            ": connecting the Gloo TCP mesh (",
                             ifname.empty() ? "address " + attr.hostname : "interface " + ifname,
                             ") failed: ", e.what(),
                             "\nIf this host has several networks, set GLOO_SOCKET_IFNAME."));

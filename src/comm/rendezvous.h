@@ -27,6 +27,8 @@
 //   seq/<r>         "<seq> <what>": the last collective rank r entered (0: none)
 //   left            ranks that finished cleanly (rank 0 waits for all)
 //   gloo/...        Gloo's own address exchange
+//   s<k>/<color>/   the same keys (no job) for group <color> of this
+//                   communicator's k-th split
 #pragma once
 
 #include <chrono>
@@ -54,6 +56,12 @@ class Rendezvous {
   // the world size and waits until all have joined. Throws fsdp::Error that
   // names the ranks that never arrived, or the disagreement.
   Rendezvous(const WorldEnv& world, std::chrono::milliseconds timeout, const std::string& job_token = "");
+  // A group of `parent`'s ranks (Communicator::split): the parent's store
+  // and job, keys under the parent's prefix + `tag` ("s<k>/<color>/");
+  // `group` is the group's own rank and size, `global` its ranks' global
+  // ranks (the messages name those). Waits until every member joined.
+  Rendezvous(const Rendezvous& parent, const std::string& tag, const WorldEnv& group,
+             const std::vector<int>& global);
 
   // A full mesh of Gloo TCP pairs (device on `ifname`, or on the address
   // that reaches MASTER_ADDR). Collective timeouts are passed per wait.
@@ -88,6 +96,7 @@ class Rendezvous {
   std::chrono::milliseconds timeout_;
   std::string prefix_;  // "fsdp/[<token>/]c<generation>/"
   std::string where_;   // "127.0.0.1:29500"
+  std::vector<int> global_;  // a group's global ranks; empty for a world
   c10d::TCPStore* store_ = nullptr;  // process-wide, never freed (see above)
 };
 

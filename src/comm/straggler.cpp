@@ -130,6 +130,12 @@ class WaitClockCommunicator final : public Communicator {
   void reset_counters() override { inner_->reset_counters(); }
   std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
   std::string describe() const override { return inner_->describe(); }
+  std::vector<int> global_ranks() const override { return inner_->global_ranks(); }
+  std::vector<int> hosts() const override { return inner_->hosts(); }
+  // A group's waits count on the same clock (HYBRID's shard and replica groups).
+  CommPtr split(int color, const SplitOptions& opts) override {
+    return std::make_shared<WaitClockCommunicator>(inner_->split(color, opts), clock_);
+  }
 
  private:
   WorkPtr timed(WorkPtr w) { return std::make_shared<TimedWork>(std::move(w), clock_); }

@@ -152,6 +152,15 @@ json traffic_lines(const json& meta0, int world, double pb, double rb, json& war
     lines["full_3p"] = frac * padded_total * (2 * pb + rb);
     lines["grad_op_2p"] = frac * padded_total * (pb + rb);
     lines["ddp_2p"] = 2 * frac * padded_total * rb;
+    // HYBRID: the units are padded over the shard group of S; per rank
+    // (S-1)/S x 3P (ZERO2: 2P) inside it, 2 (R-1)/R x P/S across replicas.
+    const int S = meta0.value("shard_group_size", world);
+    const std::string strategy = meta0.value("strategy", "");
+    if (S > 0 && S < world && strategy.rfind("HYBRID_SHARD", 0) == 0) {
+      const double in = double(S - 1) / S, R = double(world) / S;
+      lines["hybrid_intra"] = in * padded_total * (strategy == "HYBRID_SHARD" ? 2 * pb + rb : pb + rb);
+      lines["hybrid_inter"] = 2 * (R - 1) / R * padded_total / S * rb;
+    }
   } else if (meta0.contains("ledger") && num(meta0["ledger"], "P_full") > 0) {
     double P = num(meta0["ledger"], "P_full");
     lines["P_bytes"] = P;
@@ -170,7 +179,7 @@ struct RankEvents {
   std::map<int, std::string> thread_names;
   struct StepSpan { double t0, t1; json args; };
   std::vector<StepSpan> step_spans;
-  struct Comm { double t; std::string name; double bytes; };
+  struct Comm { double t; std::string name; double bytes, inter; };
   std::vector<Comm> comms;
   std::vector<std::pair<double, double>> mem_points;  // (t, current) for step peaks
   double peak = 0, peak_counter = 0, cached_peak = 0;
@@ -198,7 +207,7 @@ RankEvents collect_events(const RankTrace& rt, double t_origin) {
       if (unit.empty()) unit = str(args, "label");
       double bytes = num(args, "bytes");
       if (cat == "step") r.step_spans.push_back({t, t + dur, args});
-      if (cat == "comm") r.comms.push_back({t, name, bytes});
+      if (cat == "comm") r.comms.push_back({t, name, bytes, num(args, "inter_host_bytes")});
       if (cat == "ckpt")
         r.ckpt.push_back({{"t", t}, {"dur", dur}, {"name", name}, {"path", str(args, "path")},
                           {"bytes", bytes}, {"step", args.value("step", json(nullptr))}});
@@ -232,10 +241,11 @@ json step_table(RankEvents& r) {
   std::sort(r.mem_points.begin(), r.mem_points.end());
   for (size_t i = 0; i < r.step_spans.size(); ++i) {
     auto& s = r.step_spans[i];
-    double ag = 0, rs = 0, ar = 0, other = 0;
+    double ag = 0, rs = 0, ar = 0, other = 0, inter = 0;
     int n_ag = 0, n_rs = 0, n_ar = 0;
     for (auto& c : r.comms) {
       if (c.t < s.t0 || c.t > s.t1) continue;
+      inter += c.inter;
       if (c.name == "all_gather") ag += c.bytes, ++n_ag;
       else if (c.name == "reduce_scatter") rs += c.bytes, ++n_rs;
       else if (c.name == "all_reduce") ar += c.bytes, ++n_ar;
@@ -246,7 +256,8 @@ json step_table(RankEvents& r) {
     for (auto it = lo; it != r.mem_points.end() && it->first <= s.t1; ++it) mpk = std::max(mpk, it->second);
     json st = {{"index", (int)i}, {"step", s.args.value("step", json((int)i))}, {"t0", s.t0}, {"t1", s.t1},
                {"ag_bytes", ag},  {"rs_bytes", rs}, {"ar_bytes", ar}, {"other_bytes", other},
-               {"total_bytes", ag + rs + ar + other}, {"n_ag", n_ag}, {"n_rs", n_rs}, {"n_ar", n_ar},
+               {"total_bytes", ag + rs + ar + other}, {"inter_bytes", inter},
+               {"intra_bytes", ag + rs + ar + other - inter}, {"n_ag", n_ag}, {"n_rs", n_rs}, {"n_ar", n_ar},
                {"peak_mem", mpk}};
     if (s.args.contains("loss")) st["loss"] = s.args["loss"];
     steps.push_back(std::move(st));
@@ -319,6 +330,8 @@ json analyze(const std::string& path) {
                 {"source", path},
                 {"world", world},
                 {"strategy", meta0.value("strategy", "")},
+                {"shard_group_size", meta0.value("shard_group_size", world)},
+                {"hosts", meta0.value("hosts", json(nullptr))},
                 {"units", units},
                 {"param_bytes_per_elem", pb},
                 {"reduce_bytes_per_elem", rb},

@@ -18,7 +18,7 @@ using detail::strategy_name;
 inline std::optional<ShardingStrategy> parse_strategy_or_auto(const std::string& t) {
   if (t == "auto") return std::nullopt;
   if (auto s = detail::strategy_from_name(t)) return s;
-  throw Error("--strategy: expected full|grad-op|none|auto, found '" + t + "'");
+  throw Error("--strategy: expected full|grad-op|none|hybrid|hybrid-zero2|auto, found '" + t + "'");
 }
 
 }  // namespace fsdp::plan

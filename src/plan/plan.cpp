@@ -48,6 +48,11 @@ void PlanOptions::validate() const {
   FSDP_USER_CHECK(micro_steps >= 1, "plan: micro_steps must be >= 1, found ", micro_steps);
   FSDP_USER_CHECK(prefetch >= 0, "plan: prefetch must be >= 0, found ", prefetch);
   FSDP_USER_CHECK(bandwidth >= 0, "plan: bandwidth must be >= 0, found ", bandwidth);
+  FSDP_USER_CHECK(intra_bandwidth >= 0 && inter_bandwidth >= 0, "plan: --intra-bw and --inter-bw must be >= 0");
+  FSDP_USER_CHECK(hosts >= 1 && world % hosts == 0, "plan: --hosts must divide --world (every host runs the same "
+                  "number of ranks); found ", hosts, " hosts for a world of ", world);
+  FSDP_USER_CHECK(shard_group >= 0 && (shard_group == 0 || world % shard_group == 0),
+                  "plan: --shard-group must divide --world; found ", shard_group, " for a world of ", world);
 }
 
 Traffic traffic(ShardingStrategy s, int64_t padded, const PlanOptions& o) {
@@ -69,6 +74,17 @@ Traffic traffic(ShardingStrategy s, int64_t padded, const PlanOptions& o) {
     case ShardingStrategy::NO_SHARD:
       t.all_reduce = 2 * K * sent * o.reduce();
       break;
+    case ShardingStrategy::HYBRID_SHARD:
+    case ShardingStrategy::HYBRID_SHARD_ZERO2: {
+      // padded is a multiple of S here (make_plan pads over the group).
+      PlanOptions inner = o;
+      inner.world = o.group();
+      t = traffic(s == ShardingStrategy::HYBRID_SHARD ? ShardingStrategy::FULL_SHARD : ShardingStrategy::SHARD_GRAD_OP,
+                  padded, inner);
+      const int64_t R = o.world / o.group(), shard = padded / o.group();
+      t.all_reduce = 2 * K * (R - 1) * shard / R * o.reduce();
+      break;
+    }
   }
   return t;
 }
@@ -96,6 +112,21 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
                int64_t released_activation_bytes) {
   opts.validate();
   FSDP_USER_CHECK(!units.empty(), "plan: expected at least one unit, found none.");
+  if (is_hybrid(opts.strategy)) {
+    // The memory of FULL_SHARD (ZERO2: SHARD_GRAD_OP) at world size S; the
+    // traffic adds the replicas' all-reduce.
+    PlanOptions inner = opts;
+    inner.world = opts.group();
+    inner.shard_group = 0;
+    inner.hosts = 1;
+    inner.strategy = opts.strategy == ShardingStrategy::HYBRID_SHARD ? ShardingStrategy::FULL_SHARD
+                                                                     : ShardingStrategy::SHARD_GRAD_OP;
+    Plan p = make_plan(units, activation_bytes, inner, released_activation_bytes);
+    p.options = opts;
+    p.traffic = traffic(opts.strategy, p.padded_numel, opts);
+    p.comm_seconds = opts.bandwidth > 0 ? p.traffic.total() / opts.bandwidth : 0;
+    return p;
+  }
   Plan p;
   p.options = opts;
   const int64_t N = opts.world;
@@ -204,7 +235,10 @@ std::string Plan::str() const {
   std::ostringstream os;
   const auto& o = options;
   const int k = state_per_param(o.optimizer);
-  os << "plan: " << strategy_name(o.strategy) << ", world N = " << o.world << ", " << units.size()
+  os << "plan: " << strategy_name(o.strategy) << ", world N = " << o.world
+     << (is_hybrid(o.strategy) ? ", shard groups of S = " + std::to_string(o.group()) + " (the terms below are /S)"
+                               : std::string())
+     << ", " << units.size()
      << " unit(s), " << (o.param_bytes == 2 ? "bf16" : "fp32") << " compute, optimizer " << to_string(o.optimizer)
      << (o.micro_steps > 1 ? ", " + std::to_string(o.micro_steps) + " micro-steps" : "") << "\n";
   os << "\nmodel\n";
@@ -244,6 +278,10 @@ std::string Plan::str() const {
   os << tl("FULL_SHARD", full_shard, "3P(N-1)/N: AG fwd + AG bwd + RS");
   os << tl("SHARD_GRAD_OP", shard_grad_op, "2P(N-1)/N: AG fwd + RS");
   os << tl("NO_SHARD (DDP)", no_shard, "2P(N-1)/N: all-reduce");
+  if (is_hybrid(o.strategy))
+    os << tl(strategy_name(o.strategy), traffic,
+             o.strategy == ShardingStrategy::HYBRID_SHARD ? "3P(S-1)/S in the group + 2(R-1)/R P/S across"
+                                                          : "2P(S-1)/S in the group + 2(R-1)/R P/S across");
   if (o.bandwidth <= 0) os << "  (communication time: pass --bandwidth 2GB/s or --measure)\n";
   os << "\nunits\n";
   char buf[256];

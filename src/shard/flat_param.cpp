@@ -33,7 +33,8 @@ void Unit::init_flat_param(const FsdpOptions& opts, const InitTargetOf& target_o
   const bool no_shard = opts.strategy == ShardingStrategy::NO_SHARD;
   param_dtype = opts.mixed_precision.param_dtype.value_or(torch::kFloat32);
   reduce_dtype = opts.mixed_precision.reduce_dtype.value_or(param_dtype);
-  reshard_after_forward = opts.strategy == ShardingStrategy::FULL_SHARD;
+  reshard_after_forward =
+      opts.strategy == ShardingStrategy::FULL_SHARD || opts.strategy == ShardingStrategy::HYBRID_SHARD;
   keeps_unsharded = no_shard;
   aliased = no_shard && param_dtype == torch::kFloat32;
   const shard::FlatLayout layout = shard::flat_layout(numel, N, comm->rank(), no_shard);
@@ -53,8 +54,9 @@ void Unit::init_flat_param(const FsdpOptions& opts, const InitTargetOf& target_o
     // Rank 0's values, everywhere (sync_module_states): one broadcast per unit.
     auto flat = torch::zeros({padded_numel}, torch::kFloat32);
     for (auto& s : params) flat.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape(-1));
-    if (opts.sync_module_states && N > 1 && numel > 0)
-      comm->broadcast(flat, 0, {"sync_module_states " + display_name()})->wait();
+    // Over the whole world (owner->comm): HYBRID's replicas start equal too.
+    if (opts.sync_module_states && owner->world() > 1 && numel > 0)
+      owner->comm->broadcast(flat, 0, {"sync_module_states " + display_name()})->wait();
     shard = no_shard ? flat : flat.narrow(0, shard_begin, shard_numel).clone();
   }
   full = aliased ? shard : torch::empty({padded_numel}, param_dtype);
@@ -91,7 +93,10 @@ void Unit::init_flat_param(const FsdpOptions& opts, const InitTargetOf& target_o
 // broadcast (the values are a function of the names). What they must agree
 // on is checked instead: one checksum of the unit's full values per rank.
 void Unit::init_shard_from(const ParamInit& init, const InitTargetOf& target_of) {
-  const int N = comm->world_size();
+  // Every rank of the world computes every value (HYBRID's replicas too), so
+  // the check runs over the world, not only the shard group.
+  Communicator& world = *owner->comm;
+  const int N = world.world_size();
   shard = torch::zeros({keeps_unsharded ? padded_numel : shard_numel}, torch::kFloat32);
   uint64_t sum = 0;  // integer sums of the values' bits (mod 2^64): the same on every rank that agrees
   // One buffer of the largest parameter's size holds each full value in turn.
@@ -116,7 +121,7 @@ void Unit::init_shard_from(const ParamInit& init, const InitTargetOf& target_of)
   const uint64_t u = sum;
   for (int k = 0; k < 3; k++) mine[k] = static_cast<float>((u >> (21 * k)) & 0x1fffff);
   auto all = torch::empty({3 * N}, torch::kFloat32);
-  comm->all_gather(mine, all, {"param_init check " + display_name()})->wait();
+  world.all_gather(mine, all, {"param_init check " + display_name()})->wait();
   auto a = all.view({N, 3});
   std::vector<int> differ;
   for (int r = 1; r < N; r++)

@@ -8,6 +8,7 @@
 //   all-gather src/unit/unshard.cpp      unshard / reshard, prefetch
 //   compute    src/unit/unit_call.cpp    pre/post-forward, pre-backward hooks
 //   reduce     src/unit/reduce.cpp       post-backward reduce-scatter, no_sync
+//   hybrid     src/unit/hybrid.cpp       HYBRID's groups, the replicas' all-reduce
 //   optimizer  src/unit/model.cpp        shard grads, global-norm clipping
 //   observe    src/unit/model.cpp        the ledger, measured
 //   checkpoint src/unit/state_dict.cpp   shards <-> checkpoints (through engine_access.h)
@@ -47,7 +48,9 @@ class Engine {
 
   // --- Constant after construction ---
   std::shared_ptr<torch::nn::Module> root;
-  CommPtr comm;
+  CommPtr comm;          // the world it was wrapped on: buffers, state dicts, checkpoints
+  CommPtr shard_comm;    // the units' collectives: comm, or HYBRID's shard group
+  CommPtr replica_comm;  // HYBRID: the ranks holding this rank's shard; null otherwise
   FsdpOptions opts;
   std::vector<std::unique_ptr<Unit>> units;  // pre-order; units[0] is the root
   // Names of the unwrapped model, in named_parameters() order.
@@ -66,8 +69,21 @@ class Engine {
   Unit& root_unit() { return *units.front(); }
   int world() const { return comm->world_size(); }
   int rank() const { return comm->rank(); }
+  // Ranks a unit is sharded over: N, or HYBRID's group size S.
+  int shard_world() const { return shard_comm->world_size(); }
+  // The rank of shard_comm that is global rank `world_rank`; -1 when that
+  // rank is in another shard group.
+  int shard_rank_of(int world_rank) const;
+  // Whether a pending reduction is complete: HYBRID issues the shard's
+  // all-reduce across replicas here once its reduce-scatter finished (in
+  // pending order, so every replica issues them in the same order).
+  bool reduce_finished(PendingReduce& p);
+  // Waits for it (issuing the all-reduce first, HYBRID); rethrows its error.
+  void wait_reduce(PendingReduce& p);
 
  private:
+  // hybrid.cpp: shard_comm and replica_comm (before build_units).
+  void make_groups();
   // wrap.cpp: the module tree -> units (describe_wrap, then materialise).
   void build_units();
   // unshard.cpp: the prefetch policy over the recorded forward order.

@@ -21,6 +21,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> root_, CommPtr comm_, FsdpOpti
   FSDP_USER_CHECK(root, "fully_shard: the module is null");
   FSDP_USER_CHECK(comm, "fully_shard: the communicator is null (use fsdp::make_communicator_from_env())");
   opts.validate();
+  make_groups();
   build_units();
   // What a ParamInit sees for each slot: its canonical name, its module.
   std::unordered_map<std::string, InitTarget> targets;
@@ -76,6 +77,9 @@ void Engine::publish_trace_metadata() const {
   const auto rd = opts.mixed_precision.reduce_dtype.value_or(pd);
   trace::set_metadata("units", us);
   trace::set_metadata("strategy", to_string(opts.strategy));
+  // HYBRID: the units' shards are over the group; the report groups ranks by host.
+  trace::set_metadata("shard_group_size", shard_world());
+  trace::set_metadata("hosts", comm->hosts());
   trace::set_metadata("param_dtype", pd == torch::kFloat32 ? "fp32" : pd == torch::kBFloat16 ? "bf16" : "fp16");
   trace::set_metadata("param_bytes_per_elem", static_cast<int>(c10::elementSize(pd)));
   trace::set_metadata("master_bytes_per_elem", 4);
@@ -143,15 +147,19 @@ double FullyShardedModel::clip_grad_norm(double max_norm, double norm_type) {
     local = inf ? std::max(local, g.abs().max().item<double>()) : local + g.pow(2).sum().item<double>();
   }
   double total = local;
-  if (!replicated && engine_->world() > 1) {
+  // Over the shard group: HYBRID's replicas hold the same shards (their
+  // gradients all-reduced), so summing over all N ranks would count each
+  // element R times; every group computes the same norm.
+  Communicator& group = *engine_->shard_comm;
+  if (!replicated && group.world_size() > 1) {
     if (inf) {
       auto in = torch::full({1}, local, torch::kFloat32);
-      auto all = torch::empty({engine_->world()}, torch::kFloat32);
-      engine_->comm->all_gather(in, all, {"clip_grad_norm"})->wait();
+      auto all = torch::empty({group.world_size()}, torch::kFloat32);
+      group.all_gather(in, all, {"clip_grad_norm"})->wait();
       total = all.max().item<double>();
     } else {
       auto t = torch::full({1}, local, torch::kFloat32);
-      engine_->comm->all_reduce(t, ReduceOp::SUM, {"clip_grad_norm"})->wait();
+      group.all_reduce(t, ReduceOp::SUM, {"clip_grad_norm"})->wait();
       total = t.item<double>();
     }
   }
@@ -238,7 +246,11 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
   l.current = ms.current;
   l.cached = ms.cached;
   l.rss_peak = memory::process_peak_rss();
-  const int64_t N = l.world_size;
+  const CommCounters sent = engine_->comm->counters();
+  l.sent_intra_host = sent.total_bytes_intra_host();
+  l.sent_inter_host = sent.total_bytes_inter_host();
+  l.shard_group_size = engine_->shard_world();
+  const int64_t N = engine_->shard_world();  // HYBRID: the shard group's S
   int64_t padded_bytes = 0;
   for (auto& u : engine_->units) padded_bytes += u->padded_numel * 4;
   // The FSDP guide's formulas with this run's sizes: G = P, O as measured (Adam: 2P).
@@ -269,7 +281,10 @@ std::string Ledger::str() const {
     os << "  " << std::left << std::setw(10) << k << std::right << std::setw(14) << format_bytes(v) << "   "
        << note << "\n";
   };
-  os << "ledger (this rank, " << strategy << ", N=" << world_size << ", " << total_numel << " params)\n";
+  os << "ledger (this rank, " << strategy << ", N=" << world_size
+     << (shard_group_size > 0 && shard_group_size < world_size ? ", shard group S=" + std::to_string(shard_group_size)
+                                                               : std::string())
+     << ", " << total_numel << " params)\n";
   row("P_full", P_full, "unsharded parameters (fp32)");
   row("P", P, "parameters resident here (shards; replicas for NO_SHARD)");
   row("G", G, "gradients resident here");
@@ -281,6 +296,9 @@ std::string Ledger::str() const {
                         format_bytes(predicted_peak));
   row("cached", cached, "freed blocks the allocator keeps for reuse (not in the terms above)");
   if (rss_peak > 0) row("VmHWM", rss_peak, "the process's resident high-water mark (libraries, cache included)");
+  row("sent", sent_intra_host + sent_inter_host,
+      "bytes sent so far by tier: intra-host " + format_bytes(sent_intra_host) + ", inter-host " +
+          format_bytes(sent_inter_host));
   return os.str();
 }
 
@@ -320,6 +338,8 @@ void EngineAccess::wait_pending() const { engine_->wait_pending(); }
 
 const FsdpOptions& FullyShardedModel::options() const { return engine_->opts; }
 const CommPtr& FullyShardedModel::comm() const { return engine_->comm; }
+const CommPtr& FullyShardedModel::shard_group() const { return engine_->shard_comm; }
+const CommPtr& FullyShardedModel::replica_group() const { return engine_->replica_comm; }
 torch::nn::Module& FullyShardedModel::module() const { return *engine_->root; }
 
 void verify_optimizer(const FullyShardedModel& model, const torch::optim::Optimizer& opt) {

@@ -110,7 +110,7 @@ PendingReduce Unit::reduce(torch::Tensor grads) {
   // The input is not kept here: the communicator holds it for the transfer
   // and drops it the moment the reduce-scatter completed, so the unsharded
   // gradients are freed then, not when the result is folded in.
-  PendingReduce p{this, nullptr, torch::Tensor()};
+  PendingReduce p{this, nullptr, torch::Tensor(), nullptr};
   if (keeps_unsharded) {
     p.output = grads;
     p.work = comm->all_reduce(grads, ReduceOp::AVG, {display_name()});
@@ -183,7 +183,7 @@ void Engine::post_backward(Unit& u) {
     // comm thread runs collectives in issue order, so waiting for the older
     // one never delays the newer.
     size_t done = 0;
-    while (done < pending.size() && (pending[done].work->is_completed() || pending.size() - done > 1)) ++done;
+    while (done < pending.size() && (reduce_finished(pending[done]) || pending.size() - done > 1)) ++done;
     if (done > 0) finish_reduces(done);
   }
 }
@@ -192,7 +192,7 @@ void Engine::wait_pending() { finish_reduces(pending.size()); }
 
 void Engine::fold_finished_reduces() {
   size_t done = 0;
-  while (done < pending.size() && pending[done].work->is_completed()) ++done;
+  while (done < pending.size() && reduce_finished(pending[done])) ++done;
   if (done > 0) finish_reduces(done);
 }
 
@@ -201,12 +201,7 @@ void Engine::fold_finished_reduces() {
 void Engine::finish_reduces(size_t count) {
   for (size_t i = 0; i < count; ++i) {
     auto& p = pending[i];
-    if (!p.work->is_completed()) {
-      trace::Span span("wait", "comm");
-      if (span.active()) span.arg("unit", p.unit->name).arg("for", "reduce_scatter");
-      p.work->wait();
-    }
-    p.work->wait();  // rethrows its error, if any
+    wait_reduce(p);
     p.unit->accept_reduced(p.output);
   }
   pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(count));

@@ -14,6 +14,7 @@
 #include "fsdp/state_dict.h"
 #include "common/agree.h"
 #include "common/shard_math.h"
+#include "unit/engine.h"
 #include "unit/engine_access.h"
 
 namespace fsdp {
@@ -27,7 +28,13 @@ std::vector<const ParamSlot*> slots(const FullyShardedModel& m) { return EngineA
 
 // For NO_SHARD every rank holds the whole tensor; write each byte once by
 // letting rank r save only its even part (the loader accepts any split).
+// HYBRID: every replica group holds the same shards; only replica group 0
+// (the shard group of rank 0) writes them, the others save empty slices, so
+// no byte is on disk twice. Loading reads each rank's [lo, hi) whatever wrote it.
+bool writes_shards(const FullyShardedModel& m) { return !m.replica_group() || m.replica_group()->rank() == 0; }
+
 std::pair<int64_t, int64_t> saved_range(const FullyShardedModel& m, const ParamSlot& s) {
+  if (!writes_shards(m)) return {s.lo, s.lo};
   if (m.options().strategy == ShardingStrategy::NO_SHARD) {
     const auto r = shard::even_range(s.numel, m.comm()->rank(), m.comm()->world_size());
     return {r.lo, r.hi};
@@ -260,6 +267,7 @@ std::vector<ckpt::Slice> model_slices(const FullyShardedModel& m) {
     auto [lo, hi] = saved_range(m, *s);
     torch::Tensor data = s->shard_view.detach();
     if (m.options().strategy == ShardingStrategy::NO_SHARD) data = data.narrow(0, lo, hi - lo);
+    if (!writes_shards(m)) data = data.narrow(0, 0, 0);
     out.push_back({s->name, s->shape, torch::kFloat32, lo, hi, data});
   }
   return out;
@@ -288,6 +296,7 @@ ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::O
       // optimizers initialise it to.
       torch::Tensor data = t.defined() ? t.detach().reshape(-1) : torch::zeros({s->hi - s->lo});
       if (no_shard) data = data.narrow(0, lo, hi - lo);
+      if (!writes_shards(model)) data = data.narrow(0, 0, 0);
       optim.push_back({s->name + "." + f, s->shape, torch::kFloat32, lo, hi, data});
     }
   }
@@ -297,6 +306,9 @@ ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::O
   so.keep_last = copts.keep_last;
   so.fsync = copts.fsync;
   so.strategy = to_string(model.options().strategy);
+  if (model.replica_group())
+    so.strategy += detail::cat(" (shard groups of ", model.shard_group()->world_size(), " x ",
+                               model.replica_group()->world_size(), " replicas; replica group 0 wrote the shards)");
   return ckpt::save_sharded(*model.comm(), root, step, model_slices(model), optim, ts, so);
 }
 
@@ -360,12 +372,16 @@ ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimiz
 namespace detail {
 
 torch::Tensor gather_flat(const Unit& u, const torch::Tensor& shard_flat, int to_rank, const std::string& what) {
-  const bool keep = to_rank < 0 || u.comm->rank() == to_rank;
+  const bool keep = to_rank < 0 || u.owner->rank() == to_rank;
   if (u.keeps_unsharded) return keep ? shard_flat : torch::Tensor();
   const CollectiveInfo info{what + " " + u.display_name()};
+  // HYBRID: the unit's shards are those of this rank's shard group; only
+  // the group holding `to_rank` gathers (each group's copy is whole).
+  const int root = to_rank < 0 ? -1 : u.owner->shard_rank_of(to_rank);
+  if (to_rank >= 0 && root < 0) return torch::Tensor();
   torch::Tensor full = keep ? torch::empty({u.padded_numel}, shard_flat.options()) : torch::Tensor();
   if (to_rank < 0) u.comm->all_gather(shard_flat, full, info)->wait();
-  else u.comm->gather(shard_flat, full, to_rank, info)->wait();
+  else u.comm->gather(shard_flat, full, root, info)->wait();
   return full;
 }
 

@@ -77,7 +77,7 @@ enum class TrainingState {
 const char* to_string(UnitState s);
 const char* to_string(TrainingState s);
 
-// A reduce-scatter (NO_SHARD: all-reduce) in flight. Its input, the unit's
+// A reduce-scatter (NO_SHARD: all-reduce; HYBRID: then an all-reduce) in flight. Its input, the unit's
 // flat unsharded gradients, is held by the communicator alone and freed the
 // moment the collective completes; `output` is then added into the unit's
 // shard_grad (Unit::accept_reduced).
@@ -85,6 +85,9 @@ struct PendingReduce {
   class Unit* unit;
   WorkPtr work;
   torch::Tensor output;
+  // HYBRID: the all-reduce (AVG) of `output` across the replicas, issued once
+  // `work` completed (Engine::reduce_finished); null before and otherwise.
+  WorkPtr replica_work;
 };
 
 class Unit {

@@ -17,7 +17,7 @@ const char* to_string(ShardingStrategy s) { return detail::strategy_name(s); }
 
 ShardingStrategy parse_strategy(const std::string& t) {
   if (auto s = detail::strategy_from_name(t)) return *s;
-  throw Error("unknown sharding strategy '" + t + "': expected full, grad-op or none");
+  throw Error("unknown sharding strategy '" + t + "': expected full, grad-op, none, hybrid or hybrid-zero2");
 }
 
 const char* to_string(BackwardPrefetch p) {
@@ -57,6 +57,9 @@ void FsdpOptions::validate() const {
   ok_float(mixed_precision.param_dtype, "param_dtype");
   ok_float(mixed_precision.reduce_dtype, "reduce_dtype");
   ok_float(mixed_precision.buffer_dtype, "buffer_dtype");
+  if (shard_group_size < 0)
+    throw Error("FsdpOptions.shard_group_size must be >= 0 (0: the ranks of one host), found " +
+                std::to_string(shard_group_size));
 }
 
 namespace detail {
@@ -231,7 +234,7 @@ std::unique_ptr<Unit> materialise(const UnitDesc& d, int index, Engine* owner,
   u->name = d.name;
   u->module = d.module;
   u->owner = owner;
-  u->comm = owner->comm.get();
+  u->comm = owner->shard_comm.get();  // HYBRID: the shard group
   if (d.parent >= 0) u->parent = earlier[d.parent].get();
   for (auto& p : d.params) {
     ParamSlot s;

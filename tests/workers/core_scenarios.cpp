@@ -8,6 +8,7 @@
 //         rs (3, reduce-scatter every micro-step)
 //   PREFETCH: none | pre | post | fwd (forward + backward pre)
 //   DTYPE: fp32 | bf16 (bf16: loose tolerance, checks it trains)
+//   SHARD_GROUP (optional): FsdpOptions::shard_group_size for hybrid*
 #include <cmath>
 #include <cstdio>
 #include <thread>
@@ -36,8 +37,10 @@ std::vector<torch::optim::OptimizerParamGroup> groups_by_dim(const std::vector<t
   return g;
 }
 
-FsdpOptions make_options(const std::string& strategy, const std::string& prefetch, const std::string& dtype) {
+FsdpOptions make_options(const std::string& strategy, const std::string& prefetch, const std::string& dtype,
+                         int shard_group = 0) {
   FsdpOptions o;
+  o.shard_group_size = shard_group;
   o.strategy = parse_strategy(strategy);
   o.wrap = WrapPolicy::predicate(
       [](const std::string& name, const torch::nn::Module& m, int64_t) {
@@ -65,7 +68,8 @@ FSDP_SCENARIO(core_parity) {
   Net ref;
   torch::manual_seed(1234);
   Net net;
-  auto model = fully_shard(net, comm, make_options(strategy, prefetch, dtype));
+  const int shard_group = args.size() > 4 ? std::stoi(args[4]) : 0;
+  auto model = fully_shard(net, comm, make_options(strategy, prefetch, dtype, shard_group));
 
   std::vector<int64_t> dims;
   for (auto& s : model->named_shards()) dims.push_back(static_cast<int64_t>(s.full_shape.size()));

@@ -57,6 +57,12 @@ class DelayedCommunicator : public Communicator {
   int world_size() const override { return inner_->world_size(); }
   int local_rank() const override { return inner_->local_rank(); }
   int local_world_size() const override { return inner_->local_world_size(); }
+  std::vector<int> global_ranks() const override { return inner_->global_ranks(); }
+  std::vector<int> hosts() const override { return inner_->hosts(); }
+  // The groups are delayed as much as their parent.
+  CommPtr split(int color, const SplitOptions& opts) override {
+    return with_comm_delay(inner_->split(color, opts), delay_);
+  }
 
   // The lambdas hold the tensors (by value) until inner's collective is done.
   WorkPtr all_gather(const torch::Tensor& input, torch::Tensor output, const CollectiveInfo& info) override {

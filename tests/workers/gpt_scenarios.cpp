@@ -1,7 +1,8 @@
 // GPT-mini rank-side scenarios (started by tests/test_gpt_parity.cpp).
 //
-//   fsdp run -n N -- fsdp_test_worker gpt_parity STRATEGY OUT.safetensors
-//   fsdp_test_worker gpt_reference OUT.safetensors        (plain libtorch, no FSDP)
+//   fsdp run -n N -- fsdp_test_worker gpt_parity STRATEGY OUT.safetensors [BATCH [SHARD_GROUP]]
+//   fsdp_test_worker gpt_reference OUT.safetensors [BATCH]  (plain libtorch, no FSDP)
+// BATCH: the global batch (default 6; 4 for the 2 x 2 hybrid runs).
 //
 // Both train the same small GPT (2 layers, d=64) for a few steps on the same
 // global batch (6 rows per micro-step, 2 micro-steps, the deterministic order
@@ -68,8 +69,9 @@ void save(const std::string& path, const std::vector<std::pair<std::string, torc
 }  // namespace
 
 FSDP_SCENARIO(gpt_parity) {
-  if (args.size() != 2) throw fsdp::UsageError("gpt_parity STRATEGY OUT.safetensors");
-  const Setup s;
+  if (args.size() < 2 || args.size() > 4) throw fsdp::UsageError("gpt_parity STRATEGY OUT.safetensors [BATCH [SHARD_GROUP]]");
+  Setup s;
+  if (args.size() > 2) s.global_batch = std::stoll(args[2]);
   auto comm = fsdp::make_communicator_from_env();
   const int N = comm->world_size(), rank = comm->rank();
   FSDP_USER_CHECK(s.global_batch % N == 0, "gpt_parity: world size ", N, " must divide ", s.global_batch);
@@ -80,6 +82,7 @@ FSDP_SCENARIO(gpt_parity) {
   gpt::GPT net(s.cfg);
   fsdp::FsdpOptions opts;
   opts.strategy = fsdp::parse_strategy(args[0]);
+  if (args.size() > 3) opts.shard_group_size = std::stoi(args[3]);
   opts.wrap = fsdp::WrapPolicy::module_type<gpt::BlockImpl>("Block");
   auto model = fsdp::fully_shard(net.ptr(), comm, opts);
   std::vector<std::pair<torch::Tensor, bool>> params;
@@ -117,8 +120,9 @@ FSDP_SCENARIO(gpt_parity) {
 
 // The unsharded reference: one process, batch 6, plain libtorch.
 FSDP_SCENARIO(gpt_reference) {
-  if (args.size() != 1) throw fsdp::UsageError("gpt_reference OUT.safetensors");
-  const Setup s;
+  if (args.size() < 1 || args.size() > 2) throw fsdp::UsageError("gpt_reference OUT.safetensors [BATCH]");
+  Setup s;
+  if (args.size() > 1) s.global_batch = std::stoll(args[1]);
   const gpt::data::Tokens tokens = corpus();
   const gpt::data::Order order{s.cfg.seq, s.global_batch, s.accum, 1};
   torch::manual_seed(s.seed);

@@ -1,7 +1,7 @@
 // fsdp-cpp tests: rank-side logic of tests/test_state_dict.cpp — checkpoints
 // of a wrapped model: exact resume, resharding, untouched on error.
 //
-// core_resume PHASE STEPS CKPT_DIR OUT [STRATEGY]
+// core_resume PHASE STEPS CKPT_DIR OUT [STRATEGY [SHARD_GROUP]]
 //   straight:    train STEPS steps, save_full(OUT)
 //   first:       train STEPS/2 steps, save_checkpoint(CKPT_DIR)
 //   second:      load_checkpoint(CKPT_DIR), train to STEPS, save_full(OUT)
@@ -49,6 +49,7 @@ FSDP_SCENARIO(core_resume) {
   Net net;
   FsdpOptions o;
   o.strategy = parse_strategy(strategy);
+  if (args.size() > 5) o.shard_group_size = std::stoi(args[5]);
   o.wrap = WrapPolicy::module_type<BlockImpl>("Block");
   auto model = fully_shard(net, comm, o);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));

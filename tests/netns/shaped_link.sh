@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# fsdp-cpp measurement: FULL_SHARD against HYBRID_SHARD over a slow link
+# between two "hosts" — two network namespaces joined by a veth pair whose
+# both ends are shaped with tc (token bucket) — 2 ranks in each, GPT-mini,
+# the two strategies interleaved round by round. For each link rate it
+# prints the measured step-time ratio FULL / HYBRID and the planner's
+# predicted ratio beside it:
+#   predicted = (T0_full + dcomm_full) / (T0_hybrid + dcomm_hybrid)
+# where T0 is the step time measured on the unshaped veth (compute and the
+# fast link) and dcomm the planner's extra communication time at the rate
+# (`fsdp plan --hosts 2 --inter-bw RATE`, minus the same at the unshaped rate).
+#
+#   tests/netns/shaped_link.sh BIN_DIR [RATE...]      (default: 200mbit 1gbit)
+#   SHAPED_DTYPES="fp32 bf16" SHAPED_ROUNDS=2 SHAPED_STEPS=8
+# Exit: 0 done, 77 skipped (no namespaces or no tc here; the reason is
+# printed). Needs root, iproute2 (ip, tc). A measurement, not a test: run it
+# on a quiet machine.
+set -u
+BIN=${1:?usage: shaped_link.sh BIN_DIR [RATE...]}
+shift
+RATES=("$@")
+[ ${#RATES[@]} -eq 0 ] && RATES=(200mbit 1gbit)
+DTYPES=${SHAPED_DTYPES:-"fp32 bf16"}
+ROUNDS=${SHAPED_ROUNDS:-2}
+STEPS=${SHAPED_STEPS:-8}
+MODEL=(--layers 4 --dim 256 --heads 4 --seq 64 --batch 4)
+TEXT=$(cd "$(dirname "$0")/../.." && pwd)/README.md
+
+tag=$$
+A=fsdp-sa-$tag B=fsdp-sb-$tag
+VA=fta$tag VB=ftb$tag
+NET=10.214.$((tag % 250))
+ADDR_A=$NET.1 ADDR_B=$NET.2
+OUT=$(mktemp -d)
+skip() { echo "shaped_link: SKIP: $*"; rm -rf "$OUT"; exit 77; }
+cleanup() { ip netns del "$A" 2>/dev/null; ip netns del "$B" 2>/dev/null; ip link del "$VA" 2>/dev/null; rm -rf "$OUT"; }
+command -v ip >/dev/null || skip "the 'ip' command (Debian package iproute2) is not installed"
+command -v tc >/dev/null || skip "the 'tc' command (Debian package iproute2) is not installed"
+command -v python3 >/dev/null || skip "python3 is needed to read the planner's JSON"
+[ "$(id -u)" = 0 ] || skip "network namespaces need root (ran as uid $(id -u))"
+err=$(ip netns add "$A" 2>&1) || skip "cannot create a network namespace: $err"
+trap cleanup EXIT
+ip netns add "$B" || skip "cannot create a second network namespace"
+err=$(ip link add "$VA" type veth peer name "$VB" 2>&1) || skip "cannot create a veth pair: $err"
+ip link set "$VA" netns "$A" && ip link set "$VB" netns "$B"
+ip -n "$A" addr add "$ADDR_A/24" dev "$VA" && ip -n "$B" addr add "$ADDR_B/24" dev "$VB"
+for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
+ip -n "$A" link set "$VA" up && ip -n "$B" link set "$VB" up
+err=$(ip netns exec "$A" tc qdisc add dev "$VA" root tbf rate 1gbit burst 256kb latency 100ms 2>&1) ||
+  skip "tc cannot shape the veth link: $err (no sch_tbf module?)"
+ip netns exec "$A" tc qdisc del dev "$VA" root
+
+TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+shape() {  # rate | none
+  for pair in "$A $VA" "$B $VB"; do
+    set -- $pair
+    ip netns exec "$1" tc qdisc del dev "$2" root 2>/dev/null
+    [ "$RATE" = none ] || ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$RATE" burst 256kb latency 200ms
+  done
+}
+port=$((21000 + tag % 20000))
+run_gpt() {  # strategy dtype -> seconds per step on stdout (the mean of rank 0's steps after the first)
+  port=$((port + 1))
+  local s=$1 d=$2
+  for k in 0 1; do
+    local ns=$A; [ $k = 1 ] && ns=$B
+    ip netns exec "$ns" env FSDP_JOB_TOKEN="$TOKEN" timeout 600 "$BIN/fsdp" run --nnodes 2 --node-rank $k \
+      --master-addr "$ADDR_A" --master-port $port -n 2 -- "$BIN/gpt" --text "$TEXT" "${MODEL[@]}" \
+      --steps "$STEPS" --warmup 0 --eval-every 0 --log-every 1 --no-progress --straggler-factor 0 \
+      --strategy "$s" --dtype "$d" >"$OUT/$s-$k.log" 2>&1 &
+  done
+  wait
+  grep -h '\[rank 0\] step ' "$OUT/$s-0.log" | grep -o '[0-9.]* ms/step' |
+    awk 'NR > 1 {t += $1; n++} END {if (n) printf "%.5f\n", t / n / 1000}'
+  grep -h 'traffic by tier' "$OUT/$s-0.log" | sed "s/^/    $s $d: /" >&2
+}
+plan_comm() {  # dtype inter-rate -> "full_seconds hybrid_seconds"
+  "$BIN/fsdp" plan --world 4 --hosts 2 "${MODEL[@]}" --dtype "$1" --intra-bw 2GB/s --inter-bw "$2" --json |
+    python3 -c 'import json,sys; r={x["strategy"]: x["comm_seconds"] for x in json.load(sys.stdin)["tiers"]["rows"]}; print(r["FULL_SHARD"], r["HYBRID_SHARD"])'
+}
+mean() { awk '{s += $1; n++} END {if (n) printf "%.4f", s / n; else print "nan"}'; }
+
+echo "shaped_link: 2 namespaces x 2 ranks over veth, GPT-mini ${MODEL[*]}, $STEPS steps, $ROUNDS interleaved rounds"
+for d in $DTYPES; do
+  RATE=none; shape
+  : >"$OUT/t0-full"; : >"$OUT/t0-hybrid"
+  for i in $(seq "$ROUNDS"); do run_gpt full "$d" >>"$OUT/t0-full"; run_gpt hybrid "$d" >>"$OUT/t0-hybrid"; done
+  t0f=$(mean <"$OUT/t0-full"); t0h=$(mean <"$OUT/t0-hybrid")
+  read -r base_f base_h < <(plan_comm "$d" 2GB/s)
+  echo "  $d unshaped: FULL_SHARD $t0f s/step, HYBRID_SHARD $t0h s/step"
+  for RATE in "${RATES[@]}"; do
+    shape
+    : >"$OUT/full"; : >"$OUT/hybrid"
+    for i in $(seq "$ROUNDS"); do run_gpt full "$d" >>"$OUT/full"; run_gpt hybrid "$d" >>"$OUT/hybrid"; done
+    tf=$(mean <"$OUT/full"); th=$(mean <"$OUT/hybrid")
+    read -r cf ch < <(plan_comm "$d" "$(echo "$RATE" | sed 's/kbit/Kbit/; s/mbit/Mbit/; s/gbit/Gbit/')")
+    python3 - "$d" "$RATE" "$tf" "$th" "$t0f" "$t0h" "$cf" "$ch" "$base_f" "$base_h" <<'PY'
+import sys
+d, rate = sys.argv[1], sys.argv[2]
+tf, th, t0f, t0h, cf, ch, bf, bh = map(float, sys.argv[3:])
+measured = tf / th if th > 0 else float("nan")
+predicted = (t0f + cf - bf) / (t0h + ch - bh)
+off = abs(measured / predicted - 1) * 100
+print(f"  {d} {rate}: FULL_SHARD {tf:.4f} s/step, HYBRID_SHARD {th:.4f} s/step, ratio {measured:.2f} "
+      f"measured vs {predicted:.2f} predicted ({off:.0f}% apart{'' if off <= 20 else ': over the 20% goal'})")
+PY
+  done
+done
