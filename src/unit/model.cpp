@@ -289,10 +289,12 @@ std::string Ledger::str() const {
   row("P", P, "parameters resident here (shards; replicas for NO_SHARD)");
   row("G", G, "gradients resident here");
   row("O", O, "optimizer state here");
-  row("P+G+O", P + G + O, "model state at rest  | guide: (P+G+O)/N = " + format_bytes(predicted_rest));
+  // HYBRID shards over its group: the guide's divisor is S there.
+  const std::string div = shard_group_size > 0 && shard_group_size < world_size ? "S" : "N";
+  row("P+G+O", P + G + O, "model state at rest  | guide: (P+G+O)/" + div + " = " + format_bytes(predicted_rest));
   row("P_block", P_block, "largest unit unsharded: '" + P_block_unit + "'");
   row("A", A, "activations of the last forward (measured)");
-  row("peak", peak, "measured peak (counting allocator) | guide: (P+G+O)/N + P_block (+ its grad) + A = " +
+  row("peak", peak, "measured peak (counting allocator) | guide: (P+G+O)/" + div + " + P_block (+ its grad) + A = " +
                         format_bytes(predicted_peak));
   row("cached", cached, "freed blocks the allocator keeps for reuse (not in the terms above)");
   if (rss_peak > 0) row("VmHWM", rss_peak, "the process's resident high-water mark (libraries, cache included)");
