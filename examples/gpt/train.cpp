@@ -374,10 +374,9 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
   return r;
 }
 
-// The step line (and the busy times) every --log-every steps. Collective:
-// every rank takes this branch at the same steps.
-void log_step(const Args& a, const Run& run, int64_t step, const StepResult& r, double ms,
-              const fsdp::StragglerReport& srep, int64_t tokens_per_step) {
+// The step line every --log-every steps. Collective: every rank takes this
+// branch at the same steps.
+void log_step(const Args& a, const Run& run, int64_t step, const StepResult& r, double ms, int64_t tokens_per_step) {
   if (!(step % a.log_every == 0 || step + 1 == a.steps)) return;
   const double loss = fsdp::all_reduce_mean(*run.comm, r.loss, {"train loss"});
   const std::string mem = memory_line(*run.comm);
@@ -385,16 +384,6 @@ void log_step(const Args& a, const Run& run, int64_t step, const StepResult& r, 
   fsdp::progress::clear_line();
   std::printf("step %5lld | loss %.4f | lr %.2e | norm %6.3f | %7.1f ms/step | %7.0f tok/s | %s\n",
               (long long)step, loss, r.lr, r.norm, ms, double(tokens_per_step) / (ms / 1000.0), mem.c_str());
-  if (!srep.seconds.empty()) {
-    std::string busy;
-    for (size_t q = 0; q < srep.seconds.size(); q++) {
-      char b[48];
-      std::snprintf(b, sizeof b, "%sr%zu %.1f", q ? "  " : "", q, srep.seconds[q] * 1000.0);
-      busy += b;
-    }
-    std::printf("step %5lld | busy ms per rank (wall - blocked in collectives): %s | median %.1f\n",
-                (long long)step, busy.c_str(), srep.median * 1000.0);
-  }
   std::fflush(stdout);
 }
 
@@ -487,6 +476,7 @@ int train(const Args& a) {
   fsdp::Progress progress(train_popts);
   // Per-rank busy time (wall - blocked in collectives) every step; a rank
   // slower than factor x the median for `window` steps in a row is named.
+  // Quiet when healthy: nothing per step, one summary line at the end.
   std::optional<fsdp::StragglerMonitor> stragglers;
   if (a.straggler_factor > 0) {
     stragglers.emplace(run.comm, a.straggler_factor, int(a.straggler_window));
@@ -509,12 +499,14 @@ int train(const Args& a) {
       std::printf("%s\n", srep.message.c_str());
       std::fflush(stdout);
     }
-    log_step(a, run, step, r, ms, srep, tokens_per_step);
+    log_step(a, run, step, r, ms, tokens_per_step);
     char loss_text[32];
     std::snprintf(loss_text, sizeof loss_text, "%.4f", r.loss);
     progress.update(step + 1, {{"loss", loss_text}});
   }
   progress.finish();
+  if (stragglers && run.lead && !stragglers->summary().empty())
+    std::printf("%s\n", stragglers->summary().c_str()), std::fflush(stdout);
   if (data.eval_on) validate(a.steps);
   if (!a.ckpt_dir.empty() && first_step < a.steps) checkpoint(a.steps);
   const double seconds = std::chrono::duration<double>(Clock::now() - run_start).count();

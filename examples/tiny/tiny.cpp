@@ -179,23 +179,15 @@ int main(int argc, char** argv) {
       if (stragglers) {
         const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         auto rep = stragglers->observe(wall - (waits->seconds() - waited0));  // collective
-        if (rank == 0) {
-          std::string busy;
-          for (size_t q = 0; q < rep.seconds.size(); q++) {
-            char b[48];
-            std::snprintf(b, sizeof b, "%sr%zu %.1f", q ? "  " : "", q, rep.seconds[q] * 1000.0);
-            busy += b;
-          }
-          std::printf("epoch %d busy ms per rank (wall - blocked in collectives): %s | median %.1f\n", epoch,
-                      busy.c_str(), rep.median * 1000.0);
-          if (!rep.message.empty()) std::printf("%s\n", rep.message.c_str());
-        }
+        // Quiet when healthy: a line only when a rank is named (and the summary at the end).
+        if (rank == 0 && !rep.message.empty()) fsdp::progress::clear_line(), std::printf("%s\n", rep.message.c_str());
       }
       char loss_text[32];
       std::snprintf(loss_text, sizeof loss_text, "%.6f", loss.item<double>());
       progress.update(epoch + 1, {{"loss", loss_text}});
     }
     progress.finish();
+    if (stragglers && rank == 0 && !stragglers->summary().empty()) std::printf("%s\n", stragglers->summary().c_str());
     if (start >= epochs) after = before = comm->counters();
     auto ledger = model->ledger(&opt);
     if (rank == 0) {
