@@ -16,6 +16,7 @@
 #include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
 #include "fsdp/errors.h"
+#include "fsdp/flight.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
 #include "fsdp/optim.h"
@@ -209,6 +210,9 @@ Run start_run(const Args& a) {
   if (int th = a.threads ? a.threads : default_threads(*run.comm)) torch::set_num_threads(th);
   if (a.resume && a.ckpt_dir.empty()) throw fsdp::UsageError("--resume needs --ckpt-dir DIR (where to look)");
   if (!a.trace.empty()) fsdp::trace::start(a.trace, run.rank, run.N);
+  // Flight recorder dumps (a failed collective, SIGUSR1) go next to the
+  // checkpoints unless FSDP_FLIGHT_DIR / fsdp run --flight-dir says.
+  if (!a.ckpt_dir.empty()) fsdp::flight::set_default_dir(a.ckpt_dir + "/flight");
   return run;
 }
 
@@ -347,10 +351,20 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
   // the step's gradient the mean over all N*B*K rows.
   double loss_sum = 0;
   for (int64_t k = 0; k < a.accum; k++) {
-    auto b = gpt::data::batch(d.train, d.order, step, k, run.rank);  // x, y [B,T]
+    gpt::data::Batch b;
+    {
+      fsdp::PhaseScope phase(fsdp::Phase::DATA);
+      examples::inject_data_hang(run.rank, step);  // fault injection: FSDP_INJECT_DATA_HANG=RANK:STEP (watchdog tests)
+      b = gpt::data::batch(d.train, d.order, step, k, run.rank);  // x, y [B,T]
+    }
     auto micro = [&] {
-      auto logits = model.forward(b.x);  // [B,T,V]
-      auto loss = gpt::loss(logits, b.y);
+      torch::Tensor loss;
+      {
+        fsdp::PhaseScope phase(fsdp::Phase::FORWARD);
+        auto logits = model.forward(b.x);  // [B,T,V]
+        loss = gpt::loss(logits, b.y);
+      }
+      fsdp::PhaseScope phase(fsdp::Phase::BACKWARD);
       (loss / double(a.accum)).backward();
       loss_sum += loss.item<double>();
     };
@@ -361,6 +375,7 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
       micro();
     }
   }
+  fsdp::PhaseScope optimizer_phase(fsdp::Phase::OPTIMIZER);
   r.norm = a.clip > 0 ? model->clip_grad_norm(a.clip) : 0.0;
   {
     FSDP_TRACE_SPAN("optimizer_step", "optim");
@@ -450,6 +465,7 @@ int train(const Args& a) {
   std::optional<fsdp::plan::Plan> plan;
   if (a.plan) plan = plan_run(a, run, fopts, model);
   auto validate = [&](int64_t step) {
+    fsdp::PhaseScope phase(fsdp::Phase::EVALUATION);
     const double vl = evaluate(model, *run.comm, data.val, data.order, a.eval_batches);
     if (run.lead) fsdp::progress::clear_line(), std::printf("step %5lld | val loss %.4f\n", (long long)step, vl), std::fflush(stdout);
   };
@@ -457,6 +473,7 @@ int train(const Args& a) {
   // The training loop.
   const int64_t first_step = resume(a, run, model, *opt);
   auto checkpoint = [&](int64_t done) {
+    fsdp::PhaseScope phase(fsdp::Phase::CHECKPOINT);
     auto r = fsdp::save_checkpoint(*model, opt.get(), a.ckpt_dir, done,
                                    {{"step", done}, {"seed", a.seed}, {"shuffle", a.shuffle}, {"world", run.N}});
     if (run.lead) fsdp::progress::clear_line(), std::printf("checkpoint %s (%.2f s)\n", r.path.c_str(), r.seconds), std::fflush(stdout);
@@ -485,6 +502,7 @@ int train(const Args& a) {
   const auto run_start = Clock::now();
   int64_t train_bytes = 0;  // sent inside the steps' spans (what the plan predicts)
   for (int64_t step = first_step; step < a.steps; step++) {
+    fsdp::set_step(step);
     if (data.eval_on && step % a.eval_every == 0) validate(step);
     const StepResult r = train_step(a, run, model, *opt, data, step);
     train_bytes += r.sent;
