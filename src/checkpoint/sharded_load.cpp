@@ -301,8 +301,8 @@ LoadResult load_sharded(Communicator& comm, const std::string& path_or_root, std
   if (!skipped.empty()) {
     std::string all;
     for (auto& s : skipped) all += (all.empty() ? "" : ", ") + s;
-    const std::string note = cat("skipped ", skipped.size(), " damaged checkpoint", skipped.size() == 1 ? "" : "s",
-                                 " that fail verification: ", all, "; loaded ", d::base_name(res.path),
+    const std::string note = cat("skipped ", skipped.size(), " damaged checkpoint", skipped.size() == 1 ? " that fails" : "s that fail",
+                                 " verification: ", all, "; loaded ", d::base_name(res.path),
                                  ", the newest that verifies");
     res.note = res.note.empty() ? note : res.note + "; " + note;
     if (rank == 0) {

@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
+#include <fstream>
 #include <thread>
 #include <mutex>
 
@@ -405,16 +406,25 @@ class GlooCommunicator final : public Communicator {
                          " did not answer within ", kDiagnosisBudget.count(), " ms.");
     const std::string gone = transport_.cma ? cma_gone_peers(transport_.peers, world_.rank) : "";
     if (!gone.empty()) msg += detail::cat("\nRanks whose process is gone: ", gone, ".");
-    // Dead ranks: of this host's ranks, those whose process is gone.
+    // Dead ranks: of this host's ranks, those whose process is gone (or a
+    // zombie: dead, not yet reaped by its launcher).
     std::vector<bool> dead(world_.world_size, false);
+    auto gone_pid = [](pid_t pid) {
+      if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+      std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+      std::string line;
+      if (!std::getline(f, line)) return true;
+      const auto close = line.rfind(')');
+      return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'Z' || line[close + 2] == 'X');
+    };
     {
       const auto where = watchdog_->where();
       for (int q = 0; q < world_.world_size; ++q) {
         if (q == world_.rank) continue;
         if (transport_.cma && q < static_cast<int>(transport_.peers.pid.size()))
-          dead[q] = ::kill(transport_.peers.pid[q], 0) != 0 && errno == ESRCH;
+          dead[q] = gone_pid(transport_.peers.pid[q]);
         else if (q < static_cast<int>(where.size()) && where[q] && where[q]->identity == watchdog_->identity())
-          dead[q] = ::kill(static_cast<pid_t>(where[q]->pid), 0) != 0 && errno == ESRCH;
+          dead[q] = gone_pid(static_cast<pid_t>(where[q]->pid));
       }
     }
     // Heartbeats: who is silent, elsewhere, slow or stuck.
