@@ -82,7 +82,21 @@ run_peers() {
   done
 }
 
-BENCHES=${BENCHES:-"bench_single bench_comm bench_train bench_threads peers"}
+# The flight recorder's cost (fsdp/flight.h): ns per recorded collective,
+# and GPT-mini FULL_SHARD steps at N=2 with the recorder on and off in
+# alternating rounds (bench_flight prints the estimate: collectives per step
+# x ns per collective / step time).
+run_bench_flight() {
+  "$BIN/bench_flight" --record --json "$RUN_DIR/bench_flight.jsonl"
+  for r in $(seq "$BENCH_ROUNDS"); do
+    for mode in on off; do
+      FSDP_FLIGHT_RECORDER=$mode "$BIN/fsdp" run -n 2 -- "$BIN/bench_flight" --train --steps "$((BENCH_STEPS * 5))" \
+        --json "$RUN_DIR/bench_flight.jsonl"
+    done
+  done
+}
+
+BENCHES=${BENCHES:-"bench_single bench_comm bench_train bench_threads bench_flight peers"}
 
 # The machine must be quiet for a figure to mean anything. Before each
 # section (when none of ours runs) the CPU time that every process of the

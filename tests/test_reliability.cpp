@@ -123,13 +123,23 @@ TEST(ReliabilityStraggler, ASleepingRankIsNamedAfterTheWindow) {
   EXPECT_TRUE(contains(log[0], "slower than 1.5 x the median step time")) << log[0];
   EXPECT_EQ(lines_with(r.output, "first named at step 5").size(), 3u) << r.output;
   EXPECT_EQ(lines_with(r.output, "stragglers at step 5: 2").size(), 3u) << r.output;
+  // The summary is the same on every rank: rank 2 named once (step 5; the
+  // next window would end at step 10).
+  auto sum = lines_with(r.output, "summary: fsdp: straggler monitor: 8 steps, mean busy ms per rank r0 ");
+  ASSERT_EQ(sum.size(), 3u) << r.output;
+  for (auto& l : sum)
+    EXPECT_TRUE(contains(l, "; rank 2 named at step 5 (slower than 1.5 x the other ranks' median for 5 steps in a row)"))
+        << l;
 }
 
 TEST(ReliabilityStraggler, EvenRanksNameNobody) {
   auto r = run_ranks(3, "rel_straggler", {"-1", "8", "20", "20"}, {}, 60);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(lines_with(r.output, "fsdp: straggler").empty()) << r.output;
+  EXPECT_TRUE(lines_with(r.output, "fsdp: straggler at").empty()) << r.output;
   EXPECT_EQ(lines_with(r.output, "first named at step -1").size(), 3u) << r.output;
+  EXPECT_EQ(lines_with(r.output, "; no rank was slower than 1.5 x the other ranks' median for 5 steps in a row").size(),
+            3u)
+      << r.output;
 }
 
 TEST(ReliabilityStraggler, BadOptionsAreRejected) {

@@ -5,9 +5,11 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "command.h"
+#include "fsdp/flight.h"
 #include "fsdp/memory.h"
 #include "fsdp/trace.h"
 
@@ -19,7 +21,10 @@ int cmd_report(int argc, char** argv) {
   CLI::App app{"Turn a trace (DIR written by --trace, or a trace.json) into one HTML page: shard map, "
                "step timeline, memory vs the ledger, traffic vs 3P / 2P, checkpoints",
                "fsdp report"};
-  app.add_option("trace", in, "trace directory (trace-rank<R>.json files) or a merged trace.json")->required();
+  app.add_option("trace", in,
+                 "trace directory (trace-rank<R>.json files) or a merged trace.json; or a folder of flight recorder "
+                 "dumps (flight-rank<R>.json, fsdp run --flight-dir): their side-by-side page")
+      ->required();
   app.add_option("-o,--out", out, "output HTML file")->capture_default_str();
   app.add_option("--title", title, "page title")->capture_default_str();
   app.add_flag("--no-merge", no_merge, "do not write DIR/trace.json");
@@ -32,6 +37,28 @@ int cmd_report(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "fsdp report: usage error: %s\nrun 'fsdp report --help' for the flags\n", e.what());
     return 2;
+  }
+  // A folder of flight recorder dumps (and no trace): their page instead.
+  {
+    bool is_file = in.size() > 5 && in.compare(in.size() - 5, 5, ".json") == 0;
+    auto dumps = is_file ? std::vector<nlohmann::json>{} : fsdp::flight::read_dumps(in);
+    bool has_trace = false;
+    std::error_code ec;
+    if (!is_file)
+      for (auto& e : std::filesystem::directory_iterator(in, ec))
+        has_trace |= e.path().filename().string().rfind("trace-rank", 0) == 0;
+    if (!dumps.empty() && !has_trace) {
+      if (title == "fsdp-cpp report") title = "fsdp-cpp flight recorder";
+      if (print_json) {
+        std::printf("%s\n", fsdp::flight::analyze_dumps(dumps).dump(1).c_str());
+        return 0;
+      }
+      auto sum = fsdp::flight::write_report(dumps, out, title);
+      std::printf("fsdp report: flight recorder dumps of %d rank(s), %d unfinished collective(s) -> %s (%s)\n",
+                  sum.ranks, sum.unfinished, out.c_str(), fsdp::memory::format_bytes(sum.bytes).c_str());
+      std::printf("fsdp report: %s\n", sum.headline.c_str());
+      return 0;
+    }
   }
   nlohmann::json model = fsdp::report::analyze(in);
   int64_t bytes = fsdp::report::write_html(model, out, title);

@@ -43,6 +43,9 @@ int cmd_run(int argc, char** argv) {
       ->check(cli::integer(0, 1000000));
   app.add_option("--grace", o.grace_s, "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->check(cli::real(0, 3600));
+  app.add_option("--flight-dir", o.flight_dir,
+                 "where the ranks dump their flight recorders (FSDP_FLIGHT_DIR): on a failure, or on SIGUSR1 to "
+                 "this launcher (default: the program's choice; the trainers use <ckpt-dir>/flight)");
   app.footer("Example: fsdp run -n 4 -- build/bin/tiny --steps 10");
   app.prefix_command();  // without "--", the first positional starts the program
   try {
@@ -57,7 +60,7 @@ int cmd_run(int argc, char** argv) {
   if (!extra.empty() && (ours < argc || extra[0].rfind("-", 0) == 0)) {
     std::fprintf(stderr,
                  "fsdp run: error: unexpected '%s' before the program; fsdp run takes -n, --nnodes, "
-                 "--node-rank, --master-addr, --master-port, --threads, --max-restarts and --grace, then "
+                 "--node-rank, --master-addr, --master-port, --threads, --max-restarts, --grace and --flight-dir, then "
                  "-- PROGRAM ARGS...\nRun 'fsdp run --help' for the options.\n",
                  extra[0].c_str());
     return 2;

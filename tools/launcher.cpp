@@ -15,6 +15,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,10 +25,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <deque>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
 #include <thread>
 
 #include "fsdp/errors.h"
+#include "fsdp/watchdog.h"
 
 extern char** environ;
 
@@ -39,10 +46,12 @@ constexpr int kMaxLocalRanks = 1024;  // also checked by fsdp run's -n
 
 // Written only by the signal handler; read by the loop.
 volatile sig_atomic_t g_stop_signal = 0;
+volatile sig_atomic_t g_dump_requests = 0;  // SIGUSR1s received
 int g_wake[2] = {-1, -1};
 
 void on_signal(int sig) {
   if (sig == SIGINT || sig == SIGTERM) g_stop_signal = sig;
+  if (sig == SIGUSR1) g_dump_requests = g_dump_requests + 1;
   int saved = errno;
   if (write(g_wake[1], "x", 1) < 0) {
   }  // a full pipe already wakes the loop
@@ -55,7 +64,7 @@ void install_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM}) sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGUSR1}) sigaction(sig, &sa, nullptr);
 }
 
 std::string signal_name(int sig) {
@@ -135,18 +144,74 @@ struct Rank {
   std::deque<std::string> tail;
   bool running = false;
   int status = 0;
+  int stop_signal = 0;        // stopped by this signal (waitpid WUNTRACED), 0: not stopped
+  double stopped_at = 0;      // wall seconds
+  bool signaled_by_us = false;
+  double exited_at = 0;       // wall seconds
 };
 
 struct Outcome {
   int failed = -1;     // index of the first rank that failed, -1: none
   int status = 0;      // its wait status
   int interrupted = 0; // SIGINT/SIGTERM received by the launcher
+  std::string cause;   // the cause, when more is known than the first failure's exit ("" otherwise)
+  bool cause_printed = false;  // already on stderr (the culprit is another rank than the first failed)
+  int culprit = -1;    // global rank named as the cause (-1: the first failed)
 };
+
+double wall_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string clock_time(double wall) {
+  std::time_t t = static_cast<std::time_t>(wall);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char b[16];
+  std::strftime(b, sizeof b, "%H:%M:%S", &tm);
+  return b;
+}
+
+std::string seconds_text(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f s", s);
+  return b;
+}
+
+// /proc/<pid>/stat's state letter ('?' when unreadable).
+char proc_state(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return '?';
+  const auto close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return '?';
+  return line[close + 2];
+}
+
+std::string state_text(char c, int stop_signal) {
+  switch (c) {
+    case 'R': return "running";
+    case 'S': return "sleeping";
+    case 'D': return "in uninterruptible sleep (disk or driver)";
+    case 'T': return stop_signal ? "stopped (" + std::string("SIG") + sigabbrev_np(stop_signal) + ")" : "stopped";
+    case 't': return "stopped by a debugger (tracing stop)";
+    case 'Z': return "exited (zombie)";
+    default: return "unknown";
+  }
+}
+
+std::string rank_list(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return (v.size() == 1 ? "rank " : "ranks ") + s;
+}
 
 class Attempt {
  public:
-  Attempt(const LaunchOptions& o, const std::string& program, int port, int restart, std::string token)
-      : o_(o), program_(program), port_(port), restart_(restart), token_(std::move(token)), ranks_(o.nproc) {}
+  Attempt(const LaunchOptions& o, const std::string& program, int port, int restart, std::string token,
+          watchdog::StoreHost* store)
+      : o_(o), program_(program), port_(port), restart_(restart), token_(std::move(token)),
+        base_(watchdog::key_base(token_)), store_(store), ranks_(o.nproc) {}
 
   Outcome run() {
     try {
@@ -161,8 +226,9 @@ class Attempt {
       }
       throw;
     }
-    Clock::time_point kill_at{}, all_exited_at{};
-    bool stopping = false;
+    Clock::time_point kill_at{}, all_exited_at{}, settle_until{}, dump_until{};
+    enum { RUNNING, SETTLING, DUMPING, STOPPING } state = RUNNING;
+    int dumps_seen = g_dump_requests;
     for (;;) {
       poll_once();
       if (g_stop_signal && !out_.interrupted) {
@@ -170,16 +236,39 @@ class Attempt {
         std::fprintf(stderr, "fsdp run: received %s, forwarding it to every rank\n",
                      signal_name(out_.interrupted).c_str());
         signal_all(out_.interrupted);
-        stopping = true;
+        state = STOPPING;
         kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int>(o_.grace_s * 1000));
+      }
+      if (g_dump_requests != dumps_seen) {
+        dumps_seen = g_dump_requests;
+        forward_dump_request();
       }
       reap();
-      if (!stopping && out_.failed >= 0) {
-        signal_all(SIGTERM);
-        stopping = true;
-        kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int>(o_.grace_s * 1000));
+      if (state == RUNNING && out_.failed >= 0) {
+        // Before stopping anyone: who caused it? A death by signal is its
+        // own answer; otherwise the others' verdicts need a moment to land.
+        const Rank& f = ranks_[out_.failed];
+        const bool by_signal = WIFSIGNALED(f.status);
+        settle_until = Clock::now() + std::chrono::milliseconds(by_signal ? 100 : 1000);
+        state = SETTLING;
       }
-      if (stopping && Clock::now() > kill_at) signal_all(SIGKILL);
+      if (state == SETTLING) {
+        bool others_done = true;
+        for (auto& r : ranks_)
+          if (r.running && !r.stop_signal && proc_state(r.pid) != 'T') others_done = false;
+        if (others_done || Clock::now() > settle_until) {
+          reap();
+          bool asked = investigate();
+          state = asked ? DUMPING : STOPPING;
+          dump_until = Clock::now() + std::chrono::milliseconds(1000);
+          if (!asked) begin_stop(&kill_at);
+        }
+      }
+      if (state == DUMPING && Clock::now() > dump_until) {
+        state = STOPPING;
+        begin_stop(&kill_at);
+      }
+      if (state == STOPPING && Clock::now() > kill_at) signal_all(SIGKILL);
       bool any_running = false, any_open = false;
       for (auto& r : ranks_) {
         any_running |= r.running;
@@ -216,6 +305,8 @@ class Attempt {
         {"FSDP_RESTART_COUNT", std::to_string(restart_)},
     };
     if (!token_.empty()) set.push_back({"FSDP_JOB_TOKEN", token_});
+    if (store_) set.push_back({"FSDP_STORE_HOSTED", "1"});
+    if (!o_.flight_dir.empty()) set.push_back({"FSDP_FLIGHT_DIR", o_.flight_dir});
     // Compute threads per rank: the cores this launcher may use / local
     // ranks, at least 1. Nothing is held back for a rank's communication
     // threads (its queue thread and Gloo's socket thread): they sleep in
@@ -274,6 +365,10 @@ class Attempt {
       for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGPIPE}) sigaction(sig, &dfl, nullptr);
       dup2(p[0][1], 1);
       dup2(p[1][1], 2);
+      // The store's sockets (this launcher serves it) are not the rank's.
+#ifdef SYS_close_range
+      syscall(SYS_close_range, 3U, ~0U, 0U);
+#endif
       execve(argv[0], argv.data(), envp.data());
       const char* msg = "fsdp run: exec failed\n";
       if (write(2, msg, std::strlen(msg)) < 0) {
@@ -333,18 +428,227 @@ class Attempt {
     for (int i = 0; i < o_.nproc; ++i) {
       Rank& r = ranks_[i];
       if (!r.running) continue;
-      int status = 0;
-      pid_t got = waitpid(r.pid, &status, WNOHANG);
-      if (got != r.pid) continue;
-      r.running = false;
-      r.status = status;
-      bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      // Only the first failure is the cause; later ones are our SIGTERMs.
-      if (!ok && out_.failed < 0 && !out_.interrupted) {
-        out_.failed = i;
-        out_.status = status;
+      for (;;) {
+        int status = 0;
+        pid_t got = waitpid(r.pid, &status, WNOHANG | WUNTRACED | WCONTINUED);
+        if (got != r.pid) break;
+        if (WIFSTOPPED(status)) {
+          r.stop_signal = WSTOPSIG(status);
+          r.stopped_at = wall_now();
+          continue;
+        }
+        if (WIFCONTINUED(status)) {
+          r.stop_signal = 0;
+          continue;
+        }
+        r.running = false;
+        r.status = status;
+        r.exited_at = wall_now();
+        break;
       }
     }
+    if (out_.failed >= 0 || out_.interrupted) return;
+    // The first failure is the one to explain; of several seen at once, a
+    // death by a signal comes first (the others failed because of it).
+    int first = -1;
+    for (int i = 0; i < o_.nproc; ++i) {
+      const Rank& r = ranks_[i];
+      if (r.running || (WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0)) continue;
+      if (first < 0 || (WIFSIGNALED(r.status) && !WIFSIGNALED(ranks_[first].status))) first = i;
+    }
+    if (first >= 0) {
+      out_.failed = first;
+      out_.status = ranks_[first].status;
+    }
+  }
+
+  // SIGUSR1 to the launcher: each rank that installed the flight
+  // recorder's handler (its heartbeat says so) dumps.
+  void forward_dump_request() {
+    std::vector<int> asked, skipped;
+    for (auto& r : ranks_) {
+      if (!r.running) continue;
+      auto h = store_ ? store_->heartbeat(base_, r.global) : std::nullopt;
+      if (h && h->dumps_on_signal) {
+        kill(r.pid, SIGUSR1);
+        asked.push_back(r.global);
+      } else {
+        skipped.push_back(r.global);
+      }
+    }
+    std::string where = o_.flight_dir.empty() ? std::string("their flight directory (FSDP_FLIGHT_DIR)") : o_.flight_dir;
+    std::fprintf(stderr, "fsdp run: SIGUSR1: asked %s to dump its flight recorder into %s%s\n",
+                 asked.empty() ? "no rank" : rank_list(asked).c_str(), where.c_str(),
+                 skipped.empty() ? ""
+                                 : (" (" + rank_list(skipped) + " not yet: no flight recorder handler, " +
+                                    "SIGUSR1 would end it)").c_str());
+    std::fflush(stderr);
+  }
+
+  // Who caused the failure, and how we know: prints the cause line (or
+  // keeps it for the final message) and returns whether a stopped culprit
+  // was asked to dump its flight recorder first.
+  bool investigate() {
+    const double now = wall_now();
+    const int world = o_.nproc * o_.nnodes;
+    const Rank& first = ranks_[out_.failed];
+    // Verdicts of the ranks that failed in a collective (any node).
+    std::map<int, watchdog::Verdict> verdicts;
+    if (store_)
+      for (int q = 0; q < world; ++q)
+        if (auto v = store_->verdict(base_, q)) verdicts[q] = *v;
+    auto local_of = [&](int global) -> Rank* {
+      for (auto& r : ranks_)
+        if (r.global == global) return &r;
+      return nullptr;
+    };
+    auto waiting_for = [&](int culprit, bool* timed_out) {
+      std::vector<int> who;
+      *timed_out = false;
+      for (auto& [q, v] : verdicts)
+        if (q != culprit && std::find(v.culprits.begin(), v.culprits.end(), culprit) != v.culprits.end()) {
+          who.push_back(q);
+          *timed_out |= v.timed_out;
+        }
+      if (who.empty())
+        for (auto& r : ranks_)
+          if (r.global != culprit && !r.running && !(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) &&
+              !r.signaled_by_us)
+            who.push_back(r.global);
+      return who;
+    };
+    auto place = [&](int q) -> std::string {
+      if (!store_) return "";
+      auto h = store_->heartbeat(base_, q);
+      auto e = store_->entered(base_, q);
+      // The collective entered after the last heartbeat is the newer news
+      // (entries are written as they happen; a frozen rank's last beat may
+      // be up to an interval older).
+      if (e && e->seq > 0 && (!h || e->time >= h->time)) return "in " + watchdog::describe_place(*e);
+      if (h && h->seq > 0) return "in " + watchdog::describe_place(*h);
+      if (h) return "in " + watchdog::describe_place(*h) + (e && e->seq > 0 ? ", last entered " + watchdog::describe_place(*e) : "");
+      return "";
+    };
+    auto who_text = [&](int culprit, const char* verb_timed, const char* verb_failed) {
+      bool timed = false;
+      auto who = waiting_for(culprit, &timed);
+      if (who.empty()) return std::string();
+      return "; " + rank_list(who) + (timed ? verb_timed : verb_failed);
+    };
+
+    // 1. A local rank killed by a signal we did not send.
+    if (WIFSIGNALED(first.status)) {
+      const int sig = WTERMSIG(first.status);
+      std::string pl = place(first.global);
+      out_.culprit = first.global;
+      out_.cause = detail::cat("rank ", first.global, " (local rank ", first.local, ", pid ", first.pid,
+                               ") was killed by signal ", signal_name(sig),
+                               sig == SIGKILL ? " (the kernel's out-of-memory killer sends SIGKILL too)" : "",
+                               " at ", clock_time(first.exited_at), pl.empty() ? "" : " — " + pl,
+                               who_text(first.global, " timed out waiting for it", " failed after it"));
+      return false;
+    }
+    // 2. A local rank that is stopped.
+    for (auto& r : ranks_) {
+      if (!r.running) continue;
+      const char st = proc_state(r.pid);
+      if (st != 'T' && st != 't' && !r.stop_signal) continue;
+      auto h = store_ ? store_->heartbeat(base_, r.global) : std::nullopt;
+      const double since = h ? h->time : r.stopped_at;
+      std::string pl = place(r.global);
+      out_.culprit = r.global;
+      out_.cause = detail::cat("rank ", r.global, " (pid ", r.pid, ") stopped responding at ",
+                               clock_time(since > 0 ? since : now), " — ",
+                               h ? "no heartbeat for " + seconds_text(now - h->time) + ", " : std::string(),
+                               "process state: ", state_text(st == '?' ? 'T' : st, r.stop_signal),
+                               pl.empty() ? "" : " — " + pl,
+                               who_text(r.global, " timed out waiting for it", " failed after it"), ".");
+      std::fprintf(stderr, "fsdp run: %s\n", out_.cause.c_str());
+      std::fflush(stderr);
+      out_.cause_printed = true;
+      // Continued once to dump its flight recorder, then stopped with the others.
+      if (h && h->dumps_on_signal) {
+        kill(r.pid, SIGUSR1);
+        kill(r.pid, SIGCONT);
+        return true;
+      }
+      return false;
+    }
+    // 3. The rank the verdicts name (any node), described by its heartbeat.
+    std::map<int, int> named;
+    for (auto& [q, v] : verdicts)
+      for (int c : v.culprits) named[c]++;
+    int culprit = -1;
+    for (auto& [c, n] : named)
+      if (culprit < 0 || n > named[culprit]) culprit = c;
+    if (culprit >= 0) {
+      auto h = store_ ? store_->heartbeat(base_, culprit) : std::nullopt;
+      Rank* local = local_of(culprit);
+      std::string who = local ? detail::cat("rank ", culprit, " (pid ", local->pid, ")")
+                              : h ? detail::cat("rank ", culprit, " (pid ", h->pid, " on ", h->host, ")")
+                                  : detail::cat("rank ", culprit);
+      std::string state;
+      if (local) {
+        if (!local->running)
+          state = detail::cat(", process ", WIFSIGNALED(local->status) ? "killed by " + signal_name(WTERMSIG(local->status))
+                                                                       : detail::cat("exited with code ", WEXITSTATUS(local->status)));
+        else
+          state = ", process state: " + state_text(proc_state(local->pid), local->stop_signal);
+      }
+      std::string pl = place(culprit);
+      const double silent_after = h ? 3 * h->interval : 3;
+      bool desync = false, dead = false;
+      const watchdog::Verdict* theirs = nullptr;
+      for (auto& [q, v] : verdicts) {
+        if (std::find(v.culprits.begin(), v.culprits.end(), culprit) == v.culprits.end()) continue;
+        theirs = &v;
+        desync |= std::find(v.desync.begin(), v.desync.end(), culprit) != v.desync.end();
+        dead |= std::find(v.dead.begin(), v.dead.end(), culprit) != v.dead.end();
+      }
+      bool timed = false;
+      const auto waiting = waiting_for(culprit, &timed);
+      if (desync) {
+        out_.cause = detail::cat(who, " issued a different collective", pl.empty() ? "" : " — " + pl, " — while ",
+                                 rank_list(waiting), " waited in ", theirs->kind,
+                                 theirs->unit.empty() ? "" : " '" + theirs->unit + "'", " #", theirs->seq,
+                                 " (a desync: every rank must issue the same collectives in the same order)", state,
+                                 ".");
+      } else if (dead) {
+        out_.cause = detail::cat(who, " is dead (its process is gone)", state, pl.empty() ? "" : " — " + pl,
+                                 who_text(culprit, " timed out waiting for it", " failed after it"), ".");
+      } else if (h && now - h->time <= silent_after && !h->left) {
+        out_.cause = detail::cat(who, " is alive but elsewhere — heartbeat ", seconds_text(now - h->time), " ago",
+                                 state, pl.empty() ? "" : " — " + pl,
+                                 who_text(culprit, " timed out waiting for it", " failed waiting for it"), ".");
+      } else {
+        out_.cause = detail::cat(who, " stopped responding", h ? " at " + clock_time(h->time) : std::string(), " — ",
+                                 h ? "no heartbeat for " + seconds_text(now - h->time) : std::string("no heartbeat"),
+                                 state, pl.empty() ? "" : " — " + pl,
+                                 who_text(culprit, " timed out waiting for it", " failed waiting for it"), ".");
+      }
+      out_.culprit = culprit;
+      std::fprintf(stderr, "fsdp run: %s\n", out_.cause.c_str());
+      std::fflush(stderr);
+      out_.cause_printed = true;
+      // A live local culprit (a busy loop) is stopped with the others;
+      // it dumps first when it can.
+      if (local && local->running && h && h->dumps_on_signal) {
+        kill(local->pid, SIGUSR1);
+        return true;
+      }
+      return false;
+    }
+    return false;
+  }
+
+  // SIGTERM to every rank; a stopped one cannot act on it, so it gets SIGKILL.
+  void begin_stop(Clock::time_point* kill_at) {
+    for (auto& r : ranks_)
+      if (r.running) r.signaled_by_us = true;
+    signal_all(SIGTERM);
+    for (auto& r : ranks_)
+      if (r.running && (r.stop_signal || proc_state(r.pid) == 'T')) kill(-r.pid, SIGKILL);
+    *kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int>(o_.grace_s * 1000));
   }
 
   void signal_all(int sig) {
@@ -356,6 +660,8 @@ class Attempt {
   const std::string program_;
   const int port_, restart_;
   const std::string token_;
+  const std::string base_;          // the job's store keys
+  watchdog::StoreHost* store_;      // null when this node does not host the store
   std::vector<Rank> ranks_;
   Outcome out_;
 };
@@ -426,17 +732,37 @@ int launch(LaunchOptions o) {
     std::fprintf(stderr, "fsdp run: note: FSDP_JOB_TOKEN is not set, so this job's rendezvous keys are not "
                          "private; export the same random value on every node (see docs/RELIABILITY.md)\n");
   for (int restart = 0;; ++restart) {
-    int port = o.master_port > 0 ? o.master_port : pick_free_port();
+    // Node 0 hosts the rendezvous store for the attempt (a fresh one each
+    // time: no key of the last attempt survives), so it outlives any rank.
+    std::unique_ptr<watchdog::StoreHost> store;
+    int port = o.master_port;
+    for (int tries = 0; o.node_rank == 0; ++tries) {
+      if (o.master_port == 0) port = pick_free_port();
+      try {
+        store = std::make_unique<watchdog::StoreHost>(o.master_addr, port, std::chrono::seconds(60));
+        break;
+      } catch (const std::exception& e) {
+        if (o.master_port > 0 || tries >= 5)
+          throw Error(detail::cat("fsdp run: ", e.what()));
+      }
+    }
+    if (port == 0) port = pick_free_port();
     // A fresh token per attempt on one node: a rank left over from the
     // previous attempt can never join the next one.
     std::string token = !o.job_token.empty() ? o.job_token : o.nnodes == 1 ? random_token() : "";
-    Attempt attempt(o, program, port, restart, token);
+    Attempt attempt(o, program, port, restart, token, store.get());
     Outcome out = attempt.run();
+    store.reset();
     if (out.interrupted) return 128 + out.interrupted;
     if (out.failed < 0) return 0;
     const Rank& r = attempt.rank(out.failed);
-    std::string why = detail::cat("rank ", r.global, " (local rank ", r.local, ", pid ", r.pid, ") ",
-                                  describe_status(out.status));
+    const std::string first = detail::cat("rank ", r.global, " (local rank ", r.local, ", pid ", r.pid, ") ",
+                                          describe_status(out.status));
+    std::string why = first;
+    if (!out.cause.empty() && !out.cause_printed) why = out.cause;
+    if (out.cause_printed)
+      why = detail::cat("stopped the job because of rank ", out.culprit, " (named above); the first rank to exit was ",
+                        first);
     if (restart < o.max_restarts) {
       std::fprintf(stderr, "fsdp run: %s; restarting all %d ranks (restart %d of %d)\n", why.c_str(),
                    o.nproc, restart + 1, o.max_restarts);
@@ -445,6 +771,9 @@ int launch(LaunchOptions o) {
     std::string msg = detail::cat("fsdp run: ", why, "; stopped the other ", o.nproc - 1, " local rank",
                                   o.nproc == 2 ? "" : "s", ".");
     if (o.max_restarts > 0) msg += detail::cat(" Gave up after ", o.max_restarts, " restarts.");
+    if (!o.flight_dir.empty())
+      msg += detail::cat("\nfsdp run: flight recorder dumps: ", o.flight_dir, " (fsdp report ", o.flight_dir,
+                         " -o flight.html)");
     msg += detail::cat("\nfsdp run: last ", r.tail.size(), " lines of rank ", r.global, ":");
     for (auto& line : r.tail) msg += "\n  | " + line;
     std::fprintf(stderr, "%s\n", msg.c_str());

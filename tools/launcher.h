@@ -10,7 +10,17 @@
 //
 // Fail together: the first rank that exits non-zero or dies by a signal stops
 // the others (SIGTERM, then SIGKILL after a grace period) and the launcher
-// reports that one rank: exit code or signal name and its last lines.
+// names the rank that caused it, not merely the first to exit: a rank killed
+// by a signal, a rank stopped (SIGSTOP, read from /proc and waitpid), or the
+// rank the others' timeouts name (their verdicts and the heartbeats in the
+// store), with its process state and the collective or phase it was in;
+// then the last lines of the first rank that failed.
+//
+// The store: on node 0 the launcher hosts the rendezvous store itself
+// (ranks get FSDP_STORE_HOSTED=1), so heartbeats stay readable when rank 0
+// freezes. SIGUSR1 to the launcher asks every rank to dump its flight
+// recorder (fsdp/flight.h) into --flight-dir (FSDP_FLIGHT_DIR); a stopped
+// culprit is continued once to dump before it is killed.
 #pragma once
 
 #include <string>
@@ -36,6 +46,9 @@ struct LaunchOptions {
   // fresh random token per attempt; a multi-node job needs the same token on
   // every node (export it), otherwise it runs without one and says so.
   std::string job_token;
+  // FSDP_FLIGHT_DIR given to the ranks: where flight recorder dumps go.
+  // Empty: the ranks' own default (the trainers: <ckpt-dir>/flight).
+  std::string flight_dir;
 };
 
 // Checks the options (throws fsdp::UsageError on bad input), runs the ranks to

@@ -17,6 +17,7 @@
 #include "fsdp/comm.h"
 #include "fsdp/deferred.h"
 #include "fsdp/errors.h"
+#include "fsdp/flight.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
 #include "fsdp/optim.h"
@@ -210,6 +211,9 @@ Run start_run(const Args& a) {
   if (int th = a.threads ? a.threads : default_threads(*run.comm)) torch::set_num_threads(th);
   if (a.resume && a.ckpt_dir.empty()) throw fsdp::UsageError("--resume needs --ckpt-dir DIR (where to look)");
   if (!a.trace.empty()) fsdp::trace::start(a.trace, run.rank, run.N);
+  // Flight recorder dumps (a failed collective, SIGUSR1) go next to the
+  // checkpoints unless FSDP_FLIGHT_DIR / fsdp run --flight-dir says.
+  if (!a.ckpt_dir.empty()) fsdp::flight::set_default_dir(a.ckpt_dir + "/flight");
   return run;
 }
 
@@ -434,10 +438,20 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
   // the step's gradient the mean over all N*B*K rows.
   double loss_sum = 0;
   for (int64_t k = 0; k < a.accum; k++) {
-    auto b = gpt::data::batch(d.train, d.order, step, k, run.rank);  // x, y [B,T]
+    gpt::data::Batch b;
+    {
+      fsdp::PhaseScope phase(fsdp::Phase::DATA);
+      examples::inject_data_hang(run.rank, step);  // fault injection: FSDP_INJECT_DATA_HANG=RANK:STEP (watchdog tests)
+      b = gpt::data::batch(d.train, d.order, step, k, run.rank);  // x, y [B,T]
+    }
     auto micro = [&] {
-      auto logits = model.forward(b.x);  // [B,T,V]
-      auto loss = gpt::loss(logits, b.y);
+      torch::Tensor loss;
+      {
+        fsdp::PhaseScope phase(fsdp::Phase::FORWARD);
+        auto logits = model.forward(b.x);  // [B,T,V]
+        loss = gpt::loss(logits, b.y);
+      }
+      fsdp::PhaseScope phase(fsdp::Phase::BACKWARD);
       (loss / double(a.accum)).backward();
       loss_sum += loss.item<double>();
     };
@@ -448,6 +462,7 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
       micro();
     }
   }
+  fsdp::PhaseScope optimizer_phase(fsdp::Phase::OPTIMIZER);
   r.norm = a.clip > 0 ? model->clip_grad_norm(a.clip) : 0.0;
   {
     FSDP_TRACE_SPAN("optimizer_step", "optim");
@@ -462,10 +477,9 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
   return r;
 }
 
-// The step line (and the busy times) every --log-every steps. Collective:
-// every rank takes this branch at the same steps.
-void log_step(const Args& a, const Run& run, int64_t step, const StepResult& r, double ms,
-              const fsdp::StragglerReport& srep, int64_t tokens_per_step) {
+// The step line every --log-every steps. Collective: every rank takes this
+// branch at the same steps.
+void log_step(const Args& a, const Run& run, int64_t step, const StepResult& r, double ms, int64_t tokens_per_step) {
   if (!(step % a.log_every == 0 || step + 1 == a.steps)) return;
   const double loss = fsdp::all_reduce_mean(*run.comm, r.loss, {"train loss"});
   const std::string mem = memory_line(*run.comm);
@@ -473,16 +487,6 @@ void log_step(const Args& a, const Run& run, int64_t step, const StepResult& r, 
   fsdp::progress::clear_line();
   std::printf("step %5lld | loss %.4f | lr %.2e | norm %6.3f | %7.1f ms/step | %7.0f tok/s | %s\n",
               (long long)step, loss, r.lr, r.norm, ms, double(tokens_per_step) / (ms / 1000.0), mem.c_str());
-  if (!srep.seconds.empty()) {
-    std::string busy;
-    for (size_t q = 0; q < srep.seconds.size(); q++) {
-      char b[48];
-      std::snprintf(b, sizeof b, "%sr%zu %.1f", q ? "  " : "", q, srep.seconds[q] * 1000.0);
-      busy += b;
-    }
-    std::printf("step %5lld | busy ms per rank (wall - blocked in collectives): %s | median %.1f\n",
-                (long long)step, busy.c_str(), srep.median * 1000.0);
-  }
   std::fflush(stdout);
 }
 
@@ -559,6 +563,7 @@ int train(const Args& a) {
   std::optional<fsdp::plan::Plan> plan;
   if (a.plan) plan = plan_run(a, run, fopts, model);
   auto validate = [&](int64_t step) {
+    fsdp::PhaseScope phase(fsdp::Phase::EVALUATION);
     const double vl = evaluate(model, *run.comm, data.val, data.order, a.eval_batches);
     if (run.lead) fsdp::progress::clear_line(), std::printf("step %5lld | val loss %.4f\n", (long long)step, vl), std::fflush(stdout);
   };
@@ -566,6 +571,7 @@ int train(const Args& a) {
   // The training loop.
   const int64_t first_step = resume(a, run, model, *opt);
   auto checkpoint = [&](int64_t done) {
+    fsdp::PhaseScope phase(fsdp::Phase::CHECKPOINT);
     auto r = fsdp::save_checkpoint(*model, opt.get(), a.ckpt_dir, done,
                                    {{"step", done}, {"seed", a.seed}, {"shuffle", a.shuffle}, {"world", run.N}});
     if (run.lead) fsdp::progress::clear_line(), std::printf("checkpoint %s (%.2f s)\n", r.path.c_str(), r.seconds), std::fflush(stdout);
@@ -585,6 +591,7 @@ int train(const Args& a) {
   fsdp::Progress progress(train_popts);
   // Per-rank busy time (wall - blocked in collectives) every step; a rank
   // slower than factor x the median for `window` steps in a row is named.
+  // Quiet when healthy: nothing per step, one summary line at the end.
   std::optional<fsdp::StragglerMonitor> stragglers;
   if (a.straggler_factor > 0) {
     stragglers.emplace(run.comm, a.straggler_factor, int(a.straggler_window));
@@ -594,6 +601,7 @@ int train(const Args& a) {
   int64_t train_bytes = 0;  // sent inside the steps' spans (what the plan predicts)
   int64_t train_inter_bytes = 0;  // of which to ranks on another host
   for (int64_t step = first_step; step < a.steps; step++) {
+    fsdp::set_step(step);
     if (data.eval_on && step % a.eval_every == 0) validate(step);
     const StepResult r = train_step(a, run, model, *opt, data, step);
     train_bytes += r.sent;
@@ -609,12 +617,14 @@ int train(const Args& a) {
       std::printf("%s\n", srep.message.c_str());
       std::fflush(stdout);
     }
-    log_step(a, run, step, r, ms, srep, tokens_per_step);
+    log_step(a, run, step, r, ms, tokens_per_step);
     char loss_text[32];
     std::snprintf(loss_text, sizeof loss_text, "%.4f", r.loss);
     progress.update(step + 1, {{"loss", loss_text}});
   }
   progress.finish();
+  if (stragglers && run.lead && !stragglers->summary().empty())
+    std::printf("%s\n", stragglers->summary().c_str()), std::fflush(stdout);
   if (data.eval_on) validate(a.steps);
   if (!a.ckpt_dir.empty() && first_step < a.steps) checkpoint(a.steps);
   const double seconds = std::chrono::duration<double>(Clock::now() - run_start).count();

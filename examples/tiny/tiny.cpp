@@ -14,6 +14,7 @@
 #include "cli_checks.h"
 #include "usage.h"
 #include "fault_injection.h"
+#include "fsdp/flight.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/progress.h"
 #include "fsdp/straggler.h"
@@ -103,6 +104,9 @@ int main(int argc, char** argv) {
     comm = fsdp::with_wait_clock(comm, waits);
     const int rank = comm->rank();
     if (!trace_dir.empty()) fsdp::trace::start(trace_dir, rank, comm->world_size());
+    // Flight recorder dumps (a failed collective, SIGUSR1) go next to the
+    // checkpoints unless FSDP_FLIGHT_DIR / fsdp run --flight-dir says.
+    if (!ckpt_dir.empty()) fsdp::flight::set_default_dir(ckpt_dir + "/flight");
     if (!max_memory.empty()) fsdp::memory::set_limit(fsdp::cli::parse_bytes(max_memory));
 
     torch::manual_seed(0);
@@ -113,14 +117,16 @@ int main(int argc, char** argv) {
     auto model = fsdp::fully_shard(net, comm, opts);
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(lr));
     fsdp::verify_optimizer(*model, opt);
-    if (rank == 0) std::printf("%s", model->describe_units().c_str());
+    if (rank == 0) std::printf("%s", model->describe_units().c_str()), std::fflush(stdout);
 
     int start = 0;
     if (resume && !ckpt_dir.empty()) {
       auto r = fsdp::load_checkpoint(*model, &opt, ckpt_dir);
       if (r.found) {
         start = r.train_state.value("step", 0);
-        if (rank == 0) std::printf("resumed from %s at step %d\n", r.path.c_str(), start);
+        if (rank == 0)
+          std::printf("resumed from %s at step %d%s\n", r.path.c_str(), start,
+                      r.note.empty() ? "" : ("; " + r.note).c_str());
       } else if (rank == 0) {
         std::printf("no checkpoint in %s yet: starting fresh\n", ckpt_dir.c_str());
       }
@@ -149,6 +155,13 @@ int main(int argc, char** argv) {
       before = comm->counters();
       const auto t0 = std::chrono::steady_clock::now();
       const double waited0 = waits->seconds();
+      fsdp::set_step(epoch);
+      {
+        // The data is one fixed batch; the phase still says where a stuck
+        // loader would be (FSDP_INJECT_DATA_HANG=RANK:STEP, tests of the watchdog).
+        fsdp::PhaseScope phase(fsdp::Phase::DATA);
+        examples::inject_data_hang(rank, epoch);
+      }
       examples::inject_step_delay(rank);  // fault injection: FSDP_INJECT_STEP_DELAY=RANK:MS (tests of the monitor)
       fsdp::trace::Span step_span("step", "step");
       if (step_span.active()) step_span.arg("step", epoch);
@@ -156,8 +169,12 @@ int main(int argc, char** argv) {
       torch::Tensor loss;
       for (int step = 0; step < accum; ++step) {
         auto run = [&] {
-          auto out = model.forward(data);
-          loss = out.sum() / accum;
+          {
+            fsdp::PhaseScope phase(fsdp::Phase::FORWARD);
+            auto out = model.forward(data);
+            loss = out.sum() / accum;
+          }
+          fsdp::PhaseScope phase(fsdp::Phase::BACKWARD);
           loss.backward();
         };
         if (no_sync && step < accum - 1) {
@@ -169,34 +186,30 @@ int main(int argc, char** argv) {
       }
       {
         FSDP_TRACE_SPAN("optimizer_step", "optim");
+        fsdp::PhaseScope phase(fsdp::Phase::OPTIMIZER);
         opt.step();
       }
       if (step_span.active()) step_span.arg("loss", loss.item<double>());
       step_span.end();
-      if (rank == 0) fsdp::progress::clear_line(), std::printf("epoch %d loss %.6f\n", epoch, loss.item<double>());
-      if (!ckpt_dir.empty() && ckpt_every > 0 && (epoch + 1) % ckpt_every == 0)
+      if (rank == 0)
+        fsdp::progress::clear_line(), std::printf("epoch %d loss %.6f\n", epoch, loss.item<double>()), std::fflush(stdout);
+      if (!ckpt_dir.empty() && ckpt_every > 0 && (epoch + 1) % ckpt_every == 0) {
+        fsdp::PhaseScope phase(fsdp::Phase::CHECKPOINT);
         fsdp::save_checkpoint(*model, &opt, ckpt_dir, epoch + 1, {{"step", epoch + 1}});
+      }
       after = comm->counters();
       if (stragglers) {
         const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         auto rep = stragglers->observe(wall - (waits->seconds() - waited0));  // collective
-        if (rank == 0) {
-          std::string busy;
-          for (size_t q = 0; q < rep.seconds.size(); q++) {
-            char b[48];
-            std::snprintf(b, sizeof b, "%sr%zu %.1f", q ? "  " : "", q, rep.seconds[q] * 1000.0);
-            busy += b;
-          }
-          std::printf("epoch %d busy ms per rank (wall - blocked in collectives): %s | median %.1f\n", epoch,
-                      busy.c_str(), rep.median * 1000.0);
-          if (!rep.message.empty()) std::printf("%s\n", rep.message.c_str());
-        }
+        // Quiet when healthy: a line only when a rank is named (and the summary at the end).
+        if (rank == 0 && !rep.message.empty()) fsdp::progress::clear_line(), std::printf("%s\n", rep.message.c_str());
       }
       char loss_text[32];
       std::snprintf(loss_text, sizeof loss_text, "%.6f", loss.item<double>());
       progress.update(epoch + 1, {{"loss", loss_text}});
     }
     progress.finish();
+    if (stragglers && rank == 0 && !stragglers->summary().empty()) std::printf("%s\n", stragglers->summary().c_str());
     if (start >= epochs) after = before = comm->counters();
     auto ledger = model->ledger(&opt);
     if (rank == 0) {

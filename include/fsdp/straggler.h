@@ -6,7 +6,8 @@
 // straggler when its step time exceeded `factor` x the median step time of
 // the other ranks in each of the last `window` steps; rank 0 then logs one
 // line naming it (on stderr, when the streak reaches the window and once per
-// further window). Every rank gets the same report.
+// further window). Every rank gets the same report. A healthy run prints
+// nothing per step; summary() is the one line for the end of training.
 //
 //   fsdp::StragglerMonitor mon(comm);          // factor 1.5, window 5
 //   for (...) { auto t0 = now(); step(); mon.observe(seconds_since(t0)); }
@@ -61,6 +62,15 @@ class StragglerMonitor {
   // Rank 0 writes the message to stderr unless turned off (tests read reports).
   void set_logging(bool on) { log_ = on; }
 
+  // One line over every step observed so far (the same on every rank; local,
+  // no collective), e.g.
+  //   fsdp: straggler monitor: 8 steps, mean busy ms per rank r0 9.1  r1 160.1;
+  //   rank 1 named at steps 3, 6 (slower than 4 x the other ranks' median for 3 steps in a row)
+  // or "...; no rank was slower than 4 x ..." when nobody was named. Ranks
+  // beyond 8 are summarised as min / median / max. "" before any step and
+  // in a world of one (nobody to compare with).
+  std::string summary() const;
+
  private:
   // Constant after construction.
   CommPtr comm_;
@@ -71,6 +81,8 @@ class StragglerMonitor {
   bool log_ = true;
   int64_t steps_ = 0;
   std::vector<int> streak_;   // consecutive slow steps per rank
+  std::vector<double> busy_sum_;               // seconds per rank over all steps
+  std::vector<std::vector<int64_t>> named_at_; // steps at which each rank was named
 };
 
 // Seconds threads spent blocked in Work::wait() (thread-safe).

@@ -9,6 +9,7 @@
 // written, so any error on any rank leaves every model and optimizer as it was.
 // Memory: the temporaries are one extra copy of this rank's slices.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -129,6 +130,88 @@ void commit(std::vector<Staged>& staged) {
 
 }  // namespace
 
+namespace {
+
+// Phase 2 of a load from checkpoint directory res->path: read and check
+// everything into `staged`. Returns this rank's error ("" when none).
+std::string read_checkpoint(Communicator& comm, LoadResult* res, std::vector<Slice>& model, std::vector<Slice>& optim,
+                            const LoadOptions& opts, std::vector<Staged>* staged) {
+  const int rank = comm.rank(), world = comm.world_size();
+  staged->clear();
+  try {
+    d::Metadata meta = d::Metadata::load(res->path);
+    res->step = meta.step;
+    res->saved_world_size = meta.world_size;
+    res->saved_strategy = meta.strategy;
+    const std::string ctx = cat("checkpoint '", res->path, "' (step ", meta.step, ", saved at world size ",
+                                meta.world_size, " with ", meta.strategy, "; loading at world size ", world, ")");
+    d::check_slices(d::kModel, model, true);
+    d::check_slices(d::kOptim, optim, true);
+
+    std::string other_model;
+    if (!model.empty()) {
+      std::map<std::string, std::vector<int64_t>> shapes;
+      for (auto& s : model) shapes[s.name] = s.full_shape;
+      std::string fp = d::model_fingerprint(shapes);
+      if (fp != meta.fingerprint)
+        other_model = cat("the checkpoint is from another model (fingerprint ", meta.fingerprint,
+                          ", this model ", fp, "): ");
+    }
+    d::PieceReader reader(res->path, meta, opts.verify_checksums);
+    for (auto sec : {std::make_pair(d::kModel, &model), std::make_pair(d::kOptim, &optim)}) {
+      std::vector<Slice>& wanted = *sec.second;
+      if (wanted.empty()) continue;  // e.g. weights only: the optimizer section is skipped
+      static const std::map<std::string, d::TensorMeta> kNone;
+      auto it = meta.sections.find(sec.first);
+      const auto& tensors = it == meta.sections.end() ? kNone : it->second;
+      std::map<std::string, Available> avail;
+      for (auto& [name, t] : tensors) avail[name] = {t.shape, t.dtype};
+      check_keys(ctx, sec.first, wanted, avail, opts, sec.first == std::string(d::kModel) ? other_model : "");
+      for (auto& s : wanted) {
+        if (s.hi == s.lo) continue;
+        const d::TensorMeta& t = tensors.at(s.name);
+        std::string what = cat(ctx, ": ", sec.first, " tensor '", s.name, "'");
+        auto tmp = torch::empty({s.hi - s.lo}, torch::TensorOptions().dtype(t.dtype));
+        char* base = static_cast<char*>(tmp.data_ptr());
+        int64_t es = d::element_size(t.dtype);
+        for (auto& op : d::plan_reads(what, t, s.lo, s.hi))
+          reader.read(sec.first, s.name, t, t.pieces[op.piece], op.src_lo, op.src_hi, base + op.dst_offset * es);
+        staged->push_back({&s, tmp});
+      }
+    }
+    res->bytes_read = reader.bytes_read();
+    res->train_state = meta.train_state;
+  } catch (const std::exception& e) {
+    staged->clear();
+    return cat("rank ", rank, ": ", e.what());
+  }
+  return "";
+}
+
+// The complete checkpoints of `root` older than `step`, newest first.
+std::vector<std::string> older_checkpoints(const std::string& root, int64_t step) {
+  std::vector<std::pair<int64_t, std::string>> all;
+  for (auto& n : d::list_dir(root)) {
+    int64_t s;
+    if (d::parse_step_dir_name(n, &s) && s < step && d::path_exists(d::join_path(d::join_path(root, n), d::kMetadataFile)))
+      all.push_back({s, n});
+  }
+  std::sort(all.rbegin(), all.rend());
+  std::vector<std::string> out;
+  for (auto& [s, n] : all) out.push_back(d::join_path(root, n));
+  return out;
+}
+
+// The step of a checkpoint directory from its name (metadata.json may be
+// what is damaged).
+int64_t step_of_dir(const std::string& dir) {
+  int64_t s = -1;
+  d::parse_step_dir_name(d::base_name(dir), &s);
+  return s;
+}
+
+}  // namespace
+
 LoadResult load_sharded(Communicator& comm, const std::string& path_or_root, std::vector<Slice>& model,
                         std::vector<Slice>& optim, const LoadOptions& opts) {
   const int rank = comm.rank(), world = comm.world_size();
@@ -153,58 +236,81 @@ LoadResult load_sharded(Communicator& comm, const std::string& path_or_root, std
                       " ranks see a checkpoint there. Every rank must see the same file system (shared storage)."));
   }
   res.found = true;
-
-  // Phase 2: read and check everything into temporaries.
+  // Given a root, a damaged newest checkpoint (a flipped byte, a truncated
+  // file) is skipped, loudly, for the newest one that verifies, so a restart
+  // loop does not die on the same file every time. A named checkpoint
+  // directory loads as it is or fails.
+  const bool from_root = res.path != path_or_root;
+  std::vector<std::string> skipped;  // "step-000010 (fault)"
+  std::vector<std::string> candidates;
+  bool listed = false;
   std::vector<Staged> staged;
-  d::Metadata meta;
-  try {
-    meta = d::Metadata::load(res.path);
-    res.step = meta.step;
-    res.saved_world_size = meta.world_size;
-    res.saved_strategy = meta.strategy;
-    const std::string ctx = cat("checkpoint '", res.path, "' (step ", meta.step, ", saved at world size ",
-                                meta.world_size, " with ", meta.strategy, "; loading at world size ", world, ")");
-    d::check_slices(d::kModel, model, true);
-    d::check_slices(d::kOptim, optim, true);
 
-    std::string other_model;
-    if (!model.empty()) {
-      std::map<std::string, std::vector<int64_t>> shapes;
-      for (auto& s : model) shapes[s.name] = s.full_shape;
-      std::string fp = d::model_fingerprint(shapes);
-      if (fp != meta.fingerprint)
-        other_model = cat("the checkpoint is from another model (fingerprint ", meta.fingerprint,
-                          ", this model ", fp, "): ");
+  for (;;) {
+    // Phase 2: read and check everything into temporaries.
+    err = read_checkpoint(comm, &res, model, optim, opts, &staged);
+    if (!from_root) {
+      d::agree(comm, "loading a checkpoint", err, consequence);
+      commit(staged);
+      return res;
     }
-    d::PieceReader reader(res.path, meta, opts.verify_checksums);
-    for (auto sec : {std::make_pair(d::kModel, &model), std::make_pair(d::kOptim, &optim)}) {
-      std::vector<Slice>& wanted = *sec.second;
-      if (wanted.empty()) continue;  // e.g. weights only: the optimizer section is skipped
-      static const std::map<std::string, d::TensorMeta> kNone;
-      auto it = meta.sections.find(sec.first);
-      const auto& tensors = it == meta.sections.end() ? kNone : it->second;
-      std::map<std::string, Available> avail;
-      for (auto& [name, t] : tensors) avail[name] = {t.shape, t.dtype};
-      check_keys(ctx, sec.first, wanted, avail, opts, sec.first == std::string(d::kModel) ? other_model : "");
-      for (auto& s : wanted) {
-        if (s.hi == s.lo) continue;
-        const d::TensorMeta& t = tensors.at(s.name);
-        std::string what = cat(ctx, ": ", sec.first, " tensor '", s.name, "'");
-        auto tmp = torch::empty({s.hi - s.lo}, torch::TensorOptions().dtype(t.dtype));
-        char* base = static_cast<char*>(tmp.data_ptr());
-        int64_t es = d::element_size(t.dtype);
-        for (auto& op : d::plan_reads(what, t, s.lo, s.hi))
-          reader.read(sec.first, s.name, t, t.pieces[op.piece], op.src_lo, op.src_hi, base + op.dst_offset * es);
-        staged.push_back({&s, tmp});
+    std::string failure;
+    try {
+      d::agree(comm, "loading a checkpoint", err, consequence);
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+    if (failure.empty()) break;
+    // Damaged, or a genuine mismatch (another model, wrong shapes)? Rank 0
+    // verifies every byte of the files and tells the others.
+    std::string faults;
+    if (rank == 0) {
+      auto f = verify_checkpoint(res.path);
+      for (size_t i = 0; i < f.size() && i < 3; ++i) {
+        std::string one = f[i];
+        while (!one.empty() && (one.back() == '.' || one.back() == ' ')) one.pop_back();
+        faults += (i ? "; " : "") + one;
       }
+      if (f.size() > 3) faults += cat("; and ", f.size() - 3, " more");
     }
-    res.bytes_read = reader.bytes_read();
-    res.train_state = meta.train_state;
-  } catch (const std::exception& e) {
-    err = cat("rank ", rank, ": ", e.what());
+    auto damaged = torch::full({1}, rank == 0 && !faults.empty() ? 1.0f : 0.0f);
+    comm.all_reduce(damaged, ReduceOp::SUM, CollectiveInfo{"checkpoint load: verified"})->wait();
+    if (damaged.item<float>() == 0.0f) throw Error(failure);  // sound files: the mismatch is the error
+    if (!listed) candidates = older_checkpoints(path_or_root, step_of_dir(res.path)), listed = true;
+    const std::string name = d::base_name(res.path);
+    skipped.push_back(rank == 0 ? cat(name, " (", faults, ")") : name);
+    if (candidates.empty()) {
+      std::string all;
+      for (auto& s : skipped) all += (all.empty() ? "" : ", ") + s;
+      throw Error(cat("loading '", path_or_root, "': no checkpoint there verifies; every one is damaged: ", all,
+                      "; ", consequence, ". Inspect them with `fsdp ckpt verify DIR`; delete the damaged ones to "
+                      "start fresh, or restore them from a copy."));
+    }
+    const std::string next = candidates.front();
+    candidates.erase(candidates.begin());
+    if (rank == 0) {
+      std::fprintf(stderr,
+                   "fsdp: WARNING: checkpoint '%s' is damaged and was skipped: %s. Trying '%s', the next older "
+                   "checkpoint (the damaged one stays for inspection: fsdp ckpt verify %s; saving that step again "
+                   "replaces it).\n",
+                   res.path.c_str(), faults.c_str(), next.c_str(), res.path.c_str());
+      std::fflush(stderr);
+    }
+    res.path = next;
   }
-  d::agree(comm, "loading a checkpoint", err, consequence);
-
+  if (!skipped.empty()) {
+    std::string all;
+    for (auto& s : skipped) all += (all.empty() ? "" : ", ") + s;
+    const std::string note = cat("skipped ", skipped.size(), " damaged checkpoint", skipped.size() == 1 ? " that fails" : "s that fail",
+                                 " verification: ", all, "; loaded ", d::base_name(res.path),
+                                 ", the newest that verifies");
+    res.note = res.note.empty() ? note : res.note + "; " + note;
+    if (rank == 0) {
+      std::fprintf(stderr, "fsdp: WARNING: resuming from '%s' (step %lld), not from the newest checkpoint: %s.\n",
+                   res.path.c_str(), static_cast<long long>(res.step), note.c_str());
+      std::fflush(stderr);
+    }
+  }
   // Phase 3: every rank has everything; now, and only now, write destinations.
   commit(staged);
   return res;

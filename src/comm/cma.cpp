@@ -16,6 +16,8 @@
 #include "comm/checks.h"
 #include "comm/reduce.h"
 #include "fsdp/errors.h"
+#include "fsdp/flight.h"
+#include "fsdp/memory.h"
 
 namespace fsdp::comm {
 namespace {
@@ -68,11 +70,18 @@ class AllToAll {
   const std::vector<Post>& wait(const char* what) {
     for (int i = 1; i < n_; ++i) {
       const int q = (r_ + i) % n_;
+      if (s_.progress) s_.progress->wait_on(q, flight::Progress::RECEIVE);
       try {
         if (!recv_[q]->waitRecv(remaining(s_))) throw gloo::IoException("receive aborted");
       } catch (const std::exception& e) {
-        throw std::runtime_error(detail::cat("waiting for ", what, " of rank ", q, ": ", e.what()));
+        std::string far;
+        if (s_.progress)
+          far = detail::cat(" (", memory::format_bytes(s_.progress->recv_done.load(std::memory_order_relaxed)), " of ",
+                            memory::format_bytes(s_.progress->recv_total.load(std::memory_order_relaxed)),
+                            " read from the peers so far)");
+        throw std::runtime_error(detail::cat("waiting for ", what, " of rank ", q, far, ": ", e.what()));
       }
+      if (s_.progress) s_.progress->idle();
       const Post& p = table_[q];
       if (p.seq != s_.seq || p.msg != m_)
         throw std::runtime_error(detail::cat("rank ", q, " sent message ", p.msg, " of collective #", p.seq,
@@ -171,6 +180,7 @@ int64_t cma_all_gather(const Step& s, const CmaPeers& p, const void* in, void* o
   char* o = static_cast<char*>(out);
   if (block > 0 && in != o + r * block) std::memmove(o + r * block, in, block);
   if (n == 1 || block == 0) return 0;
+  if (s.progress) s.progress->recv_total.fetch_add((n - 1) * block, std::memory_order_relaxed);
   AllToAll post(s, kPost), done(s, kDone);
   // Peers read our block where it now lies in the output: this rank never
   // writes there, whatever `in` aliases.
@@ -208,6 +218,7 @@ int64_t cma_reduce_scatter(const Step& s, const CmaPeers& p, const void* in, voi
     spare = torch::empty({chunk}, torch::kByte);
     dst = static_cast<char*>(spare.data_ptr());
   }
+  if (s.progress) s.progress->recv_total.fetch_add((n - 1) * chunk, std::memory_order_relaxed);
   AllToAll post(s, kPost), done(s, kDone);
   post.send(address(input), total);
   const auto& t = posted(post, total, r);
@@ -226,6 +237,8 @@ int64_t cma_all_reduce(const Step& s, const CmaPeers& p, void* data, int64_t num
   const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
   const Chunks c = ring_chunks(numel, n);
   char* d = static_cast<char*>(data);
+  if (s.progress)
+    s.progress->recv_total.fetch_add((n - 1) * c.count[r] * es + (numel - c.count[r]) * es, std::memory_order_relaxed);
   AllToAll post(s, kPost), reduced(s, kReduced), done(s, kDone);
   post.send(address(d), numel * es);
   const auto& t = posted(post, numel * es, r);

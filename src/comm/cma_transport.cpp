@@ -24,6 +24,7 @@
 
 #include "comm/cma.h"
 #include "fsdp/errors.h"
+#include "fsdp/flight.h"
 
 namespace fsdp::comm {
 namespace {
@@ -97,6 +98,7 @@ std::string why_unreadable(int reader, const ProbeResult& p, const std::vector<H
 
 void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int64_t nbytes) {
   char* d = static_cast<char*>(dst);
+  if (s.progress) s.progress->wait_on(q, flight::Progress::READ);
   for (int64_t done = 0; done < nbytes;) {
     if (Clock::now() > s.deadline)
       throw std::runtime_error(detail::cat("timed out reading the buffer of rank ", q, " (pid ", pid, ") after ",
@@ -107,6 +109,7 @@ void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int6
     const ssize_t got = process_vm_readv(pid, &local, 1, &far, 1, 0);
     if (got > 0) {
       done += got;  // a partial read continues where it stopped
+      if (s.progress) s.progress->arrived(got);
       continue;
     }
     const int e = got < 0 ? errno : EFAULT;
@@ -119,6 +122,7 @@ void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int6
                                          e == EFAULT ? " (rank died and its pid was reused, or posted a bad address)"
                                                      : ""));
   }
+  if (s.progress) s.progress->idle();
 }
 
 std::string cma_gone_peers(const CmaPeers& p, int self) {

@@ -27,9 +27,13 @@
 #include <gloo/rendezvous/context.h>
 
 #include <algorithm>
+#include <signal.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
+#include <fstream>
 #include <thread>
 #include <mutex>
 
@@ -38,8 +42,11 @@
 #include "comm/cma.h"
 #include "comm/rendezvous.h"
 #include "comm/ring.h"
+#include "comm/watchdog.h"
 #include "comm/work_queue.h"
 #include "fsdp/errors.h"
+#include "fsdp/flight.h"
+#include "fsdp/memory.h"
 #include "fsdp/trace.h"
 
 namespace fsdp::comm {
@@ -47,7 +54,7 @@ namespace {
 
 // Diagnosis reads the store after a failure; it must not eat the slack
 // between the timeout and the promised "timeout + 2 s".
-constexpr std::chrono::milliseconds kDiagnosisBudget{1500};
+constexpr std::chrono::milliseconds kDiagnosisBudget{1000};
 
 // Steps of the FSDP_DEBUG=detail exchange (collectives use steps < 2N).
 constexpr int kCheckStepBase = 1 << 19;
@@ -110,6 +117,7 @@ class GlooCommunicator final : public Communicator {
   GlooCommunicator(const WorldEnv& world, const ResolvedOptions& opts)
       : world_(world), opts_(opts), global_(iota(world.world_size)),
         rdv_(std::make_unique<Rendezvous>(world, opts.rendezvous_timeout, opts.job_token)),
+        watchdog_(Watchdog::acquire(world, rdv_->key_base(), opts.timeout)),
         ctx_(rdv_->connect_gloo(opts.ifname)),
         transport_(choose_transport(ctx_.get(), opts.transport, Clock::now() + opts.rendezvous_timeout)),
         host_index_(index_hosts(transport_.host)),
@@ -126,6 +134,7 @@ class GlooCommunicator final : public Communicator {
       : world_(group), opts_(opts), global_(std::move(global)), group_(std::move(name)),
         ancestors_(parent.ancestors_),
         rdv_(std::make_unique<Rendezvous>(*parent.rdv_, tag, group, global_)),
+        watchdog_(parent.watchdog_),
         ctx_(rdv_->connect_gloo(opts.ifname)),
         transport_(choose_transport(ctx_.get(), opts.transport, Clock::now() + opts.rendezvous_timeout)),
         host_index_(index_hosts(transport_.host)),
@@ -288,12 +297,17 @@ class GlooCommunicator final : public Communicator {
   }
 
   WorkPtr submit(const CallShape& shape, std::function<int64_t(const Step&)> algo) {
-    return queue_->submit([this, shape, algo = std::move(algo)] { execute(shape, algo); });
+    // The flight recorder sees the call when it is issued (enqueue time).
+    const uint64_t ticket = flight::enqueue(rdv_->generation(), to_string(shape.kind), shape.label,
+                                            shape.kind == CollectiveKind::BARRIER ? "" : dtype_name(shape.dtype),
+                                            shape.numel, shape.numel * shape.elem_size);
+    return queue_->submit([this, shape, ticket, algo = std::move(algo)] { execute(shape, ticket, algo); });
   }
 
   // On the communication thread, in issue order.
-  void execute(const CallShape& shape, const std::function<int64_t(const Step&)>& algo) {
+  void execute(const CallShape& shape, uint64_t ticket, const std::function<int64_t(const Step&)>& algo) {
     const uint64_t seq = ++seq_;
+    const std::shared_ptr<flight::Progress> progress = flight::start(ticket, seq);
     // Times the collective on the "comm" track (the report's AG/RS lanes).
     trace::Span span(to_string(shape.kind), "comm");
     if (span.active()) {
@@ -303,18 +317,25 @@ class GlooCommunicator final : public Communicator {
     std::string what = describe_call(shape);
     rdv_->record_entered(seq, what);
     const auto t0 = Clock::now();
-    Step step{ctx_.get(), seq, t0 + opts_.timeout};
+    Step step{ctx_.get(), seq, t0 + opts_.timeout, progress.get()};
     int64_t bytes = 0;
     try {
       if (opts_.debug_detail) check_same_call(step, shape);
       bytes = algo(step);
-    } catch (const CallMismatch&) {
+    } catch (const CallMismatch& e) {
       failed_ = true;
+      watchdog_->mark_failed();
+      flight::finish(ticket, e.what());
+      dump_flight(seq, what);
       throw;
     } catch (const std::exception& e) {
       failed_ = true;
-      throw CollectiveError(diagnose(seq, what, e.what(), Clock::now() - t0));
+      std::string msg = diagnose(seq, shape, what, e.what(), Clock::now() - t0, *progress);
+      flight::finish(ticket, e.what());
+      msg += dump_flight(seq, what);
+      throw CollectiveError(msg);
     }
+    flight::finish(ticket);
     const int64_t inter = inter_host_bytes(shape, bytes);
     span.arg("bytes", bytes);
     if (span.active()) span.arg("inter_host_bytes", inter);
@@ -408,8 +429,58 @@ class GlooCommunicator final : public Communicator {
     throw CallMismatch(msg);
   }
 
-  std::string diagnose(uint64_t seq, const std::string& what, const std::string& engine_error,
-                       Clock::duration elapsed) {
+  // What this rank was waiting for when the collective failed, from its
+  // transfer's counters: the peer, and how far the bytes got.
+  static std::string waiting_line(const flight::Progress& p) {
+    const int peer = p.peer.load(std::memory_order_relaxed);
+    const auto w = static_cast<flight::Progress::Waiting>(p.waiting.load(std::memory_order_relaxed));
+    const int64_t got = p.recv_done.load(std::memory_order_relaxed), want = p.recv_total.load(std::memory_order_relaxed);
+    const int64_t sent = p.sent_done.load(std::memory_order_relaxed), give = p.send_total.load(std::memory_order_relaxed);
+    if (peer < 0 || w == flight::Progress::NONE) return "";
+    const char* how = w == flight::Progress::RECEIVE ? "waiting to receive from it"
+                      : w == flight::Progress::SEND  ? "waiting for it to take what this rank sent"
+                                                     : "reading its memory";
+    return detail::cat("\nWaiting on: rank ", peer, " (this rank was ", how, "); ",
+                       memory::format_bytes(got), " of ", memory::format_bytes(want), " had arrived",
+                       give > 0 ? detail::cat(", ", memory::format_bytes(sent), " of ", memory::format_bytes(give),
+                                              " had been sent")
+                                : std::string(),
+                       ".");
+  }
+
+  // Every rank's last entered collective and heartbeat, read through the
+  // watchdog's own connection within the budget; nullopt: the store did
+  // not answer.
+  struct Readings {
+    std::vector<std::optional<watchdog::Entered>> entered;
+    std::vector<std::optional<watchdog::Heartbeat>> beats;
+  };
+  std::optional<Readings> read_ranks(std::chrono::milliseconds budget) {
+    const int n = world_.world_size;
+    std::vector<std::string> keys;
+    for (int q = 0; q < n; ++q) keys.push_back(rdv_->prefix() + "seq/" + std::to_string(q));
+    // Heartbeats are the processes', keyed by global rank.
+    for (int q = 0; q < n; ++q) keys.push_back(rdv_->key_base() + "hb/" + std::to_string(global_[q]));
+    auto v = watchdog_->read(keys, budget);
+    if (!v) return std::nullopt;
+    Readings r;
+    r.entered.resize(n);
+    r.beats.resize(n);
+    for (int q = 0; q < n; ++q) {
+      if ((*v)[q]) r.entered[q] = parse_entered(*(*v)[q], rdv_->generation());
+      if ((*v)[n + q]) r.beats[q] = watchdog::Heartbeat::parse(*(*v)[n + q]);
+    }
+    return r;
+  }
+
+  static double wall_now() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+
+  std::string diagnose(uint64_t seq, const CallShape& shape, const std::string& what, const std::string& engine_error,
+                       Clock::duration elapsed, const flight::Progress& progress) {
+    watchdog_->mark_failed();
+    const auto budget_end = Clock::now() + kDiagnosisBudget;
     const double secs = std::chrono::duration<double>(elapsed).count();
     const double limit = opts_.timeout.count() / 1000.0;
     const bool timed_out = secs >= 0.9 * limit;
@@ -419,17 +490,43 @@ class GlooCommunicator final : public Communicator {
     std::string msg = detail::cat(what, ", collective #", seq, " of ", name_of(world_.rank), " in a ",
                                   group_.empty() ? "world" : "group", " of ", world_.world_size, " (", describe(),
                                   "), ", took);
-    auto progress = rdv_->read_progress(kDiagnosisBudget);
+    msg += waiting_line(progress);
+    auto left = [&] {
+      return std::max(std::chrono::milliseconds(1),
+                      std::chrono::duration_cast<std::chrono::milliseconds>(budget_end - Clock::now()));
+    };
+    auto readings = read_ranks(left());
+    // A heartbeat neither fresh nor yet overdue: wait until it is one or the
+    // other (within the budget), then read again.
+    if (readings) {
+      double wait_s = 0;
+      const double now = wall_now(), iv = watchdog_->interval(), silent = watchdog_->silent_after();
+      for (int q = 0; q < world_.world_size; ++q) {
+        const auto& h = readings->beats[q];
+        if (q == world_.rank || !h || h->left) continue;
+        const double age = h->age(now);
+        if (age > 2 * iv && age <= silent) wait_s = std::max(wait_s, silent - age + 0.05);
+      }
+      const auto until = Clock::now() + std::chrono::milliseconds(int64_t(wait_s * 1000));
+      if (wait_s > 0 && until + std::chrono::milliseconds(100) < budget_end) {
+        std::this_thread::sleep_until(until);
+        if (auto again = read_ranks(left())) readings = again;
+      }
+    }
     std::string missing, mismatched, unknown;
-    for (int q = 0; q < world_.world_size; ++q) {
-      const auto& p = progress[q];
-      if (p.seq < 0) {
-        unknown += detail::cat(unknown.empty() ? "" : ", ", global_[q]);
-      } else if (p.seq < static_cast<int64_t>(seq)) {
-        missing += detail::cat(missing.empty() ? "" : ", ", name_of(q), " (last entered #", p.seq,
-                               p.seq > 0 ? " " + p.what : std::string(" none"), ")");
-      } else if (p.seq == static_cast<int64_t>(seq) && p.what != what) {
-        mismatched += detail::cat("\n  ", name_of(q), " entered #", seq, " as ", p.what);
+    if (!readings) {
+      for (int q = 0; q < world_.world_size; ++q) unknown += detail::cat(unknown.empty() ? "" : ", ", global_[q]);
+    } else {
+      for (int q = 0; q < world_.world_size; ++q) {
+        const auto& e = readings->entered[q];
+        if (!e) {
+          unknown += detail::cat(unknown.empty() ? "" : ", ", global_[q]);
+        } else if (e->seq < static_cast<int64_t>(seq)) {
+          missing += detail::cat(missing.empty() ? "" : ", ", name_of(q), " (last entered #", e->seq,
+                                 e->seq > 0 ? " " + e->what : std::string(" none"), ")");
+        } else if (e->seq == static_cast<int64_t>(seq) && e->what != what) {
+          mismatched += detail::cat("\n  ", name_of(q), " entered #", seq, " as ", e->what);
+        }
       }
     }
     if (!missing.empty())
@@ -438,22 +535,87 @@ class GlooCommunicator final : public Communicator {
       msg += detail::cat("\nRanks issued different collectives at #", seq, ":", mismatched,
                          "\nEvery rank must issue the same collectives in the same order.");
     if (!unknown.empty())
-      msg += detail::cat("\nProgress of ranks ", unknown, " is unknown: the store at ",
-                         rdv_->describe_store(), " is unreachable (rank 0 may have exited).");
+      msg += detail::cat("\nProgress of ranks ", unknown, " is unknown: the store at ", rdv_->describe_store(),
+                         " did not answer within ", kDiagnosisBudget.count(), " ms.");
     const std::string gone = transport_.cma ? cma_gone_peers(transport_.peers, world_.rank) : "";
     if (!gone.empty()) msg += detail::cat("\nRanks whose process is gone: ", gone, ".");
-    if (missing.empty() && mismatched.empty() && unknown.empty() && gone.empty())
+    // Dead ranks: of this host's ranks, those whose process is gone (or a
+    // zombie: dead, not yet reaped by its launcher).
+    std::vector<bool> dead(world_.world_size, false);
+    auto gone_pid = [](pid_t pid) {
+      if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+      std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+      std::string line;
+      if (!std::getline(f, line)) return true;
+      const auto close = line.rfind(')');
+      return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'Z' || line[close + 2] == 'X');
+    };
+    {
+      const auto where = watchdog_->where();
+      for (int q = 0; q < world_.world_size; ++q) {
+        if (q == world_.rank) continue;
+        if (transport_.cma && q < static_cast<int>(transport_.peers.pid.size()))
+          dead[q] = gone_pid(transport_.peers.pid[q]);
+        else if (q < static_cast<int>(where.size()) && where[q] && where[q]->identity == watchdog_->identity())
+          dead[q] = gone_pid(static_cast<pid_t>(where[q]->pid));
+      }
+    }
+    // Heartbeats: who is silent, elsewhere, slow or stuck.
+    Classified c;
+    if (readings) {
+      c = classify(world_.rank, world_.world_size, rdv_->generation(), seq, what, to_string(shape.kind), shape.label,
+                   readings->beats, readings->entered, true, wall_now(), watchdog_->silent_after(), watchdog_->where(),
+                   watchdog_->identity(), dead);
+    } else {
+      std::vector<std::optional<watchdog::Heartbeat>> none(world_.world_size);
+      std::vector<std::optional<watchdog::Entered>> none_e(world_.world_size);
+      c = classify(world_.rank, world_.world_size, rdv_->generation(), seq, what, to_string(shape.kind), shape.label,
+                   none, none_e, false, wall_now(), watchdog_->silent_after(), watchdog_->where(),
+                   watchdog_->identity(), dead);
+    }
+    c.verdict.timed_out = timed_out;
+    const int waited = progress.peer.load(std::memory_order_relaxed);
+    if (waited >= 0) c.verdict.waited_on.push_back(waited);
+    msg += c.lines;
+    if (missing.empty() && mismatched.empty() && unknown.empty() && gone.empty() && c.verdict.culprits.empty())
       msg += "\nEvery rank entered this collective, so the transfer itself failed: a peer died "
              "mid-transfer or the network stalled.";
-    msg += timed_out ? "\nWhat to do: make every rank issue the same collectives in the same order; "
-                       "a rank that is legitimately slower (data loading, checkpointing) needs a "
-                       "larger FSDP_TIMEOUT."
-                     : "\nWhat to do: look at the first rank that failed in the launcher's output.";
+    if (!c.verdict.silent.empty())
+      msg += "\nWhat to do: look at the silent rank's host: a stopped process (SIGSTOP, a debugger: kill -CONT), "
+             "a dead one (the launcher names its signal), swapping, or a cut network link.";
+    else if (!c.verdict.elsewhere.empty())
+      msg += "\nWhat to do: find what that rank does there (its phase); if it is legitimately slow (a long "
+             "checkpoint, a slow data loader) raise FSDP_TIMEOUT, if it issues other collectives make every rank "
+             "issue the same ones in the same order.";
+    else
+      msg += timed_out ? "\nWhat to do: make every rank issue the same collectives in the same order; "
+                         "a rank that is legitimately slower (data loading, checkpointing) needs a "
+                         "larger FSDP_TIMEOUT."
+                       : "\nWhat to do: look at the first rank that failed in the launcher's output.";
     msg += (transport_.cma ? "\n(cma+gloo: " : "\n(gloo: ") + engine_error + ")";
     if (!group_.empty())
       msg += detail::cat("\n(ranks inside the engine's message are group ranks; group '", group_,
                          "' is global ranks ", ranks_text(), " in that order)");
+    // For the launcher and the flight recorder.
+    flight::note("verdict", c.verdict.to_json());
+    if (readings) {
+      nlohmann::json hb = nlohmann::json::array();
+      for (auto& h : readings->beats) hb.push_back(h ? h->to_json() : nlohmann::json(nullptr));
+      flight::note("heartbeats", hb);
+    }
+    watchdog_->write(rdv_->key_base() + "verdict/" + std::to_string(global_[world_.rank]), c.verdict.to_json().dump(),
+                     std::chrono::milliseconds(300));
     return msg;
+  }
+
+  // Dumps the flight recorder after a failed collective; the line for the
+  // error message ("" when the dump failed: it said why on stderr).
+  std::string dump_flight(uint64_t seq, const std::string& what) {
+    const std::string path = flight::dump(detail::cat("collective #", seq, " failed: ", what));
+    if (path.empty()) return "";
+    const std::string dir = path.substr(0, path.rfind('/'));
+    return detail::cat("\nFlight recorder: ", path, " (every rank's last ", flight::capacity(),
+                       " collectives; fsdp report ", dir, " shows them side by side).");
   }
 
   // Constant after construction.
@@ -463,6 +625,7 @@ class GlooCommunicator final : public Communicator {
   const std::string group_;        // a group's name; "" for a world
   std::vector<std::shared_ptr<CounterBox>> ancestors_;  // the parents' counters, nearest last
   std::unique_ptr<Rendezvous> rdv_;
+  std::shared_ptr<Watchdog> watchdog_;  // heartbeats; shared by the process's communicators
   std::shared_ptr<gloo::Context> ctx_;
   const TransportChoice transport_;  // same on every rank (choose_transport)
   const std::vector<int> host_index_;  // host of each rank (index_hosts)

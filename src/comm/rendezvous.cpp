@@ -12,11 +12,13 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <thread>
 
 #include "comm/store_bind.h"
+#include "comm/watchdog.h"
 #include "fsdp/errors.h"
 
 namespace fsdp::comm {
@@ -39,7 +41,9 @@ c10d::TCPStore* shared_store(const WorldEnv& w, std::chrono::milliseconds timeou
   if (it != stores.end()) return it->second;
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(w.master_port);
-  o.isServer = w.rank == 0;
+  // `fsdp run` hosts the store itself (FSDP_STORE_HOSTED=1): rank 0 is then
+  // a client like the others, and the store outlives a frozen rank 0.
+  o.isServer = w.rank == 0 && !store_hosted();
   o.waitWorkers = false;  // fsdp's own join (below) names the ranks that are missing
   o.timeout = timeout;
   c10d::TCPStore* store = nullptr;
@@ -50,7 +54,7 @@ c10d::TCPStore* shared_store(const WorldEnv& w, std::chrono::milliseconds timeou
     if (o.isServer) bind_guard.emplace(w.master_addr, w.master_port);
     store = new c10d::TCPStore(w.master_addr, o);
   } catch (const std::exception& e) {
-    if (w.rank == 0)
+    if (o.isServer)
       throw Error(detail::cat("rank 0 could not start the rendezvous store on port ", w.master_port,
                               " (MASTER_ADDR=", w.master_addr, "): ", e.what(),
                               "\nPick a free port (MASTER_PORT, or let `fsdp run` choose one)."));
@@ -131,13 +135,46 @@ std::string join_ranks(const std::vector<int>& ranks) {
 
 }  // namespace
 
+bool store_hosted() {
+  const char* v = std::getenv("FSDP_STORE_HOSTED");
+  return v && std::string(v) == "1";
+}
+
+c10d::TCPStore* connect_store_client(const WorldEnv& w, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(w.master_port);
+  o.isServer = false;
+  o.waitWorkers = false;
+  o.timeout = timeout;
+  return new c10d::TCPStore(w.master_addr, o);
+}
+
+c10d::TCPStore* host_store(const std::string& addr, int port, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(port);
+  o.isServer = true;
+  o.waitWorkers = false;
+  o.timeout = timeout;
+  try {
+    StoreBindGuard bind_guard(addr, port);
+    return new c10d::TCPStore(addr, o);
+  } catch (const std::exception& e) {
+    throw Error(detail::cat("could not start the rendezvous store on ", addr, ":", port, ": ", e.what(),
+                            "\nPick a free port (--master-port, or let `fsdp run` choose one)."));
+  }
+}
+
+void close_hosted_store(c10d::TCPStore* store) { delete store; }
+
 Rendezvous::Rendezvous(const WorldEnv& world, std::chrono::milliseconds timeout, const std::string& job_token)
     : world_(world), timeout_(timeout) {
   // Every rank creates its communicators in the same order, so the n-th
   // communicator of each process shares the prefix of generation n.
   static std::atomic<int> generation{0};
-  const std::string gen = "c" + std::to_string(generation++) + "/";
-  prefix_ = "fsdp/" + (job_token.empty() ? std::string() : job_token + "/") + gen;
+  generation_ = generation++;
+  const std::string gen = "c" + std::to_string(generation_) + "/";
+  base_ = "fsdp/" + (job_token.empty() ? std::string() : job_token + "/");
+  prefix_ = base_ + gen;
   const std::string job_key = "fsdp/" + gen + "job";
   const std::string job_id = job_token.empty() ? "none" : token_fingerprint(job_token);
   where_ = world.master_addr + ":" + std::to_string(world.master_port);
@@ -198,8 +235,8 @@ Rendezvous::Rendezvous(const WorldEnv& world, std::chrono::milliseconds timeout,
 
 Rendezvous::Rendezvous(const Rendezvous& parent, const std::string& tag, const WorldEnv& group,
                        const std::vector<int>& global)
-    : world_(group), timeout_(parent.timeout_), prefix_(parent.prefix_ + tag), where_(parent.where_),
-      global_(global), store_(parent.store_) {
+    : world_(group), timeout_(parent.timeout_), base_(parent.base_), prefix_(parent.prefix_ + tag),
+      generation_(parent.generation_), where_(parent.where_), global_(global), store_(parent.store_) {
   auto deadline = Clock::now() + timeout_;
   const int n = group.world_size, r = group.rank;
   auto names = [&](const std::vector<int>& ranks) {
@@ -273,7 +310,7 @@ std::shared_ptr<gloo::Context> Rendezvous::connect_gloo(const std::string& ifnam
 
 void Rendezvous::record_entered(uint64_t seq, const std::string& what) {
   try {
-    store_->set(prefix_ + "seq/" + std::to_string(world_.rank), bytes(detail::cat(seq, " ", what)));
+    store_->set(prefix_ + "seq/" + std::to_string(world_.rank), bytes(format_entered(seq, what)));
   } catch (const std::exception&) {
     // The store is gone (rank 0 ended); the collective itself will report it.
   }
@@ -286,10 +323,10 @@ std::vector<Rendezvous::Progress> Rendezvous::read_progress(std::chrono::millise
     try {
       std::string k = prefix_ + "seq/" + std::to_string(q);
       if (!has(k)) continue;
-      std::string v = get(k);
-      size_t sp = v.find(' ');
-      seqs[q].seq = std::stoll(v.substr(0, sp));
-      seqs[q].what = sp == std::string::npos ? "" : v.substr(sp + 1);
+      auto e = parse_entered(get(k), generation_);
+      if (!e) continue;
+      seqs[q].seq = e->seq;
+      seqs[q].what = e->what;
     } catch (const std::exception&) {
       break;  // store unreachable: the remaining entries stay unknown
     }

@@ -24,11 +24,15 @@
 //   world_size      rank 0's WORLD_SIZE, checked by every rank
 //   abort           the first rank that finds a mismatch writes why
 //   joined/<r>      rank r arrived (host and pid)
-//   seq/<r>         "<seq> <what>": the last collective rank r entered (0: none)
+//   seq/<r>         "<seq>|<wall s>|<step>|<phase>|<what>": the last collective
+//                   rank r entered ("0": none; comm/watchdog.h)
 //   left            ranks that finished cleanly (rank 0 waits for all)
 //   gloo/...        Gloo's own address exchange
 //   s<k>/<color>/   the same keys (no job) for group <color> of this
 //                   communicator's k-th split
+// and, under "fsdp/[<token>/]" (the process's, not one communicator's):
+//   hb/<r>          rank r's heartbeat (JSON, fsdp/watchdog.h)
+//   verdict/<r>     rank r's reading of the collective that failed on it
 #pragma once
 
 #include <chrono>
@@ -49,6 +53,15 @@ class Context;
 namespace fsdp::comm {
 
 using Clock = std::chrono::steady_clock;
+
+// FSDP_STORE_HOSTED=1: the launcher serves the store; rank 0 connects as a
+// client.
+bool store_hosted();
+// A client connection of its own to the world's store (the heartbeat thread).
+c10d::TCPStore* connect_store_client(const WorldEnv& w, std::chrono::milliseconds timeout);
+// A store server on addr:port, bound like rank 0's (watchdog::StoreHost).
+c10d::TCPStore* host_store(const std::string& addr, int port, std::chrono::milliseconds timeout);
+void close_hosted_store(c10d::TCPStore* store);
 
 class Rendezvous {
  public:
@@ -83,6 +96,11 @@ class Rendezvous {
   void leave(std::chrono::milliseconds budget);
 
   const std::string& describe_store() const { return where_; }
+  // "fsdp/[<token>/]": the job's keys (heartbeats, verdicts) live under it.
+  const std::string& key_base() const { return base_; }
+  // This communicator's keys: key_base() + "c<generation>/".
+  const std::string& prefix() const { return prefix_; }
+  int generation() const { return generation_; }
 
  private:
   bool has(const std::string& key);
@@ -94,7 +112,9 @@ class Rendezvous {
   // Constant after construction.
   WorldEnv world_;
   std::chrono::milliseconds timeout_;
-  std::string prefix_;  // "fsdp/[<token>/]c<generation>/"
+  std::string base_;    // "fsdp/[<token>/]"
+  std::string prefix_;  // base_ + "c<generation>/"
+  int generation_ = 0;
   std::string where_;   // "127.0.0.1:29500"
   std::vector<int> global_;  // a group's global ranks; empty for a world
   c10d::TCPStore* store_ = nullptr;  // process-wide, never freed (see above)

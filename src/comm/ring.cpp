@@ -14,9 +14,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
+#include <string>
 
 #include "comm/reduce.h"
 #include "fsdp/errors.h"
+#include "fsdp/flight.h"
+#include "fsdp/memory.h"
 
 namespace fsdp::comm {
 namespace {
@@ -35,11 +39,77 @@ std::chrono::milliseconds remaining(const Step& s) {
   return std::max(left, std::chrono::milliseconds(1));
 }
 
-void wait_recv(const Step& s, gloo::transport::UnboundBuffer& b) {
-  if (!b.waitRecv(remaining(s))) throw gloo::IoException("receive aborted");
+// Which neighbour a peer is, for messages.
+std::string neighbour(const Step& s, int peer) {
+  const int n = s.ctx->size, r = s.ctx->rank;
+  if (n > 1 && peer == (r + n - 1) % n && peer == (r + 1) % n) return detail::cat("rank ", peer, " (its ring neighbour)");
+  if (peer == (r + n - 1) % n) return detail::cat("rank ", peer, " (its left neighbour in the ring)");
+  if (peer == (r + 1) % n) return detail::cat("rank ", peer, " (its right neighbour in the ring)");
+  return detail::cat("rank ", peer);
 }
-void wait_send(const Step& s, gloo::transport::UnboundBuffer& b) {
-  if (!b.waitSend(remaining(s))) throw gloo::IoException("send aborted");
+
+int64_t load(const std::atomic<int64_t>& a) { return a.load(std::memory_order_relaxed); }
+
+// Waits for `nbytes` from `peer` (or for `peer` to take what was sent),
+// recording it in the step's progress; a failure names the peer and how far
+// the transfer got.
+void wait_recv(const Step& s, gloo::transport::UnboundBuffer& b, int peer, int64_t nbytes) {
+  if (s.progress) s.progress->wait_on(peer, flight::Progress::RECEIVE);
+  try {
+    if (!b.waitRecv(remaining(s))) throw gloo::IoException("receive aborted");
+  } catch (const std::exception& e) {
+    std::string far;
+    if (s.progress)
+      far = detail::cat(": ", memory::format_bytes(load(s.progress->recv_done)), " of ",
+                        memory::format_bytes(load(s.progress->recv_total)), " had arrived");
+    throw std::runtime_error(detail::cat("waiting to receive from ", neighbour(s, peer), far, " (", e.what(), ")"));
+  }
+  if (s.progress) s.progress->arrived(nbytes), s.progress->idle();
+}
+void wait_send(const Step& s, gloo::transport::UnboundBuffer& b, int peer, int64_t nbytes) {
+  if (s.progress) s.progress->wait_on(peer, flight::Progress::SEND);
+  try {
+    if (!b.waitSend(remaining(s))) throw gloo::IoException("send aborted");
+  } catch (const std::exception& e) {
+    std::string far;
+    if (s.progress)
+      far = detail::cat(": ", memory::format_bytes(load(s.progress->sent_done)), " of ",
+                        memory::format_bytes(load(s.progress->send_total)), " had been taken");
+    throw std::runtime_error(detail::cat("waiting for ", neighbour(s, peer), " to take what this rank sent", far, " (",
+                                         e.what(), ")"));
+  }
+  if (s.progress) s.progress->sent(nbytes), s.progress->idle();
+}
+// Waits for one of the `pending` peers (the one that completes is removed);
+// a failure names those not heard from.
+template <bool Recv>
+void wait_any(const Step& s, gloo::transport::UnboundBuffer& b, std::vector<int>& pending, int64_t nbytes) {
+  if (s.progress) s.progress->wait_on(pending.empty() ? -1 : pending.front(), Recv ? flight::Progress::RECEIVE
+                                                                                    : flight::Progress::SEND);
+  int from = -1;
+  try {
+    const bool ok = Recv ? b.waitRecv(&from, remaining(s)) : b.waitSend(&from, remaining(s));
+    if (!ok) throw gloo::IoException(Recv ? "receive aborted" : "send aborted");
+  } catch (const std::exception& e) {
+    std::string who;
+    for (int p : pending) who += detail::cat(who.empty() ? "" : ", ", p);
+    throw std::runtime_error(detail::cat(Recv ? "waiting to receive from rank" : "waiting for rank",
+                                         pending.size() > 1 ? "s " : " ", who,
+                                         Recv ? " (not heard from yet)" : " to take what this rank sent", " (",
+                                         e.what(), ")"));
+  }
+  pending.erase(std::remove(pending.begin(), pending.end(), from), pending.end());
+  if (s.progress) {
+    if (Recv) s.progress->arrived(nbytes);
+    else s.progress->sent(nbytes);
+    s.progress->idle();
+  }
+}
+
+void expect(const Step& s, int64_t recv, int64_t send) {
+  if (!s.progress) return;
+  s.progress->recv_total.fetch_add(recv, std::memory_order_relaxed);
+  s.progress->send_total.fetch_add(send, std::memory_order_relaxed);
 }
 
 Buffer wrap(const Step& s, const void* p, int64_t nbytes) {
@@ -110,14 +180,19 @@ int64_t ring_all_gather(const Step& s, void* buf, const std::vector<int64_t>& of
   // they wait for nothing but the right's receive, so they are waited for
   // only at the end. Zero-byte pieces are skipped on both sides.
   Buffer send_b = wrap(s, buf, total);
-  int sends = 0;
+  std::vector<int64_t> send_sizes;
   int64_t sent = 0;
+  {
+    int64_t to_recv = 0, to_send = 0;
+    for (int k = 0; k < n - 1; ++k) to_recv += count_bytes[recv_block(k)], to_send += count_bytes[send_block(k)];
+    expect(s, to_recv, to_send);
+  }
   auto send_piece = [&](int step, int64_t j) {
     const int b = send_block(step);
     int64_t lo, m = piece_of(count_bytes[b], pieces, j, &lo);
     if (m == 0) return;
     send_b->send(right, msg_slot(step, j), offset_bytes[b] + lo, m);
-    ++sends;
+    send_sizes.push_back(m);
     sent += m;
   };
   for (int64_t j = 0; j < pieces; ++j) send_piece(0, j);
@@ -142,12 +217,15 @@ int64_t ring_all_gather(const Step& s, void* buf, const std::vector<int64_t>& of
   // A rank waits only for its left to have passed on the message before
   // this one in wire order, so the ring cannot deadlock.
   for (size_t i = 0; i < order.size(); ++i) {
-    wait_recv(s, *rb[i % kGatherWindow]);
     auto [k, j] = order[i];
+    {
+      int64_t lo;
+      wait_recv(s, *rb[i % kGatherWindow], left, piece_of(count_bytes[recv_block(k)], pieces, j, &lo));
+    }
     if (k < n - 2) send_piece(k + 1, j);  // what arrived at step k leaves at step k+1
     if (i + kGatherWindow < order.size()) post(i + kGatherWindow);
   }
-  for (int i = 0; i < sends; ++i) wait_send(s, *send_b);
+  for (int64_t m : send_sizes) wait_send(s, *send_b, right, m);
   return sent;
 }
 
@@ -204,12 +282,17 @@ int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
   // Step 0: our own input of chunk r-1, straight from `in`, every piece now
   // (a send moves only once the right has posted the receive).
   int64_t sent = 0;
-  int in_sends = 0;
+  {
+    int64_t to_recv = 0, to_send = 0;
+    for (int k = 0; k < n - 1; ++k) to_recv += count[recv_chunk(k)] * es, to_send += count[send_chunk(k)] * es;
+    expect(s, to_recv, to_send);
+  }
+  std::vector<int64_t> in_sizes;
   for (int64_t j = 0; j < pieces; ++j) {
     int64_t lo, m = piece(send_chunk(0), j, &lo);
     if (m == 0) continue;
     in_b->send(right, msg_slot(0, j), (offset[send_chunk(0)] + lo) * es, m * es);
-    ++in_sends;
+    in_sizes.push_back(m * es);
     sent += m * es;
   }
 
@@ -238,12 +321,13 @@ int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
   // waits only for its left to have passed the message before this one, or
   // for its right to have taken a partial sent kSendSlots partials ago.
   std::vector<bool> send_busy(send_slots, false);
+  std::vector<int64_t> send_bytes(send_slots, 0);
   int next = 0;
   for (size_t i = 0; i < order.size(); ++i) {
     auto [k, j] = order[i];
     const int c = recv_chunk(k);
     int64_t lo, m = piece(c, j, &lo);
-    wait_recv(s, into_out(k) ? *ob[i % kRecvSlots] : *rb[i % kRecvSlots]);
+    wait_recv(s, into_out(k) ? *ob[i % kRecvSlots] : *rb[i % kRecvSlots], left, m * es);
     const char* partial = into_out(k) ? out + lo * es : recv_mem + (i % kRecvSlots) * slot_bytes;
     const char* own = input + (offset[c] + lo) * es;
     if (k == n - 2) {
@@ -251,17 +335,18 @@ int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
     } else {
       const int t = next;
       next = (next + 1) % send_slots;
-      if (send_busy[t]) wait_send(s, *sb[t]);
+      if (send_busy[t]) wait_send(s, *sb[t], right, send_bytes[t]);
       add_into(send_mem + t * slot_bytes, partial, own, m, dtype, 1);
       sb[t]->send(right, msg_slot(k + 1, j), 0, m * es);
       send_busy[t] = true;
+      send_bytes[t] = m * es;
       sent += m * es;
     }
     if (i + kRecvSlots < order.size()) post(i + kRecvSlots);
   }
   for (int t = 0; t < send_slots; ++t)
-    if (send_busy[t]) wait_send(s, *sb[t]);
-  for (int i = 0; i < in_sends; ++i) wait_send(s, *in_b);
+    if (send_busy[t]) wait_send(s, *sb[t], right, send_bytes[t]);
+  for (int64_t m : in_sizes) wait_send(s, *in_b, right, m);
   return sent;
 }
 
@@ -270,13 +355,16 @@ int64_t direct_broadcast(const Step& s, void* buf, int64_t nbytes, int root) {
   if (n == 1 || nbytes == 0) return 0;
   Buffer b = wrap(s, buf, nbytes);
   if (r != root) {
+    expect(s, nbytes, 0);
     b->recv(root, slot(s, 0), 0, nbytes);
-    wait_recv(s, *b);
+    wait_recv(s, *b, root, nbytes);
     return 0;
   }
+  expect(s, 0, (n - 1) * nbytes);
+  std::vector<int> pending;
   for (int peer = 0; peer < n; ++peer)
-    if (peer != root) b->send(peer, slot(s, 0), 0, nbytes);
-  for (int peer = 0; peer < n - 1; ++peer) wait_send(s, *b);
+    if (peer != root) b->send(peer, slot(s, 0), 0, nbytes), pending.push_back(peer);
+  for (int peer = 0; peer < n - 1; ++peer) wait_any<false>(s, *b, pending, nbytes);
   return (n - 1) * nbytes;
 }
 
@@ -286,15 +374,18 @@ int64_t direct_gather(const Step& s, const void* in, void* out, int64_t nbytes, 
     std::memmove(static_cast<char*>(out) + r * nbytes, in, nbytes);
   if (n == 1 || nbytes == 0) return 0;
   if (r != root) {
+    expect(s, 0, nbytes);
     Buffer b = wrap(s, in, nbytes);
     b->send(root, slot(s, 0), 0, nbytes);
-    wait_send(s, *b);
+    wait_send(s, *b, root, nbytes);
     return nbytes;
   }
+  expect(s, (n - 1) * nbytes, 0);
   Buffer b = wrap(s, out, n * nbytes);
+  std::vector<int> pending;
   for (int peer = 0; peer < n; ++peer)
-    if (peer != root) b->recv(peer, slot(s, 0), peer * nbytes, nbytes);
-  for (int peer = 0; peer < n - 1; ++peer) wait_recv(s, *b);
+    if (peer != root) b->recv(peer, slot(s, 0), peer * nbytes, nbytes), pending.push_back(peer);
+  for (int peer = 0; peer < n - 1; ++peer) wait_any<true>(s, *b, pending, nbytes);
   return 0;
 }
 
@@ -308,8 +399,9 @@ int64_t dissemination_barrier(const Step& s) {
   for (int k = 0, dist = 1; dist < n; ++k, dist *= 2) {
     out_b->send((r + dist) % n, slot(s, k));
     in_b->recv((r - dist + n) % n, slot(s, k));
-    wait_recv(s, *in_b);
-    wait_send(s, *out_b);
+    expect(s, 1, 1);
+    wait_recv(s, *in_b, (r - dist + n) % n, 1);
+    wait_send(s, *out_b, (r + dist) % n, 1);
     sent += 1;
   }
   return sent;

@@ -26,14 +26,21 @@
 namespace gloo {
 class Context;
 }
+namespace fsdp::flight {
+struct Progress;
+}
 
 namespace fsdp::comm {
 
-// One collective's identity on the wire and its deadline.
+// One collective's identity on the wire, its deadline, and the counters its
+// transfers update (the peer waited on, bytes arrived and sent; null: none).
+// A wait that times out or fails throws naming the peer and the bytes that
+// had arrived from it.
 struct Step {
   gloo::Context* ctx = nullptr;
   uint64_t seq = 0;
   std::chrono::steady_clock::time_point deadline;
+  flight::Progress* progress = nullptr;
 };
 
 // Blocks are byte ranges of `buf`; rank r already holds block r. Afterwards

@@ -22,6 +22,8 @@ StragglerMonitor::StragglerMonitor(CommPtr comm, double factor, int window, doub
   if (!(min_gap_seconds >= 0) || !std::isfinite(min_gap_seconds))
     throw Error(detail::cat("StragglerMonitor: min_gap_seconds must be a finite number >= 0, found ", min_gap_seconds));
   streak_.assign(comm_->world_size(), 0);
+  busy_sum_.assign(comm_->world_size(), 0.0);
+  named_at_.assign(comm_->world_size(), {});
 }
 
 StragglerReport StragglerMonitor::observe(double step_seconds) {
@@ -40,6 +42,7 @@ StragglerReport StragglerMonitor::observe(double step_seconds) {
     return m == 0 ? 0.0 : m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
   };
   rep.median = median_of(rep.seconds);
+  for (int q = 0; q < n; ++q) busy_sum_[q] += rep.seconds[q];
 
   std::string names;
   for (int q = 0; q < n; ++q) {
@@ -59,6 +62,7 @@ StragglerReport StragglerMonitor::observe(double step_seconds) {
       char b[96];
       std::snprintf(b, sizeof b, "rank %d (%.4g s against %.4g s)", q, rep.seconds[q], ref);
       names += detail::cat(names.empty() ? "" : ", ", b);
+      named_at_[q].push_back(rep.step);
     }
   }
   if (!names.empty()) {
@@ -73,6 +77,44 @@ StragglerReport StragglerMonitor::observe(double step_seconds) {
     }
   }
   return rep;
+}
+
+std::string StragglerMonitor::summary() const {
+  const int n = static_cast<int>(busy_sum_.size());
+  if (steps_ == 0 || n < 2) return "";
+  auto ms = [&](int q) { return busy_sum_[q] * 1000.0 / double(steps_); };
+  char b[96];
+  std::string busy;
+  if (n <= 8) {
+    for (int q = 0; q < n; ++q) {
+      std::snprintf(b, sizeof b, "%sr%d %.1f", q ? "  " : "", q, ms(q));
+      busy += b;
+    }
+  } else {
+    std::vector<int> order(n);
+    for (int q = 0; q < n; ++q) order[q] = q;
+    std::sort(order.begin(), order.end(), [&](int x, int y) { return busy_sum_[x] < busy_sum_[y]; });
+    std::snprintf(b, sizeof b, "min r%d %.1f, median %.1f, max r%d %.1f", order.front(), ms(order.front()),
+                  ms(order[n / 2]), order.back(), ms(order.back()));
+    busy = b;
+  }
+  std::string named;
+  int named_ranks = 0;
+  for (int q = 0; q < n; ++q) {
+    if (named_at_[q].empty()) continue;
+    if (++named_ranks > 8) continue;
+    std::string steps;
+    for (size_t i = 0; i < named_at_[q].size() && i < 6; ++i)
+      steps += detail::cat(i ? ", " : "", i == 5 ? std::string("...") : std::to_string(named_at_[q][i]));
+    named += detail::cat(named.empty() ? "" : "; ", "rank ", q, " named at step", named_at_[q].size() > 1 ? "s " : " ",
+                         steps);
+  }
+  if (named_ranks > 8) named += detail::cat("; ", named_ranks - 8, " more ranks");
+  const std::string rule = detail::cat("slower than ", factor_, " x the other ranks' median for ", window_,
+                                       " step", window_ == 1 ? "" : "s", " in a row");
+  return detail::cat("fsdp: straggler monitor: ", steps_, " step", steps_ == 1 ? "" : "s",
+                     ", mean busy ms per rank ", busy, "; ",
+                     named.empty() ? "no rank was " + rule : named + " (" + rule + ")");
 }
 
 // ---------------------------------------------------------------------------

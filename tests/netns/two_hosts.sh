@@ -5,6 +5,16 @@
 #
 #   tests/netns/two_hosts.sh BIN_DIR [SCENARIO ARGS...]
 #     (default workload: fsdp_test_worker core_parity full plain)
+#   TWO_HOSTS_FAULT=cut tests/netns/two_hosts.sh BIN_DIR
+#     a training loop (fsdp_test_worker wd_train) with FSDP_TIMEOUT=3; once
+#     it runs, the link is cut (netem loss 100% where the kernel has netem,
+#     else `ip link set ... down`): every rank on each side must name the
+#     other host's ranks as silent within timeout + 2 s.
+#   TWO_HOSTS_FAULT=slow tests/netns/two_hosts.sh BIN_DIR
+#     GPT-mini (build/bin/gpt) logging every step; after 12 steps the link
+#     gets lossy (netem loss 20% delay 50ms; without netem a token bucket of
+#     40 Mbit/s, tc tbf): the job must end well and its tok/s lines show the
+#     slowdown.
 # Exit: 0 pass, 77 skipped (namespaces cannot be created here; the reason is
 # printed), anything else a failure. Needs root (ip netns, iproute2).
 #
@@ -52,6 +62,11 @@ set +e
 
 TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 echo "two_hosts: namespaces $A ($ADDR_A, node 0, master) and $B ($ADDR_B, node 1) over veth; port $PORT"
+FAULT=${TWO_HOSTS_FAULT:-}
+if [ -n "$FAULT" ]; then
+  . "$(dirname "$0")/link_faults.sh"
+  exit $?
+fi
 node() {  # node-rank namespace extra-env...
   local k=$1 ns=$2
   shift 2

@@ -99,6 +99,7 @@ FSDP_SCENARIO(rel_straggler) {
     }
   }
   std::printf("first named at step %d\n", first_named);
+  std::printf("summary: %s\n", mon.summary().c_str());
   std::fflush(stdout);
   return 0;
 }

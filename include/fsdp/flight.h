@@ -1,0 +1,186 @@
+// fsdp-cpp: what a rank is doing (its phase and step) and the flight recorder
+// of its last collectives.
+//
+// defines: Phase, to_string(Phase), set_phase, current_phase, set_step,
+//          current_step, PhaseScope, flight::Progress, flight::Record,
+//          flight::enabled, flight::capacity, flight::enqueue, flight::start,
+//          flight::finish, flight::snapshot, flight::in_flight, flight::note,
+//          flight::set_identity, flight::set_default_dir, flight::dir,
+//          flight::dump, flight::dump_on_signal, flight::read_dumps,
+//          flight::analyze_dumps, flight::write_report, flight::ReportSummary
+//
+// Phases. A trainer says what the rank is doing, so a hang outside the
+// collectives is named by its place ("rank 2 is elsewhere: phase data"):
+//
+//   fsdp::set_step(step);
+//   { fsdp::PhaseScope p(fsdp::Phase::DATA);     auto b = next_batch(); }
+//   { fsdp::PhaseScope p(fsdp::Phase::FORWARD);  loss = model.forward(b.x); }
+//   { fsdp::PhaseScope p(fsdp::Phase::BACKWARD); loss.backward(); }
+//   { fsdp::PhaseScope p(fsdp::Phase::OPTIMIZER); opt.step(); }
+//
+// Each is one relaxed atomic store; any thread may call them. The heartbeats
+// (fsdp/watchdog.h) and every collective entered carry the current phase and
+// step, so the others read where a rank was even after it froze.
+//
+// The flight recorder. Every collective of every communicator of the process
+// is recorded in a ring buffer of the last capacity() (512, FSDP_FLIGHT_ENTRIES)
+// calls: communicator, sequence number, kind, unit (label), dtype, elements,
+// bytes, the wall-clock times it was enqueued, started and ended, the peer it
+// waited on and how many bytes had arrived of how many. Always on
+// (FSDP_FLIGHT_RECORDER=off turns it off, for the overhead benchmark
+// bench/bench_flight.cpp); a call costs a lock and a few stores.
+//
+// Dumps: dump(reason) writes <dir>/flight-rank<R>.json (atomically; a later
+// dump of the same rank replaces it). The communicator dumps on every failed
+// collective; dump_on_signal() makes SIGUSR1 dump (`fsdp run` forwards its
+// own SIGUSR1 to every rank); a program may call dump() whenever it likes.
+// The directory: dump()'s argument, else FSDP_FLIGHT_DIR (`fsdp run
+// --flight-dir`), else set_default_dir() (the trainers: <ckpt-dir>/flight),
+// else ./fsdp-flight. `fsdp report DIR` renders the dumps side by side.
+//
+// THE FILE FORMAT (schema "fsdp-flight/1"), one JSON object per rank:
+//   {"schema": "fsdp-flight/1", "rank": int, "world": int, "pid": int,
+//    "host": str, "reason": str, "written": wall s, "step": int,
+//    "phase": str, "capacity": int, "recorded": int (calls since start),
+//    "collectives": [ {"comm": int, "seq": int (0: not started), "kind": str,
+//       "unit": str, "dtype": str, "numel": int, "bytes": int,
+//       "state": "queued" | "running" | "done" | "failed",
+//       "enqueued": wall s, "started": wall s | null, "ended": wall s | null,
+//       "step": int, "phase": str (at enqueue),
+//       "peer": int (-1: none), "waiting": "" | "receive" | "send" | "read",
+//       "recv_done": int, "recv_total": int, "sent_done": int,
+//       "send_total": int, "error": str} ... oldest first ],
+//    "notes": {key: any}}   (the communicator adds "heartbeats" (the last
+//                            ones it read) and "verdict" after a timeout)
+// Times are wall-clock seconds (system_clock) so the dumps of ranks on
+// different hosts share one axis.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fsdp {
+
+enum class Phase : int { NONE = 0, DATA, FORWARD, BACKWARD, OPTIMIZER, CHECKPOINT, EVALUATION };
+// "none", "data", "forward", "backward", "optimizer", "checkpoint", "evaluation"
+const char* to_string(Phase p);
+
+void set_phase(Phase p);
+Phase current_phase();
+// The training step (the trainer's count; -1 until set).
+void set_step(int64_t step);
+int64_t current_step();
+
+// Sets a phase for a scope and puts the previous one back at its end.
+class PhaseScope {
+ public:
+  explicit PhaseScope(Phase p) : prev_(current_phase()) { set_phase(p); }
+  ~PhaseScope() { set_phase(prev_); }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  Phase prev_;
+};
+
+namespace flight {
+
+// Live counters of one running collective, written by the thread that moves
+// its bytes and read by the heartbeat and the dumps (relaxed atomics).
+struct Progress {
+  enum Waiting : int { NONE = 0, RECEIVE = 1, SEND = 2, READ = 3 };
+  std::atomic<int64_t> recv_done{0}, recv_total{0}, sent_done{0}, send_total{0};
+  std::atomic<int> peer{-1};        // the rank waited on now (-1: none)
+  std::atomic<int> waiting{NONE};   // what for
+  std::atomic<int64_t> moved_ns{0}; // steady_clock ns of the last bytes moved (0: none yet)
+
+  void wait_on(int p, Waiting w) {
+    peer.store(p, std::memory_order_relaxed);
+    waiting.store(w, std::memory_order_relaxed);
+  }
+  void idle() { waiting.store(NONE, std::memory_order_relaxed); }
+  void arrived(int64_t n);
+  void sent(int64_t n);
+};
+const char* to_string(Progress::Waiting w);  // "", "receive", "send", "read"
+
+// One collective as the recorder holds it.
+struct Record {
+  int comm = 0;
+  uint64_t seq = 0;
+  std::string kind, unit, dtype;
+  int64_t numel = 0, bytes = 0;
+  std::string state;  // queued, running, done, failed
+  double enqueued = 0, started = 0, ended = 0;  // wall seconds; 0: not yet
+  int64_t step = -1;
+  std::string phase;
+  int peer = -1;
+  std::string waiting;
+  int64_t recv_done = 0, recv_total = 0, sent_done = 0, send_total = 0;
+  double moved = 0;  // wall seconds of the last bytes moved; 0: none
+  std::string error;
+  nlohmann::json to_json() const;
+};
+
+bool enabled();
+int capacity();
+
+// Recording, by the communicators. enqueue() returns a ticket (0 when
+// recording is off); start() and finish() on a ticket that the ring has
+// since overwritten do nothing. start() returns the counters the transfer
+// updates (never null: a private one when the ticket is gone).
+uint64_t enqueue(int comm, const char* kind, const std::string& unit, const char* dtype, int64_t numel,
+                 int64_t bytes);
+std::shared_ptr<Progress> start(uint64_t ticket, uint64_t seq);
+void finish(uint64_t ticket, const std::string& error = "");
+
+// The recorded collectives, oldest first.
+std::vector<Record> snapshot();
+// The oldest started, unfinished collective (its Record), if any.
+bool in_flight(Record* out);
+
+// Extra JSON under "notes" in every later dump (replaces the key's value).
+void note(const std::string& key, nlohmann::json value);
+// Who this process is (the first communicator sets it).
+void set_identity(int rank, int world);
+// The dump directory when neither dump()'s argument nor FSDP_FLIGHT_DIR says.
+void set_default_dir(const std::string& dir);
+std::string dir();
+// Writes <dir>/flight-rank<R>.json; returns its path ("" when it could not:
+// the reason is written to stderr, never thrown).
+std::string dump(const std::string& reason, const std::string& dir = "");
+// SIGUSR1 -> dump("SIGUSR1") from a thread of its own (idempotent). Only a
+// program that called it has a handler; SIGUSR1 otherwise ends the process.
+void dump_on_signal();
+bool dumps_on_signal();
+
+// The flight-rank*.json files of a directory, by rank (for fsdp report).
+std::vector<nlohmann::json> read_dumps(const std::string& dir);
+
+// The dumps side by side: {"culprit": rank (-1: none named), "headline": the
+// page's first line, "ranks": [{rank, host, pid, reason, step, phase,
+// written, unfinished: [collectives], last, verdict?}]}. The culprit is the
+// rank the survivors' verdicts name most.
+nlohmann::json analyze_dumps(const std::vector<nlohmann::json>& dumps);
+
+// One self-contained HTML page (inline SVG, no script): the culprit and its
+// phase at the top, every rank's last collectives on one time axis, the
+// unfinished ones in red. Throws fsdp::Error when `dumps` is empty or the
+// file cannot be written.
+struct ReportSummary {
+  int ranks = 0;
+  int culprit = -1;
+  int unfinished = 0;   // bars drawn as unfinished
+  std::string headline;
+  int64_t bytes = 0;
+};
+ReportSummary write_report(const std::vector<nlohmann::json>& dumps, const std::string& out_html,
+                           const std::string& title);
+
+}  // namespace flight
+}  // namespace fsdp

@@ -1,0 +1,134 @@
+// fsdp-cpp: heartbeats — which rank is alive, and where — and what a launcher
+// needs to read them.
+//
+// defines: watchdog::Heartbeat, watchdog::Entered, watchdog::Verdict,
+//          watchdog::describe_place, watchdog::key_base, watchdog::StoreHost
+//
+// Every rank of a job with two or more ranks publishes a heartbeat through the
+// rendezvous store (key "<base>hb/<rank>") from a thread of its own, every
+// `interval` seconds (the collective timeout / 5, at most 1 s, at least 50 ms;
+// FSDP_HEARTBEAT_INTERVAL=S sets it): alive (the wall time it was written),
+// the step and phase (fsdp/flight.h), and the collective it is in (sequence
+// number, kind, unit, the peer it waits on, bytes arrived of expected, when
+// bytes last moved). The thread is independent of the compute and
+// communication threads, so a rank busy in its data loader or blocked in a
+// collective still beats; a frozen, dead or cut-off one does not.
+//
+// On a failed collective every surviving rank reads them and classifies each
+// other rank (the error message and the flight recorder's "verdict" note):
+//   silent     no heartbeat for more than 3 x interval: frozen (SIGSTOP, a
+//              debugger, swapping), dead, or cut off from the store
+//   elsewhere  alive, but in another collective or in no collective (its
+//              phase says where: data, checkpoint, ...); both places named
+//   slow       alive, in the same collective, bytes still moving
+//   stuck      alive, in the same collective, no bytes moving (it waits on
+//              someone too: its peer is named)
+// and names the cause: the silent ranks, else the ones elsewhere, else the
+// slow ones. It also writes its verdict to "<base>verdict/<rank>", which
+// `fsdp run` reads to name the cause of a stopped job.
+//
+// Launchers: `fsdp run` hosts the store itself (StoreHost; the ranks get
+// FSDP_STORE_HOSTED=1 and connect to it as clients), so the heartbeats stay
+// readable when rank 0 is the rank that froze.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fsdp::watchdog {
+
+struct Heartbeat {
+  int rank = -1;
+  int64_t pid = 0;
+  std::string host;
+  double time = 0;       // wall seconds when written
+  int64_t beat = 0;      // 1, 2, ... per process
+  double interval = 1;   // seconds between beats
+  bool left = false;     // written once when the rank's last communicator closed cleanly
+  bool dumps_on_signal = false;  // SIGUSR1 dumps the flight recorder (the handler is installed)
+  int64_t step = -1;
+  std::string phase;     // fsdp::to_string(Phase)
+  // The collective it is in (seq 0: none).
+  int comm = 0;          // communicator (the n-th of the process)
+  uint64_t seq = 0;
+  std::string kind, unit;
+  int peer = -1;         // the rank it waits on (-1: none)
+  std::string waiting;   // "", "receive", "send", "read"
+  int64_t recv_done = 0, recv_total = 0;
+  double started = 0, moved = 0;  // wall seconds the collective started / bytes last moved (0: none)
+
+  nlohmann::json to_json() const;
+  static std::optional<Heartbeat> parse(const std::string& text);
+  // Seconds since it was written, by `now` (wall seconds).
+  double age(double now) const { return now - time; }
+};
+
+// The last collective a rank entered (written by the communication thread
+// as it enters each one: exact even for a rank that froze right after).
+struct Entered {
+  int comm = 0;
+  int64_t seq = -1;      // -1: unknown; 0: none yet
+  double time = 0;       // wall seconds
+  int64_t step = -1;
+  std::string phase;
+  std::string what;      // e.g. "all_gather 'blocks.1' (fp32, 1000 elements, 3.91 KiB)"
+};
+
+// One surviving rank's reading of a failed collective.
+struct Verdict {
+  int rank = -1;             // who judged
+  int comm = 0;
+  uint64_t seq = 0;
+  std::string what;          // the collective it failed in
+  std::string kind, unit;
+  int64_t step = -1;
+  std::string phase;
+  bool timed_out = false;
+  std::vector<int> silent, elsewhere, slow, stuck, waited_on;
+  std::vector<int> dead;    // of the silent: their process is gone (this host's /proc, CMA)
+  std::vector<int> desync;  // of the elsewhere: in another collective of the same communicator
+  std::vector<int> culprits;  // silent, else elsewhere, else slow
+  std::string summary;        // the "Cause: ..." line
+  nlohmann::json to_json() const;
+  static std::optional<Verdict> parse(const std::string& text);
+};
+
+// "all_gather 'blocks.1' #86 (step 3, backward)" from a heartbeat's
+// collective, or "no collective (step 3, phase data)".
+std::string describe_place(const Heartbeat& h);
+// "all_gather 'blocks.1' #86 (step 3, backward)" from an Entered.
+std::string describe_place(const Entered& e);
+
+// The prefix of every key of a job: "fsdp/<token>/" ("fsdp/" without one).
+std::string key_base(const std::string& job_token);
+
+// The rendezvous store, served from this process (a launcher). Binds like
+// rank 0's store would (MASTER_ADDR only; see docs/RELIABILITY.md). Reads
+// are local and bounded.
+class StoreHost {
+ public:
+  // Throws fsdp::Error when the port cannot be bound.
+  StoreHost(const std::string& addr, int port, std::chrono::milliseconds timeout);
+  ~StoreHost();
+  StoreHost(const StoreHost&) = delete;
+  StoreHost& operator=(const StoreHost&) = delete;
+
+  int port() const;
+  std::optional<std::string> get(const std::string& key);  // nullopt: absent or unreadable
+  std::optional<Heartbeat> heartbeat(const std::string& base, int rank);
+  // The newest collective the rank entered over its communicators.
+  std::optional<Entered> entered(const std::string& base, int rank);
+  std::optional<Verdict> verdict(const std::string& base, int rank);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fsdp::watchdog
