@@ -326,7 +326,8 @@ void check_budget(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts)
   const auto units = flag_units(a);
   const fsdp::plan::Plan p = gpt_plan(a, run.N, fopts.strategy, units);
   const std::string budget = "--max-memory " + a.max_memory + " (" + format_bytes(limit) + ")";
-  if (a.construct == "eager" && p.P_full > limit)
+  const bool eager_too_big = a.construct == "eager" && p.P_full > limit;
+  if (eager_too_big && p.peak <= limit)
     throw fsdp::Error("this run cannot fit " + budget + ": eager construction builds the whole model on every "
                       "rank before sharding, and its parameters alone are P = " + format_bytes(p.P_full) +
                       " (fp32). Fix: --construct sharded (each rank then holds its shards and one parameter "
@@ -358,6 +359,9 @@ void check_budget(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts)
                     " with " + fsdp::to_string(fopts.strategy) + " is " + format_bytes(p.peak) + " = " + rest_name + " " +
                     format_bytes(rest) + " + unsharded units " + format_bytes(working) + " + activations " +
                     format_bytes(act) + "; the largest term is " + term + ". Fix: " + fix +
+                    (eager_too_big ? "; and --construct sharded: eager construction holds the whole model's "
+                                     "parameters (P = " + format_bytes(p.P_full) + ") on every rank first"
+                                   : std::string()) +
                     " (--no-budget-check runs it anyway, to see where it runs out).");
 }
 
