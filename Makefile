@@ -46,7 +46,7 @@ build: deps-build configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 test: deps build
-	cd $(BUILD) && ctest --output-on-failure -j 1 --timeout 600
+	cd $(BUILD) && ctest --output-on-failure -j 1 --timeout 600 --repeat until-pass:2
 
 tiny: build
 	$(BUILD)/bin/fsdp run -n 2 -- $(BUILD)/bin/tiny
