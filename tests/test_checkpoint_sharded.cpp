@@ -221,10 +221,15 @@ TEST(CheckpointSharded, FlippedByteIsDetectedAndNothingLoaded) {
   std::string bytes = slurp(f);
   bytes[bytes.size() - 3] ^= 0x10;  // in the data of the last tensor
   spit(f, bytes);
-  auto errs = load_expect_fail(root, 3, model, optim_of(model));
+  // Named directly (a root falls back to an older checkpoint, and with none
+  // left says every one is damaged: tests/test_resume_fallback.cpp).
+  auto errs = load_expect_fail(root + "/step-000001", 3, model, optim_of(model));
   EXPECT_TRUE(any_contains(errs, "checksum mismatch")) << errs[0];
   EXPECT_TRUE(any_contains(errs, "rank-00001-of-00002.safetensors"));
   EXPECT_TRUE(any_contains(errs, "failed on rank(s)")) << "ranks that read clean bytes must say who failed";
+  // Through the root: the one checkpoint is damaged, and every rank says so.
+  errs = load_expect_fail(root, 3, model, optim_of(model));
+  for (auto& e : errs) EXPECT_NE(e.find("every one is damaged: step-000001"), std::string::npos) << e;
   EXPECT_FALSE(verify_checkpoint(root).empty());
   // A flipped byte in the header.
   bytes = slurp(f);
