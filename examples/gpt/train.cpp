@@ -249,6 +249,9 @@ fsdp::FsdpOptions fsdp_options(const Args& a) {
   fopts.strategy = fsdp::parse_strategy(a.strategy);
   fopts.wrap = wrap_policy(a.wrap);
   if (a.dtype == "bf16") fopts.mixed_precision.param_dtype = torch::kBFloat16;
+  // --ac: blocks recompute their forward in backward (each is called through fsdp::call).
+  if (const int every = gpt::checkpoint_every(a.ac))
+    fopts.checkpoint = fsdp::CheckpointPolicy::every_kth<gpt::BlockImpl>(every, "Block");
   if (a.prefetch) {
     fopts.backward_prefetch = fsdp::BackwardPrefetch::BACKWARD_PRE;
     fopts.forward_prefetch = true;
@@ -276,6 +279,10 @@ void print_run(const Args& a, const Run& run, const Data& d, const fsdp::FsdpOpt
               "lr %.2e -> %.2e, warmup %lld\n",
               (long long)a.steps, N, (long long)a.batch, (long long)a.accum, (long long)a.cfg.seq,
               (long long)tokens_per_step, a.lr, a.min_lr, (long long)a.warmup);
+  const auto ckpt = model->checkpointed();
+  if (!ckpt.empty())
+    std::printf("activation checkpointing (--ac %s): %zu of %lld blocks recompute their forward in backward\n",
+                a.ac.c_str(), ckpt.size(), (long long)a.cfg.layers);
   std::printf("%s\n", model->describe_units().c_str());
   std::fflush(stdout);
 }
@@ -291,9 +298,10 @@ fsdp::plan::Plan plan_run(const Args& a, const Run& run, const fsdp::FsdpOptions
   po.micro_steps = static_cast<int>(a.accum);
   po.prefetch = a.prefetch ? 1 : 0;
   const int act_bytes = po.param_bytes;
-  auto plan = fsdp::plan::make_plan(fsdp::plan::units_from(model->units()),
-                                    gpt::gpt_activations(shape, act_bytes).total, po,
-                                    gpt::gpt_released(shape, a.wrap, act_bytes));
+  const gpt::ActivationEstimate act = gpt::gpt_activations(shape, act_bytes, a.ac);
+  auto plan = fsdp::plan::make_plan(fsdp::plan::units_from(model->units()), act.total, po,
+                                    gpt::gpt_released(shape, a.wrap, act_bytes, a.ac),
+                                    gpt::gpt_recompute(shape, a.wrap, act_bytes, a.ac));
   if (run.lead) std::printf("%s\n", plan.str().c_str()), std::fflush(stdout);
   return plan;
 }
