@@ -15,6 +15,9 @@
 //   FULL_SHARD | SHARD_GRAD_OP | NO_SHARD
 //     x prefetch off | on      on = backward_prefetch BACKWARD_PRE + forward_prefetch
 //     x fp32 | bf16            bf16 = mixed_precision.param_dtype
+//     x ac off | on            on = FsdpOptions::checkpoint on every block
+//                              (--ac off,on: activation checkpointing's cost
+//                              in step time and what it saves in peak)
 //
 // Measured per configuration, after --warmup steps:
 //   step      each rank times each step (zero_grad .. optimizer step) with no
@@ -63,6 +66,7 @@ struct Variant {
   fsdp::ShardingStrategy strategy = fsdp::ShardingStrategy::FULL_SHARD;
   bool prefetch = false;
   bool bf16 = false;
+  bool ac = false;  // activation checkpointing on every block
 };
 
 struct Settings {
@@ -223,6 +227,7 @@ Measured run_variant(const fsdp::CommPtr& comm, const Settings& s, const Variant
     o.forward_prefetch = true;
   }
   if (v.bf16) o.mixed_precision.param_dtype = torch::kBFloat16;
+  if (v.ac) o.checkpoint = fsdp::CheckpointPolicy::module_type<gpt::BlockImpl>("Block");
   auto model = fsdp::fully_shard(net, comm, o);
   std::vector<size_t> dims;
   for (auto& sh : model->named_shards()) dims.push_back(sh.full_shape.size());
@@ -247,7 +252,7 @@ int main(int argc, char** argv) {
   fsdp::init();  // the counting allocator: the peaks it reports
   CLI::App app("GPT-mini training step under every FSDP configuration, beside compute only", "bench_train");
   Settings s;
-  std::string json_path, strategies = "full,grad-op,none", dtypes = "fp32,bf16", prefetch = "off,on";
+  std::string json_path, strategies = "full,grad-op,none", dtypes = "fp32,bf16", prefetch = "off,on", ac = "off";
   bool no_compute = false;
   app.add_option("--json", json_path, "append one JSON line per configuration to this file");
   app.add_option("--steps", s.steps, "measured steps per configuration and round (median over all)")
@@ -265,6 +270,7 @@ int main(int argc, char** argv) {
   app.add_option("--strategies", strategies, "comma-separated subset of full,grad-op,none");
   app.add_option("--dtypes", dtypes, "comma-separated subset of fp32,bf16");
   app.add_option("--prefetch", prefetch, "comma-separated subset of off,on");
+  app.add_option("--ac", ac, "activation checkpointing of every block: comma-separated subset of off,on");
   app.add_flag("--no-compute", no_compute, "skip the compute-only lower bound");
   int threads = 1;
   app.add_option("--threads", threads, "compute threads per rank (torch::set_num_threads; default 1)")
@@ -289,14 +295,17 @@ int main(int argc, char** argv) {
   std::vector<Variant> variants;
   for (auto& d : split(dtypes))
     if (!no_compute) variants.push_back({"compute " + d, false, fsdp::ShardingStrategy::NO_SHARD, false, d == "bf16"});
+  const auto acs = split(ac);
   for (auto& st : split(strategies))
     for (auto& pf : split(prefetch))
-      for (auto& d : split(dtypes)) {
-        auto strategy = fsdp::parse_strategy(st);
-        char name[64];
-        std::snprintf(name, sizeof name, "%-13s pf=%-3s %s", fsdp::to_string(strategy), pf.c_str(), d.c_str());
-        variants.push_back({name, true, strategy, pf == "on", d == "bf16"});
-      }
+      for (auto& d : split(dtypes))
+        for (auto& a : acs) {
+          auto strategy = fsdp::parse_strategy(st);
+          char name[64];
+          std::snprintf(name, sizeof name, "%-13s pf=%-3s %s%s", fsdp::to_string(strategy), pf.c_str(), d.c_str(),
+                        acs.size() > 1 || a == "on" ? (a == "on" ? " ac" : " -") : "");
+          variants.push_back({name, true, strategy, pf == "on", d == "bf16", a == "on"});
+        }
 
   // The same rows every step: timing does not depend on the data.
   torch::manual_seed(1000 + rank);
@@ -325,8 +334,9 @@ int main(int argc, char** argv) {
     const auto& t = m.traffic;
     const auto& l = m.ledger;
     // The bound: model state at rest (P+G+O)/N, two unsharded units,
-    // the activations. NO_SHARD keeps replicas; its rest is P+G+O.
-    const int64_t bound = v.wrapped ? l.predicted_rest + 2 * l.P_block + l.A : 0;
+    // the activations. NO_SHARD keeps replicas; its rest is P+G+O. With
+    // activation checkpointing A is what forward kept plus one recompute.
+    const int64_t bound = v.wrapped ? l.predicted_rest + 2 * l.P_block + l.A + l.A_recompute : 0;
     double comm_s = 0;
     for (auto& e : t.by_kind) comm_s += e.seconds;
     if (!lead) continue;
@@ -346,6 +356,7 @@ int main(int argc, char** argv) {
                         {"strategy", v.wrapped ? fsdp::to_string(v.strategy) : "compute-only"},
                         {"prefetch", v.prefetch},
                         {"dtype", v.bf16 ? "bf16" : "fp32"},
+                        {"ac", v.ac},
                         {"batch", s.batch},
                         {"seq", s.cfg.seq},
                         {"params", s.cfg.num_params()},
@@ -375,6 +386,7 @@ int main(int argc, char** argv) {
                      {"O", l.O},
                      {"P_block", l.P_block},
                      {"A", l.A},
+                     {"A_recompute", l.A_recompute},
                      {"predicted_rest", l.predicted_rest},
                      {"predicted_peak", l.predicted_peak},
                      {"bound_rest_2pblock_a", bound},

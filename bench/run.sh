@@ -71,6 +71,16 @@ run_bench_threads() {
     --steps "$BENCH_STEPS" --json "$RUN_DIR/bench_threads.jsonl"
 }
 
+# Activation checkpointing: the same FULL_SHARD step (prefetch on) with and
+# without --ac block, fp32 and bf16, at N=2 and batch 8 (GPT-mini's A of
+# docs/GUIDE.md); the four configurations alternate in every round and each
+# figure is the median over all rounds' steps: the step-time cost beside the
+# peak it saves.
+run_bench_ac() {
+  "$BIN/fsdp" run -n 2 -- "$BIN/bench_train" --strategies full --prefetch on --dtypes fp32,bf16 --ac off,on \
+    --no-compute --batch 8 --steps "$BENCH_STEPS" --rounds "$BENCH_ROUNDS" --json "$RUN_DIR/bench_ac.jsonl"
+}
+
 # The peers on the same model, batch and threads: PyTorch DDP and DDP + ZeRO.
 run_peers() {
   if ! "$PYTHON" -c 'import torch.distributed' 2>/dev/null; then
@@ -96,7 +106,7 @@ run_bench_flight() {
   done
 }
 
-BENCHES=${BENCHES:-"bench_single bench_comm bench_train bench_threads bench_flight peers"}
+BENCHES=${BENCHES:-"bench_single bench_comm bench_train bench_threads bench_flight bench_ac peers"}
 
 # The machine must be quiet for a figure to mean anything. Before each
 # section (when none of ours runs) the CPU time that every process of the
@@ -129,7 +139,7 @@ record_load() {  # section, when
 status=0
 for b in $BENCHES; do
   bin=$b
-  case $b in bench_threads | bench_single) bin=bench_train ;; esac
+  case $b in bench_threads | bench_single | bench_ac) bin=bench_train ;; esac
   if [ "$b" != peers ] && [ ! -x "$BIN/$bin" ]; then
     echo "bench/run.sh: $BIN/$bin is missing; build first (make build)" >&2
     status=1
@@ -146,7 +156,7 @@ done
 echo "bench/run.sh: results appended to $BENCH_JSON"
 
 # Side by side, and the ratios of issue 6.
-if ls "$RUN_DIR"/bench_train.jsonl "$RUN_DIR"/bench_single.jsonl >/dev/null 2>&1; then
+if ls "$RUN_DIR"/bench_train.jsonl "$RUN_DIR"/bench_single.jsonl >/dev/null 2>&1 || [ -e "$RUN_DIR"/bench_ac.jsonl ]; then
   echo "== summary"
   BENCH_MAX_BUSY=$BENCH_MAX_BUSY "$PYTHON" - "$RUN_DIR" "$RESULTS" <<'EOF' || status=1
 import json, os, sys
@@ -160,6 +170,7 @@ def lines(name):
 train, peers, comm = lines("bench_train.jsonl"), lines("peers.jsonl"), lines("bench_comm.jsonl")
 threads2 = lines("bench_threads.jsonl")
 single, single_peer, loads = lines("bench_single.jsonl"), lines("single_peer.jsonl"), lines("load.jsonl")
+ac_rows = lines("bench_ac.jsonl")
 
 def median(v):
     v = sorted(v)
@@ -265,6 +276,27 @@ for n in worlds:
         if r:
             R["peak_over_bound_N%d_%s" % (n, dt)] = r["ledger"]["peak_over_bound"]
             R["peak_over_predicted_N%d_%s" % (n, dt)] = r["ledger"]["peak_over_predicted"]
+# Activation checkpointing: step time and peak with --ac block over without,
+# side by side (same run, alternating rounds, medians).
+def ac_row(n, dtype, ac):
+    return next((r for r in ac_rows if r["world"] == n and r["dtype"] == dtype and r.get("ac") == ac), None)
+if ac_rows:
+    print("activation checkpointing (FULL_SHARD, prefetch on, batch %d): step ms (median over %d rounds), peak MiB "
+          "(counting allocator), the ledger's A" % (ac_rows[0]["batch"], ac_rows[0]["rounds"]))
+    print("  %4s %5s %10s %10s %8s %10s %10s %8s %10s %10s" % ("N", "dtype", "step off", "step on", "ratio",
+                                                             "peak off", "peak on", "ratio", "A off", "A on"))
+for n in sorted({r["world"] for r in ac_rows}):
+    for dt in ("fp32", "bf16"):
+        off, on = ac_row(n, dt, False), ac_row(n, dt, True)
+        if not (off and on):
+            continue
+        st, pk = on["step_s_median"] / off["step_s_median"], on["peak_bytes"] / off["peak_bytes"]
+        R["ac_step_over_no_ac_N%d_%s" % (n, dt)] = st
+        R["ac_peak_over_no_ac_N%d_%s" % (n, dt)] = pk
+        R["ac_peak_saved_bytes_N%d_%s" % (n, dt)] = off["peak_bytes"] - on["peak_bytes"]
+        print("  %4d %5s %10.1f %10.1f %8.3f %10.1f %10.1f %8.3f %10.1f %10.1f" % (
+            n, dt, off["step_s_median"] * 1e3, on["step_s_median"] * 1e3, st, off["peak_bytes"] / 2**20,
+            on["peak_bytes"] / 2**20, pk, off["ledger"]["A"] / 2**20, on["ledger"]["A"] / 2**20))
 for c in comm:
     n = c["world"]
     for x in c["rows"]:
@@ -309,7 +341,7 @@ busy = [l for l in loads if l.get("busy_cores") is not None and
         l["busy_cores"] >= float(os.environ.get("BENCH_MAX_BUSY", "0.25"))]
 res["busy"] = bool(busy)
 res["runs"] = {"bench_train": train, "peers": peers, "bench_comm": comm, "bench_threads": threads2,
-               "bench_single": single, "single_peer": single_peer}
+               "bench_single": single, "single_peer": single_peer, "bench_ac": ac_rows}
 with open(out, "w") as f:
     json.dump(res, f, indent=1)
 print("before each section, cores busy with other work (/proc/stat over 1 s) / the 1-min load average: " +

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 #include "fsdp/checkpoint.h"
 #include "test_util.h"
@@ -152,6 +153,49 @@ TEST(GptCli, PlanBeforeStepOneMatchesTheMeasuredRun) {
     EXPECT_NEAR(peak_ratio, 1.0, 0.12) << strategy << ": " << lines[0];
     EXPECT_NEAR(traffic_ratio, 1.0, 0.01) << strategy << ": " << lines[0];
   }
+  fs::remove_all(d);
+}
+
+// --ac: activation checkpointing of the blocks trains the same (the loss
+// lines are equal to --ac none's), the planner's peak with recomputation is
+// within 10% of the measured one, and the peak is lower.
+TEST(GptCli, ActivationCheckpointingTrainsTheSameAndThePlanKnowsIt) {
+  const std::string d = temp_dir("ac");
+  std::ofstream(d + "/t.txt") << std::string(4000, 'x') << "the quick brown fox jumps over the lazy dog\n";
+  std::map<std::string, std::vector<std::string>> losses;
+  std::map<std::string, double> peaks;
+  for (const char* ac : {"none", "block", "every:2"}) {
+    auto r = run_command({bin_path("fsdp"), "run", "-n", "2", "--", bin_path("gpt"), "--text", d + "/t.txt",
+                          "--steps", "3", "--layers", "3", "--dim", "64", "--heads", "2", "--seq", "64", "--batch",
+                          "4", "--eval-every", "0", "--log-every", "1", "--no-progress", "--straggler-factor", "0",
+                          "--ac", ac, "--plan"},
+                         {}, 120);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (auto& l : fsdp::testing::lines_with(r.output, "[rank 0] step "))
+      if (l.find("| loss ") != std::string::npos) losses[ac].push_back(l.substr(0, l.find(" | lr")));
+    if (std::string(ac) != "none")
+      EXPECT_EQ(fsdp::testing::lines_with(r.output, std::string("activation checkpointing (--ac ") + ac + "): " +
+                                                       (std::string(ac) == "block" ? "3" : "2") + " of 3 blocks")
+                    .size(),
+                1u)
+          << r.output;
+    auto lines = fsdp::testing::lines_with(r.output, "plan vs measured (rank 0)");
+    ASSERT_EQ(lines.size(), 1u) << r.output;
+    auto p = lines[0].find(" measured (", lines[0].find("peak "));
+    ASSERT_NE(p, std::string::npos) << lines[0];
+    EXPECT_NEAR(std::stod(lines[0].substr(p + 11)), 1.0, 0.10) << ac << ": " << lines[0];
+    // "... predicted, 3.52 MiB measured": in bytes.
+    std::istringstream measured(lines[0].substr(lines[0].find("predicted, ") + 11));
+    double v = 0;
+    std::string unit;
+    measured >> v >> unit;
+    peaks[ac] = v * (unit == "GiB" ? 1 << 30 : unit == "MiB" ? 1 << 20 : unit == "KiB" ? 1 << 10 : 1);
+  }
+  EXPECT_EQ(losses["none"].size(), 3u);
+  EXPECT_EQ(losses["block"], losses["none"]);
+  EXPECT_EQ(losses["every:2"], losses["none"]);
+  EXPECT_LT(peaks["block"], peaks["every:2"]);
+  EXPECT_LT(peaks["every:2"], peaks["none"]);
   fs::remove_all(d);
 }
 

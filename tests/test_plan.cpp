@@ -109,6 +109,50 @@ TEST(Plan, LedgerAndTrafficExactForTwoRanks) {
   EXPECT_EQ(p.traffic.total(), p.full_shard.total());
 }
 
+// Activation checkpointing: blocks keep their input, the worst recompute
+// becomes a moment of its own; --ac parses.
+TEST(Plan, ActivationCheckpointingKeepsInputsAndAddsTheRecomputeMoment) {
+  GptShape s;  // L=6 d=256 T=128 B=8 V=256 h=4
+  EXPECT_EQ(gpt::checkpoint_every("none"), 0);
+  EXPECT_EQ(gpt::checkpoint_every("block"), 1);
+  EXPECT_EQ(gpt::checkpoint_every("every:3"), 3);
+  for (const char* bad : {"every:0", "every:", "every:x", "blocks", "every:-1", "every:99999999"})
+    EXPECT_THROW(gpt::checkpoint_every(bad), fsdp::UsageError) << bad;
+  const auto none = gpt_activations(s, 4), all = gpt_activations(s, 4, "block"), half = gpt_activations(s, 4, "every:2");
+  const int64_t BTd = 8 * 128 * 256 * 4;
+  EXPECT_EQ(none.checkpointed, 0);
+  EXPECT_EQ(none.at_recompute, 0);
+  EXPECT_EQ(all.checkpointed, 6);
+  EXPECT_EQ(half.checkpointed, 3);  // blocks 0, 2, 4
+  EXPECT_EQ(all.saved_per_checkpointed, BTd + 5056);
+  EXPECT_EQ(none.total - all.total, 6 * (none.per_block - all.saved_per_checkpointed));
+  EXPECT_EQ(none.total - half.total, 3 * (none.per_block - half.saved_per_checkpointed));
+  // The first recompute (block 5): six kept inputs and block 5 again.
+  EXPECT_EQ(all.at_recompute, 6 * all.saved_per_checkpointed + all.during_recompute);
+  // every:2: block 4 recomputes first; blocks 1 and 3 kept everything.
+  EXPECT_EQ(half.at_recompute, 3 * half.saved_per_checkpointed + 2 * half.per_block + half.during_recompute);
+  EXPECT_EQ(gpt::gpt_recompute(s, "block", 4, "none").activation_bytes, 0);
+  const auto rec = gpt::gpt_recompute(s, "block", 4, "block");
+  EXPECT_EQ(rec.activation_bytes, all.at_recompute);
+  EXPECT_EQ(rec.grad_bytes, -1);
+  // Planned: the recompute is the peak, with the root's gradient beside it.
+  Plan plain = make_plan(gpt_units(s, "block"), none.total, opts(2), gpt_released(s, "block"));
+  Plan ac = make_plan(gpt_units(s, "block"), all.total, opts(2), gpt_released(s, "block", 4, "block"), rec);
+  EXPECT_EQ(ac.peak_at, "recompute");
+  EXPECT_EQ(ac.A, all.at_recompute);
+  EXPECT_EQ(ac.A_start, all.total);
+  EXPECT_EQ(ac.recompute_grad, 164608 * 4);
+  EXPECT_EQ(ac.working, 164608 * 4 + 789760 * 4 + 164608 * 4);
+  EXPECT_EQ(ac.peak, ac.rest + ac.working + ac.A);
+  EXPECT_LT(ac.peak, plain.peak);
+  EXPECT_EQ(ac.traffic.total(), plain.traffic.total());  // recomputing gathers nothing more
+  // One unit: the recompute where the gradients so far and the activations add up most.
+  const auto one = gpt::gpt_recompute(s, "none", 4, "block");
+  EXPECT_GT(one.grad_bytes, 0);
+  Plan ac1 = make_plan(gpt_units(s, "none"), all.total, opts(2), gpt_released(s, "none", 4, "block"), one);
+  EXPECT_EQ(ac1.recompute_grad, one.grad_bytes);
+}
+
 TEST(Plan, PaddingToMultiplesOfNForThreeRanks) {
   GptShape s;
   Plan p = make_plan(gpt_units(s, "block"), 0, opts(3));

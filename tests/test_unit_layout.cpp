@@ -4,6 +4,8 @@
 // wrap description (src/wrap/wrap.h), run on module trees without a
 // communicator.
 #include <gtest/gtest.h>
+
+#include <functional>
 #include <torch/torch.h>
 
 #include <string>
@@ -283,6 +285,42 @@ TEST(UnitTransitions, AnIllegalTransitionIsAnInternalErrorNamingTheUnitAndBothSt
   u->wait_for_unshard();
   EXPECT_EQ(u->state(), fsdp::detail::UnitState::UNSHARDED);
   u->reshard();
+  u->reshard();
+  EXPECT_EQ(u->state(), fsdp::detail::UnitState::SHARDED);
+}
+
+// Activation checkpointing's transitions: a recompute starts only in
+// BACKWARD on the backward's all-gather (never gathering again), and the
+// unit refuses to reshard while it recomputes.
+TEST(UnitTransitions, RecomputeNeedsTheBackwardGatherAndForbidsResharding) {
+  Tree tree;
+  FsdpOptions o;
+  o.wrap = WrapPolicy::module_type<LeafImpl>("Leaf");
+  auto model = fully_shard(tree, make_local_communicator(), o);
+  fsdp::detail::Unit* u = fsdp::detail::unit_of(tree->blocks[1].get());
+  ASSERT_NE(u, nullptr);
+  auto expect_internal = [](const std::function<void()>& f, const std::string& what) {
+    try {
+      f();
+      ADD_FAILURE() << "expected an internal error: " << what;
+    } catch (const fsdp::InternalError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_internal([&] { u->begin_recompute(); }, "begin_recompute in state IDLE, expected BACKWARD");
+  ASSERT_TRUE(u->pre_backward([] {}));  // gathers
+  EXPECT_EQ(u->state(), fsdp::detail::UnitState::UNSHARDED);
+  u->reshard();
+  expect_internal([&] { u->begin_recompute(); }, "begin_recompute in state SHARDED, expected UNSHARDED");
+  u->unshard();
+  u->wait_for_unshard();
+  u->begin_recompute();
+  EXPECT_TRUE(u->recomputing());
+  expect_internal([&] { u->reshard(); }, "reshard in state UNSHARDED, recomputing, expected not recomputing");
+  EXPECT_EQ(u->state(), fsdp::detail::UnitState::UNSHARDED);
+  u->end_recompute();
+  EXPECT_FALSE(u->recomputing());
+  expect_internal([&] { u->end_recompute(); }, "end_recompute in state not recomputing");
   u->reshard();
   EXPECT_EQ(u->state(), fsdp::detail::UnitState::SHARDED);
 }

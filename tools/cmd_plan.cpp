@@ -25,7 +25,7 @@ using gpt::gpt_units;
 using gpt::GptShape;
 
 int cmd_plan(int argc, char** argv) {
-  std::string model = "gpt", strategy = "full", wrap = "block", dtype = "fp32", optimizer = "adam";
+  std::string model = "gpt", strategy = "full", wrap = "block", dtype = "fp32", optimizer = "adam", ac = "none";
   std::string budget_text, bandwidth_text, intra_text, inter_text;
   GptShape s;
   int world = 2, micro_steps = 1, prefetch = 0, hosts = 1, shard_group = 0;
@@ -53,6 +53,9 @@ int cmd_plan(int argc, char** argv) {
   app.add_option("--inter-bw", inter_text, "link rate of one host to the others, e.g. 1Gbit/s");
   app.add_option("--wrap", wrap, "block|none|size:N (N parameters)")->capture_default_str();
   app.add_option("--dtype", dtype, "compute / communication dtype: fp32|bf16")->capture_default_str();
+  app.add_option("--ac", ac,
+                 "activation checkpointing: none|block|every:K (blocks keep their input and recompute in backward)")
+      ->capture_default_str();
   app.add_option("--optimizer", optimizer, "adam|sgd (with momentum)|sgd-plain")->capture_default_str();
   app.add_option("--micro-steps", micro_steps, "gradient accumulation steps per optimizer step")
       ->capture_default_str()
@@ -124,6 +127,7 @@ int cmd_plan(int argc, char** argv) {
     if (!chosen && budget <= 0)
       throw fsdp::UsageError("--strategy auto needs --budget (e.g. --budget 2GiB) to decide.");
     gpt_units(s, wrap);  // checks --wrap
+    gpt::checkpoint_every(ac);  // checks --ac
   } catch (const fsdp::UsageError&) {
     throw;
   } catch (const fsdp::Error& e) {
@@ -132,7 +136,7 @@ int cmd_plan(int argc, char** argv) {
   if (measure) o.bandwidth = measure_loopback_bandwidth();
   if (!bandwidth_text.empty()) o.bandwidth = parse_bandwidth(bandwidth_text);
 
-  ActivationEstimate act = gpt_activations(s, o.param_bytes);
+  ActivationEstimate act = gpt_activations(s, o.param_bytes, ac);
   char head[256];
   std::snprintf(head, sizeof head, "GPT-mini L=%lld d=%lld h=%lld V=%lld T=%lld, batch %lld per rank: %.3f M parameters\n",
                 (long long)s.layers, (long long)s.dim, (long long)s.heads, (long long)s.vocab, (long long)s.seq,
@@ -146,7 +150,8 @@ int cmd_plan(int argc, char** argv) {
   Plan plan;
   if (chosen) {
     o.strategy = *chosen;
-    plan = make_plan(gpt_units(s, wrap), act.total, o, gpt_released(s, wrap, o.param_bytes));
+    plan = make_plan(gpt_units(s, wrap), act.total, o, gpt_released(s, wrap, o.param_bytes, ac),
+                     gpt::gpt_recompute(s, wrap, o.param_bytes, ac));
     text += plan.str();
     j["plan"] = nlohmann::json::parse(plan.to_json());
     j["wrap"] = wrap;
@@ -163,7 +168,7 @@ int cmd_plan(int argc, char** argv) {
                   {"recommended", fsdp::to_string(tiers.best)}, {"why", tiers.why}};
   }
   if (budget > 0) {
-    Recommendation r = recommend(gpt_candidates(s, o.param_bytes), act.total, o, budget);
+    Recommendation r = recommend(gpt_candidates(s, o.param_bytes, ac), act.total, o, budget);
     std::string verdict = std::string(r.fits ? "recommended: " : "closest (does NOT fit): ") +
                           fsdp::to_string(r.strategy) + " with --wrap " + r.wrap;
     if (!chosen) {
@@ -178,7 +183,10 @@ int cmd_plan(int argc, char** argv) {
   j["model"] = {{"family", "gpt"}, {"layers", s.layers}, {"dim", s.dim}, {"heads", s.heads}, {"vocab", s.vocab},
                 {"seq", s.seq}, {"batch", s.batch}, {"num_params", s.num_params()}};
   j["activations"] = {{"total", act.total}, {"per_block", act.per_block}, {"attention", act.attention},
-                      {"head", act.head}, {"backward_transient", act.backward_transient}};
+                      {"head", act.head}, {"backward_transient", act.backward_transient},
+                      {"checkpointed", act.checkpointed}, {"saved_per_checkpointed", act.saved_per_checkpointed},
+                      {"at_recompute", act.at_recompute}};
+  j["ac"] = ac;
   if (as_json)
     std::printf("%s\n", j.dump(2).c_str());
   else

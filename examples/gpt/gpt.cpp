@@ -23,6 +23,7 @@
 #include "fsdp/init.h"
 #include "fsdp/memory.h"
 #include "fsdp/memory.h"
+#include "gpt/plan_gpt.h"
 #include "gpt/train.h"
 
 namespace {
@@ -79,6 +80,9 @@ bool parse_args(int argc, char** argv, Args& a) {
                                  "and compare its peak and traffic with the measured ones at the end");
   app.add_flag("--prefetch,!--no-prefetch", a.prefetch,
                "overlap: all-gather the next unit early (backward PRE + forward prefetch; default on)");
+  app.add_option("--ac", a.ac,
+                 "activation checkpointing: none | block (every transformer block keeps only its input and "
+                 "runs its forward again in backward) | every:K (every K-th block: the 1st, the K+1-th, ...)");
   app.add_option("--dtype", a.dtype, "fp32 | bf16 (bf16: all-gather and compute in bf16, fp32 master shards)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--seed", a.seed, "initialisation seed (same on every rank) and shuffle seed")
@@ -152,6 +156,11 @@ bool parse_args(int argc, char** argv, Args& a) {
     const std::string n = a.wrap.substr(5);
     if (n.empty() || n.size() > 15 || n.find_first_not_of("0123456789") != std::string::npos || std::stoll(n) <= 0)
       usage_error("--wrap '" + a.wrap + "': expected size:N with N a positive parameter count, e.g. size:100000");
+  }
+  try {
+    gpt::checkpoint_every(a.ac);
+  } catch (const fsdp::Error& e) {
+    usage_error(e.what());
   }
   if (a.straggler_factor > 0 && !(a.straggler_factor > 1))
     usage_error("--straggler-factor " + std::to_string(a.straggler_factor) +

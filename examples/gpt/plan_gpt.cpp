@@ -107,17 +107,39 @@ std::vector<UnitSpec> gpt_units(const GptShape& s, const std::string& wrap) {
   throw fsdp::UsageError("--wrap: expected block|none|size:N, found '" + wrap + "'");
 }
 
-int64_t gpt_released(const GptShape& s, const std::string& wrap, int act_bytes) {
-  const ActivationEstimate e = gpt_activations(s, act_bytes);
+int checkpoint_every(const std::string& ac) {
+  if (ac == "none") return 0;
+  if (ac == "block") return 1;
+  if (ac.rfind("every:", 0) == 0) {
+    const std::string k = ac.substr(6);
+    if (!k.empty() && k.size() <= 7 && k.find_first_not_of("0123456789") == std::string::npos && std::stoi(k) >= 1)
+      return std::stoi(k);
+  }
+  throw fsdp::UsageError("--ac '" + ac +
+                         "': expected none, block (every transformer block recomputes) or every:K with K >= 1 "
+                         "(every K-th block), e.g. every:2");
+}
+
+namespace {
+bool is_checkpointed(int64_t block, int every) { return every > 0 && block % every == 0; }
+}  // namespace
+
+int64_t gpt_released(const GptShape& s, const std::string& wrap, int act_bytes, const std::string& ac) {
+  const ActivationEstimate e = gpt_activations(s, act_bytes, ac);
   if (wrap == "none") return e.total;
-  if (wrap == "block") return e.per_block + e.head;
+  if (wrap == "block") {
+    const bool last_ckpt = s.layers > 0 && is_checkpointed(s.layers - 1, checkpoint_every(ac));
+    return (last_ckpt ? e.saved_per_checkpointed : e.per_block) + e.head;
+  }
   return e.head;  // size-based: the last unit is a Linear of the last block
 }
 
-std::vector<Candidate> gpt_candidates(const GptShape& s, int act_bytes) {
+std::vector<Candidate> gpt_candidates(const GptShape& s, int act_bytes, const std::string& ac) {
   const int64_t d = s.dim;
   std::vector<Candidate> c;
-  auto add = [&](const std::string& w) { c.push_back({w, gpt_units(s, w), gpt_released(s, w, act_bytes)}); };
+  auto add = [&](const std::string& w) {
+    c.push_back({w, gpt_units(s, w), gpt_released(s, w, act_bytes, ac), gpt_recompute(s, w, act_bytes, ac)});
+  };
   add("none");
   add("block");
   // Finer: split each block into its large Linear layers. 3d^2 wraps qkv, fc,
@@ -126,7 +148,7 @@ std::vector<Candidate> gpt_candidates(const GptShape& s, int act_bytes) {
   return c;
 }
 
-ActivationEstimate gpt_activations(const GptShape& s, int a) {
+ActivationEstimate gpt_activations(const GptShape& s, int a, const std::string& ac) {
   const int64_t B = s.batch, T = s.seq, d = s.dim, h = s.heads, V = s.vocab;
   const int64_t BTd = B * T * d, BT = B * T;
   ActivationEstimate e;
@@ -146,7 +168,62 @@ ActivationEstimate gpt_activations(const GptShape& s, int a) {
   // When backward starts: nll_loss's and log_softmax's gradients [B*T,V].
   e.backward_transient = 2 * BT * V * 4;
   e.total = s.layers * e.per_block + e.head + embed + e.backward_transient;
+  const int every = checkpoint_every(ac);
+  if (every == 0 || s.layers == 0) return e;
+  // Activation checkpointing (src/unit/checkpoint.cpp): a checkpointed block
+  // keeps its input and the CPU generator's state (mt19937: 5056 bytes).
+  constexpr int64_t kRngState = 5056;
+  e.saved_per_checkpointed = BTd * a + kRngState;
+  int64_t kept = 0, kept_to_first = 0;  // every block's; the blocks up to the first to recompute
+  const int64_t first = (s.layers - 1) / every * every;  // the last checkpointed block in forward
+  for (int64_t i = 0; i < s.layers; ++i) {
+    const bool c = is_checkpointed(i, every);
+    e.checkpointed += c;
+    kept += c ? e.saved_per_checkpointed : e.per_block;
+    if (i <= first) kept_to_first += c ? e.saved_per_checkpointed : e.per_block;
+  }
+  e.total = kept + e.head + embed + e.backward_transient;
+  // The block's backward beyond its own activations: the gradient of the
+  // attention scores [B,h,T,T] and a few [B,T,d] gradients in flight.
+  e.recompute_transient = e.attention + 3 * BTd * a;
+  e.during_recompute = e.per_block + e.recompute_transient + BT * V * a + embed + BTd * a;
+  // While it recomputes: the kept bytes up to it, its activations, its
+  // backward's transients, the logits the caller holds and the gradient
+  // [B,T,d] coming into it.
+  e.at_recompute = kept_to_first + e.during_recompute;
   return e;
+}
+
+fsdp::plan::Recompute gpt_recompute(const GptShape& s, const std::string& wrap, int a, const std::string& ac) {
+  const ActivationEstimate e = gpt_activations(s, a, ac);
+  const int every = checkpoint_every(ac);
+  if (e.checkpointed == 0) return {};
+  if (wrap != "none") {
+    // The first recompute is the last checkpointed block; what the next
+    // one finds freed: the kept bytes of the blocks from it up to the first.
+    const int64_t first = (s.layers - 1) / every * every;
+    if (first < every) return {e.at_recompute, -1, -1};
+    int64_t released = 0;
+    for (int64_t i = first - every + 1; i <= first; ++i)
+      released += is_checkpointed(i, every) ? e.saved_per_checkpointed : e.per_block;
+    return {e.at_recompute, -1, released};
+  }
+  // One unit: every gradient stays until its reduce at the end, so the
+  // moment to find is where the gradients of what follows block j (the
+  // blocks after it, the final LayerNorm, the head) and the activations
+  // while j recomputes add up to the most.
+  const int64_t d = s.dim, block_numel = 12 * d * d + 13 * d, head_numel = 2 * d + s.vocab * d + s.vocab;
+  fsdp::plan::Recompute best;
+  int64_t kept_below = 0;  // blocks before j: what they kept
+  for (int64_t j = 0; j < s.layers; ++j) {
+    if (is_checkpointed(j, every)) {
+      const int64_t act = kept_below + e.saved_per_checkpointed + e.during_recompute;
+      const int64_t grads = (head_numel + (s.layers - 1 - j) * block_numel) * a;
+      if (act + grads > best.activation_bytes + best.grad_bytes) best = {act, grads, -1};
+    }
+    kept_below += is_checkpointed(j, every) ? e.saved_per_checkpointed : e.per_block;
+  }
+  return best;
 }
 
 std::string ActivationEstimate::str() const {
@@ -154,6 +231,10 @@ std::string ActivationEstimate::str() const {
   os << "per block " << fsdp::memory::format_bytes(per_block) << " (of which attention [B,h,T,T] "
      << fsdp::memory::format_bytes(attention) << "), head " << fsdp::memory::format_bytes(head)
      << ", backward start " << fsdp::memory::format_bytes(backward_transient);
+  if (checkpointed > 0)
+    os << "; activation checkpointing: " << checkpointed << " block(s) keep "
+       << fsdp::memory::format_bytes(saved_per_checkpointed) << " each (their input), "
+       << fsdp::memory::format_bytes(at_recompute) << " alive during the first recompute";
   return os.str();
 }
 

@@ -1,8 +1,8 @@
 // GPT-mini for the planner: its units and activations from its flags, so
 // `fsdp plan --model gpt` and the trainer's --plan need no model built.
 //
-// defines: gpt::GptShape, gpt::gpt_units, gpt::ActivationEstimate,
-//          gpt::gpt_activations, gpt::gpt_candidates, gpt::gpt_released
+// defines: gpt::GptShape, gpt::gpt_units, gpt::ActivationEstimate, gpt::checkpoint_every,
+//          gpt::gpt_activations, gpt::gpt_recompute, gpt::gpt_candidates, gpt::gpt_released
 //
 // The model is docs/GPT_MINI.md (examples/gpt/model.h); the formulas it feeds
 // are the library's planner (fsdp/plan.h), which knows nothing of GPT.
@@ -37,22 +37,46 @@ std::vector<UnitSpec> gpt_units(const GptShape& s, const std::string& wrap);
 // GELU input and the causal mask; at the end the final LayerNorm, the head's
 // input, log_softmax's output and the logits [B,T,V] the caller holds; plus
 // the two [B,T,V] gradients that exist when backward starts.
+//
+// With activation checkpointing (--ac block | every:K) a checkpointed block
+// keeps only its input [B,T,d] and the CPU generator's state; in backward
+// its forward runs again, so while the first checkpointed block (the last
+// one in forward) recomputes, the activations alive are every block's kept
+// bytes up to it, its recomputed activations and the transient gradients
+// of its backward, the logits and the gradient coming into the block.
 struct ActivationEstimate {
   int64_t per_block = 0;      // bytes saved by one block
   int64_t attention = 0;      // of which the softmax output [B,h,T,T]
   int64_t head = 0;           // final LayerNorm, head input, log_softmax, logits
   int64_t backward_transient = 0;
-  int64_t total = 0;          // L*per_block + head + embeddings + transient
+  int64_t checkpointed = 0;   // blocks that recompute (0 without activation checkpointing)
+  int64_t saved_per_checkpointed = 0;  // what one of them keeps: its input and the generator's state
+  int64_t recompute_transient = 0;     // a block's backward beyond its activations (gradients in flight)
+  int64_t during_recompute = 0;        // alive beside the kept bytes while one block recomputes
+  int64_t at_recompute = 0;   // alive during the first recompute (0 without activation checkpointing)
+  int64_t total = 0;          // what forward keeps: L*per_block + head + embeddings + transient
+                              // (a checkpointed block: saved_per_checkpointed instead of per_block)
   std::string str() const;
 };
-ActivationEstimate gpt_activations(const GptShape& s, int act_bytes = 4);
+// --ac: none -> 0, block -> 1, every:K -> K (the 1st, the K+1-th, ... block
+// recompute). Throws fsdp::UsageError for anything else.
+int checkpoint_every(const std::string& ac);
+ActivationEstimate gpt_activations(const GptShape& s, int act_bytes = 4, const std::string& ac = "none");
+
+// The worst recompute of backward (make_plan's Recompute) for a wrapping:
+// with units per block (or finer) the first recompute, the root's gradient
+// beside it; with one unit the recompute where activations and the
+// gradients computed so far (blocks after it, the head) add up to the most.
+// {} without activation checkpointing.
+fsdp::plan::Recompute gpt_recompute(const GptShape& s, const std::string& wrap, int act_bytes = 4,
+                                    const std::string& ac = "none");
 
 // Wrappings to try for GPT, coarse to fine: none, block, then size-based
 // thresholds that split blocks into their Linear layers.
-std::vector<Candidate> gpt_candidates(const GptShape& s, int act_bytes = 4);
+std::vector<Candidate> gpt_candidates(const GptShape& s, int act_bytes = 4, const std::string& ac = "none");
 // Activations freed before the second unit's backward for a GPT wrapping:
-// the last block's and the head's with one unit per block, the head's with a
-// size-based wrapping, everything (the whole A) with one unit.
-int64_t gpt_released(const GptShape& s, const std::string& wrap, int act_bytes = 4);
+// the last block's (what it kept) and the head's with one unit per block,
+// the head's with a size-based wrapping, everything (the whole A) with one unit.
+int64_t gpt_released(const GptShape& s, const std::string& wrap, int act_bytes = 4, const std::string& ac = "none");
 
 }  // namespace gpt

@@ -255,6 +255,9 @@ fsdp::FsdpOptions fsdp_options(const Args& a) {
   fopts.wrap = wrap_policy(a.wrap);
   if (a.dtype == "bf16") fopts.mixed_precision.param_dtype = torch::kBFloat16;
   fopts.shard_group_size = a.shard_group;
+  // --ac: blocks recompute their forward in backward (each is called through fsdp::call).
+  if (const int every = gpt::checkpoint_every(a.ac))
+    fopts.checkpoint = fsdp::CheckpointPolicy::every_kth<gpt::BlockImpl>(every, "Block");
   if (a.prefetch) {
     fopts.backward_prefetch = fsdp::BackwardPrefetch::BACKWARD_PRE;
     fopts.forward_prefetch = true;
@@ -308,8 +311,9 @@ fsdp::plan::Plan gpt_plan(const Args& a, int N, fsdp::ShardingStrategy strategy,
   po.micro_steps = static_cast<int>(a.accum);
   po.prefetch = a.prefetch ? 1 : 0;
   const int act_bytes = po.param_bytes;
-  return fsdp::plan::make_plan(units, gpt::gpt_activations(shape, act_bytes).total, po,
-                               gpt::gpt_released(shape, a.wrap, act_bytes));
+  return fsdp::plan::make_plan(units, gpt::gpt_activations(shape, act_bytes, a.ac).total, po,
+                               gpt::gpt_released(shape, a.wrap, act_bytes, a.ac),
+                               gpt::gpt_recompute(shape, a.wrap, act_bytes, a.ac));
 }
 
 std::vector<fsdp::plan::UnitSpec> flag_units(const Args& a) {
@@ -380,6 +384,10 @@ void print_run(const Args& a, const Run& run, const Data& d, const fsdp::FsdpOpt
   if (model->replica_group())
     std::printf("hybrid: shard groups of %d ranks, %d replicas (gradients all-reduced across them)\n",
                 model->shard_group()->world_size(), model->replica_group()->world_size());
+  const auto ckpt = model->checkpointed();
+  if (!ckpt.empty())
+    std::printf("activation checkpointing (--ac %s): %zu of %lld blocks recompute their forward in backward\n",
+                a.ac.c_str(), ckpt.size(), (long long)a.cfg.layers);
   std::printf("%s\n", model->describe_units().c_str());
   std::fflush(stdout);
 }

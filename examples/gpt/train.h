@@ -42,6 +42,7 @@ struct Args {
   std::string ckpt_dir, trace;
   bool resume = false;
   bool prefetch = true;  // as PyTorch FSDP (BACKWARD_PRE by default); --no-prefetch turns it off
+  std::string ac = "none";  // activation checkpointing: none | block | every:K
   bool plan = false;  // print the planner's ledger before step 1, compare at the end
   int64_t ckpt_every = 0;
   std::string max_memory;          // "2GiB": the counting allocator's limit (set in main, before anything)

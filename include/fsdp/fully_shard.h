@@ -1,7 +1,7 @@
 // fsdp-cpp: the public FSDP API.
 //
 // defines: to_string(ShardingStrategy), parse_strategy, BackwardPrefetch, MixedPrecision, WrapPolicy,
-//          FsdpOptions, UnitInfo, NamedShard, Ledger, FullyShardedModel,
+//          CheckpointPolicy, FsdpOptions, UnitInfo, NamedShard, Ledger, FullyShardedModel,
 //          Sharded<M>, fully_shard(), call(), verify_optimizer()
 //
 //   auto comm  = fsdp::make_communicator_from_env();
@@ -25,11 +25,13 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fsdp/comm.h"
@@ -80,6 +82,49 @@ struct WrapPolicy {
   // "block" style helpers are in the examples; "size:N" parses to size_based.
 };
 
+// Activation checkpointing (docs/DESIGN.md#activation-checkpointing): the
+// selected modules keep only their inputs (and the CPU generator's state)
+// from forward; their forward runs again in backward, right before autograd
+// differentiates it, and their activations live only for that moment. The
+// gradients are the same, bit for bit (torch.utils.checkpoint's semantics
+// with use_reentrant=False: each parameter's gradient reaches its
+// accumulator once, through the forward's graph, and torch::autograd::grad
+// works too; the CPU generator is restored, so dropout draws the same
+// masks). A selected module must be called through
+// fsdp::call (or be a child of a Sequential), like a unit's root. When it is
+// a unit, its recompute runs inside the unit's backward all-gather: one
+// all-gather for recompute and backward together.
+//
+// `fn` is asked once per module of the tree (pre-order, the root excluded);
+// of the modules it accepts, every `every`-th is checkpointed: the 1st, the
+// (every+1)-th, ... (every = 1: all of them).
+struct CheckpointPolicy {
+  using Fn = std::function<bool(const std::string& name, const torch::nn::Module& m)>;
+  Fn fn;                    // empty: no activation checkpointing
+  int every = 1;            // >= 1
+  std::string description = "none";
+
+  bool enabled() const { return static_cast<bool>(fn); }
+  static CheckpointPolicy none() { return {}; }
+  static CheckpointPolicy predicate(Fn fn, std::string description = "custom predicate") {
+    return CheckpointPolicy{std::move(fn), 1, std::move(description)};
+  }
+  // Every module of type Impl (e.g. each transformer block).
+  template <class Impl>
+  static CheckpointPolicy module_type(std::string type_name = "module type") {
+    return predicate([](const std::string&, const torch::nn::Module& m) { return dynamic_cast<const Impl*>(&m) != nullptr; },
+                     "every " + type_name);
+  }
+  // Every k-th module of type Impl: the 1st, the (k+1)-th, ... (k = 1: all).
+  template <class Impl>
+  static CheckpointPolicy every_kth(int k, std::string type_name = "module type") {
+    CheckpointPolicy p = module_type<Impl>(type_name);
+    p.every = k;
+    p.description = k == 1 ? "every " + type_name : "every " + std::to_string(k) + "th " + type_name;
+    return p;
+  }
+};
+
 struct FsdpOptions {
   ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
   WrapPolicy wrap = WrapPolicy::none();
@@ -107,6 +152,8 @@ struct FsdpOptions {
   // --nnodes`). 0: the communicator's local_world_size() (the ranks of one
   // host). Must divide the world size; ignored by the other strategies.
   int shard_group_size = 0;
+  // Modules whose forward is recomputed in backward (activation checkpointing).
+  CheckpointPolicy checkpoint = CheckpointPolicy::none();
 
   // Throws fsdp::Error naming the bad field.
   void validate() const;
@@ -146,6 +193,8 @@ struct Ledger {
   int64_t P_block = 0;        // largest unit's unsharded bytes
   std::string P_block_unit;   // its name
   int64_t A = 0;              // activation bytes of the last forward (measured)
+  int64_t A_recompute = 0;    // the most one recompute (activation checkpointing) added in backward (measured;
+                              // with units inside the checkpointed module, their gathered parameters too)
   int64_t peak = 0;           // counting allocator peak since reset (0 without it: fsdp::init)
   int64_t current = 0;        // counting allocator now
   int64_t cached = 0;         // allocator cache now: freed blocks kept for reuse (not in peak/current)
@@ -156,7 +205,7 @@ struct Ledger {
   int shard_group_size = 0;   // ranks a unit is sharded over (HYBRID: S; else N)
   // Predictions from the guide's formulas with this run's sizes.
   int64_t predicted_rest = 0;  // (P+G+O)/N (+ replicas for NO_SHARD / SHARD_GRAD_OP params)
-  int64_t predicted_peak = 0;  // P/N + G/N + O/N + P_block (+ prefetched units) + A
+  int64_t predicted_peak = 0;  // P/N + G/N + O/N + P_block (+ prefetched units) + A (+ A_recompute)
   std::string str() const;     // the table printed by the examples
 };
 
@@ -213,6 +262,8 @@ class FullyShardedModel {
 
   std::vector<UnitInfo> units() const;
   std::string describe_units() const;  // a table: unit, #params, bytes, shard
+  // The modules whose forward is recomputed in backward (FsdpOptions::checkpoint), by path.
+  std::vector<std::string> checkpointed() const;
 
   // Measured ledger; pass the optimizer to count its state O.
   Ledger ledger(const torch::optim::Optimizer* opt = nullptr) const;
@@ -271,6 +322,125 @@ std::shared_ptr<torch::nn::Module> shared_module(const M& m) {
 // Unit owning module `m` (nullptr when m is not a unit root).
 Unit* unit_of(const torch::nn::Module* m);
 
+// --- Activation checkpointing (src/unit/checkpoint.cpp) ---
+// A module selected by FsdpOptions::checkpoint.
+struct CheckpointSite;
+// The site of `m` when m is selected and its call is to be checkpointed now
+// (grad mode on); nullptr otherwise.
+CheckpointSite* checkpoint_site(const torch::nn::Module* m);
+// The module's forward on `inputs` (its tensor arguments, in order), as one
+// function of tensors to tensors.
+using RegionFn = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>;
+// Runs fn(inputs) without keeping its activations; backward runs it again.
+std::vector<torch::Tensor> run_checkpointed(CheckpointSite& site, RegionFn fn, std::vector<torch::Tensor> inputs);
+[[noreturn]] void checkpoint_unsupported(const CheckpointSite& site, const char* why);
+
+template <class T>
+inline constexpr bool is_tensor_v = std::is_same_v<std::decay_t<T>, torch::Tensor>;
+// Arguments a checkpointed forward takes: tensors (saved for the recompute)
+// and copyable values without tensors inside (copied into it).
+template <class T>
+struct holds_tensors : std::false_type {};
+template <>
+struct holds_tensors<c10::optional<torch::Tensor>> : std::true_type {};
+template <>
+struct holds_tensors<std::vector<torch::Tensor>> : std::true_type {};
+template <>
+struct holds_tensors<torch::TensorList> : std::true_type {};
+template <class T>
+inline constexpr bool ckpt_arg_ok_v =
+    is_tensor_v<T> || (!holds_tensors<std::decay_t<T>>::value && std::is_copy_constructible_v<std::decay_t<T>>);
+// What the recompute passes for each argument.
+template <class T>
+using ckpt_arg_t = std::conditional_t<is_tensor_v<T>, const torch::Tensor&, std::decay_t<T>&>;
+struct ckpt_none {};
+template <class T>
+using ckpt_kept_t = std::conditional_t<is_tensor_v<T>, ckpt_none, std::decay_t<T>>;
+template <class T>
+ckpt_kept_t<T> ckpt_keep(const T& x) {
+  if constexpr (is_tensor_v<T>)
+    return {};
+  else
+    return x;
+}
+// Outputs a checkpointed forward may return: a tensor, a vector or a tuple of tensors.
+template <class R>
+struct ckpt_out : std::false_type {};
+template <>
+struct ckpt_out<torch::Tensor> : std::true_type {
+  static std::vector<torch::Tensor> to_list(torch::Tensor t) { return {std::move(t)}; }
+  static torch::Tensor from_list(std::vector<torch::Tensor> v) { return std::move(v.at(0)); }
+};
+template <>
+struct ckpt_out<std::vector<torch::Tensor>> : std::true_type {
+  static std::vector<torch::Tensor> to_list(std::vector<torch::Tensor> v) { return v; }
+  static std::vector<torch::Tensor> from_list(std::vector<torch::Tensor> v) { return v; }
+};
+template <class... Ts>
+struct ckpt_out<std::tuple<Ts...>> : std::bool_constant<(std::is_same_v<Ts, torch::Tensor> && ...)> {
+  static std::vector<torch::Tensor> to_list(const std::tuple<Ts...>& t) {
+    return std::apply([](const auto&... x) { return std::vector<torch::Tensor>{x...}; }, t);
+  }
+  static std::tuple<Ts...> from_list(std::vector<torch::Tensor> v) {
+    return from_list(v, std::index_sequence_for<Ts...>{});
+  }
+  template <size_t... I>
+  static std::tuple<Ts...> from_list(std::vector<torch::Tensor>& v, std::index_sequence<I...>) {
+    return std::tuple<Ts...>(std::move(v.at(I))...);
+  }
+};
+// Position of each argument among the tensor arguments (-1: not a tensor).
+template <class... As>
+constexpr std::array<int, sizeof...(As)> ckpt_slots() {
+  constexpr bool tensor[] = {is_tensor_v<As>..., false};
+  std::array<int, sizeof...(As)> out{};
+  int k = 0;
+  for (size_t i = 0; i < sizeof...(As); ++i) out[i] = tensor[i] ? k++ : -1;
+  return out;
+}
+template <class A, int S, class K>
+decltype(auto) ckpt_pick(K& kept, const std::vector<torch::Tensor>& in) {
+  if constexpr (is_tensor_v<A>)
+    return static_cast<const torch::Tensor&>(in.at(S));
+  else
+    return static_cast<K&>(kept);
+}
+template <class Void, class M, class... As>
+struct ckpt_callable : std::false_type {};
+template <class M, class... As>
+struct ckpt_callable<std::void_t<decltype(std::declval<M&>()->forward(std::declval<ckpt_arg_t<As>>()...))>, M,
+                     As...> : std::true_type {};
+template <class... As, class M, class Kept, size_t... I>
+auto ckpt_invoke(M& module, Kept& kept, const std::vector<torch::Tensor>& in, std::index_sequence<I...>) {
+  constexpr auto slots = ckpt_slots<As...>();
+  return module->forward(ckpt_pick<As, slots[I]>(std::get<I>(kept), in)...);
+}
+
+// module->forward(args...) with its activations recomputed in backward.
+template <class M, class... Args>
+auto checkpointed(CheckpointSite& site, M module, Args&&... args)
+    -> std::decay_t<decltype(module->forward(std::forward<Args>(args)...))> {
+  using R = std::decay_t<decltype(module->forward(std::forward<Args>(args)...))>;
+  if constexpr (!ckpt_out<R>::value) {
+    checkpoint_unsupported(site, "its forward returns something other than a tensor, a vector or a tuple of tensors");
+  } else if constexpr (!(ckpt_arg_ok_v<Args> && ...) || !ckpt_callable<void, M, Args...>::value) {
+    checkpoint_unsupported(site,
+                           "its forward takes an argument that is neither a tensor nor a copyable value "
+                           "without tensors inside (e.g. an optional or a vector of tensors)");
+  } else {
+    std::vector<torch::Tensor> tensors;
+    auto add = [&](const auto& a) {
+      if constexpr (is_tensor_v<decltype(a)>) tensors.push_back(a);
+    };
+    (add(args), ...);
+    auto kept = std::make_shared<std::tuple<ckpt_kept_t<Args>...>>(ckpt_keep(args)...);
+    RegionFn fn = [module, kept](const std::vector<torch::Tensor>& in) mutable {
+      return ckpt_out<R>::to_list(ckpt_invoke<Args...>(module, *kept, in, std::index_sequence_for<Args...>{}));
+    };
+    return ckpt_out<R>::from_list(run_checkpointed(site, std::move(fn), std::move(tensors)));
+  }
+}
+
 // Pre-forward (unshard, state checks) and post-forward (reshard, register
 // pre-backward hooks on the outputs) of one unit call; restores state when
 // the forward throws, and explains use of freed parameters.
@@ -322,11 +492,17 @@ auto call(M module, Args&&... args) {  // M: a module holder or (shared) pointer
     auto& seq = static_cast<torch::nn::SequentialImpl&>(*module);
     return detail::run_sequential(seq, std::move(in)).template get<torch::Tensor>();
   } else {
-    detail::Unit* u = detail::unit_of(detail::raw_module(module));
-    if (!u) return module->forward(std::forward<Args>(args)...);
+    torch::nn::Module* raw = detail::raw_module(module);
+    detail::Unit* u = detail::unit_of(raw);
+    detail::CheckpointSite* ck = detail::checkpoint_site(raw);  // FsdpOptions::checkpoint
+    auto run = [&](auto&&... a) -> std::decay_t<decltype(module->forward(std::forward<decltype(a)>(a)...))> {
+      if (ck) return detail::checkpointed(*ck, module, std::forward<decltype(a)>(a)...);
+      return module->forward(std::forward<decltype(a)>(a)...);
+    };
+    if (!u) return run(std::forward<Args>(args)...);
     detail::UnitCall c(u);
     try {
-      auto out = module->forward(detail::cast_arg(c, std::forward<Args>(args))...);
+      auto out = run(detail::cast_arg(c, std::forward<Args>(args))...);
       std::vector<torch::Tensor> ts;
       detail::collect(ts, out);
       c.finish(ts);

@@ -2,7 +2,7 @@
 // (docs/GUIDE.md), before a run.
 //
 // defines: plan::Optimizer, plan::UnitSpec, plan::PlanOptions, plan::UnitPlan,
-//          plan::Traffic, plan::Plan, plan::make_plan, plan::traffic,
+//          plan::Traffic, plan::Plan, plan::Recompute, plan::make_plan, plan::traffic,
 //          plan::Candidate, plan::Recommendation, plan::recommend,
 //          plan::units_from, plan::measure_loopback_bandwidth, plan::parse_bandwidth,
 //          plan::TierTraffic, plan::tier_traffic, plan::compare_tiers, plan::tiers_str
@@ -21,11 +21,17 @@
 //   rest      P + G + O                       (FULL_SHARD: (P+G+O)_full / N)
 //   P_block   the largest unit unsharded, in the compute dtype
 //   G_block   its unsharded gradient before the reduce-scatter
-//   A         activations kept for backward (+ the head's transient gradients)
+//   A         activations kept for backward (+ the head's transient gradients);
+//             with activation checkpointing the larger of that (the saved
+//             inputs of the checkpointed modules instead of their
+//             activations) and the activations alive while the first
+//             checkpointed module recomputes in backward
 //   peak      rest + working set + A, where the working set is
-//               FULL_SHARD     the larger of two moments (measured on the
+//               FULL_SHARD     the largest of these moments (measured on the
 //                              engine, tests/test_plan_accuracy.cpp):
 //                 backward start   root unit + P_block * (1 + prefetch)
+//                 worst recompute  the same + the gradients alive then (only
+//                                  with activation checkpointing; Recompute)
 //                 first reduce     the same + the root's gradient + G_block
 //                                  in flight + the ring's staging
 //                                  - the activations already released
@@ -114,8 +120,11 @@ struct Plan {
   std::string P_block_unit;
   int64_t working = 0;  // unsharded parameters / gradients at the peak (see above)
   int64_t staging = 0;  // the reduce-scatter ring's buffers (FULL_SHARD's working set counts them)
-  std::string peak_at;  // "backward start" or "first reduce-scatter"
-  int64_t A = 0;
+  std::string peak_at;  // "backward start", "recompute" or "first reduce-scatter"
+  int64_t A = 0;        // activations at the peak
+  int64_t A_start = 0;      // activations when backward starts (what forward kept)
+  int64_t A_recompute = 0;  // activations during the worst recompute (activation checkpointing; 0: none)
+  int64_t recompute_grad = 0;  // gradients alive beside them (beyond the units gathered)
   int64_t peak = 0;
   Traffic traffic;                                  // for options.strategy
   Traffic full_shard, shard_grad_op, no_shard;      // all three, for comparison
@@ -125,13 +134,34 @@ struct Plan {
   std::string to_json() const;  // a JSON object (what `fsdp plan --json` embeds)
 };
 
+// Activation checkpointing: the moment of backward when a checkpointed
+// module recomputes with the most alive (for GPT with a unit per block the
+// first recompute: every saved input, the block's activations again; with
+// one unit the gradients computed so far count too, autograd keeps them
+// until that unit's single reduce).
+// With several units the next recompute can be worse: the unit that just
+// finished backward hands its gradient (G_block) to a reduce-scatter still
+// in flight while the next one recomputes (SHARD_GRAD_OP and NO_SHARD
+// at worst; FULL_SHARD with backward prefetch, where no all-gather waits
+// behind that reduce-scatter), and only the finished module's kept bytes
+// are gone (`released_bytes`).
+struct Recompute {
+  int64_t activation_bytes = 0;  // activations alive then; 0: no activation checkpointing
+  int64_t grad_bytes = -1;       // gradients alive then beyond the working set; -1: the root
+                                 // unit's gradient (several units) or the unit's whole gradient (one)
+  int64_t released_bytes = -1;   // activations freed before the next recompute; -1: all (there is none)
+};
+
 // Pads every unit to a multiple of N and applies the formulas above.
 // units[0] is the root. released_activation_bytes: activations freed before
 // the second unit's backward starts (those of the unit computed last in
 // forward and of what follows it, e.g. GPT's last block and head); 0 when
-// unknown (the plan then errs high).
+// unknown (the plan then errs high). With activation checkpointing,
+// activation_bytes is what forward keeps (the saved inputs instead of the
+// checkpointed modules' activations) and `recompute` the worst recompute;
+// without, recompute is {}.
 Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, const PlanOptions& opts,
-               int64_t released_activation_bytes = 0);
+               int64_t released_activation_bytes = 0, const Recompute& recompute = {});
 Traffic traffic(ShardingStrategy s, int64_t padded_numel, const PlanOptions& opts);
 
 // The units of a wrapped model (FullyShardedModel::units(); include
@@ -180,6 +210,7 @@ struct Candidate {
   std::string wrap;  // e.g. "none", "block", "size:65536" (coarse to fine)
   std::vector<UnitSpec> units;
   int64_t released = 0;  // make_plan's released_activation_bytes
+  Recompute recompute;   // make_plan's recompute (activation checkpointing)
 };
 
 struct Recommendation {

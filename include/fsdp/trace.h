@@ -40,6 +40,8 @@
 //                   optimizer); the report slices everything else by these.
 //   cat "forward":  "forward"           {"unit": unit name ("" = root)}
 //   cat "backward": "backward"          {"unit": unit name}
+//                   "recompute"         {"unit", "module": the checkpointed module's path}
+//                   (activation checkpointing: its forward again, inside the unit's backward)
 //   cat "comm":     "all_gather"        {"unit", "bytes": int, "phase"?: "forward"|"backward"|"prefetch"}
 //                   "reduce_scatter"    {"unit", "bytes"}
 //                   "all_reduce"        {"unit" or "label", "bytes"}

@@ -1,13 +1,16 @@
 // fsdp-cpp: every libtorch-version-specific call, in one place.
 // defines: compat::free_storage, compat::alloc_storage, compat::storage_allocated,
 //          compat::grad_accumulator, compat::add_post_hook, compat::queue_backward_callback,
-//          compat::optimizer_state_key
+//          compat::optimizer_state_key, compat::cpu_rng_state, compat::set_cpu_rng_state,
+//          compat::graph_leaves
 //
 // Written against libtorch 1.13 (Debian); the 2.x spellings are noted where
 // they differ so a port changes this file only.
 #pragma once
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/CPUAllocator.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -16,7 +19,10 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_set>
+#include <vector>
 
 namespace fsdp::compat {
 
@@ -75,6 +81,40 @@ inline void queue_backward_callback(std::function<void()> fn) {
 // address as a string).
 inline std::string optimizer_state_key(const torch::Tensor& p) {
   return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
+
+// The default CPU generator's state (what dropout and other random kernels
+// draw from), as torch.get_rng_state() / set_rng_state() (1.13 and 2.x:
+// Generator::get_state / set_state under the generator's mutex).
+inline torch::Tensor cpu_rng_state() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+inline void set_cpu_rng_state(const torch::Tensor& state) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+// The leaves (tensors that accumulate .grad) the graph of `roots` reaches:
+// their AccumulateGrad nodes' variables, each once (1.13 and 2.x:
+// torch::autograd::AccumulateGrad::variable).
+inline std::vector<torch::Tensor> graph_leaves(const std::vector<torch::Tensor>& roots) {
+  std::vector<torch::Tensor> out;
+  std::unordered_set<const torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo;
+  for (auto& r : roots)
+    if (r.defined() && r.grad_fn()) todo.push_back(r.grad_fn().get());
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (!seen.insert(n).second) continue;
+    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(n)) out.push_back(acc->variable);
+    for (const auto& e : n->next_edges())
+      if (e.function) todo.push_back(e.function.get());
+  }
+  return out;
 }
 
 }  // namespace fsdp::compat

@@ -109,7 +109,7 @@ static int64_t ring_staging_bytes(const std::vector<UnitPlan>& units, const Plan
 }
 
 Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, const PlanOptions& opts,
-               int64_t released_activation_bytes) {
+               int64_t released_activation_bytes, const Recompute& recompute) {
   opts.validate();
   FSDP_USER_CHECK(!units.empty(), "plan: expected at least one unit, found none.");
   if (is_hybrid(opts.strategy)) {
@@ -160,6 +160,31 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
   p.G = p.P;
   p.O = k * p.P;
   p.rest = p.P + p.G + p.O;
+  FSDP_USER_CHECK(activation_bytes >= 0 && recompute.activation_bytes >= 0, "plan: negative activation bytes");
+  p.A_start = activation_bytes;
+  p.A_recompute = recompute.activation_bytes;
+  p.A = activation_bytes;
+  // Gradients alive at the worst recompute: by default the root's (its
+  // head's gradients exist from the start of backward until the root
+  // reduces at the end), with one unit all of its gradient (an upper bound).
+  const int64_t root_grad = p.units.size() == 1 ? 0 : p.units[0].padded_numel * opts.param_bytes;
+  p.recompute_grad = recompute.activation_bytes == 0 ? 0
+                     : recompute.grad_bytes >= 0 ? recompute.grad_bytes
+                     : p.units.size() == 1       ? p.G_block
+                                                 : root_grad;
+  // The worst recompute's moment, when it tops the others: working set
+  // `base` (the units gathered then) + the gradients + A_recompute.
+  // The next recompute, with the finished unit's gradient in flight.
+  const int64_t next_A = recompute.released_bytes < 0
+                             ? 0
+                             : std::max<int64_t>(0, recompute.activation_bytes - recompute.released_bytes);
+  auto consider_recompute = [&](int64_t base, int64_t A) {
+    if (A > 0 && base + p.recompute_grad + A > p.working + p.A) {
+      p.working = base + p.recompute_grad;
+      p.A = A;
+      p.peak_at = "recompute";
+    }
+  };
   switch (opts.strategy) {
     case ShardingStrategy::FULL_SHARD: {
       // Two moments compete for the peak (the engine: src/unit/reduce.cpp,
@@ -182,28 +207,41 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
       int64_t gathered = p.units[0].unsharded_bytes;
       for (int i = 0; i <= opts.prefetch && i < (int)sizes.size(); ++i) gathered += sizes[i];
       p.staging = ring_staging_bytes(p.units, opts);
+      //  With activation checkpointing a third: the worst recompute, the
+      //    saved inputs and one module's recomputed activations alive, the
+      //    units of backward start gathered and the gradients begun.
       const int64_t at_start = gathered;  // + A
       int64_t at_reduce;                  // + A
       if (p.units.size() == 1) {
         at_reduce = p.G_block + std::max(p.G_block, p.staging) - activation_bytes;
       } else {
-        const int64_t root_grad = p.units[0].padded_numel * opts.param_bytes;
         at_reduce = gathered + root_grad + p.G_block + p.staging - std::min(released_activation_bytes, activation_bytes);
       }
       p.working = std::max(at_start, at_reduce);
       p.peak_at = at_start >= at_reduce ? "backward start" : "first reduce-scatter";
+      consider_recompute(gathered, recompute.activation_bytes);
+      // (Without the ring's staging: measured, the recompute's peak and the
+      // ring's buffers do not coincide.)
+      if (p.units.size() > 1 && opts.prefetch > 0) consider_recompute(gathered + p.G_block, next_A);
       break;
     }
-    case ShardingStrategy::SHARD_GRAD_OP:
-      p.working = p.padded_numel * opts.param_bytes + p.G_block;
+    case ShardingStrategy::SHARD_GRAD_OP: {
+      const int64_t all = p.padded_numel * opts.param_bytes;
+      p.working = all + p.G_block;
       p.peak_at = "backward start";
+      consider_recompute(all, recompute.activation_bytes);
+      if (p.units.size() > 1) consider_recompute(all + p.G_block, next_A);
       break;
-    case ShardingStrategy::NO_SHARD:
-      p.working = opts.param_bytes != opts.master_bytes ? p.padded_numel * opts.param_bytes : 0;
+    }
+    case ShardingStrategy::NO_SHARD: {
+      const int64_t copy = opts.param_bytes != opts.master_bytes ? p.padded_numel * opts.param_bytes : 0;
+      p.working = copy;
       p.peak_at = "backward start";
+      consider_recompute(copy, recompute.activation_bytes);
+      if (p.units.size() > 1) consider_recompute(copy + p.G_block, next_A);
       break;
+    }
   }
-  p.A = activation_bytes;
   p.peak = p.rest + p.working + p.A;
   p.full_shard = traffic(ShardingStrategy::FULL_SHARD, p.padded_numel, opts);
   p.shard_grad_op = traffic(ShardingStrategy::SHARD_GRAD_OP, p.padded_numel, opts);
@@ -251,7 +289,9 @@ std::string Plan::str() const {
   os << line("O  optimizer state", b(O), std::to_string(k) + " x P" + (ns ? "" : "/N"));
   os << line("rest = P + G + O", b(rest), ns ? "" : "(P+G+O)/N, the FSDP guide's ledger");
   os << line("P_block (largest unit)", b(P_block), "unit " + (P_block_unit.empty() ? std::string("<root>") : P_block_unit));
-  std::string wnote = o.strategy == ShardingStrategy::FULL_SHARD
+  std::string wnote = peak_at == "recompute"
+                          ? "at the worst recompute: the units gathered + " + b(recompute_grad) + " of gradients"
+                      : o.strategy == ShardingStrategy::FULL_SHARD
                           ? (peak_at == "backward start" && units.size() == 1
                                  ? std::string("at backward start: the one unit unsharded")
                                  : peak_at == "backward start"
@@ -262,7 +302,10 @@ std::string Plan::str() const {
                           ? "all units unsharded fwd->bwd + grad of one unit"
                           : (working ? "compute-dtype copy" : "none (computes on the replica)");
   os << line("working set at the peak", b(working), wnote);
-  os << line("A  activations", b(A), "");
+  os << line("A  activations", b(A),
+             A_recompute > 0 ? "at the " + peak_at + " (activation checkpointing: " + b(A_start) +
+                                   " kept by forward, " + b(A_recompute) + " during the worst recompute)"
+                             : "");
   os << line("predicted peak", b(peak), "rest + working + A");
   os << "\ntraffic per step, bytes sent per rank (N = " << o.world << ")\n";
   auto tl = [&](const char* name, const Traffic& t, const char* formula) {
@@ -331,6 +374,9 @@ std::string Plan::to_json() const {
           {"staging", staging},
           {"peak_at", peak_at},
           {"A", A},
+          {"A_start", A_start},
+          {"A_recompute", A_recompute},
+          {"recompute_grad", recompute_grad},
           {"peak", peak},
           {"traffic", tj(traffic)},
           {"traffic_by_strategy",

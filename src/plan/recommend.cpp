@@ -42,7 +42,7 @@ Recommendation recommend(const std::vector<Candidate>& cands, int64_t A, const P
   Recommendation r;
 
   // 1. Small model: replicas fit -> NO_SHARD (DDP). Wrapping does not matter.
-  Plan ns = make_plan(cands.front().units, A, with(ShardingStrategy::NO_SHARD), cands.front().released);
+  Plan ns = make_plan(cands.front().units, A, with(ShardingStrategy::NO_SHARD), cands.front().released, cands.front().recompute);
   why << "budget " << b(budget) << " per rank (plans must peak under 90% of it: " << b(limit) << ")\n";
   why << "- NO_SHARD: every rank holds P+G+O = " << b(ns.rest) << ", peak " << b(ns.peak);
   if (fits(ns, budget) && base.world >= 1) {
@@ -62,7 +62,7 @@ Recommendation recommend(const std::vector<Candidate>& cands, int64_t A, const P
   // 2. Fits with parameters unsharded through the step -> SHARD_GRAD_OP
   //    (2P instead of 3P). The coarsest wrapping that fits.
   for (auto& c : cands) {
-    Plan p = make_plan(c.units, A, with(ShardingStrategy::SHARD_GRAD_OP), c.released);
+    Plan p = make_plan(c.units, A, with(ShardingStrategy::SHARD_GRAD_OP), c.released, c.recompute);
     if (fits(p, budget)) {
       why << "- SHARD_GRAD_OP, wrap " << c.wrap << ": rest (P+G+O)/N " << b(p.rest)
           << " + all units unsharded from forward to backward " << b(p.working) << " + A " << b(A) << " = "
@@ -79,7 +79,7 @@ Recommendation recommend(const std::vector<Candidate>& cands, int64_t A, const P
     }
   }
   {
-    Plan p = make_plan(cands.back().units, A, with(ShardingStrategy::SHARD_GRAD_OP), cands.back().released);
+    Plan p = make_plan(cands.back().units, A, with(ShardingStrategy::SHARD_GRAD_OP), cands.back().released, cands.back().recompute);
     why << "- SHARD_GRAD_OP: peak " << b(p.peak) << " even with the finest wrapping (" << cands.back().wrap
         << ") -> does not fit.\n";
   }
@@ -87,7 +87,7 @@ Recommendation recommend(const std::vector<Candidate>& cands, int64_t A, const P
   // 3. Memory tight -> FULL_SHARD, coarsest wrapping that fits (fewer, larger
   //    collectives); finer units lower P_block.
   for (auto& c : cands) {
-    Plan p = make_plan(c.units, A, with(ShardingStrategy::FULL_SHARD), c.released);
+    Plan p = make_plan(c.units, A, with(ShardingStrategy::FULL_SHARD), c.released, c.recompute);
     why << "- FULL_SHARD, wrap " << c.wrap << " (" << c.units.size() << (c.units.size() == 1 ? " unit" : " units") << "): P_block " << b(p.P_block)
         << ", peak " << b(p.peak);
     if (fits(p, budget)) {
@@ -107,7 +107,7 @@ Recommendation recommend(const std::vector<Candidate>& cands, int64_t A, const P
   }
 
   // 4. Nothing fits: say which term dominates and what to change.
-  Plan p = make_plan(cands.back().units, A, with(ShardingStrategy::FULL_SHARD), cands.back().released);
+  Plan p = make_plan(cands.back().units, A, with(ShardingStrategy::FULL_SHARD), cands.back().released, cands.back().recompute);
   why << "Nothing fits. With FULL_SHARD and the finest wrapping the peak is " << b(p.peak) << " of which "
       << "activations A " << b(p.A) << " (" << pct(p.A, p.peak) << "), resident shards " << b(p.rest) << " ("
       << pct(p.rest, p.peak) << "), unsharded unit " << b(p.working) << " (" << pct(p.working, p.peak) << ").\n";

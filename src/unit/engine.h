@@ -9,6 +9,7 @@
 //   compute    src/unit/unit_call.cpp    pre/post-forward, pre-backward hooks
 //   reduce     src/unit/reduce.cpp       post-backward reduce-scatter, no_sync
 //   hybrid     src/unit/hybrid.cpp       HYBRID's groups, the replicas' all-reduce
+//   recompute  src/unit/checkpoint.cpp   activation checkpointing: forward again in backward
 //   optimizer  src/unit/model.cpp        shard grads, global-norm clipping
 //   observe    src/unit/model.cpp        the ledger, measured
 //   checkpoint src/unit/state_dict.cpp   shards <-> checkpoints (through engine_access.h)
@@ -29,6 +30,21 @@
 
 namespace fsdp::detail {
 
+// A module selected by FsdpOptions::checkpoint (src/unit/checkpoint.cpp).
+struct CheckpointSite {
+  Engine* engine = nullptr;
+  torch::nn::Module* module = nullptr;
+  std::string name;      // module path ("" never: the root is not checkpointed)
+  // The unit whose parameters its forward computes on: its own when it is a
+  // unit's root, else the enclosing one. Its recompute runs while this unit
+  // is unsharded for backward.
+  Unit* unit = nullptr;
+  // Its parameters that require grad, distinct: inputs of the recompute's
+  // autograd node, so their gradients reach their accumulators once, as
+  // without checkpointing.
+  std::vector<torch::Tensor> params;
+};
+
 class Engine {
  public:
   Engine(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FsdpOptions opts);
@@ -40,9 +56,15 @@ class Engine {
   void pre_forward(Unit& u);  // fsdp::call, before the module's forward
   void post_forward(Unit& u, const std::vector<torch::Tensor>& outputs);
   void forward_failed(Unit& u);
-  void pre_backward(Unit& u);   // tensor hook on the unit's outputs
+  void pre_backward(Unit& u);   // tensor hook on the unit's outputs (and a recompute's start)
   void on_grad_ready(Unit& u);  // accumulator post-hook of each parameter
   void end_of_backward();       // autograd engine's final callback
+  // Activation checkpointing (checkpoint.cpp): the recompute of `s`'s forward
+  // in backward. begin: its unit is (made) BACKWARD and unsharded, nothing
+  // is gathered again; while it runs, units called inside it keep their
+  // parameters for the backward that follows at once and prefetch nothing.
+  void begin_recompute(CheckpointSite& s);
+  void end_recompute(CheckpointSite& s);
   // Waits for every pending reduction and folds it into the shard grads.
   void wait_pending();
 
@@ -65,6 +87,16 @@ class Engine {
   int depth = 0;  // nesting of unit calls on this thread
   int64_t root_forward_start_bytes = 0;
   int64_t activation_bytes = 0;  // measured A of the last root forward
+  // Activation checkpointing.
+  std::vector<std::unique_ptr<CheckpointSite>> checkpoint_sites;
+  int recompute_depth = 0;       // recomputes running on this thread (nested ones count)
+  // Checkpointed forwards running (grad mode off, their backward comes with
+  // the recompute): units called inside one are treated as having a
+  // backward to come (SHARD_GRAD_OP keeps them gathered for it).
+  int checkpoint_forward_depth = 0;
+  int64_t recompute_bytes = 0;   // the most one recompute's forward added (measured)
+  int64_t checkpointed_calls = 0;
+  bool warned_unrouted = false;
 
   Unit& root_unit() { return *units.front(); }
   int world() const { return comm->world_size(); }
@@ -86,6 +118,15 @@ class Engine {
   void make_groups();
   // wrap.cpp: the module tree -> units (describe_wrap, then materialise).
   void build_units();
+ public:
+  // checkpoint.cpp: FsdpOptions::checkpoint -> sites (after the units exist).
+  void register_checkpoints();
+  void unregister_checkpoints();
+  // A training forward ran no checkpointed call although the policy selected
+  // modules: warns once (they were not called through fsdp::call).
+  void check_checkpoints_routed();
+
+ private:
   // unshard.cpp: the prefetch policy over the recorded forward order.
   int unsharded_prefetch_count() const;
   void prefetch_after(Unit& u, bool backward);

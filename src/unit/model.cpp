@@ -56,6 +56,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> root_, CommPtr comm_, FsdpOpti
       t.set_data(t.to(*opts.mixed_precision.buffer_dtype));
   }
   for (auto& u : units) register_unit(u->module, u.get());
+  register_checkpoints();  // FsdpOptions::checkpoint (checkpoint.cpp)
   publish_trace_metadata();
   memory::set_oom_explainer([this](int64_t n, const memory::Stats& s) { return explain_oom(*this, n, s); });
   // The ledger's peak is about training: forget the wrap-time transients
@@ -88,6 +89,7 @@ void Engine::publish_trace_metadata() const {
 
 Engine::~Engine() {
   memory::set_oom_explainer(nullptr);
+  unregister_checkpoints();
   for (auto& u : units) unregister_unit(u->module);
 }
 
@@ -241,6 +243,7 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
       for (auto& s : u->params) l.O += optimizer_state_bytes(*opt, s.shard_view);
   }
   l.A = engine_->activation_bytes;
+  l.A_recompute = engine_->recompute_bytes;
   auto ms = memory::stats();
   l.peak = ms.peak;
   l.current = ms.current;
@@ -258,7 +261,7 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
   if (engine_->opts.strategy == ShardingStrategy::NO_SHARD) {
     l.predicted_rest = l.P + l.G + l.O;
     // + the unsharded gradient buffer being filled and reduced.
-    l.predicted_peak = l.predicted_rest + l.P_block + l.A;
+    l.predicted_peak = l.predicted_rest + l.P_block + l.A + l.A_recompute;
   } else {
     l.predicted_rest = static_cast<int64_t>(padded_bytes * (2.0 + o_ratio)) / N;
     const int in_flight = (engine_->opts.forward_prefetch || engine_->opts.backward_prefetch != BackwardPrefetch::NONE)
@@ -266,10 +269,12 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
                               : 1;
     // Resting state + the units unsharded at once + the unsharded gradient
     // of the unit in backward (same size as its parameters) + activations.
-    l.predicted_peak = l.predicted_rest + (in_flight + 1) * l.P_block + l.A;
+    // (+ one recompute's activations with activation checkpointing.)
+    l.predicted_peak = l.predicted_rest + (in_flight + 1) * l.P_block + l.A + l.A_recompute;
   }
   trace::set_metadata("ledger", {{"P_full", l.P_full}, {"P", l.P}, {"G", l.G}, {"O", l.O}, {"P_block", l.P_block},
-                                 {"P_block_unit", l.P_block_unit}, {"A", l.A}, {"predicted_rest", l.predicted_rest},
+                                 {"P_block_unit", l.P_block_unit}, {"A", l.A}, {"A_recompute", l.A_recompute},
+                                 {"predicted_rest", l.predicted_rest},
                                  {"predicted_peak", l.predicted_peak}});
   return l;
 }
@@ -294,7 +299,9 @@ std::string Ledger::str() const {
   row("P+G+O", P + G + O, "model state at rest  | guide: (P+G+O)/" + div + " = " + format_bytes(predicted_rest));
   row("P_block", P_block, "largest unit unsharded: '" + P_block_unit + "'");
   row("A", A, "activations of the last forward (measured)");
-  row("peak", peak, "measured peak (counting allocator) | guide: (P+G+O)/" + div + " + P_block (+ its grad) + A = " +
+  if (A_recompute > 0) row("A_recomp", A_recompute, "activations of one recompute in backward (activation checkpointing)");
+  row("peak", peak, "measured peak (counting allocator) | guide: (P+G+O)/" + div + " + P_block (+ its grad) + A" +
+                        (A_recompute > 0 ? " + A_recomp" : "") + " = " +
                         format_bytes(predicted_peak));
   row("cached", cached, "freed blocks the allocator keeps for reuse (not in the terms above)");
   if (rss_peak > 0) row("VmHWM", rss_peak, "the process's resident high-water mark (libraries, cache included)");

@@ -18,6 +18,7 @@
 //   grad_ready, join_backward,
 //   post_backward, reduce,
 //   accept_reduced, end_backward       src/unit/reduce.cpp
+//   begin_recompute, end_recompute     src/unit/checkpoint.cpp
 #pragma once
 
 #include <torch/torch.h>
@@ -152,7 +153,9 @@ class Unit {
   void pre_forward();
   // FORWARD -> FORWARD_DONE (will_backward) or IDLE: reshards when the
   // strategy frees parameters after forward or no backward will come.
-  void post_forward(bool will_backward);
+  // `in_recompute`: the call is part of a checkpointed module's recompute
+  // in backward, whose backward follows at once: the parameters stay.
+  void post_forward(bool will_backward, bool in_recompute = false);
   // Any state -> IDLE, resharded: the forward threw. Runs while the
   // exception unwinds, so it checks nothing.
   void forward_failed();
@@ -190,6 +193,16 @@ class Unit {
   // IDLE | BACKWARD_DONE -> IDLE, resharded: the end-of-backward callback.
   void end_backward();
 
+  // Activation checkpointing: a checkpointed module computing on this unit's
+  // parameters runs its forward again in backward. BACKWARD and UNSHARDED
+  // (pre_backward's all-gather, which the recompute shares with the
+  // backward) -> the same, recomputing; nested recomputes count. While it
+  // recomputes the unit must not reshard (an internal error). end_recompute
+  // undoes one begin_recompute.
+  void begin_recompute();
+  void end_recompute();
+  bool recomputing() const { return recompute_depth_ > 0; }
+
  private:
   [[noreturn]] void illegal(const char* file, int line, const char* transition, const std::string& was,
                             const std::string& expected) const;
@@ -205,6 +218,7 @@ class Unit {
   torch::Tensor gather_input_;  // param_dtype [S] cast of `shard`, alive until gather_work_ completes
   int grads_ready_ = 0;
   bool prefetched_ = false;
+  int recompute_depth_ = 0;
   std::unique_ptr<trace::Span> backward_span_;  // pre_backward .. post_backward
 };
 

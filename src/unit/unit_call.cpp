@@ -58,9 +58,11 @@ void Unit::pre_forward() {
   training_ = TrainingState::FORWARD;
 }
 
-void Unit::post_forward(bool will_backward) {
+void Unit::post_forward(bool will_backward, bool in_recompute) {
   expect(__FILE__, __LINE__, "post_forward", {TrainingState::FORWARD});
-  if (reshard_after_forward || !will_backward) reshard();
+  // In a recompute the backward of this forward comes next: resharding now
+  // would cost its pre_backward a second all-gather.
+  if (!(will_backward && in_recompute) && (reshard_after_forward || !will_backward)) reshard();
   training_ = will_backward ? TrainingState::FORWARD_DONE : TrainingState::IDLE;
 }
 
@@ -102,7 +104,9 @@ void Engine::pre_forward(Unit& u) {
   if (!forward_order_final && std::find(forward_order.begin(), forward_order.end(), &u) == forward_order.end())
     forward_order.push_back(&u);
   u.pre_forward();
-  if (opts.forward_prefetch) prefetch_after(u, /*backward=*/false);
+  // A recompute runs in backward: the unit after this one in forward order
+  // has already finished its backward.
+  if (opts.forward_prefetch && recompute_depth == 0) prefetch_after(u, /*backward=*/false);
   ++depth;
 }
 
@@ -112,7 +116,11 @@ void Engine::post_forward(Unit& u, const std::vector<torch::Tensor>& outputs) {
   bool will_backward = false;
   for (auto& t : outputs) will_backward = will_backward || (t.defined() && t.requires_grad());
   will_backward = will_backward && grad_mode;
-  u.post_forward(will_backward);
+  // Inside a checkpointed module's forward (grad mode off) the backward
+  // still comes, after the recompute: the unit's parameters and state are
+  // left as for a forward with grad (FULL_SHARD reshards, SHARD_GRAD_OP
+  // keeps them for the recompute and its backward), only no hook is due.
+  u.post_forward(will_backward || checkpoint_forward_depth > 0, recompute_depth > 0);
   if (will_backward) {
     Unit* up = &u;
     for (auto& t : outputs)
@@ -121,7 +129,10 @@ void Engine::post_forward(Unit& u, const std::vector<torch::Tensor>& outputs) {
   if (u.index == 0 && depth == 0) {
     // A is what a training forward leaves for backward; evaluation and
     // sampling forwards (no grad) keep nothing and do not count.
-    if (will_backward) activation_bytes = memory::stats().current - root_forward_start_bytes;
+    if (will_backward) {
+      activation_bytes = memory::stats().current - root_forward_start_bytes;
+      check_checkpoints_routed();
+    }
     forward_order_final = true;
   }
 }
@@ -132,7 +143,10 @@ void Engine::forward_failed(Unit& u) {
 }
 
 void Engine::pre_backward(Unit& u) {
-  if (!callback_queued) {
+  // Inside a recompute the current graph task is the recompute's own (a
+  // nested backward): a callback queued there would end the outer backward
+  // early. begin_recompute queues it in the outer one first.
+  if (!callback_queued && recompute_depth == 0) {
     callback_queued = true;
     compat::queue_backward_callback([this] { end_of_backward(); });
   }
@@ -191,36 +205,60 @@ void UnitCall::rethrow(const std::exception_ptr& e) {
   }
 }
 
-// Sequential containers: route each child through its unit.
-torch::nn::AnyValue run_sequential(torch::nn::SequentialImpl& seq, std::vector<torch::nn::AnyValue> inputs) {
-  Unit* self = unit_of(&seq);
-  std::unique_ptr<UnitCall> frame;
-  if (self) frame = std::make_unique<UnitCall>(self);
-  try {
-    FSDP_USER_CHECK(!seq.is_empty(), "fsdp::call on an empty Sequential");
-    bool first = true;
-    torch::nn::AnyValue v = std::move(inputs[0]);
-    if (frame)
-      if (auto* t = v.try_get<torch::Tensor>()) v = torch::nn::AnyValue(frame->cast_input(*t));
-    for (auto& child : seq) {
-      torch::nn::Module* cm = child.ptr().get();
-      auto call_child = [&](torch::nn::AnyValue in) -> torch::nn::AnyValue {
-        if (first && inputs.size() > 1) {
-          FSDP_USER_CHECK(inputs.size() <= 3, "fsdp::call on a Sequential takes at most 3 inputs");
-          if (inputs.size() == 2) return child.any_forward(std::move(in), std::move(inputs[1]));
-          return child.any_forward(std::move(in), std::move(inputs[1]), std::move(inputs[2]));
-        }
-        return child.any_forward(std::move(in));
+// Sequential containers: route each child through its unit (and its
+// checkpoint, FsdpOptions::checkpoint).
+namespace {
+
+torch::Tensor single_tensor_output(torch::nn::AnyValue v, const CheckpointSite& site) {
+  if (auto* t = v.try_get<torch::Tensor>()) return *t;
+  checkpoint_unsupported(site, "as a Sequential (child), its forward must return one tensor");
+}
+
+// `call(in)` checkpointed when `site` is set and grad mode is on; a
+// checkpointed call takes and returns one tensor.
+template <class Call>
+torch::nn::AnyValue maybe_checkpointed(CheckpointSite* site, torch::nn::AnyValue in, size_t extra_inputs, Call call) {
+  if (!site) return call(std::move(in));
+  auto* t = in.try_get<torch::Tensor>();
+  if (!t || extra_inputs > 0) checkpoint_unsupported(*site, "as a Sequential (child), it must take one tensor");
+  RegionFn fn = [site, call](const std::vector<torch::Tensor>& x) mutable {
+    return std::vector<torch::Tensor>{single_tensor_output(call(torch::nn::AnyValue(x.at(0))), *site)};
+  };
+  return torch::nn::AnyValue(run_checkpointed(*site, std::move(fn), {*t}).at(0));
+}
+
+torch::nn::AnyValue run_children(torch::nn::SequentialImpl& seq, std::vector<torch::nn::AnyValue> inputs) {
+  FSDP_USER_CHECK(!seq.is_empty(), "fsdp::call on an empty Sequential");
+  bool first = true;
+  torch::nn::AnyValue v = std::move(inputs[0]);
+  for (auto& child : seq) {
+    torch::nn::Module* cm = child.ptr().get();
+    const size_t extra = first ? inputs.size() - 1 : 0;
+    auto call_child = [&](torch::nn::AnyValue in) -> torch::nn::AnyValue {
+      if (extra > 0) {
+        FSDP_USER_CHECK(inputs.size() <= 3, "fsdp::call on a Sequential takes at most 3 inputs");
+        if (inputs.size() == 2) return child.any_forward(std::move(in), std::move(inputs[1]));
+        return child.any_forward(std::move(in), std::move(inputs[1]), std::move(inputs[2]));
+      }
+      return child.any_forward(std::move(in));
+    };
+    if (auto* nested = dynamic_cast<torch::nn::SequentialImpl*>(cm)) {
+      std::vector<torch::nn::AnyValue> in;
+      in.push_back(std::move(v));
+      v = run_sequential(*nested, std::move(in));
+    } else {
+      CheckpointSite* site = checkpoint_site(cm);
+      torch::nn::AnyModule module = child;  // shares the module: the recompute calls it again
+      auto forward = [&](torch::nn::AnyValue in) {
+        return site ? maybe_checkpointed(site, std::move(in), extra,
+                                         [module](torch::nn::AnyValue x) mutable { return module.any_forward(std::move(x)); })
+                    : call_child(std::move(in));
       };
-      if (auto* nested = dynamic_cast<torch::nn::SequentialImpl*>(cm)) {
-        std::vector<torch::nn::AnyValue> in;
-        in.push_back(std::move(v));
-        v = run_sequential(*nested, std::move(in));
-      } else if (Unit* u = unit_of(cm)) {
+      if (Unit* u = unit_of(cm)) {
         UnitCall c(u);
         try {
           if (auto* t = v.try_get<torch::Tensor>()) v = torch::nn::AnyValue(c.cast_input(*t));
-          v = call_child(std::move(v));
+          v = forward(std::move(v));
           std::vector<torch::Tensor> outs;
           if (auto* t = v.try_get<torch::Tensor>()) outs.push_back(*t);
           c.finish(outs);
@@ -228,10 +266,37 @@ torch::nn::AnyValue run_sequential(torch::nn::SequentialImpl& seq, std::vector<t
           c.rethrow(std::current_exception());
         }
       } else {
-        v = call_child(std::move(v));
+        v = forward(std::move(v));
       }
-      first = false;
     }
+    first = false;
+  }
+  return v;
+}
+
+}  // namespace
+
+torch::nn::AnyValue run_sequential(torch::nn::SequentialImpl& seq, std::vector<torch::nn::AnyValue> inputs) {
+  Unit* self = unit_of(&seq);
+  CheckpointSite* site = checkpoint_site(&seq);
+  std::unique_ptr<UnitCall> frame;
+  if (self) frame = std::make_unique<UnitCall>(self);
+  try {
+    FSDP_USER_CHECK(!inputs.empty(), "fsdp::call on a Sequential needs an input");
+    if (frame)
+      if (auto* t = inputs[0].try_get<torch::Tensor>()) inputs[0] = torch::nn::AnyValue(frame->cast_input(*t));
+    auto run = [&]() -> torch::nn::AnyValue {
+      if (!site) return run_children(seq, std::move(inputs));
+      std::shared_ptr<torch::nn::Module> keep = seq.shared_from_this();  // the recompute runs it again
+      auto* raw = &seq;
+      const size_t extra = inputs.size() - 1;
+      return maybe_checkpointed(site, std::move(inputs[0]), extra, [keep, raw](torch::nn::AnyValue x) {
+        std::vector<torch::nn::AnyValue> in;
+        in.push_back(std::move(x));
+        return run_children(*raw, std::move(in));
+      });
+    };
+    torch::nn::AnyValue v = run();
     if (frame) {
       std::vector<torch::Tensor> outs;
       if (auto* t = v.try_get<torch::Tensor>()) outs.push_back(*t);

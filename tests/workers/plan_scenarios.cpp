@@ -3,8 +3,9 @@
 //
 //   fsdp run -n N -- fsdp_test_worker plan_measure CONFIG [CONFIG...]
 //
-// CONFIG = "strategy,wrap,L,d,h,V,T,B,dtype,prefetch", e.g.
-// "full,block,2,64,4,256,32,4,fp32,0". For each config the scenario trains
+// CONFIG = "strategy,wrap,L,d,h,V,T,B,dtype,prefetch[,ac]", e.g.
+// "full,block,2,64,4,256,32,4,fp32,0" (ac: none|block|every:K, activation
+// checkpointing as gpt --ac; default none). For each config the scenario trains
 // GPT-mini (examples/gpt/model.cpp) exactly as build/bin/gpt's step does:
 // forward, cross-entropy, backward, clip_grad_norm, AdamW (two parameter
 // groups) step, zero_grad. Step 0 is the warm-up (Adam's state appears, the
@@ -12,10 +13,11 @@
 // allocator's peak (reset at the step's start, so it includes everything
 // resident) and the communicator's byte counters. Every rank prints
 //   MEASURE cfg=<i> rank=<r> rest=<bytes> peak=<bytes> ag=<bytes> rs=<bytes> ar=<bytes>
-//           after_forward=<bytes> forward_peak=<bytes>
+//           after_forward=<bytes> forward_peak=<bytes> a=<bytes> a_recompute=<bytes>
 // rest = bytes allocated when the measured step starts (model state at rest);
 // after_forward / forward_peak: allocated when the loss exists, and the peak
-// until then (where the step's peak happens: forward, or backward).
+// until then (where the step's peak happens: forward, or backward); a and
+// a_recompute: the ledger's measured A and A_recompute.
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -27,12 +29,13 @@
 #include "fsdp/memory.h"
 #include "gpt/data.h"
 #include "gpt/model.h"
+#include "gpt/plan_gpt.h"
 #include "scenario.h"
 
 namespace {
 
 struct MeasureConfig {
-  std::string strategy, wrap, dtype;
+  std::string strategy, wrap, dtype, ac = "none";
   gpt::Config cfg;
   int64_t batch = 4;
   bool prefetch = false;
@@ -42,8 +45,8 @@ MeasureConfig parse_config(const std::string& text) {
   std::vector<std::string> f;
   std::stringstream ss(text);
   for (std::string item; std::getline(ss, item, ',');) f.push_back(item);
-  FSDP_USER_CHECK(f.size() == 10, "plan_measure: expected strategy,wrap,L,d,h,V,T,B,dtype,prefetch, found '", text,
-                  "'");
+  FSDP_USER_CHECK(f.size() == 10 || f.size() == 11, "plan_measure: expected strategy,wrap,L,d,h,V,T,B,dtype,prefetch[,ac], found '",
+                  text, "'");
   MeasureConfig c;
   c.strategy = f[0];
   c.wrap = f[1];
@@ -55,6 +58,7 @@ MeasureConfig parse_config(const std::string& text) {
   c.batch = std::stoll(f[7]);
   c.dtype = f[8];
   c.prefetch = f[9] == "1";
+  if (f.size() == 11) c.ac = f[10];
   c.cfg.validate();
   return c;
 }
@@ -83,7 +87,7 @@ FSDP_SCENARIO(plan_measure) {
       t = uint16_t((x >> 16) % uint32_t(c.cfg.vocab));
     }
     const gpt::data::Order order{c.cfg.seq, c.batch, 1, N};
-    int64_t rest = 0, peak = 0, after_forward = 0, forward_peak = 0;
+    int64_t rest = 0, peak = 0, after_forward = 0, forward_peak = 0, A = 0, A_recompute = 0;
     fsdp::CommCounters counters;
     {
       torch::manual_seed(1);
@@ -96,6 +100,8 @@ FSDP_SCENARIO(plan_measure) {
         o.backward_prefetch = fsdp::BackwardPrefetch::BACKWARD_PRE;
         o.forward_prefetch = true;
       }
+      if (const int every = gpt::checkpoint_every(c.ac))
+        o.checkpoint = fsdp::CheckpointPolicy::every_kth<gpt::BlockImpl>(every, "Block");
       auto model = fsdp::fully_shard(net.ptr(), comm, o);
       // build/bin/gpt's optimizer: AdamW, decay on 2-D weights only.
       std::vector<torch::Tensor> decay, no_decay;
@@ -128,17 +134,20 @@ FSDP_SCENARIO(plan_measure) {
         opt.step();
         opt.zero_grad();
         if (step == 1) {
-          model->ledger(&opt);  // waits for pending reductions
+          const fsdp::Ledger l = model->ledger(&opt);  // waits for pending reductions
+          A = l.A;
+          A_recompute = l.A_recompute;
           peak = fsdp::memory::stats().peak;
           counters = comm->counters();
         }
       }
     }
-    std::printf("MEASURE cfg=%zu rank=%d rest=%lld peak=%lld ag=%lld rs=%lld ar=%lld after_forward=%lld forward_peak=%lld\n", i, rank, (long long)rest,
+    std::printf("MEASURE cfg=%zu rank=%d rest=%lld peak=%lld ag=%lld rs=%lld ar=%lld after_forward=%lld forward_peak=%lld "
+                "a=%lld a_recompute=%lld\n", i, rank, (long long)rest,
                 (long long)peak, (long long)counters[fsdp::CollectiveKind::ALL_GATHER].bytes_sent,
                 (long long)counters[fsdp::CollectiveKind::REDUCE_SCATTER].bytes_sent,
                 (long long)counters[fsdp::CollectiveKind::ALL_REDUCE].bytes_sent, (long long)after_forward,
-                (long long)forward_peak);
+                (long long)forward_peak, (long long)A, (long long)A_recompute);
     std::fflush(stdout);
     comm->barrier()->wait();
   }
