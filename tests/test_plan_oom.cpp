@@ -76,4 +76,28 @@ TEST(PlanOom, NoShardFailsTheBudgetWithTheLedgerAndFullShardTrains) {
   fs::remove_all(fs::path(text).parent_path());
 }
 
+// Activations the largest term: the refusal offers activation checkpointing
+// first (its plan fits at this N), and the run with it passes the budget.
+TEST(PlanOom, ActivationsTooLargeSuggestActivationCheckpointing) {
+  const std::string text = text_file();
+  auto run = [&](const char* ac) {
+    return run_command({bin_path("fsdp"), "run", "-n", "2", "--", bin_path("gpt"), "--text", text, "--steps", "2",
+                        "--eval-every", "0", "--layers", "4", "--dim", "128", "--heads", "4", "--seq", "256",
+                        "--batch", "8", "--max-memory", "80MiB", "--ac", ac},
+                       {}, 180);
+  };
+  auto refused = run("none");
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  for (const char* needle : {"cannot fit --max-memory 80MiB", "the largest term is A, the activations",
+                             "Fix: --ac block (each block keeps only its input and recomputes its activations in "
+                             "backward: peak "})
+    EXPECT_NE(refused.output.find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << refused.output;
+  EXPECT_EQ(refused.output.find("FSDP units"), std::string::npos) << "refused before the model was built";
+
+  auto with_ac = run("block");
+  ASSERT_EQ(with_ac.exit_code, 0) << with_ac.output;
+  EXPECT_NE(with_ac.output.find("trained 2 steps"), std::string::npos) << with_ac.output;
+  fs::remove_all(fs::path(text).parent_path());
+}
+
 }  // namespace

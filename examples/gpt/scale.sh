@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A model no rank can hold: GPT d=768 L=12 h=12 T=128 (85.6 M parameters:
+# A model no rank can hold: GPT d=768 L=12 h=12 T=256 (85.7 M parameters:
 # 342 MB of fp32 parameters, ~1.4 GB of training state with AdamW) trained
 # for a few steps on N ranks of this host, each under a per-rank budget that
 # lies between the sharded plan and the unsharded parameters.
@@ -8,9 +8,10 @@
 #
 # Shows, in order: the planner's view; the same model refused at start at
 # N = 1, under NO_SHARD and with eager construction (the planner's message);
-# then the run (sharded construction; without prefetch, so one unit is
-# unsharded at a time) with a table per rank: the plan's peak, the counting allocator's peak of
-# construction and of training, the process's VmHWM. Environment: SCALE_N
+# then the run (sharded construction, every block's activations recomputed
+# in backward: --ac block; prefetch on, gpt's default) with a table per rank:
+# the plan's peak, the counting allocator's peak of construction and of
+# training, the process's VmHWM. Environment: SCALE_N
 # (ranks, default 8), SCALE_BUDGET (default 320MiB), SCALE_STEPS (default 3),
 # RUN_DIR (outputs; default runs/scale).
 set -euo pipefail
@@ -32,18 +33,19 @@ for bin in fsdp gpt; do
   fi
 done
 mkdir -p "$RUN"
-# T=128: at T=256 the activations alone (A = 183 MiB) would pass the budget;
-# recomputing them per block (activation checkpointing) is what lifts that.
-MODEL=(--dim 768 --layers 12 --heads 12 --seq 128 --batch 1)
-AC=(--no-prefetch)
+# At T=256 the activations alone (A = 183 MiB) would pass the budget with the
+# rest (163 MiB per rank at N=8): recomputing them block by block (activation
+# checkpointing) keeps only each block's input, 11.6 MiB in all.
+MODEL=(--dim 768 --layers 12 --heads 12 --seq 256 --batch 1)
+AC=(--ac block)
 # Text: the repository's own documents (any text does: a few steps only).
 TEXT=("$ROOT"/docs/*.md "$ROOT"/README.md)
 COMMON=(--text "${TEXT[@]}" "${MODEL[@]}" --steps "$STEPS" --eval-every 0 --log-every 1 --threads 1
         --lr 3e-4 --warmup 0 --no-progress)
 start=$(date +%s)
 
-echo "== the planner: FULL_SHARD at N=$N, no prefetch"
-"$BUILD/bin/fsdp" plan --world "$N" --strategy full "${MODEL[@]}" | grep -E '^plan:|rest = |predicted peak|P_full' || true
+echo "== the planner: FULL_SHARD at N=$N, --ac block, prefetch"
+"$BUILD/bin/fsdp" plan --world "$N" --strategy full "${MODEL[@]}" --ac block --prefetch 1 | grep -E '^plan:|rest = |predicted peak|P_full' || true
 
 refuse() {  # label, ranks, extra flags...
   local label=$1 n=$2

@@ -359,6 +359,16 @@ void check_budget(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts)
   else
     fix = "no N fits with FULL_SHARD: lower A (a smaller --batch or --seq) or P_block (a finer --wrap)";
   if (biggest == act && fix.rfind("no N", 0) != 0) fix += ", or lower A with a smaller --batch";
+  // Activations the largest term and no recomputation asked for: --ac block
+  // first, when it fits at this N.
+  if (biggest == act && a.ac == "none") {
+    Args with_ac = a;
+    with_ac.ac = "block";
+    const int64_t peak_ac = gpt_plan(with_ac, run.N, fopts.strategy, units).peak;
+    if (peak_ac <= limit)
+      fix = "--ac block (each block keeps only its input and recomputes its activations in backward: peak " +
+            format_bytes(peak_ac) + " at this N), or " + fix;
+  }
   throw fsdp::Error("this run cannot fit " + budget + ": the planner's peak per rank at N=" + std::to_string(run.N) +
                     " with " + fsdp::to_string(fopts.strategy) + " is " + format_bytes(p.peak) + " = " + rest_name + " " +
                     format_bytes(rest) + " + unsharded units " + format_bytes(working) + " + activations " +
