@@ -61,6 +61,12 @@ INSTANTIATE_TEST_SUITE_P(Prefetch, AcParity,
                                             ::testing::Values("nosync"), ::testing::Values("fp32"),
                                             ::testing::Values("fwd")),
                          ac_name);
+// HYBRID_SHARD and HYBRID_SHARD_ZERO2: 2 shard groups of 2 ranks.
+INSTANTIATE_TEST_SUITE_P(Hybrid, AcParity,
+                         ::testing::Combine(::testing::Values(4), ::testing::Values("hybrid", "hybrid-zero2"),
+                                            ::testing::Values("plain", "nosync"), ::testing::Values("fp32"),
+                                            ::testing::Values("none")),
+                         ac_name);
 INSTANTIATE_TEST_SUITE_P(OneRank, AcParity,
                          ::testing::Combine(::testing::Values(1), ::testing::Values("full"), ::testing::Values("plain"),
                                             ::testing::Values("fp32"), ::testing::Values("fwd")),

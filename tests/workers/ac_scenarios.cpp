@@ -97,6 +97,8 @@ FsdpOptions options(const std::string& strategy, const std::string& dtype, const
   FsdpOptions o;
   o.strategy = parse_strategy(strategy);
   o.wrap = WrapPolicy::module_type<AcBlockImpl>("AcBlock");
+  // HYBRID: shard groups of 2 (2 replicas at N = 4) on this one host.
+  if (strategy.rfind("hybrid", 0) == 0) o.shard_group_size = 2;
   if (dtype == "bf16") o.mixed_precision.param_dtype = torch::kBFloat16;
   if (prefetch == "fwd") {
     o.backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
@@ -193,11 +195,15 @@ FSDP_SCENARIO(ac_parity) {
     for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k)
       comm_equal = comm_equal && plain.comm[s].by_kind[k].calls == ac.comm[s].by_kind[k].calls &&
                    plain.comm[s].by_kind[k].bytes_sent == ac.comm[s].by_kind[k].bytes_sent;
-  // All-gathers per step: FULL_SHARD gathers every unit for forward and for
-  // backward (the recompute runs on the backward's), SHARD_GRAD_OP once,
-  // NO_SHARD never. AcNet's units: the root, 3 blocks and the stage's 2, none empty.
+  // All-gathers per step: FULL_SHARD (and HYBRID_SHARD, in its group)
+  // gathers every unit for forward and for backward (the recompute runs on
+  // the backward's), SHARD_GRAD_OP (HYBRID_SHARD_ZERO2) once, NO_SHARD never.
+  // The world's counters include its groups'. AcNet's units: the root, 3
+  // blocks and the stage's 2, none empty.
   const int units = 6;
-  const int per_micro = strategy == "full" ? 2 * units : strategy == "grad-op" ? units : 0;
+  const int per_micro = strategy == "full" || strategy == "hybrid"            ? 2 * units
+                        : strategy == "grad-op" || strategy == "hybrid-zero2" ? units
+                                                                              : 0;
   const int64_t ag_expected = int64_t(K) * per_micro;  // counted also at N = 1
   const int64_t ag_calls = ac.comm.back()[CollectiveKind::ALL_GATHER].calls;
   std::string names;
