@@ -21,6 +21,9 @@
 // gradients are collected into `full_grad` (param dtype) and .grad points
 // into it, so later backwards accumulate in place; the first backward
 // outside no_sync reduces the sum.
+#include <algorithm>
+#include <vector>
+
 #include "compat/torch_compat.h"
 #include "unit/engine.h"
 
@@ -57,13 +60,30 @@ torch::Tensor Unit::flat_grads_for_reduce() {
     collect_into_full_grad();
     flat = full_grad.scalar_type() == reduce_dtype ? full_grad : full_grad.to(reduce_dtype);
   } else {
+    // Written once: every landed gradient is copied in, and only what no
+    // gradient covers (padding, gaps, parameters without one) is zeroed, so
+    // the buffer (P_block, reused from the allocator's cache) is not first
+    // cleared in full and then overwritten.
     AllocPurpose purpose("unsharded gradients", *this);
-    flat = torch::zeros({padded_numel}, reduce_dtype);
-    for (auto& s : params) {
-      if (!s.requires_grad) continue;
-      const auto& g = s.param.grad();
-      if (g.defined()) flat.narrow(0, s.offset, s.numel).copy_(g.reshape(-1));
+    flat = torch::empty({padded_numel}, reduce_dtype);
+    std::vector<const ParamSlot*> by_offset;
+    by_offset.reserve(params.size());
+    for (auto& s : params) by_offset.push_back(&s);
+    std::stable_sort(by_offset.begin(), by_offset.end(),
+                     [](const ParamSlot* a, const ParamSlot* b) { return a->offset < b->offset; });
+    int64_t covered = 0;  // [0, covered) is written
+    for (const ParamSlot* s : by_offset) {
+      if (s->offset > covered) flat.narrow(0, covered, s->offset - covered).zero_();
+      const int64_t begin = std::max(covered, s->offset), end = s->offset + s->numel;
+      if (end <= begin) continue;
+      const torch::Tensor g = s->requires_grad ? s->param.grad() : torch::Tensor();
+      if (g.defined())
+        flat.narrow(0, begin, end - begin).copy_(g.reshape(-1).narrow(0, begin - s->offset, end - begin));
+      else
+        flat.narrow(0, begin, end - begin).zero_();
+      covered = end;
     }
+    if (covered < padded_numel) flat.narrow(0, covered, padded_numel - covered).zero_();
   }
   for (auto& s : params)
     if (s.requires_grad) s.param.mutable_grad().reset();
