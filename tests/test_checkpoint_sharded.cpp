@@ -11,6 +11,7 @@
 #include "checkpoint/crc32c.h"
 #include "fsdp/checkpoint.h"
 #include "test_checkpoint_util.h"
+#include "test_util.h"
 
 namespace fsdp::ckpt {
 namespace {
@@ -24,12 +25,7 @@ std::string tmpdir(const std::string& tag) {
   std::system(("rm -rf " + d + " && mkdir -p " + d).c_str());
   return d;
 }
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using fsdp::testing::slurp;
 void spit(const std::string& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
 
 // Adam-like optimizer state: two tensors per parameter, other values.

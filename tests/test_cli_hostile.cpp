@@ -145,12 +145,7 @@ void check_rows(const std::string& binary, const std::vector<std::string>& prefi
   }
 }
 
-std::string temp_dir(const std::string& tag) {
-  auto d = fs::temp_directory_path() / ("fsdp-hostile-" + tag + "-" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+using fsdp::testing::temp_dir;
 
 TEST(CliHostile, FsdpTopLevelAndRun) {
   const std::string fsdp = bin_path("fsdp");

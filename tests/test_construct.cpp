@@ -23,12 +23,7 @@ using fsdp::testing::run_command;
 
 namespace {
 
-std::string temp_dir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("fsdp_construct_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+using fsdp::testing::temp_dir;
 
 int64_t vm_rss() {  // bytes resident now
   std::ifstream f("/proc/self/status");
@@ -38,12 +33,7 @@ int64_t vm_rss() {  // bytes resident now
   return -1;
 }
 
-std::string read_file(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using fsdp::testing::slurp;
 
 // A text the gpt trainer can read (--text): enough bytes for a few rows.
 std::string write_text(const std::string& dir) {
@@ -295,7 +285,7 @@ TEST(ShardedConstruction, InitialWeightsIndependentOfWorldSizeAndConstruction) {
       const std::string f = d + "/w" + std::to_string(n) + c + ".safetensors";
       auto r = gpt_run(n, with(kSmall, {"--text", text, "--steps", "0", "--construct", c, "--save", f}));
       ASSERT_EQ(r.exit_code, 0) << r.output;
-      const std::string bytes = read_file(f);
+      const std::string bytes = slurp(f);
       ASSERT_GT(bytes.size(), 100000u);
       if (reference.empty()) reference = bytes;
       EXPECT_TRUE(bytes == reference) << "N=" << n << " " << c << " differs from N=1 sharded";
@@ -358,7 +348,7 @@ TEST(ShardedConstruction, InitReadsOnlyEachRanksSlices) {
     sum += b;
   }
   EXPECT_EQ(sum, P) << "together the ranks read every tensor exactly once";
-  EXPECT_TRUE(read_file(back) == read_file(src)) << "the weights are the file's";
+  EXPECT_TRUE(slurp(back) == slurp(src)) << "the weights are the file's";
 
   // A file of another model: named, before anything trains.
   const std::string other = d + "/other.safetensors";
@@ -423,7 +413,7 @@ TEST(ShardedConstruction, LoadFullIntoADeferredModelIsAllOrNothing) {
   const std::string good = dir + "/good.safetensors", cut = dir + "/cut.safetensors";
   save_full(*src, good);
   if (comm->rank() == 0) {
-    const std::string bytes = read_file(good);
+    const std::string bytes = slurp(good);
     std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() - 40);  // the last tensor loses bytes
   }
   comm->barrier()->wait();

@@ -15,12 +15,7 @@ using namespace gpt::data;
 namespace {
 
 // A fresh folder per test under the system temp dir.
-std::string temp_dir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("fsdp_gpt_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+using fsdp::testing::temp_dir;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;

@@ -29,12 +29,7 @@ bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
-std::string temp_dir(const std::string& tag) {
-  auto d = fs::temp_directory_path() / ("fsdp-rel-" + tag + "-" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+using fsdp::testing::temp_dir;
 
 TEST(ReliabilityTrace, CollectivesRecordCommSpansOnTheCommThread) {
   std::string dir = temp_dir("trace");

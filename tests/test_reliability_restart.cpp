@@ -34,12 +34,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using fsdp::testing::slurp;
 
 // Direct children of `pid` (the launcher's ranks).
 std::vector<pid_t> children(pid_t pid) {

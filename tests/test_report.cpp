@@ -221,12 +221,7 @@ std::string fresh_dir(const std::string& tag) {
   return d;
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using fsdp::testing::slurp;
 
 TEST(Report, AnalyzeSyntheticTraceTrafficStepsCheckpoints) {
   std::string dir = fresh_dir("analyze");

@@ -23,19 +23,9 @@ using fsdp::testing::bin_path;
 using fsdp::testing::lines_with;
 using fsdp::testing::run_command;
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using fsdp::testing::slurp;
 
-std::string temp_dir(const std::string& tag) {
-  auto d = fs::temp_directory_path() / ("fsdp-resume-" + tag + "-" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+using fsdp::testing::temp_dir;
 
 fsdp::testing::ProcResult tiny(const std::string& dir, int epochs, int min_params = 2048) {
   return run_command({bin_path("fsdp"), "run", "-n", "2", "--", bin_path("tiny"), "--epochs", std::to_string(epochs),

@@ -44,12 +44,7 @@ void expect_named(const std::string& output, int rank, int window, int factor) {
   EXPECT_LE(first, window + 1) << named[0];
 }
 
-std::string temp_dir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("fsdp_straggler_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+using fsdp::testing::temp_dir;
 
 // tiny on 2 ranks: 8 steps, a rank named after 3 steps in a row at more than
 // 4x the other's busy time. A slowed rank sleeps 150 ms on steps of ~10 ms;

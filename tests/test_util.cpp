@@ -15,6 +15,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -173,5 +175,20 @@ long long Fields::operator[](const std::string& key) const {
 }
 
 Fields parse_kv(const std::string& line) { return Fields(line); }
+
+std::string temp_dir(const std::string& tag) {
+  namespace fs = std::filesystem;
+  auto d = fs::temp_directory_path() / ("fsdp-test-" + tag + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
 
 }  // namespace fsdp::testing

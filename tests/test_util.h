@@ -53,6 +53,12 @@ bool run_in_ranks(int n, double timeout_s = 120);
 // ranks with FSDP_TRANSPORT=auto chose it (run once, then cached).
 bool cma_available();
 
+// A fresh, empty directory under the system's temp directory, named after
+// `tag` and this process (removed first if a previous run left it).
+std::string temp_dir(const std::string& tag);
+// A file's bytes ("" when it cannot be read).
+std::string slurp(const std::string& path);
+
 // Lines of `text` that contain `needle`.
 std::vector<std::string> lines_with(const std::string& text, const std::string& needle);
 

@@ -33,19 +33,9 @@ constexpr int kTimeout = 3;  // FSDP_TIMEOUT of these tests, seconds
 
 bool contains(const std::string& s, const std::string& x) { return s.find(x) != std::string::npos; }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using fsdp::testing::slurp;
 
-std::string temp_dir(const std::string& tag) {
-  auto d = fs::temp_directory_path() / ("fsdp-wd-" + tag + "-" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+using fsdp::testing::temp_dir;
 
 // A launcher started in the background, its output in a file; when() gives
 // the first time a line containing a text appeared (polled every 10 ms).

@@ -17,24 +17,10 @@
 
 #include "fsdp/errors.h"
 #include "fsdp/flight.h"
+#include "observe/html.h"
 
 namespace fsdp::flight {
 namespace {
-
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '&': o += "&amp;"; break;
-      case '"': o += "&quot;"; break;
-      case '\'': o += "&#39;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
 
 std::string clock_text(double wall) {
   std::time_t t = static_cast<std::time_t>(wall);
@@ -184,7 +170,7 @@ ReportSummary write_report(const std::vector<nlohmann::json>& dumps, const std::
            "\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">+" + fmt("%.2f", t) + " s</text>\n";
   }
   svg += "<text x=\"4\" y=\"" + std::to_string(top - 10) + "\" font-size=\"11\" fill=\"#555\">" +
-         esc(clock_text(t_lo)) + "</text>\n";
+         fsdp::detail::html_escape(clock_text(t_lo)) + "</text>\n";
   int row = 0;
   for (auto& d : dumps) {
     const int rank = d.value("rank", -1);
@@ -197,7 +183,7 @@ ReportSummary write_report(const std::vector<nlohmann::json>& dumps, const std::
            (is_culprit ? "#c00" : "#222") + "\">rank " + std::to_string(rank) + (is_culprit ? " (culprit)" : "") +
            "</text>";
     svg += "<text x=\"6\" y=\"" + std::to_string(y + 34) + "\" font-size=\"10\" fill=\"#666\">" +
-           esc("step " + std::to_string(d.value("step", -1)) + ", " + d.value("phase", "")) + "</text>";
+           fsdp::detail::html_escape("step " + std::to_string(d.value("step", -1)) + ", " + d.value("phase", "")) + "</text>";
     const auto& cs = d["collectives"];
     const size_t from = cs.size() > kPerRank ? cs.size() - kPerRank : 0;
     const double written = num(d, "written");
@@ -222,12 +208,12 @@ ReportSummary write_report(const std::vector<nlohmann::json>& dumps, const std::
              std::to_string(c.value("seq", 0)) + "\" x=\"" + fmt("%.1f", x0) + "\" y=\"" + std::to_string(y + 6) +
              "\" width=\"" + fmt("%.1f", x1 - x0) + "\" height=\"" + std::to_string(row_h - 16) + "\" fill=\"" +
              (unfinished ? "#e15759" : color_of(c.value("kind", ""))) + "\"" +
-             (unfinished ? " stroke=\"#900\" stroke-width=\"2\"" : "") + "><title>" + esc(tip) + "</title></rect>";
+             (unfinished ? " stroke=\"#900\" stroke-width=\"2\"" : "") + "><title>" + fsdp::detail::html_escape(tip) + "</title></rect>";
       if (unfinished) {
         ++sum.unfinished;
         svg += "<text class=\"unfinished-label\" x=\"" + fmt("%.1f", std::min(x0 + 4, double(left + width - 260))) +
                "\" y=\"" + std::to_string(y + 25) + "\" font-size=\"11\" fill=\"#fff\" font-weight=\"bold\">" +
-               esc("UNFINISHED " + place(c) + " (" + state + ")") + "</text>";
+               fsdp::detail::html_escape("UNFINISHED " + place(c) + " (" + state + ")") + "</text>";
       }
     }
     svg += "</g>\n";
@@ -239,19 +225,19 @@ ReportSummary write_report(const std::vector<nlohmann::json>& dumps, const std::
   for (auto& r : m["ranks"]) {
     std::string unf;
     for (auto& c : r["unfinished"])
-      unf += (unf.empty() ? "" : "<br>") + esc(place(c) + " (" + c.value("state", "") + ")");
-    std::string verdict = r.contains("verdict") ? esc(r["verdict"].value("summary", "")) : "";
+      unf += (unf.empty() ? "" : "<br>") + fsdp::detail::html_escape(place(c) + " (" + c.value("state", "") + ")");
+    std::string verdict = r.contains("verdict") ? fsdp::detail::html_escape(r["verdict"].value("summary", "")) : "";
     const bool is_culprit = r["rank"].get<int>() == sum.culprit;
     table += std::string("<tr") + (is_culprit ? " class=\"culprit-row\"" : "") + "><td>" +
-             std::to_string(r["rank"].get<int>()) + "</td><td>" + esc(r.value("host", "")) + " / " +
-             std::to_string(r.value("pid", 0)) + "</td><td>" + esc(r.value("reason", "")) + "</td><td>" +
-             std::to_string(r.value("step", -1)) + ", " + esc(r.value("phase", "")) + "</td><td>" +
+             std::to_string(r["rank"].get<int>()) + "</td><td>" + fsdp::detail::html_escape(r.value("host", "")) + " / " +
+             std::to_string(r.value("pid", 0)) + "</td><td>" + fsdp::detail::html_escape(r.value("reason", "")) + "</td><td>" +
+             std::to_string(r.value("step", -1)) + ", " + fsdp::detail::html_escape(r.value("phase", "")) + "</td><td>" +
              (unf.empty() ? "none" : unf) + "</td><td>" + verdict + "</td></tr>\n";
   }
   table += "</table>\n";
 
   std::string page =
-      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + esc(title) +
+      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + fsdp::detail::html_escape(title) +
       "</title><style>body{font-family:sans-serif;margin:16px;color:#222}"
       ".culprit{font-size:17px;padding:10px 14px;border-radius:6px;margin:10px 0 16px 0}"
       ".named{background:#fde2e2;border:2px solid #c00;color:#700}.none{background:#eef;border:1px solid #88a}"
@@ -259,10 +245,10 @@ ReportSummary write_report(const std::vector<nlohmann::json>& dumps, const std::
       "text-align:left;vertical-align:top}tr.culprit-row{background:#fff0f0}"
       ".legend span{display:inline-block;margin-right:14px;font-size:12px}"
       ".legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:middle}</style></head>\n"
-      "<body data-rendered=\"ok\">\n<h1>" + esc(title) + "</h1>\n<div id=\"culprit\" class=\"culprit " +
-      (sum.culprit >= 0 ? "named" : "none") + "\">" + esc(sum.headline) + "</div>\n" +
+      "<body data-rendered=\"ok\">\n<h1>" + fsdp::detail::html_escape(title) + "</h1>\n<div id=\"culprit\" class=\"culprit " +
+      (sum.culprit >= 0 ? "named" : "none") + "\">" + fsdp::detail::html_escape(sum.headline) + "</div>\n" +
       "<p>" + std::to_string(dumps.size()) + " rank(s); the last " + std::to_string(kPerRank) +
-      " collectives of each on one wall-clock axis (from " + esc(clock_text(t_lo)) + ", " + fmt("%.3f", span) +
+      " collectives of each on one wall-clock axis (from " + fsdp::detail::html_escape(clock_text(t_lo)) + ", " + fmt("%.3f", span) +
       " s). Bars run from a collective's start to its end; one that never finished runs to its rank's dump, in "
       "red. Hover a bar for its details.</p>\n<div class=\"legend\">";
   for (const char* k : {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"})

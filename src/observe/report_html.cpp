@@ -13,6 +13,7 @@
 
 #include "fsdp/errors.h"
 #include "fsdp/trace.h"
+#include "observe/html.h"
 
 namespace fsdp::report {
 namespace asset {
@@ -21,20 +22,6 @@ extern const std::size_t report_html_size;
 }  // namespace asset
 
 namespace {
-
-std::string html_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '&': o += "&amp;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
 
 void replace_all(std::string& s, const std::string& what, const std::string& with) {
   for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + with.size())) s.replace(p, what.size(), with);
@@ -48,7 +35,7 @@ int64_t write_html(const nlohmann::json& model, const std::string& out_path, con
   std::string data = model.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   replace_all(data, "<", "\\u003c");
   std::string page(asset::report_html, asset::report_html_size);
-  replace_all(page, "__TITLE__", html_escape(title));
+  replace_all(page, "__TITLE__", fsdp::detail::html_escape(title));
   size_t p = page.find("__DATA__");
   FSDP_CHECK(p != std::string::npos, "report template lost its data placeholder");
   page.replace(p, 8, data);
