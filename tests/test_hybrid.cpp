@@ -12,6 +12,7 @@
 
 #include "fsdp/checkpoint.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/memory.h"
 #include "fsdp/plan.h"
 #include "fsdp/trace.h"
 #include "test_util.h"
@@ -163,6 +164,36 @@ TEST(HybridTraffic, PerTierEqualsTheFormulas) {
 
 TEST(HybridTraffic, PerTierUnderTwoLaunchers) {
   expect_hybrid_formulas(run_two_nodes({"hybrid_traffic", "hybrid"}), false);
+}
+
+// The tiny example at 2 hosts x 2 ranks (two launchers; the shard group is
+// one host, S = 2, R = 2): its "traffic by tier" line (gpt's, the same
+// code: examples/traffic_line.h) equals the formulas exactly. tiny is three
+// Linear(512, 512) units of 262,656 parameters (a multiple of S: no
+// padding; the root unit holds none), P = 787,968 x 4 bytes. With --accum 4
+// and every micro-step reducing, per step: HYBRID_SHARD 2 x 4 all-gathers +
+// 4 reduce-scatters, each (S-1)/S x P inside the host; HYBRID_SHARD_ZERO2
+// 4 + 4; across hosts the 4 reductions' all-reduce of the shard, 2(R-1)/R x
+// P/S each. Adam's step and the loss line add no collective.
+TEST(HybridTraffic, TinyTwoByTwoLineEqualsTheFormulas) {
+  const long long P = 3LL * (512 * 512 + 512) * 4, S = 2, R = 2, accum = 4, steps = 2;
+  for (std::string strategy : {"hybrid", "hybrid-zero2"}) {
+    auto r = run_two_launchers({bin_path("tiny"), "--strategy", strategy, "--epochs", std::to_string(steps),
+                                "--accum", std::to_string(accum), "--save", "", "--no-progress",
+                                "--straggler-factor", "0"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto lines = lines_with(r.output, "[rank 0] traffic by tier (rank 0, per step): ");
+    ASSERT_EQ(lines.size(), 1u) << r.output;
+    auto f = parse_kv(lines[0]);
+    const long long passes = strategy == "hybrid" ? 2 * accum + accum : accum + accum;
+    EXPECT_EQ(f["steps"], steps) << lines[0];
+    EXPECT_EQ(f["intra_bytes"], steps * passes * (S - 1) * (P / S)) << strategy << ": " << lines[0];
+    EXPECT_EQ(f["inter_bytes"], steps * accum * 2 * (R - 1) * (P / S) / R) << strategy << ": " << lines[0];
+    // The per-step sizes of the same line.
+    const std::string intra = memory::format_bytes(passes * (S - 1) * (P / S)),
+                      inter = memory::format_bytes(accum * 2 * (R - 1) * (P / S) / R);
+    EXPECT_TRUE(contains(lines[0], "intra-host " + intra + ", inter-host " + inter + " |")) << lines[0];
+  }
 }
 
 // FULL_SHARD over N ranks on H hosts of N/H consecutive ranks: every ring

@@ -226,6 +226,162 @@ TEST(Plan, RecommendFollowsTheSeedsDecisionTree) {
   EXPECT_NE(r.why.find("--batch"), std::string::npos) << r.why;
 }
 
+// Across hosts (hosts > 1) recommend() weighs HYBRID_SHARD and
+// HYBRID_SHARD_ZERO2 too (include/fsdp/plan.h, recommend()). GPT-mini at
+// N = 8 on 2 hosts: S = 4 ranks per shard group, R = 2 replicas.
+struct AcrossHosts {
+  GptShape s;
+  std::vector<Candidate> cands = gpt_candidates(s);
+  int64_t A = gpt_activations(s).total;
+  PlanOptions o = [] {
+    PlanOptions o = opts(8);
+    o.hosts = 2;
+    return o;
+  }();
+  static constexpr int64_t N = 8, S = 4, R = 2;
+  // The formulas: bytes crossing each host's link per step (fp32, wrap block).
+  int64_t padded(int n) const {
+    int64_t p = 0;
+    for (auto& u : gpt_units(s, "block")) p += (u.numel + n - 1) / n * n;
+    return p;
+  }
+  int64_t full_shard_across() const { return 3 * (N - 1) * (padded(N) / N) * 4; }  // 3P(N-1)/N, the host's last rank
+  int64_t hybrid_across() const { return S * (2 * (R - 1) * (padded(S) / S) / R * 4); }  // S ranks x 2(R-1)/R x P/S
+};
+std::string mib(int64_t x) { return fsdp::memory::format_bytes(x); }
+
+TEST(Plan, RecommendOnOneHostIsTheTreeWhateverTheTierFlags) {
+  GptShape s;
+  auto cands = gpt_candidates(s);
+  const int64_t A = gpt_activations(s).total;
+  for (int64_t budget : {int64_t(8) << 30, int64_t(160) << 20, int64_t(151) << 20, int64_t(100) << 20}) {
+    auto plain = recommend(cands, A, opts(4), budget);
+    auto o = opts(4);
+    o.hosts = 1;
+    o.intra_bandwidth = 10e9, o.inter_bandwidth = 125e6, o.shard_group = 2;
+    auto r = recommend(cands, A, o, budget);
+    EXPECT_EQ(r.strategy, plain.strategy) << budget;
+    EXPECT_EQ(r.wrap, plain.wrap) << budget;
+    EXPECT_EQ(r.fits, plain.fits) << budget;
+    EXPECT_EQ(r.why, plain.why) << budget;
+    EXPECT_EQ(r.rule, "tree");
+    EXPECT_TRUE(r.strategies.empty());
+  }
+}
+
+TEST(Plan, RecommendAcrossHostsPrefersHybridWhenItFits) {
+  AcrossHosts h;
+  // 157 MiB: SHARD_GRAD_OP and HYBRID_SHARD_ZERO2 do not fit, FULL_SHARD and
+  // HYBRID_SHARD do (wrap block); without rates the fewest bytes across win.
+  const int64_t budget = int64_t(157) << 20, limit = static_cast<int64_t>(budget * 0.9);
+  auto r = recommend(h.cands, h.A, h.o, budget);
+  ASSERT_TRUE(r.fits) << r.why;
+  EXPECT_EQ(r.strategy, ShardingStrategy::HYBRID_SHARD) << r.why;
+  EXPECT_EQ(r.wrap, "block");
+  EXPECT_EQ(r.rule, "inter_host_bytes");
+  EXPECT_EQ(r.one_host_choice, ShardingStrategy::FULL_SHARD);
+  auto o = h.o;
+  o.strategy = ShardingStrategy::HYBRID_SHARD;
+  const Plan hp = make_plan(gpt_units(h.s, "block"), h.A, o, gpt_released(h.s, "block"));
+  EXPECT_EQ(r.plan.peak, hp.peak);
+  EXPECT_EQ(r.plan.rest, 4 * (h.padded(4) / 4) * 4);  // (P+G+O)/S with Adam: 4 P/S
+  ASSERT_EQ(r.strategies.size(), 5u);
+  EXPECT_EQ(r.strategies[2].strategy, ShardingStrategy::FULL_SHARD);
+  EXPECT_EQ(r.strategies[4].strategy, ShardingStrategy::HYBRID_SHARD);
+  EXPECT_EQ(r.strategies[2].host_inter, h.full_shard_across());
+  EXPECT_EQ(r.strategies[4].host_inter, h.hybrid_across());
+  EXPECT_FALSE(r.strategies[1].fits);  // SHARD_GRAD_OP
+  EXPECT_FALSE(r.strategies[3].fits);  // HYBRID_SHARD_ZERO2
+  const std::string reason = "HYBRID_SHARD fits (peak " + mib(hp.peak) + " <= " + mib(limit) +
+                             ", 90% of the budget) and sends " + mib(h.hybrid_across()) +
+                             " per step across hosts against " + mib(h.full_shard_across()) + " for FULL_SHARD";
+  EXPECT_NE(r.why.find(reason), std::string::npos) << reason << "\n" << r.why;
+  EXPECT_NE(r.why.find("- HYBRID_SHARD_ZERO2, wrap size:65536: rest (P+G+O)/S"), std::string::npos) << r.why;
+}
+
+TEST(Plan, RecommendAcrossHostsKeepsFullShardWhenHybridDoesNotFit) {
+  AcrossHosts h;
+  // 148 MiB: FULL_SHARD fits with wrap block; HYBRID_SHARD's (P+G+O)/S does
+  // not leave room even with the finest wrapping.
+  const int64_t budget = int64_t(148) << 20, limit = static_cast<int64_t>(budget * 0.9);
+  auto r = recommend(h.cands, h.A, h.o, budget);
+  ASSERT_TRUE(r.fits) << r.why;
+  EXPECT_EQ(r.strategy, ShardingStrategy::FULL_SHARD) << r.why;
+  EXPECT_EQ(r.wrap, "block");
+  EXPECT_EQ(r.rule, "tree");
+  ASSERT_EQ(r.strategies.size(), 5u);
+  const StrategyFit& hy = r.strategies[4];
+  EXPECT_FALSE(hy.fits);
+  EXPECT_EQ(hy.wrap, "size:65536");
+  EXPECT_GT(hy.peak, limit);
+  EXPECT_EQ(hy.rest, 4 * (h.padded(4) / 4) * 4);
+  const std::string reason = "Neither HYBRID variant fits: HYBRID_SHARD holds (P+G+O)/S = " + mib(hy.rest) +
+                             " per rank at rest (S = 4 instead of N = 8) and peaks at " + mib(hy.peak) + " > " +
+                             mib(limit) + ". FULL_SHARD stays (the one-host choice): each host sends " +
+                             mib(h.full_shard_across()) + " per step across hosts.";
+  EXPECT_NE(r.why.find(reason), std::string::npos) << reason << "\n" << r.why;
+}
+
+TEST(Plan, RecommendAcrossHostsWithRatesTakesTheLeastTime) {
+  AcrossHosts h;
+  h.o.intra_bandwidth = 10e9;   // per rank inside a host
+  h.o.inter_bandwidth = 125e6;  // 1 Gbit/s per host
+  // Everything fits: HYBRID_SHARD_ZERO2 is the fastest (2P(S-1)/S inside at
+  // 10 GB/s + S x 2(R-1)/R x P/S across at 1 Gbit/s), NO_SHARD's ring crosses
+  // at 1 Gbit/s.
+  auto r = recommend(h.cands, h.A, h.o, int64_t(8) << 30);
+  ASSERT_TRUE(r.fits) << r.why;
+  EXPECT_EQ(r.strategy, ShardingStrategy::HYBRID_SHARD_ZERO2) << r.why;
+  EXPECT_EQ(r.rule, "comm_time");
+  EXPECT_EQ(r.one_host_choice, ShardingStrategy::NO_SHARD);
+  EXPECT_EQ(r.wrap, "none");
+  ASSERT_EQ(r.strategies.size(), 5u);
+  const StrategyFit& z = r.strategies[3];
+  const StrategyFit& ns = r.strategies[0];
+  int64_t padded_s = 0, padded_n = 0;
+  for (auto& u : gpt_units(h.s, "none")) padded_s += (u.numel + 3) / 4 * 4, padded_n += (u.numel + 7) / 8 * 8;
+  EXPECT_EQ(z.tiers.intra, 2 * 3 * (padded_s / 4) * 4);
+  EXPECT_EQ(z.host_inter, 4 * (2 * (padded_s / 4) / 2 * 4));
+  EXPECT_DOUBLE_EQ(z.tiers.seconds, z.tiers.intra / 10e9 + 4.0 * z.tiers.inter / 125e6);
+  EXPECT_DOUBLE_EQ(ns.tiers.seconds, 2.0 * 7 * (padded_n / 8) * 4 / 125e6);
+  char t1[32], t2[32];
+  std::snprintf(t1, sizeof t1, "~%.1f ms", 1e3 * z.tiers.seconds);
+  std::snprintf(t2, sizeof t2, "~%.1f ms", 1e3 * ns.tiers.seconds);
+  const std::string reason = std::string("HYBRID_SHARD_ZERO2 fits (peak ") + mib(z.peak) + " <= " +
+                             mib(static_cast<int64_t>((int64_t(8) << 30) * 0.9)) + ", 90% of the budget) and sends " +
+                             mib(z.host_inter) + " per step across hosts against " + mib(ns.host_inter) +
+                             " for NO_SHARD: its communication takes " + t1 + " per step against " + t2;
+  EXPECT_NE(r.why.find(reason), std::string::npos) << reason << "\n" << r.why;
+  // Links as fast between hosts as inside one: the one-host choice is the fastest.
+  h.o.inter_bandwidth = 10e9;
+  r = recommend(h.cands, h.A, h.o, int64_t(8) << 30);
+  EXPECT_EQ(r.strategy, ShardingStrategy::NO_SHARD) << r.why;
+  EXPECT_EQ(r.rule, "comm_time");
+  EXPECT_NE(r.why.find("NO_SHARD stays (the one-host choice"), std::string::npos) << r.why;
+}
+
+TEST(Plan, CommandRecommendsAcrossHostsWithTheReason) {
+  AcrossHosts h;
+  auto j = fsdp::testing::run_command({fsdp::testing::bin_path("fsdp"), "plan", "--world", "8", "--hosts", "2",
+                                       "--strategy", "auto", "--budget", "157MiB", "--json"});
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  auto rec = nlohmann::json::parse(j.output)["recommendation"];
+  EXPECT_EQ(rec["strategy"], "HYBRID_SHARD");
+  EXPECT_EQ(rec["wrap"], "block");
+  EXPECT_EQ(rec["rule"], "inter_host_bytes");
+  EXPECT_EQ(rec["one_host_choice"], "FULL_SHARD");
+  ASSERT_EQ(rec["strategies"].size(), 5u);
+  EXPECT_EQ(rec["strategies"][4]["strategy"], "HYBRID_SHARD");
+  EXPECT_EQ(rec["strategies"][4]["host_inter_bytes"].get<int64_t>(), h.hybrid_across());
+  EXPECT_EQ(rec["strategies"][2]["host_inter_bytes"].get<int64_t>(), h.full_shard_across());
+  EXPECT_NE(rec["why"].get<std::string>().find("HYBRID_SHARD fits (peak "), std::string::npos) << rec["why"];
+  auto text = fsdp::testing::run_command({fsdp::testing::bin_path("fsdp"), "plan", "--world", "8", "--hosts", "2",
+                                          "--strategy", "auto", "--budget", "148MiB"});
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("=> recommended: FULL_SHARD with --wrap block"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("Neither HYBRID variant fits"), std::string::npos) << text.output;
+}
+
 TEST(Plan, BandwidthParsingAndLoopbackMeasurement) {
   EXPECT_DOUBLE_EQ(parse_bandwidth("2GB/s"), 2e9);
   EXPECT_DOUBLE_EQ(parse_bandwidth("500MiB/s"), 500.0 * (1 << 20));

@@ -90,6 +90,12 @@ ProcResult run_ranks(int n, const std::string& scenario, const std::vector<std::
 }
 
 ProcResult run_two_nodes(const std::vector<std::string>& worker_args, double timeout_s) {
+  std::vector<std::string> program{bin_path("fsdp_test_worker")};
+  program.insert(program.end(), worker_args.begin(), worker_args.end());
+  return run_two_launchers(program, timeout_s);
+}
+
+ProcResult run_two_launchers(const std::vector<std::string>& program, double timeout_s) {
   // A free port: bind to port 0 and read back what the kernel chose.
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -102,9 +108,8 @@ ProcResult run_two_nodes(const std::vector<std::string>& worker_args, double tim
   const std::string port = std::to_string(ntohs(a.sin_port));
   auto argv = [&](int node) {
     std::vector<std::string> v{bin_path("fsdp"), "run", "-n", "2", "--nnodes", "2", "--node-rank",
-                               std::to_string(node), "--master-addr", "127.0.0.1", "--master-port", port,
-                               "--", bin_path("fsdp_test_worker")};
-    v.insert(v.end(), worker_args.begin(), worker_args.end());
+                               std::to_string(node), "--master-addr", "127.0.0.1", "--master-port", port, "--"};
+    v.insert(v.end(), program.begin(), program.end());
     return v;
   };
   auto env = [](int node) {

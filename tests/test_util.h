@@ -1,6 +1,6 @@
 // fsdp-cpp tests: start ranks as processes and collect what they print.
-// defines: ProcResult, run_command, run_ranks, run_two_nodes, run_in_ranks, FSDP_IN_RANKS, bin_path,
-//          lines_with, Fields, parse_kv
+// defines: ProcResult, run_command, run_ranks, run_two_nodes, run_two_launchers, run_in_ranks,
+//          FSDP_IN_RANKS, bin_path, lines_with, Fields, parse_kv
 #pragma once
 
 #include <map>
@@ -32,6 +32,8 @@ ProcResult run_ranks(int n, const std::string& scenario, const std::vector<std::
 // running `fsdp_test_worker <worker_args>`. exit_code: node 0's, or node
 // 1's when node 0's is 0; output: node 0's then node 1's.
 ProcResult run_two_nodes(const std::vector<std::string>& worker_args, double timeout_s = 240);
+// The same with any program: `program` is its argv (e.g. {bin_path("tiny"), "--strategy", "hybrid"}).
+ProcResult run_two_launchers(const std::vector<std::string>& program, double timeout_s = 240);
 
 // A test whose body runs in every rank, with gtest assertions there:
 //   TEST(Suite, Name) {

@@ -63,7 +63,9 @@ int cmd_plan(int argc, char** argv) {
   app.add_option("--prefetch", prefetch, "units all-gathered ahead of the computing one")
       ->capture_default_str()
       ->check(fsdp::cli::integer(0, 10000));
-  app.add_option("--budget", budget_text, "memory per rank, e.g. 2GiB: recommend strategy and wrapping");
+  app.add_option("--budget", budget_text,
+                 "memory per rank, e.g. 2GiB: recommend strategy and wrapping (with --hosts > 1 HYBRID too, "
+                 "by communication time with --intra-bw/--inter-bw, else by bytes across hosts)");
   app.add_option("--bandwidth", bandwidth_text, "link rate per rank for time estimates, e.g. 2GB/s");
   app.add_flag("--measure", measure, "measure this host's loopback TCP rate and use it as --bandwidth");
   app.add_flag("--json", as_json, "print JSON instead of tables");
@@ -178,7 +180,18 @@ int cmd_plan(int argc, char** argv) {
     }
     text += "\n" + r.why + "\n=> " + verdict + "\n";
     j["recommendation"] = {{"fits", r.fits}, {"strategy", fsdp::to_string(r.strategy)}, {"wrap", r.wrap},
-                           {"why", r.why}, {"budget", budget}, {"peak", r.plan.peak}};
+                           {"why", r.why}, {"budget", budget}, {"peak", r.plan.peak}, {"rule", r.rule},
+                           {"one_host_choice", fsdp::to_string(r.one_host_choice)}};
+    if (!r.strategies.empty()) {
+      // Across hosts: every strategy as the rule weighed it.
+      nlohmann::json rows = nlohmann::json::array();
+      for (auto& f : r.strategies)
+        rows.push_back({{"strategy", fsdp::to_string(f.strategy)}, {"wrap", f.wrap}, {"fits", f.fits},
+                        {"peak", f.peak}, {"rest", f.rest}, {"intra_bytes", f.tiers.intra},
+                        {"inter_bytes", f.tiers.inter}, {"host_inter_bytes", f.host_inter},
+                        {"comm_seconds", f.tiers.seconds}});
+      j["recommendation"]["strategies"] = rows;
+    }
   }
   j["model"] = {{"family", "gpt"}, {"layers", s.layers}, {"dim", s.dim}, {"heads", s.heads}, {"vocab", s.vocab},
                 {"seq", s.seq}, {"batch", s.batch}, {"num_params", s.num_params()}};

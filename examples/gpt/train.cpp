@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fault_injection.h"
+#include "traffic_line.h"
 #include "usage.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
@@ -524,11 +525,7 @@ void print_ledger(const Run& run, Model& model, torch::optim::Optimizer& opt, co
   std::printf("%s\n", ledger.str().c_str());
   // Exact integers for the tests (tests/test_hybrid.cpp): bytes rank 0 sent
   // in the training steps, by tier (hosts as the same-host transport sees them).
-  std::printf("traffic by tier (rank 0, per step): intra-host %s, inter-host %s | intra_bytes=%lld "
-              "inter_bytes=%lld steps=%lld (totals)\n",
-              fsdp::memory::format_bytes(steps_run > 0 ? (train_bytes - train_inter_bytes) / steps_run : 0).c_str(),
-              fsdp::memory::format_bytes(steps_run > 0 ? train_inter_bytes / steps_run : 0).c_str(),
-              (long long)(train_bytes - train_inter_bytes), (long long)train_inter_bytes, (long long)steps_run);
+  std::printf("%s", examples::traffic_by_tier_line(train_bytes, train_inter_bytes, steps_run).c_str());
   if (plan) {
     const int64_t sent = train_bytes;
     std::printf("plan vs measured (rank 0): peak %s predicted, %s measured (%.3f); traffic %s/step predicted, "

@@ -14,6 +14,7 @@
 #include "cli_checks.h"
 #include "usage.h"
 #include "fault_injection.h"
+#include "traffic_line.h"
 #include "fsdp/flight.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/progress.h"
@@ -135,6 +136,7 @@ int main(int argc, char** argv) {
     torch::manual_seed(1000 + rank);  // each rank its own data, as in the FSDP guide
     auto data = torch::randn({micro_bs, 512});
     fsdp::CommCounters before, after;  // around the last step (the monitor's all-gather excluded)
+    int64_t train_sent = 0, train_inter = 0;  // every step's, the same way (the traffic-by-tier line)
     fsdp::ProgressOptions po;
     po.label = "train";
     po.unit = "steps";
@@ -198,6 +200,8 @@ int main(int argc, char** argv) {
         fsdp::save_checkpoint(*model, &opt, ckpt_dir, epoch + 1, {{"step", epoch + 1}});
       }
       after = comm->counters();
+      train_sent += after.total_bytes_sent() - before.total_bytes_sent();
+      train_inter += after.total_bytes_inter_host() - before.total_bytes_inter_host();
       if (stragglers) {
         const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         auto rep = stragglers->observe(wall - (waits->seconds() - waited0));  // collective
@@ -241,6 +245,8 @@ int main(int argc, char** argv) {
                     fsdp::memory::format_bytes(static_cast<int64_t>(passes * (S - 1) / S * P)).c_str(), reduces,
                     fsdp::memory::format_bytes(static_cast<int64_t>(reduces * 2 * (R - 1) / R * P / S)).c_str(), S, R);
       }
+      // gpt's line: every training step's bytes by tier, exact totals.
+      std::printf("%s", examples::traffic_by_tier_line(train_sent, train_inter, epochs - std::min(start, epochs)).c_str());
     }
     if (!save.empty()) {
       fsdp::save_full(*model, save);

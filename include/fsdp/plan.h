@@ -3,7 +3,7 @@
 //
 // defines: plan::Optimizer, plan::UnitSpec, plan::PlanOptions, plan::UnitPlan,
 //          plan::Traffic, plan::Plan, plan::Recompute, plan::make_plan, plan::traffic,
-//          plan::Candidate, plan::Recommendation, plan::recommend,
+//          plan::Candidate, plan::StrategyFit, plan::Recommendation, plan::recommend,
 //          plan::units_from, plan::measure_loopback_bandwidth, plan::parse_bandwidth,
 //          plan::TierTraffic, plan::tier_traffic, plan::compare_tiers, plan::tiers_str
 //
@@ -206,11 +206,40 @@ std::string tiers_str(const TierComparison& c, const PlanOptions& opts);  // the
 // that fits (fewer, larger collectives); nothing fits -> the finest wrapping
 // and what to change. A plan fits when its peak is at most 90% of the budget
 // (the allocator's fragmentation and small buffers are not in the ledger).
+//
+// Across hosts (PlanOptions::hosts > 1; HYBRID's shard group
+// PlanOptions::group()) HYBRID_SHARD_ZERO2 and HYBRID_SHARD join, each
+// strategy with its coarsest wrapping that fits, and among the strategies
+// that fit:
+//   both links' rates known (intra_bandwidth and inter_bandwidth, or
+//     bandwidth for both): the least communication time per step
+//     (tier_traffic's seconds), rule "comm_time";
+//   no rates, a HYBRID variant fits: the fewest bytes crossing each host's
+//     link per step (StrategyFit::host_inter; a tie: fewer bytes inside),
+//     rule "inter_host_bytes";
+//   else (no HYBRID variant fits, or nothing fits): the tree's choice, rule
+//     "tree".
+// Ties go to the earlier of NO_SHARD, SHARD_GRAD_OP, FULL_SHARD,
+// HYBRID_SHARD_ZERO2, HYBRID_SHARD. With one host the tree alone decides, as
+// without hosts (rule "tree", `strategies` empty).
 struct Candidate {
   std::string wrap;  // e.g. "none", "block", "size:65536" (coarse to fine)
   std::vector<UnitSpec> units;
   int64_t released = 0;  // make_plan's released_activation_bytes
   Recompute recompute;   // make_plan's recompute (activation checkpointing)
+};
+
+// One strategy as recommend() weighed it across hosts.
+struct StrategyFit {
+  ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
+  std::string wrap;        // its coarsest wrapping that fits (the finest when none does)
+  bool fits = false;
+  int64_t peak = 0;        // its plan's peak with that wrapping
+  int64_t rest = 0;        // (P+G+O) per rank at rest
+  TierTraffic tiers;       // its traffic per tier and communication time with that wrapping
+  int64_t host_inter = 0;  // bytes each host sends across per step: HYBRID S x tiers.inter
+                           // (the S ranks of a host share its link), else tiers.inter (the
+                           // ring's one crossing rank)
 };
 
 struct Recommendation {
@@ -219,6 +248,10 @@ struct Recommendation {
   std::string wrap;
   Plan plan;
   std::string why;  // plain words, several lines
+  // How it was chosen (see above): "tree", "comm_time" or "inter_host_bytes".
+  std::string rule = "tree";
+  ShardingStrategy one_host_choice = ShardingStrategy::FULL_SHARD;  // what the tree alone picks
+  std::vector<StrategyFit> strategies;  // hosts > 1: all five, in the tie-break order
 };
 
 Recommendation recommend(const std::vector<Candidate>& candidates_coarse_to_fine, int64_t activation_bytes,

@@ -121,7 +121,7 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
     inner.hosts = 1;
     inner.strategy = opts.strategy == ShardingStrategy::HYBRID_SHARD ? ShardingStrategy::FULL_SHARD
                                                                      : ShardingStrategy::SHARD_GRAD_OP;
-    Plan p = make_plan(units, activation_bytes, inner, released_activation_bytes);
+    Plan p = make_plan(units, activation_bytes, inner, released_activation_bytes, recompute);
     p.options = opts;
     p.traffic = traffic(opts.strategy, p.padded_numel, opts);
     p.comm_seconds = opts.bandwidth > 0 ? p.traffic.total() / opts.bandwidth : 0;
