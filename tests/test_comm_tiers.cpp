@@ -12,9 +12,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "fsdp/comm.h"
+#include "fsdp/trace.h"
 #include "test_util.h"
 
 namespace fsdp::testing {
@@ -182,7 +185,29 @@ TEST(CommTiers, RankKilledMidGatherFailsTheOthers) {
     EXPECT_TRUE(contains(error[0], "all_gather 'big.ag'")) << error[0];
     EXPECT_TRUE(contains(error[0], "(cma+tcp tiers: ")) << error[0];
     if (survivor != 2) EXPECT_TRUE(contains(error[0], "rank 1")) << error[0];
+    EXPECT_TRUE(contains(error[0], "Flight recorder: ")) << error[0];
   }
+  // Rank 0 shares the dead rank's host: it sees the process gone.
+  auto zero = lines_with(r.output, "[rank 0] error:");
+  ASSERT_FALSE(zero.empty()) << r.output;
+  EXPECT_TRUE(contains(zero[0], "Ranks whose process is gone: rank 1 (pid ")) << zero[0];
+}
+
+// FSDP_DEBUG=detail checks the call on the communicator's own mesh before
+// either tier moves a byte: a size mismatch is one error on every rank,
+// long before the timeout.
+TEST(CommTiers, DetailCheckRunsBeforeTheTiers) {
+  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
+  auto r = run_ranks(4, "rel_mismatch", {"1"},
+                     {"FSDP_TEST_HOST_LAYOUT=a,a,b,b", "FSDP_DEBUG=detail", "FSDP_TIMEOUT=20"}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto errors = lines_with(r.output, "mismatch error:");
+  ASSERT_EQ(errors.size(), 4u) << r.output;
+  for (auto& e : errors) {
+    EXPECT_TRUE(contains(e, "ranks issued different collectives at #2 in a world of 4 (cma+tcp tiers world=4")) << e;
+    EXPECT_TRUE(contains(e, "rank 1: all_reduce 'blocks.1' #2 (fp32, 999 elements, SUM)   <-- differs")) << e;
+  }
+  for (auto& l : lines_with(r.output, "elapsed=")) EXPECT_LT(std::stod(l.substr(l.find('=') + 1)), 2.0) << l;
 }
 
 // ---------------------------------------------------------------- training
@@ -199,6 +224,38 @@ TEST(CommTiers, FullShardTrainsLikeTheReferenceAcrossTwoHosts) {
     for (auto& l : ok) EXPECT_TRUE(contains(l, " OK")) << l;
     EXPECT_FALSE(lines_with(r.output, "collectives move bytes by tiers").empty()) << r.output;
   }
+}
+
+// The trace of a FULL_SHARD step over 2 x 2 carries the composed tiers:
+// the report's per-step inter-host bytes are the counters' (every rank
+// sends 3 (H-1) shards across), the spans say they took the tiers.
+TEST(CommTiers, TraceAndReportSeeTheComposedTiers) {
+  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
+  const auto dir = (std::filesystem::temp_directory_path() / ("fsdp-tiers-trace-" + std::to_string(getpid()))).string();
+  std::filesystem::remove_all(dir);
+  auto r = run_ranks(4, "hybrid_traffic", {"full"}, {"FSDP_TEST_HOSTS=2", "FSDP_TEST_TRACE=" + dir});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto lines = lines_with(r.output, "TRAFFIC rank=");
+  ASSERT_EQ(lines.size(), 4u) << r.output;
+  auto f = parse_kv(lines[0]);
+  const long long shard = f["padded"] * 4 / 4;
+  EXPECT_EQ(f["ag_inter"] + f["rs_inter"], 3 * shard) << lines[0];
+  auto m = report::analyze(dir);
+  EXPECT_EQ(m["hosts"], nlohmann::json({0, 0, 1, 1}));
+  ASSERT_EQ(m["ranks"].size(), 4u);
+  for (auto& rk : m["ranks"]) {
+    ASSERT_EQ(rk["steps"].size(), 2u);
+    EXPECT_EQ(rk["steps"][1]["inter_bytes"].get<double>(), double(3 * shard));
+    EXPECT_EQ(rk["steps"][1]["intra_bytes"].get<double>(), double(f["ag"] + f["rs"] - 3 * shard));
+  }
+  int spans = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir)) {
+    std::ifstream in(e.path());
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (size_t at = text.find("\"tiers\""); at != std::string::npos; at = text.find("\"tiers\"", at + 1)) ++spans;
+  }
+  EXPECT_GT(spans, 0) << "no comm span of " << dir << " says it took the tiers";
+  std::filesystem::remove_all(dir);
 }
 
 // ---------------------------------------------------------------- errors
