@@ -258,6 +258,27 @@ TEST(CommTiers, TraceAndReportSeeTheComposedTiers) {
   std::filesystem::remove_all(dir);
 }
 
+// The other strategies and host shapes under one launcher: NO_SHARD's
+// gradient all-reduce at 2 x 2, SHARD_GRAD_OP with no_sync at 3 x 2 (hosts
+// interleaved), FULL_SHARD at 2 x 3.
+TEST(CommTiers, OtherStrategiesAndShapesTrainLikeTheReference) {
+  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
+  struct Case {
+    int n;
+    std::string strategy, mode, layout;
+  };
+  for (const Case& k : {Case{4, "none", "plain", "a,a,b,b"}, Case{6, "grad-op", "nosync", "a,b,c,a,b,c"},
+                        Case{6, "full", "rs", "a,a,a,b,b,b"}}) {
+    auto r = run_ranks(k.n, "core_parity", {k.strategy, k.mode},
+                       {"FSDP_TEST_HOST_LAYOUT=" + k.layout, "FSDP_DEBUG=info"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto ok = lines_with(r.output, "PARITY");
+    ASSERT_EQ(ok.size(), static_cast<size_t>(k.n)) << r.output;
+    for (auto& l : ok) EXPECT_TRUE(contains(l, " OK")) << k.strategy << ": " << l;
+    EXPECT_FALSE(lines_with(r.output, "collectives move bytes by tiers").empty()) << r.output;
+  }
+}
+
 // ---------------------------------------------------------------- errors
 // FSDP_TRANSPORT=cma requires same-host ranks to use CMA. The world (2 x 2)
 // composes; a group of global ranks 1, 2, 3 (hosts a, b, b) cannot, and its
