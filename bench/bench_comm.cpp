@@ -10,7 +10,10 @@
 // appends one JSON line to --json.
 //
 // Transports (FSDP_TRANSPORT) at the largest size: a communicator of each
-// (tcp: Gloo's ring over loopback; cma: cross-memory attach), in paired
+// (tcp: Gloo's ring over loopback; cma: cross-memory attach; at an even
+// N >= 4 also tiers: the ranks split into two simulated hosts by
+// FSDP_HOST_ID, so the collectives compose CMA inside each half with TCP
+// between them, docs/COMM.md "Across hosts"), in paired
 // rounds beside a plain memcpy of the same bytes each rank moves, done by
 // every rank at once (the memory bus is shared alike). The target
 // for ranks on one host is >= 0.5 x that memcpy.
@@ -35,6 +38,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <algorithm>
 #include <cstdlib>
@@ -183,20 +187,31 @@ double memcpy_all_ranks_gbps(fsdp::Communicator& c, size_t bytes, std::vector<ch
 // A communicator with FSDP_TRANSPORT=`transport` (every rank asks for the
 // same one, so every rank gets it or every rank fails); null when this
 // host cannot.
-fsdp::CommPtr communicator_over(const char* transport) {
-  const char* old = std::getenv("FSDP_TRANSPORT");
-  const std::string saved = old ? old : "";
-  setenv("FSDP_TRANSPORT", transport, 1);
+// `host_id`: this rank's FSDP_HOST_ID while it is made (null: unchanged).
+fsdp::CommPtr communicator_over(const char* transport, const char* host_id = nullptr) {
+  auto swap_env = [](const char* name, const char* value) {
+    const char* old = std::getenv(name);
+    std::optional<std::string> saved;
+    if (old) saved = old;
+    if (value) setenv(name, value, 1);
+    return saved;
+  };
+  auto restore = [](const char* name, const std::optional<std::string>& saved) {
+    if (saved)
+      setenv(name, saved->c_str(), 1);
+    else
+      unsetenv(name);
+  };
+  const auto transport_was = swap_env("FSDP_TRANSPORT", transport);
+  const auto host_was = swap_env("FSDP_HOST_ID", host_id);
   fsdp::CommPtr c;
   try {
     c = fsdp::make_communicator_from_env();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_comm: no %s communicator: %s\n", transport, e.what());
   }
-  if (old)
-    setenv("FSDP_TRANSPORT", saved.c_str(), 1);
-  else
-    unsetenv("FSDP_TRANSPORT");
+  restore("FSDP_TRANSPORT", transport_was);
+  if (host_id) restore("FSDP_HOST_ID", host_was);
   return c;
 }
 
@@ -319,6 +334,12 @@ int main(int argc, char** argv) {
       auto comm = communicator_over(t);
       if (comm) over_t.push_back({t, comm, {}, {}, {}, {}});
     }
+    if (n >= 4 && n % 2 == 0) {
+      // Every rank makes it (collective); kept only when it composed.
+      const std::string half = "bench-half-" + std::to_string(c->rank() < n / 2 ? 0 : 1);
+      auto comm = communicator_over("auto", half.c_str());
+      if (comm && comm->describe().find("tiers") != std::string::npos) over_t.push_back({"tiers", comm, {}, {}, {}, {}});
+    }
     std::vector<char> src, dst;
     for (int round = 0; round < rounds; ++round) {
       const double mc = memcpy_all_ranks_gbps(*c, static_cast<size_t>(moved), src, dst);
@@ -400,7 +421,7 @@ int main(int argc, char** argv) {
                 (long long)max_mib, rounds, moved / (1 << 20), median(memcpy_rounds));
     j["transports"] = nlohmann::json::array();
     for (auto& o : over_t) {
-      std::printf("  %-4s AG %.3f GB/s = %.3f x memcpy | RS %.3f GB/s = %.3f x memcpy\n", o.name.c_str(),
+      std::printf("  %-5s AG %.3f GB/s = %.3f x memcpy | RS %.3f GB/s = %.3f x memcpy\n", o.name.c_str(),
                   median(o.ag), median(o.ag_ratio), median(o.rs), median(o.rs_ratio));
       j["transports"].push_back({{"transport", o.name},
                                  {"engine", o.comm->describe()},

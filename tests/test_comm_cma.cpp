@@ -145,18 +145,29 @@ TEST_P(CommTimeoutOver, NamesTheMissingRank) {
 INSTANTIATE_TEST_SUITE_P(Transports, CommTimeoutOver, ::testing::Values("tcp", "cma"));
 
 // Two launchers whose host identities differ look like two hosts: auto
-// falls back to TCP for everything (tiers are not composed) and says why;
-// the whole grid passes over it.
-TEST(CommTransport, TwoHostsFallBackToTcpAndPassTheGrid) {
+// composes the tiers (CMA inside each launcher's host, TCP between,
+// tests/test_comm_tiers.cpp) where CMA works, else falls back to TCP for
+// everything and says why; the whole grid passes over either.
+TEST(CommTransport, TwoHostsComposeTiersAndPassTheGrid) {
   auto [a, b] = run_two_nodes("comm_collectives", {"FSDP_HOST_ID=node-a", "FSDP_DEBUG=info"},
                               {"FSDP_HOST_ID=node-b", "FSDP_DEBUG=info"});
   EXPECT_EQ(a.exit_code, 0) << a.output;
   EXPECT_EQ(b.exit_code, 0) << b.output;
   EXPECT_EQ(lines_with(a.output + b.output, "comm_collectives passed").size(), 4u) << a.output << b.output;
-  EXPECT_EQ(lines_with(a.output + b.output, "gloo/tcp world=4").size(), 4u) << a.output << b.output;
-  EXPECT_FALSE(
-      lines_with(a.output, "collectives move bytes by gloo/tcp: the ranks are not all on one host").empty())
+  const bool tiers = cma_available();
+  EXPECT_EQ(lines_with(a.output + b.output, tiers ? "cma+tcp tiers world=4" : "gloo/tcp world=4").size(), 4u)
+      << a.output << b.output;
+  EXPECT_FALSE(lines_with(a.output, tiers ? "collectives move bytes by tiers" : "tiers not composed").empty())
       << a.output;
+}
+
+// FSDP_TRANSPORT=tcp still forces the flat ring across hosts.
+TEST(CommTransport, TwoHostsUnderForcedTcpStayFlat) {
+  auto [a, b] = run_two_nodes("comm_hello", {"FSDP_HOST_ID=node-a", "FSDP_TRANSPORT=tcp"},
+                              {"FSDP_HOST_ID=node-b", "FSDP_TRANSPORT=tcp"}, 60);
+  EXPECT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(lines_with(a.output + b.output, "hello from gloo/tcp world=4").size(), 4u) << a.output << b.output;
 }
 
 // The same two launchers without FSDP_HOST_ID are on one host, whatever
@@ -169,14 +180,25 @@ TEST(CommTransport, TwoLaunchersOnOneHostUseCma) {
   EXPECT_EQ(lines_with(a.output + b.output, "hello from cma+gloo world=4").size(), 4u) << a.output << b.output;
 }
 
-TEST(CommTransport, ForcedCmaAcrossHostsIsAClearError) {
+// FSDP_TRANSPORT=cma across hosts: ranks that share a host must use CMA,
+// so 2 x 2 composes the tiers; hosts of unequal sizes cannot, a clear error
+// (tests/test_comm_tiers.cpp has it inside a group).
+TEST(CommTransport, ForcedCmaAcrossHostsComposesOrIsAClearError) {
+  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
   auto [a, b] = run_two_nodes("comm_hello", {"FSDP_HOST_ID=node-a", "FSDP_TRANSPORT=cma"},
                               {"FSDP_HOST_ID=node-b", "FSDP_TRANSPORT=cma"}, 60);
-  EXPECT_NE(a.exit_code, 0) << a.output;
-  EXPECT_NE(b.exit_code, 0) << b.output;
-  EXPECT_TRUE(contains(a.output, "FSDP_TRANSPORT=cma, but the ranks are not all on one host")) << a.output;
-  EXPECT_TRUE(contains(a.output, "Use FSDP_TRANSPORT=auto")) << a.output;
-  EXPECT_LT(a.seconds, 30) << a.output;
+  EXPECT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(lines_with(a.output + b.output, "hello from cma+tcp tiers world=4").size(), 4u) << a.output << b.output;
+  auto r = run_ranks(4, "comm_hello", {}, {"FSDP_TEST_HOST_LAYOUT=a,a,a,b", "FSDP_TRANSPORT=cma"}, 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "FSDP_TRANSPORT=cma, but the ranks are not all on one host (rank 0 on "
+                                 "'FSDP_HOST_ID=test-host-a', rank 3 on 'FSDP_HOST_ID=test-host-b')"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "the hosts have different numbers of ranks (host of rank 0: 3, host of rank 3: 1)"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "Use FSDP_TRANSPORT=auto")) << r.output;
+  EXPECT_LT(r.seconds, 30) << r.output;
 }
 
 TEST(CommTransport, RanksThatDisagreeOnTheTransportFailClearly) {

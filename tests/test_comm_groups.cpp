@@ -163,15 +163,23 @@ TEST(CommGroups, NegativeColorAndWorldOfOne) {
 }
 
 // Two simulated hosts (FSDP_HOST_ID): ranks 0,1 on host a, 2,3 on host b.
-// The ring sends to the right neighbour only, so of the world's all-gather
-// ranks 1 and 3 send everything across hosts and ranks 0 and 2 nothing; the
-// shard groups {0,1}, {2,3} stay inside a host and the replica groups
-// {0,2}, {1,3} cross for every byte.
-TEST(CommGroups, TrafficCountedByHostTier) {
+// The world's all-gather composes the tiers where CMA works (src/comm/tiers.h):
+// each rank sends its block across once ((H-1) b) and the host's two blocks
+// inside ((S-1) H b); on the flat ring (FSDP_TRANSPORT=tcp, or no CMA) it
+// sends only to the right neighbour, so ranks 1 and 3 send everything
+// across hosts and ranks 0 and 2 nothing. The shard groups {0,1}, {2,3}
+// stay inside a host and the replica groups {0,2}, {1,3} cross for every
+// byte.
+void traffic_by_host_tier(const std::string& transport) {
+  const bool tiers = transport == "auto";
+  // Asked in the test process only (it starts ranks of its own).
+  if (tiers && !std::getenv("FSDP_RANK_TEST") && !cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
   FSDP_IN_RANKS(4);
   const int r = std::atoi(std::getenv("RANK"));
   setenv("FSDP_HOST_ID", r < 2 ? "host-a" : "host-b", 1);
+  setenv("FSDP_TRANSPORT", transport.c_str(), 1);
   auto world = make_communicator_from_env();
+  EXPECT_EQ(world->describe().find("tiers") != std::string::npos, tiers) << world->describe();
   EXPECT_EQ(world->hosts(), (std::vector<int>{0, 0, 1, 1}));
   auto shard = world->split(r / 2, {"shard", std::chrono::milliseconds(0)});
   auto replica = world->split(r % 2, {"replica", std::chrono::milliseconds(0)});
@@ -190,7 +198,8 @@ TEST(CommGroups, TrafficCountedByHostTier) {
   }
   auto c = world->counters()[CollectiveKind::ALL_GATHER];
   EXPECT_EQ(c.bytes_sent, 3 * block * 4);
-  EXPECT_EQ(c.bytes_inter_host, (r == 1 || r == 3) ? 3 * block * 4 : 0);
+  const int64_t ag_inter = tiers ? block * 4 : (r == 1 || r == 3) ? 3 * block * 4 : 0;
+  EXPECT_EQ(c.bytes_inter_host, ag_inter);
   {
     auto out = torch::empty({2 * block});
     shard->all_gather(in, out)->wait();
@@ -205,7 +214,7 @@ TEST(CommGroups, TrafficCountedByHostTier) {
   // The world adds up its groups, tier by tier.
   auto w = world->counters();
   EXPECT_EQ(w.total_bytes_sent(), 3 * block * 4 + block * 4 + 2 * block * 4);
-  EXPECT_EQ(w.total_bytes_inter_host(), ((r == 1 || r == 3) ? 3 * block * 4 : 0) + 2 * block * 4);
+  EXPECT_EQ(w.total_bytes_inter_host(), ag_inter + 2 * block * 4);
   EXPECT_EQ(w.total_bytes_intra_host(), w.total_bytes_sent() - w.total_bytes_inter_host());
   // Broadcast from rank 0: one peer on its host, two on the other.
   world->reset_counters();
@@ -213,6 +222,8 @@ TEST(CommGroups, TrafficCountedByHostTier) {
   world->broadcast(b, 0)->wait();
   EXPECT_EQ(world->counters()[CollectiveKind::BROADCAST].bytes_inter_host, r == 0 ? 2 * block * 4 : 0);
 }
+TEST(CommGroups, TrafficCountedByHostTier) { traffic_by_host_tier("auto"); }
+TEST(CommGroups, TrafficCountedByHostTierOverFlatTcp) { traffic_by_host_tier("tcp"); }
 
 }  // namespace
 }  // namespace fsdp::testing

@@ -196,23 +196,26 @@ TEST(HybridTraffic, TinyTwoByTwoLineEqualsTheFormulas) {
   }
 }
 
-// FULL_SHARD over N ranks on H hosts of N/H consecutive ranks: every ring
-// collective sends only to the right neighbour, so the last rank of each
-// host sends all of its (N-1)/N x 3P across hosts and every other rank
-// sends nothing across: H x (N-1)/N x 3P cross per step in all, H/N of
-// the traffic (against HYBRID's 2 (R-1)/R x P/S per rank).
-TEST(HybridTraffic, FullShardOverTwoHostsCrossesAtTheHostBoundaries) {
+// FULL_SHARD over N ranks on H hosts of S = N/H ranks: the world's
+// all-gathers and reduce-scatters compose the tiers (src/comm/tiers.h), so
+// every rank sends (H-1) of its 3 (N-1) shards per step across hosts and
+// the rest, 3 (S-1) H shards, inside (against HYBRID's 2 (R-1)/R x P/S).
+// Where CMA is forbidden the flat ring runs: it sends only to the right
+// neighbour, so the last rank of each host sends all of its (N-1)/N x 3P
+// across and every other rank nothing.
+TEST(HybridTraffic, FullShardOverTwoHostsComposesTheTiers) {
+  const bool tiers = cma_available();
   auto r = run_ranks(4, "hybrid_traffic", {"full"}, {"FSDP_TEST_HOSTS=2"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto lines = lines_with(r.output, "TRAFFIC rank=");
   ASSERT_EQ(lines.size(), 4u) << r.output;
   for (auto& l : lines) {
     auto f = parse_kv(l);
-    const long long N = f["N"], shard = f["padded"] * 4 / N, rank = f["rank"];
+    const long long N = f["N"], H = 2, shard = f["padded"] * 4 / N, rank = f["rank"];
     const long long total = 3 * (N - 1) * shard;
     EXPECT_EQ(f["ag"] + f["rs"], total) << l;
     const bool last_of_host = rank == 1 || rank == 3;
-    EXPECT_EQ(f["ag_inter"] + f["rs_inter"], last_of_host ? total : 0) << l;
+    EXPECT_EQ(f["ag_inter"] + f["rs_inter"], tiers ? 3 * (H - 1) * shard : last_of_host ? total : 0) << l;
     EXPECT_EQ(f["ar"], 0) << l;
   }
 }
@@ -245,8 +248,8 @@ TEST(HybridTraffic, TraceAndReportSplitTheTiers) {
 
 // ---------------------------------------------------------------- the planner
 // Per tier, the planner's bytes are the formulas' (and so the counters'):
-// HYBRID's inter-host 2 (R-1)/R x P/S, FULL_SHARD's whole ring traffic on
-// the last rank of each host.
+// HYBRID's inter-host 2 (R-1)/R x P/S, FULL_SHARD's (H-1)/(N-1) of every
+// rank's traffic.
 TEST(HybridPlan, TierBytesFollowTheFormulas) {
   std::vector<plan::UnitSpec> units{{"", 1001}, {"blocks.0", 40000}, {"blocks.1", 40000}};
   plan::PlanOptions o;
@@ -258,9 +261,11 @@ TEST(HybridPlan, TierBytesFollowTheFormulas) {
   auto h = plan::tier_traffic(ShardingStrategy::HYBRID_SHARD, units, o);
   EXPECT_EQ(h.intra, 3 * (S - 1) * padded_s / S * 4);
   EXPECT_EQ(h.inter, 2 * (R - 1) * (padded_s / S) / R * 4);
+  // FULL_SHARD composes the tiers: (H-1) of every rank's 3 (N-1) shards
+  // cross, the rest stays inside.
   auto f = plan::tier_traffic(ShardingStrategy::FULL_SHARD, units, o);
-  EXPECT_EQ(f.inter, 3 * 7 * padded_n / 8 * 4);
-  EXPECT_EQ(f.intra, 0);
+  EXPECT_EQ(f.inter, 3 * 1 * padded_n / 8 * 4);
+  EXPECT_EQ(f.intra, 3 * 6 * padded_n / 8 * 4);
   auto z = plan::tier_traffic(ShardingStrategy::HYBRID_SHARD_ZERO2, units, o);
   EXPECT_EQ(z.intra, 2 * (S - 1) * padded_s / S * 4);
   EXPECT_EQ(z.inter, h.inter);

@@ -172,11 +172,11 @@ std::vector<UnitSpec> units_from(const std::vector<UnitInfo>& infos);
 // Two tiers: what one step sends inside a host and between hosts, and how
 // long that takes, for a strategy over opts.hosts hosts (ranks in host order,
 // as `fsdp run --nnodes` numbers them).
-//   FULL_SHARD, SHARD_GRAD_OP, NO_SHARD over H > 1 hosts: the rings send to
-//     the right neighbour only, so the last rank of each host sends all its
-//     traffic across and the others none; the figures are that rank's (the
-//     one the ring waits for). A ring runs at the pace of its slowest link:
-//     time = its bytes / min(intra, inter).
+//   FULL_SHARD, SHARD_GRAD_OP, NO_SHARD over H > 1 hosts of S ranks: the
+//     collectives compose two tiers (inside each host, then between the
+//     ranks of the same local index, docs/COMM.md), so every rank sends
+//     (H-1)/(N-1) of its traffic across and the rest inside; the S ranks of
+//     a host share its link: time = intra / intra_bw + S x inter / inter_bw.
 //   HYBRID_SHARD*: intra = the shard group's all-gathers and reduce-scatter,
 //     inter = the shard's all-reduce across replicas, every rank; the S ranks
 //     of a host share its link, so time = intra / intra_bw + S x inter / inter_bw.

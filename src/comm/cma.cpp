@@ -70,7 +70,7 @@ class AllToAll {
   const std::vector<Post>& wait(const char* what) {
     for (int i = 1; i < n_; ++i) {
       const int q = (r_ + i) % n_;
-      if (s_.progress) s_.progress->wait_on(q, flight::Progress::RECEIVE);
+      if (s_.progress) s_.progress->wait_on(s_.name(q), flight::Progress::RECEIVE);
       try {
         if (!recv_[q]->waitRecv(remaining(s_))) throw gloo::IoException("receive aborted");
       } catch (const std::exception& e) {
@@ -79,12 +79,12 @@ class AllToAll {
           far = detail::cat(" (", memory::format_bytes(s_.progress->recv_done.load(std::memory_order_relaxed)), " of ",
                             memory::format_bytes(s_.progress->recv_total.load(std::memory_order_relaxed)),
                             " read from the peers so far)");
-        throw std::runtime_error(detail::cat("waiting for ", what, " of rank ", q, far, ": ", e.what()));
+        throw std::runtime_error(detail::cat("waiting for ", what, " of rank ", s_.name(q), far, ": ", e.what()));
       }
       if (s_.progress) s_.progress->idle();
       const Post& p = table_[q];
       if (p.seq != s_.seq || p.msg != m_)
-        throw std::runtime_error(detail::cat("rank ", q, " sent message ", p.msg, " of collective #", p.seq,
+        throw std::runtime_error(detail::cat("rank ", s_.name(q), " sent message ", p.msg, " of collective #", p.seq,
                                              " where this rank expected ", what, " of #", s_.seq));
     }
     return table_;
@@ -108,11 +108,11 @@ class AllToAll {
 
 // The peers' buffers, checked against what this rank expects (a peer that
 // posts another size runs another collective: fail, do not read past it).
-const std::vector<Post>& posted(AllToAll& x, int64_t expect, int self) {
+const std::vector<Post>& posted(const Step& s, AllToAll& x, int64_t expect, int self) {
   const auto& t = x.wait("the buffer address");
   for (size_t q = 0; q < t.size(); ++q)
     if (static_cast<int>(q) != self && t[q].nbytes != expect)
-      throw std::runtime_error(detail::cat("rank ", q, " posted a buffer of ", t[q].nbytes,
+      throw std::runtime_error(detail::cat("rank ", s.name(static_cast<int>(q)), " posted a buffer of ", t[q].nbytes,
                                            " bytes where this rank expected ", expect,
                                            ": the ranks issued different collectives"));
   return t;
@@ -185,7 +185,7 @@ int64_t cma_all_gather(const Step& s, const CmaPeers& p, const void* in, void* o
   // Peers read our block where it now lies in the output: this rank never
   // writes there, whatever `in` aliases.
   post.send(address(o + r * block), block);
-  const auto& t = posted(post, block, r);
+  const auto& t = posted(s, post, block, r);
   // Rank r starts at r+1, so the N readers spread over the N sources.
   for (int i = 1; i < n; ++i) {
     const int q = (r + i) % n;
@@ -221,7 +221,7 @@ int64_t cma_reduce_scatter(const Step& s, const CmaPeers& p, const void* in, voi
   if (s.progress) s.progress->recv_total.fetch_add((n - 1) * chunk, std::memory_order_relaxed);
   AllToAll post(s, kPost), done(s, kDone);
   post.send(address(input), total);
-  const auto& t = posted(post, total, r);
+  const auto& t = posted(s, post, total, r);
   reduce_chunk(s, p, t, r * count, count, own, dst, dtype, divisor);
   finish(done);
   if (spare.defined()) std::memcpy(output, dst, chunk);
@@ -241,7 +241,7 @@ int64_t cma_all_reduce(const Step& s, const CmaPeers& p, void* data, int64_t num
     s.progress->recv_total.fetch_add((n - 1) * c.count[r] * es + (numel - c.count[r]) * es, std::memory_order_relaxed);
   AllToAll post(s, kPost), reduced(s, kReduced), done(s, kDone);
   post.send(address(d), numel * es);
-  const auto& t = posted(post, numel * es, r);
+  const auto& t = posted(s, post, numel * es, r);
   // Phase 1: chunk r, in place. Peers read only their own chunks of our
   // tensor, never chunk r, so writing it is safe while they read.
   char* mine = d + c.offset[r] * es;
@@ -262,6 +262,65 @@ int64_t cma_all_reduce(const Step& s, const CmaPeers& p, void* data, int64_t num
   // The ring's bytes: every chunk but ours in the reduce-scatter, every
   // chunk but our right neighbour's in the all-gather.
   return (2 * numel - c.count[r] - c.count[(r + 1) % n]) * es;
+}
+
+int64_t cma_gather_segments(const Step& s, const CmaPeers& p, void* buf, int64_t total_bytes, const Segments& seg) {
+  const int n = s.ctx->size, r = s.ctx->rank;
+  char* b = static_cast<char*>(buf);
+  auto bytes_of = [&](int q) {
+    int64_t t = 0;
+    for (const Segment& g : seg[q]) t += g.count;
+    return t;
+  };
+  int64_t theirs = 0;
+  for (int q = 0; q < n; ++q) theirs += q == r ? 0 : bytes_of(q);
+  // Every rank sees the same segments: all skip the exchange or none.
+  if (n == 1 || theirs + bytes_of(r) == 0) return 0;
+  if (s.progress) s.progress->recv_total.fetch_add(theirs, std::memory_order_relaxed);
+  AllToAll post(s, kPost), done(s, kDone);
+  // Peers read only our own ranges, which this rank never writes.
+  post.send(address(b), total_bytes);
+  const auto& t = posted(s, post, total_bytes, r);
+  for (int i = 1; i < n; ++i) {
+    const int q = (r + i) % n;
+    for (const Segment& g : seg[q])
+      if (g.count > 0) read_peer(s, q, p.pid[q], b + g.offset, t[q].addr + static_cast<uint64_t>(g.offset), g.count);
+  }
+  finish(done);
+  post.wait_sent();
+  done.wait_sent();
+  return theirs + bytes_of(r) - bytes_of((r + 1) % n);
+}
+
+int64_t cma_reduce_segments(const Step& s, const CmaPeers& p, const void* in, int64_t numel, void* out,
+                            const Segments& seg, c10::ScalarType dtype, int divisor) {
+  const int n = s.ctx->size, r = s.ctx->rank;
+  const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
+  const char* input = static_cast<const char*>(in);
+  char* output = static_cast<char*>(out);
+  int64_t mine = 0, all = 0;
+  for (int q = 0; q < n; ++q)
+    for (const Segment& g : seg[q]) (q == r ? mine : all) += g.count;
+  if (n == 1) {
+    for (const Segment& g : seg[r]) {
+      if (output != input + g.offset * es) std::memmove(output, input + g.offset * es, g.count * es);
+      output += g.count * es;
+    }
+    return 0;
+  }
+  if (mine + all == 0) return 0;
+  if (s.progress) s.progress->recv_total.fetch_add((n - 1) * mine * es, std::memory_order_relaxed);
+  AllToAll post(s, kPost), done(s, kDone);
+  post.send(address(input), numel * es);
+  const auto& t = posted(s, post, numel * es, r);
+  for (const Segment& g : seg[r]) {
+    reduce_chunk(s, p, t, g.offset, g.count, input + g.offset * es, output, dtype, divisor);
+    output += g.count * es;
+  }
+  finish(done);
+  post.wait_sent();
+  done.wait_sent();
+  return all * es;
 }
 
 }  // namespace fsdp::comm

@@ -1,6 +1,7 @@
 // fsdp-cpp: collectives between ranks of one host by cross-memory attach.
 // defines: CmaPeers, choose_transport, TransportChoice, read_peer,
-//          cma_all_gather, cma_reduce_scatter, cma_all_reduce
+//          cma_all_gather, cma_reduce_scatter, cma_all_reduce, Segment,
+//          cma_gather_segments, cma_reduce_segments
 //
 // A rank reads what it needs straight out of its peers' buffers with
 // process_vm_readv(2): one copy, by the kernel, from the peer's pages into
@@ -60,6 +61,7 @@ struct TransportChoice {
   // namespaces), whatever the transport: the traffic tiers and the groups'
   // local ranks are counted from it.
   std::vector<std::string> host;
+  bool one_host = false;  // every rank has the same host identity
 };
 
 // Collective (every rank calls it once, right after the Gloo mesh is up, at
@@ -68,8 +70,11 @@ struct TransportChoice {
 // peer's memory. CMA when every rank is on this host and every probe read
 // the right value; else TCP. Every rank reaches the same choice. Throws
 // fsdp::Error when the ranks disagree on the mode, or when mode is cma and
-// CMA is impossible (the message says why and what to do).
-TransportChoice choose_transport(gloo::Context* ctx, const std::string& mode, Clock::time_point deadline);
+// the ranks share one host but cannot read each other (the message says
+// why and what to do); across hosts the caller decides (tiers.h). Messages
+// name the ranks by `global` and `group` (a group's name; "" for a world).
+TransportChoice choose_transport(gloo::Context* ctx, const std::string& mode, Clock::time_point deadline,
+                                 const std::vector<int>& global = {}, const std::string& group = "");
 
 // Copies `nbytes` from address `remote` of rank q (process `pid`) to `dst`
 // in pieces of at most 4 MiB, checking the deadline between pieces. Throws
@@ -82,7 +87,7 @@ void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int6
 // process that has exited (even one not yet reaped) has no memory to
 // read, which process_vm_readv reports as ESRCH before it looks at the
 // address.
-std::string cma_gone_peers(const CmaPeers& p, int self);
+std::string cma_gone_peers(const CmaPeers& p, int self, const std::vector<int>* names = nullptr);
 
 // Same contracts as ring_all_gather / ring_reduce_scatter / the ring
 // all_reduce of gloo_communicator.cpp; return the ring's byte counts.
@@ -96,5 +101,25 @@ int64_t cma_reduce_scatter(const Step& s, const CmaPeers& p, const void* in, voi
 // In place, chunks as ring_chunks(numel, N).
 int64_t cma_all_reduce(const Step& s, const CmaPeers& p, void* data, int64_t numel, c10::ScalarType dtype,
                        int divisor);
+
+// The same two collectives over ranges that need not be one block per rank
+// (the intra-host tier of a composed collective, tiers.h): seg[q] lists
+// rank q's ranges, in bytes for the gather and in elements for the reduce.
+struct Segment {
+  int64_t offset, count;
+};
+using Segments = std::vector<std::vector<Segment>>;
+// Every rank's `buf` has the same `total_bytes` layout; afterwards each
+// holds every rank q's ranges seg[q], read from q's buf at the same
+// offsets (rank q has them already). Returns what a ring all-gather of
+// these blocks sends: every rank's bytes but those of the right neighbour.
+int64_t cma_gather_segments(const Step& s, const CmaPeers& p, void* buf, int64_t total_bytes, const Segments& seg);
+// Writes to `out` the reduction over every rank's `in` (numel elements) of
+// this rank's ranges seg[r], one after the other, each summed in the
+// ring's order. `out` must not overlap `in`, except that with one range
+// it may be exactly that range of `in` (in place). Returns what a ring
+// reduce-scatter of these chunks sends: every rank's elements but ours.
+int64_t cma_reduce_segments(const Step& s, const CmaPeers& p, const void* in, int64_t numel, void* out,
+                            const Segments& seg, c10::ScalarType dtype, int divisor);
 
 }  // namespace fsdp::comm

@@ -83,11 +83,12 @@ std::vector<T> exchange(gloo::Context* ctx, const T& mine, int step_base, Clock:
   return all;
 }
 
-std::string why_unreadable(int reader, const ProbeResult& p, const std::vector<Hello>& hello) {
+template <class Name>
+std::string why_unreadable(const Name& name, int reader, const ProbeResult& p, const std::vector<Hello>& hello) {
   std::string what = p.err == 0 ? std::string("the read succeeded but returned a wrong value (the ranks live in "
                                               "different pid namespaces)")
                                 : detail::cat("process_vm_readv failed: ", std::strerror(p.err));
-  return detail::cat("rank ", reader, " could not read the memory of rank ", p.peer, " (pid ", hello[p.peer].pid,
+  return detail::cat(name(reader), " could not read the memory of ", name(p.peer), " (pid ", hello[p.peer].pid,
                      "): ", what,
                      ". Reading a peer's memory needs ptrace permission over it: the same user, and with Yama "
                      "(/proc/sys/kernel/yama/ptrace_scope) at 1 or more a permission the ranks do not grant; "
@@ -98,10 +99,11 @@ std::string why_unreadable(int reader, const ProbeResult& p, const std::vector<H
 
 void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int64_t nbytes) {
   char* d = static_cast<char*>(dst);
-  if (s.progress) s.progress->wait_on(q, flight::Progress::READ);
+  if (s.progress) s.progress->wait_on(s.name(q), flight::Progress::READ);
+  const int who = s.name(q);
   for (int64_t done = 0; done < nbytes;) {
     if (Clock::now() > s.deadline)
-      throw std::runtime_error(detail::cat("timed out reading the buffer of rank ", q, " (pid ", pid, ") after ",
+      throw std::runtime_error(detail::cat("timed out reading the buffer of rank ", who, " (pid ", pid, ") after ",
                                            done, " of ", nbytes, " bytes"));
     const int64_t m = std::min(kReadPiece, nbytes - done);
     iovec local{d + done, static_cast<size_t>(m)};
@@ -115,9 +117,9 @@ void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int6
     const int e = got < 0 ? errno : EFAULT;
     if (e == EINTR) continue;
     if (e == ESRCH)
-      throw std::runtime_error(detail::cat("rank ", q, " (pid ", pid, ") is gone: it died while this rank read ",
+      throw std::runtime_error(detail::cat("rank ", who, " (pid ", pid, ") is gone: it died while this rank read ",
                                            "its buffer (process_vm_readv: ", std::strerror(e), ")"));
-    throw std::runtime_error(detail::cat("reading the buffer of rank ", q, " (pid ", pid, ") failed after ", done,
+    throw std::runtime_error(detail::cat("reading the buffer of rank ", who, " (pid ", pid, ") failed after ", done,
                                          " of ", nbytes, " bytes: process_vm_readv: ", std::strerror(e),
                                          e == EFAULT ? " (rank died and its pid was reused, or posted a bad address)"
                                                      : ""));
@@ -125,20 +127,32 @@ void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int6
   if (s.progress) s.progress->idle();
 }
 
-std::string cma_gone_peers(const CmaPeers& p, int self) {
+std::string cma_gone_peers(const CmaPeers& p, int self, const std::vector<int>* names) {
   std::string out;
   for (size_t q = 0; q < p.pid.size(); ++q) {
     if (static_cast<int>(q) == self) continue;
     char byte = 0;
     iovec local{&byte, 1}, far{nullptr, 1};
     if (process_vm_readv(p.pid[q], &local, 1, &far, 1, 0) < 0 && errno == ESRCH)
-      out += detail::cat(out.empty() ? "" : ", ", "rank ", q, " (pid ", p.pid[q], ")");
+      out += detail::cat(out.empty() ? "" : ", ", "rank ", names ? (*names)[q] : static_cast<int>(q), " (pid ", p.pid[q], ")");
   }
   return out;
 }
 
-TransportChoice choose_transport(gloo::Context* ctx, const std::string& mode, Clock::time_point deadline) {
+TransportChoice choose_transport(gloo::Context* ctx, const std::string& mode, Clock::time_point deadline,
+                                 const std::vector<int>& global, const std::string& group) {
   const int n = ctx->size, r = ctx->rank;
+  // Messages name global ranks; a group's name its own rank beside them.
+  auto name = [&](int q) {
+    if (group.empty() || static_cast<int>(global.size()) != n) return detail::cat("rank ", q);
+    return detail::cat("rank ", global[q], " (group rank ", q, ")");
+  };
+  std::string where;
+  if (!group.empty()) {
+    where = detail::cat(" in group '", group, "' (global ranks ");
+    for (int q = 0; q < n && q < static_cast<int>(global.size()); ++q) where += detail::cat(q ? ", " : "", global[q]);
+    where += ")";
+  }
   // Lives on this stack until every rank has reported its probe below, so
   // no peer reads it after it is gone.
   volatile uint64_t probe_value = std::random_device{}() | (uint64_t(std::random_device{}()) << 32) | 1;
@@ -156,9 +170,9 @@ TransportChoice choose_transport(gloo::Context* ctx, const std::string& mode, Cl
     for (auto& h : hello) out.host.emplace_back(h.host, strnlen(h.host, sizeof h.host));
     for (int q = 0; q < n; ++q)
       if (std::strcmp(hello[q].mode, hello[0].mode) != 0)
-        throw Error(detail::cat("ranks disagree on FSDP_TRANSPORT: rank 0 has '", hello[0].mode, "', rank ", q,
-                                " has '", hello[q].mode, "'. Start every rank with the same FSDP_TRANSPORT "
-                                "(or none: auto)."));
+        throw Error(detail::cat("ranks disagree on FSDP_TRANSPORT", where, ": ", name(0), " has '", hello[0].mode,
+                                "', ", name(q), " has '", hello[q].mode,
+                                "'. Start every rank with the same FSDP_TRANSPORT (or none: auto)."));
     if (mode == "tcp") {
       out.why = "FSDP_TRANSPORT=tcp";
       return out;
@@ -166,11 +180,10 @@ TransportChoice choose_transport(gloo::Context* ctx, const std::string& mode, Cl
     int other = -1;
     for (int q = 0; q < n && other < 0; ++q)
       if (std::strcmp(hello[q].host, hello[0].host) != 0) other = q;
+    out.one_host = other < 0;
     if (other >= 0) {
-      out.why = detail::cat("the ranks are not all on one host (rank 0 on '", hello[0].host, "', rank ", other,
-                            " on '", hello[other].host,
-                            "'); cross-memory attach needs every rank on one host, and composing it with TCP "
-                            "between hosts is not implemented");
+      out.why = detail::cat("the ranks are not all on one host (", name(0), " on '", hello[0].host, "', ",
+                            name(other), " on '", hello[other].host, "')");
     } else {
       ProbeResult res{1, -1, 0, 0};
       for (int i = 1; i < n && res.ok; ++i) {
@@ -184,7 +197,7 @@ TransportChoice choose_transport(gloo::Context* ctx, const std::string& mode, Cl
       }
       auto results = exchange(ctx, res, /*step_base=*/1 << 17, deadline);
       for (int q = 0; q < n && out.why.empty(); ++q)
-        if (!results[q].ok) out.why = why_unreadable(q, results[q], hello);
+        if (!results[q].ok) out.why = why_unreadable(name, q, results[q], hello);
       if (out.why.empty()) {
         out.cma = true;
         out.why = detail::cat("all ", n, " ranks are on this host and may read each other's memory");
@@ -194,11 +207,15 @@ TransportChoice choose_transport(gloo::Context* ctx, const std::string& mode, Cl
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw Error(detail::cat("rank ", r, ": choosing the transport (FSDP_TRANSPORT=", mode,
-                            ") failed: a rank stopped or the network stalled: ", e.what()));
+    std::string msg = e.what();
+    if (!group.empty())
+      msg += detail::cat(" (ranks inside this message are group ranks of group '", group, "'", where, ")");
+    throw Error(detail::cat(name(r), where, ": choosing the transport (FSDP_TRANSPORT=", mode,
+                            ") failed: a rank stopped or the network stalled: ", msg));
   }
-  if (!out.cma && mode == "cma")
-    throw Error(detail::cat("FSDP_TRANSPORT=cma, but ", out.why,
+  // Across hosts the communicator decides (tiers or TCP, tiers.h).
+  if (!out.cma && mode == "cma" && out.one_host)
+    throw Error(detail::cat("FSDP_TRANSPORT=cma", where, ", but ", out.why,
                             ". Use FSDP_TRANSPORT=auto (falls back to TCP) or FSDP_TRANSPORT=tcp."));
   return out;
 }

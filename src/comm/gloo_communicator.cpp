@@ -42,6 +42,7 @@
 #include "comm/cma.h"
 #include "comm/rendezvous.h"
 #include "comm/ring.h"
+#include "comm/tiers.h"
 #include "comm/watchdog.h"
 #include "comm/work_queue.h"
 #include "fsdp/errors.h"
@@ -122,9 +123,9 @@ class GlooCommunicator final : public Communicator {
         transport_(choose_transport(ctx_.get(), opts.transport, Clock::now() + opts.rendezvous_timeout)),
         host_index_(index_hosts(transport_.host)),
         queue_(std::make_unique<WorkQueue>()) {
+    compose_tiers();
     if (opts_.debug_info && world_.rank == 0)
-      std::fprintf(stderr, "fsdp: FSDP_DEBUG: collectives move bytes by %s: %s\n",
-                   transport_.cma ? "cma (cross-memory attach)" : "gloo/tcp", transport_.why.c_str());
+      std::fprintf(stderr, "fsdp: FSDP_DEBUG: collectives move bytes by %s: %s\n", engine_words(), why().c_str());
   }
 
   // A group of `parent`'s ranks (split): `group` is its own rank and size,
@@ -136,20 +137,23 @@ class GlooCommunicator final : public Communicator {
         rdv_(std::make_unique<Rendezvous>(*parent.rdv_, tag, group, global_)),
         watchdog_(parent.watchdog_),
         ctx_(rdv_->connect_gloo(opts.ifname)),
-        transport_(choose_transport(ctx_.get(), opts.transport, Clock::now() + opts.rendezvous_timeout)),
+        transport_(choose_transport(ctx_.get(), opts.transport, Clock::now() + opts.rendezvous_timeout, global_,
+                                    group_)),
         host_index_(index_hosts(transport_.host)),
         queue_(std::make_unique<WorkQueue>()) {
     ancestors_.push_back(parent.box_);
+    compose_tiers();
     if (opts_.debug_info && world_.rank == 0)
       std::fprintf(stderr, "fsdp: FSDP_DEBUG: group '%s' (%s) moves bytes by %s: %s\n", group_.c_str(),
-                   ranks_text().c_str(), transport_.cma ? "cma (cross-memory attach)" : "gloo/tcp",
-                   transport_.why.c_str());
+                   ranks_text().c_str(), engine_words(), why().c_str());
   }
 
   ~GlooCommunicator() override {
     queue_.reset();  // runs what is queued, each bounded by its timeout
     // After a failure the others are failing too: nobody waits for anybody.
-    if (!failed_) rdv_->leave(opts_.timeout);
+    if (failed_) return;
+    if (tiers_) tiers_->leave(opts_.timeout);
+    rdv_->leave(opts_.timeout);
   }
 
   int rank() const override { return world_.rank; }
@@ -159,10 +163,11 @@ class GlooCommunicator final : public Communicator {
 
   WorkPtr all_gather(const torch::Tensor& input, torch::Tensor output, const CollectiveInfo& info) override {
     CallShape shape = checked([&] { return check_all_gather(input, output, world_.world_size, info); });
-    return submit(shape, [input, output, this](const Step& s) {
+    return submit(shape, [input, output, this](const Step& s) -> Traffic {
       const int n = world_.world_size, r = world_.rank;
       const int64_t block = input.numel() * input.element_size();
       char* out = static_cast<char*>(output.data_ptr());
+      if (tiers_) return tier_all_gather(s, *tiers_, input.data_ptr(), out, block);
       if (transport_.cma) return cma_all_gather(s, transport_.peers, input.data_ptr(), out, block);
       // In-place use (input is block r of output) needs no copy.
       if (block > 0 && input.data_ptr() != out + r * block) std::memmove(out + r * block, input.data_ptr(), block);
@@ -176,9 +181,12 @@ class GlooCommunicator final : public Communicator {
                          const CollectiveInfo& info) override {
     CallShape shape =
         checked([&] { return check_reduce_scatter(input, output, op, world_.world_size, info); });
-    return submit(shape, [input, output, op, this](const Step& s) {
+    return submit(shape, [input, output, op, this](const Step& s) -> Traffic {
       const int n = world_.world_size;
       const int64_t m = output.numel();
+      if (tiers_)
+        return tier_reduce_scatter(s, *tiers_, input.data_ptr(), output.data_ptr(), m, input.scalar_type(),
+                                   op == ReduceOp::AVG ? n : 1);
       if (transport_.cma)
         return cma_reduce_scatter(s, transport_.peers, input.data_ptr(), output.data_ptr(), m,
                                   input.scalar_type(), op == ReduceOp::AVG ? n : 1);
@@ -191,10 +199,13 @@ class GlooCommunicator final : public Communicator {
 
   WorkPtr all_reduce(torch::Tensor tensor, ReduceOp op, const CollectiveInfo& info) override {
     CallShape shape = checked([&] { return check_all_reduce(tensor, op, info); });
-    return submit(shape, [tensor, op, this](const Step& s) {
+    return submit(shape, [tensor, op, this](const Step& s) -> Traffic {
       // Ring reduce-scatter into our own chunk, then ring all-gather of the
       // chunks (uneven when numel % N != 0), all in place.
       const int n = world_.world_size, r = world_.rank;
+      if (tiers_)
+        return tier_all_reduce(s, *tiers_, tensor.data_ptr(), tensor.numel(), tensor.scalar_type(),
+                               op == ReduceOp::AVG ? n : 1);
       if (transport_.cma)
         return cma_all_reduce(s, transport_.peers, tensor.data_ptr(), tensor.numel(), tensor.scalar_type(),
                               op == ReduceOp::AVG ? n : 1);
@@ -207,7 +218,7 @@ class GlooCommunicator final : public Communicator {
         c.offset[j] *= es;
         c.count[j] *= es;
       }
-      return sent + ring_all_gather(s, data, c.offset, c.count, /*step_base=*/n);
+      return Traffic(sent + ring_all_gather(s, data, c.offset, c.count, /*step_base=*/n));
     });
   }
 
@@ -244,7 +255,7 @@ class GlooCommunicator final : public Communicator {
   }
   std::chrono::milliseconds timeout() const override { return opts_.timeout; }
   std::string describe() const override {
-    const char* engine = transport_.cma ? "cma+gloo" : "gloo/tcp";
+    const char* engine = tiers_ ? "cma+tcp tiers" : transport_.cma ? "cma+gloo" : "gloo/tcp";
     if (group_.empty()) return detail::cat(engine, " world=", world_.world_size, " rank=", world_.rank);
     return detail::cat(engine, " group '", group_, "' of ranks ", ranks_text(), " rank=", global_[world_.rank]);
   }
@@ -296,7 +307,7 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  WorkPtr submit(const CallShape& shape, std::function<int64_t(const Step&)> algo) {
+  WorkPtr submit(const CallShape& shape, std::function<Traffic(const Step&)> algo) {
     // The flight recorder sees the call when it is issued (enqueue time).
     const uint64_t ticket = flight::enqueue(rdv_->generation(), to_string(shape.kind), shape.label,
                                             shape.kind == CollectiveKind::BARRIER ? "" : dtype_name(shape.dtype),
@@ -305,7 +316,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   // On the communication thread, in issue order.
-  void execute(const CallShape& shape, uint64_t ticket, const std::function<int64_t(const Step&)>& algo) {
+  void execute(const CallShape& shape, uint64_t ticket, const std::function<Traffic(const Step&)>& algo) {
     const uint64_t seq = ++seq_;
     const std::shared_ptr<flight::Progress> progress = flight::start(ticket, seq);
     // Times the collective on the "comm" track (the report's AG/RS lanes).
@@ -318,10 +329,10 @@ class GlooCommunicator final : public Communicator {
     rdv_->record_entered(seq, what);
     const auto t0 = Clock::now();
     Step step{ctx_.get(), seq, t0 + opts_.timeout, progress.get()};
-    int64_t bytes = 0;
+    Traffic sent;
     try {
       if (opts_.debug_detail) check_same_call(step, shape);
-      bytes = algo(step);
+      sent = algo(step);
     } catch (const CallMismatch& e) {
       failed_ = true;
       watchdog_->mark_failed();
@@ -336,9 +347,12 @@ class GlooCommunicator final : public Communicator {
       throw CollectiveError(msg);
     }
     flight::finish(ticket);
-    const int64_t inter = inter_host_bytes(shape, bytes);
+    const int64_t bytes = sent.bytes, inter = sent.inter >= 0 ? sent.inter : inter_host_bytes(shape, bytes);
     span.arg("bytes", bytes);
-    if (span.active()) span.arg("inter_host_bytes", inter);
+    if (span.active()) {
+      span.arg("inter_host_bytes", inter);
+      if (tiers_ && sent.inter >= 0) span.arg("tiers", 1);
+    }
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     auto add = [&](CounterBox& b) {
       std::lock_guard<std::mutex> lock(b.mu);
@@ -356,7 +370,8 @@ class GlooCommunicator final : public Communicator {
   // rank on another host. The ring algorithms send to the right neighbour
   // only; broadcast's root sends the tensor to every other rank; gather's
   // ranks send to the root; the barrier sends one byte per round to rank
-  // r + 2^k (ring.h). CMA runs only when every rank is on one host.
+  // r + 2^k (ring.h). CMA runs only when every rank is on one host; the
+  // tiers count their own split (tiers.h).
   int64_t inter_host_bytes(const CallShape& shape, int64_t bytes) const {
     const int n = world_.world_size, r = world_.rank;
     auto far = [&](int q) { return host_index_[q] != host_index_[r]; };
@@ -375,6 +390,40 @@ class GlooCommunicator final : public Communicator {
       }
       default: return far((r + 1) % n) ? bytes : 0;
     }
+  }
+
+  // Across hosts, unless FSDP_TRANSPORT=tcp or FSDP_TIERS=off: tiers when
+  // the hosts have equal numbers (> 1) of ranks and every host may use CMA.
+  // FSDP_TRANSPORT=cma: ranks sharing a host must move bytes by CMA, so a
+  // layout with same-host ranks that does not compose is an error.
+  void compose_tiers() {
+    if (transport_.cma || transport_.one_host || opts_.transport == "tcp") return;
+    if (!opts_.tiers) {
+      tiers_why_ = "FSDP_TIERS=off";
+      return;
+    }
+    auto layout = tier_layout(host_index_, global_, &tiers_why_);
+    if (layout)
+      tiers_ = connect_tiers(*rdv_, world_, ctx_.get(), *layout, global_, opts_, &tiers_why_);
+    if (tiers_ || opts_.transport != "cma") return;
+    bool shared = false;
+    for (int q = 0; q < world_.world_size; ++q)
+      for (int p = 0; p < q; ++p) shared |= host_index_[p] == host_index_[q];
+    if (!shared) return;  // one rank per host: nothing to move by CMA
+    throw Error(detail::cat("FSDP_TRANSPORT=cma", group_.empty() ? "" : " in group '" + group_ + "' (global ranks " +
+                                                                            ranks_text() + ")",
+                            ", but ", transport_.why, " and the tiers (cross-memory attach inside each host, TCP "
+                            "between) cannot compose: ", tiers_why_,
+                            ". Use FSDP_TRANSPORT=auto (falls back to TCP) or FSDP_TRANSPORT=tcp."));
+  }
+  const char* engine_words() const {
+    return tiers_ ? "tiers (cma inside each host + gloo/tcp between hosts)"
+                  : transport_.cma ? "cma (cross-memory attach)" : "gloo/tcp";
+  }
+  std::string why() const {
+    if (tiers_) return tiers_why_;
+    if (tiers_why_.empty()) return transport_.why;
+    return detail::cat(transport_.why, "; tiers not composed: ", tiers_why_);
   }
 
   static std::vector<int> iota(int n) {
@@ -537,7 +586,9 @@ class GlooCommunicator final : public Communicator {
     if (!unknown.empty())
       msg += detail::cat("\nProgress of ranks ", unknown, " is unknown: the store at ", rdv_->describe_store(),
                          " did not answer within ", kDiagnosisBudget.count(), " ms.");
-    const std::string gone = transport_.cma ? cma_gone_peers(transport_.peers, world_.rank) : "";
+    const std::string gone = transport_.cma ? cma_gone_peers(transport_.peers, world_.rank)
+                             : tiers_      ? cma_gone_peers(tiers_->peers, tiers_->intra_ctx->rank, &tiers_->intra_ranks())
+                                           : "";
     if (!gone.empty()) msg += detail::cat("\nRanks whose process is gone: ", gone, ".");
     // Dead ranks: of this host's ranks, those whose process is gone (or a
     // zombie: dead, not yet reaped by its launcher).
@@ -556,6 +607,8 @@ class GlooCommunicator final : public Communicator {
         if (q == world_.rank) continue;
         if (transport_.cma && q < static_cast<int>(transport_.peers.pid.size()))
           dead[q] = gone_pid(transport_.peers.pid[q]);
+        else if (tiers_ && tiers_->layout.host[q] == tiers_->layout.host[world_.rank])
+          dead[q] = gone_pid(tiers_->peers.pid[tiers_->layout.local[q]]);
         else if (q < static_cast<int>(where.size()) && where[q] && where[q]->identity == watchdog_->identity())
           dead[q] = gone_pid(static_cast<pid_t>(where[q]->pid));
       }
@@ -592,7 +645,7 @@ class GlooCommunicator final : public Communicator {
                          "a rank that is legitimately slower (data loading, checkpointing) needs a "
                          "larger FSDP_TIMEOUT."
                        : "\nWhat to do: look at the first rank that failed in the launcher's output.";
-    msg += (transport_.cma ? "\n(cma+gloo: " : "\n(gloo: ") + engine_error + ")";
+    msg += (tiers_ ? "\n(cma+tcp tiers: " : transport_.cma ? "\n(cma+gloo: " : "\n(gloo: ") + engine_error + ")";
     if (!group_.empty())
       msg += detail::cat("\n(ranks inside the engine's message are group ranks; group '", group_,
                          "' is global ranks ", ranks_text(), " in that order)");
@@ -629,6 +682,11 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::Context> ctx_;
   const TransportChoice transport_;  // same on every rank (choose_transport)
   const std::vector<int> host_index_;  // host of each rank (index_hosts)
+  // Set once by compose_tiers in the constructor, then constant: the two
+  // tiers' meshes when all_gather, reduce_scatter and all_reduce compose
+  // CMA inside hosts with TCP between them; null: the flat path.
+  std::unique_ptr<Tiers> tiers_;
+  std::string tiers_why_;  // why the tiers compose, or why not
 
   // Touched only on the communication thread.
   uint64_t seq_ = 0;

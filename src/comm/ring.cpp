@@ -42,10 +42,11 @@ std::chrono::milliseconds remaining(const Step& s) {
 // Which neighbour a peer is, for messages.
 std::string neighbour(const Step& s, int peer) {
   const int n = s.ctx->size, r = s.ctx->rank;
-  if (n > 1 && peer == (r + n - 1) % n && peer == (r + 1) % n) return detail::cat("rank ", peer, " (its ring neighbour)");
-  if (peer == (r + n - 1) % n) return detail::cat("rank ", peer, " (its left neighbour in the ring)");
-  if (peer == (r + 1) % n) return detail::cat("rank ", peer, " (its right neighbour in the ring)");
-  return detail::cat("rank ", peer);
+  const int q = s.name(peer);
+  if (n > 1 && peer == (r + n - 1) % n && peer == (r + 1) % n) return detail::cat("rank ", q, " (its ring neighbour)");
+  if (peer == (r + n - 1) % n) return detail::cat("rank ", q, " (its left neighbour in the ring)");
+  if (peer == (r + 1) % n) return detail::cat("rank ", q, " (its right neighbour in the ring)");
+  return detail::cat("rank ", q);
 }
 
 int64_t load(const std::atomic<int64_t>& a) { return a.load(std::memory_order_relaxed); }
@@ -54,7 +55,7 @@ int64_t load(const std::atomic<int64_t>& a) { return a.load(std::memory_order_re
 // recording it in the step's progress; a failure names the peer and how far
 // the transfer got.
 void wait_recv(const Step& s, gloo::transport::UnboundBuffer& b, int peer, int64_t nbytes) {
-  if (s.progress) s.progress->wait_on(peer, flight::Progress::RECEIVE);
+  if (s.progress) s.progress->wait_on(s.name(peer), flight::Progress::RECEIVE);
   try {
     if (!b.waitRecv(remaining(s))) throw gloo::IoException("receive aborted");
   } catch (const std::exception& e) {
@@ -67,7 +68,7 @@ void wait_recv(const Step& s, gloo::transport::UnboundBuffer& b, int peer, int64
   if (s.progress) s.progress->arrived(nbytes), s.progress->idle();
 }
 void wait_send(const Step& s, gloo::transport::UnboundBuffer& b, int peer, int64_t nbytes) {
-  if (s.progress) s.progress->wait_on(peer, flight::Progress::SEND);
+  if (s.progress) s.progress->wait_on(s.name(peer), flight::Progress::SEND);
   try {
     if (!b.waitSend(remaining(s))) throw gloo::IoException("send aborted");
   } catch (const std::exception& e) {
@@ -84,7 +85,7 @@ void wait_send(const Step& s, gloo::transport::UnboundBuffer& b, int peer, int64
 // a failure names those not heard from.
 template <bool Recv>
 void wait_any(const Step& s, gloo::transport::UnboundBuffer& b, std::vector<int>& pending, int64_t nbytes) {
-  if (s.progress) s.progress->wait_on(pending.empty() ? -1 : pending.front(), Recv ? flight::Progress::RECEIVE
+  if (s.progress) s.progress->wait_on(pending.empty() ? -1 : s.name(pending.front()), Recv ? flight::Progress::RECEIVE
                                                                                     : flight::Progress::SEND);
   int from = -1;
   try {
@@ -92,7 +93,7 @@ void wait_any(const Step& s, gloo::transport::UnboundBuffer& b, std::vector<int>
     if (!ok) throw gloo::IoException(Recv ? "receive aborted" : "send aborted");
   } catch (const std::exception& e) {
     std::string who;
-    for (int p : pending) who += detail::cat(who.empty() ? "" : ", ", p);
+    for (int p : pending) who += detail::cat(who.empty() ? "" : ", ", s.name(p));
     throw std::runtime_error(detail::cat(Recv ? "waiting to receive from rank" : "waiting for rank",
                                          pending.size() > 1 ? "s " : " ", who,
                                          Recv ? " (not heard from yet)" : " to take what this rank sent", " (",

@@ -36,11 +36,16 @@ namespace fsdp::comm {
 // transfers update (the peer waited on, bytes arrived and sent; null: none).
 // A wait that times out or fails throws naming the peer and the bytes that
 // had arrived from it.
+// `names`: the communicator's rank of each rank of ctx, when ctx is one
+// tier of a composed collective (tiers.h); messages and progress then
+// name those. Null: ctx is the communicator's own mesh.
 struct Step {
   gloo::Context* ctx = nullptr;
   uint64_t seq = 0;
   std::chrono::steady_clock::time_point deadline;
   flight::Progress* progress = nullptr;
+  const std::vector<int>* names = nullptr;
+  int name(int q) const { return names && q >= 0 ? (*names)[q] : q; }
 };
 
 // Blocks are byte ranges of `buf`; rank r already holds block r. Afterwards

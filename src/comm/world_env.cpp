@@ -85,6 +85,16 @@ ResolvedOptions resolve_options(const CommOptions& opts) {
                               "cma when every rank is on this host and may read its peers' memory, else tcp), "
                               "tcp (Gloo over TCP) or cma (cross-memory attach between ranks of one host)"));
   }
+  if (const char* t = env("FSDP_TIERS")) {
+    std::string v = t;
+    for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (v == "off" || v == "0")
+      r.tiers = false;
+    else if (v != "on" && v != "1")
+      throw Error(detail::cat("FSDP_TIERS='", t, "' is not known; expected on (the default: across hosts, "
+                              "cross-memory attach inside each host and TCP between) or off (TCP for everything "
+                              "across hosts)"));
+  }
   if (const char* t = env("FSDP_JOB_TOKEN")) {
     r.job_token = t;
     bool ok = r.job_token.size() >= 16 && r.job_token.size() <= 128;

@@ -12,6 +12,8 @@
 //                            `fsdp run`); store keys live under it
 //   FSDP_TRANSPORT           auto (default), tcp or cma: how ranks on one host
 //                            move collective bytes (docs/COMM.md)
+//   FSDP_TIERS               on (default) or off: across hosts, compose CMA
+//                            inside each host with TCP between (comm/tiers.h)
 #pragma once
 
 #include <chrono>
@@ -41,6 +43,7 @@ struct ResolvedOptions {
   bool debug_detail = false;  // FSDP_DEBUG=detail
   bool debug_info = false;    // FSDP_DEBUG=info or detail: one line per choice made
   std::string transport = "auto";  // FSDP_TRANSPORT: auto, tcp or cma
+  bool tiers = true;          // FSDP_TIERS: compose tiers across hosts
   std::string job_token;      // FSDP_JOB_TOKEN, "" when unset
 };
 ResolvedOptions resolve_options(const CommOptions& opts);

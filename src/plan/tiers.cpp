@@ -1,7 +1,8 @@
 // fsdp-cpp planner: traffic and time per tier, intra-host and inter-host
 // (include/fsdp/plan.h, "Two tiers"). The byte counts are the engine's
-// counters' (src/comm: the tier of a ring's bytes is its right neighbour's
-// host), tested against a run in tests/test_hybrid.cpp.
+// counters' (src/comm: the composed tiers of src/comm/tiers.h across hosts
+// of equal size; the flat ring's tier is its right neighbour's host), tested
+// against a run in tests/test_hybrid.cpp.
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -45,12 +46,21 @@ TierTraffic tier_traffic(ShardingStrategy s, const std::vector<UnitSpec>& units,
   }
   const int64_t padded = padded_over(units, o.world);
   const int64_t total = traffic(s, padded, o).total();
-  // H > 1: the last rank of each host sends everything across.
-  if (o.hosts > 1) t.inter = total;
-  else t.intra = total;
+  // H > 1 hosts of S ranks: the collectives compose (CMA inside each host,
+  // TCP between ranks of the same local index), so every rank sends (H-1)
+  // of the (N-1) blocks of an all-gather or reduce-scatter across, and as
+  // much of an all-reduce: (H-1)/(N-1) of its traffic. S = 1: all of it.
+  const int H = o.hosts, S = o.world / o.hosts;
+  if (H > 1) {
+    t.inter = total / (o.world - 1) * (H - 1);
+    t.intra = total - t.inter;
+  } else {
+    t.intra = total;
+  }
   t.rest = (s == ShardingStrategy::NO_SHARD ? padded : padded / o.world) * o.master_bytes * (2 + k);
-  const double slowest = o.hosts > 1 ? std::min(intra_bw, inter_bw) : intra_bw;
-  if (slowest > 0) t.seconds = total / slowest;
+  // The S ranks of a host share its link.
+  if (H > 1 && intra_bw > 0 && inter_bw > 0) t.seconds = t.intra / intra_bw + double(S) * t.inter / inter_bw;
+  if (H <= 1 && intra_bw > 0) t.seconds = total / intra_bw;
   return t;
 }
 
@@ -74,8 +84,8 @@ TierComparison compare_tiers(const std::vector<UnitSpec>& units, const PlanOptio
   if (o.hosts <= 1) {
     why << "one host: every strategy's traffic stays inside it; HYBRID_SHARD would only hold more per rank.";
   } else if (hybrid_wins) {
-    why << "the inter-host link dominates: FULL_SHARD's ring sends "
-        << memory::format_bytes(full.inter) << " per step across it, HYBRID_SHARD only the shards' all-reduce, "
+    why << "the inter-host link dominates: FULL_SHARD sends "
+        << memory::format_bytes(full.inter) << " per rank per step across it, HYBRID_SHARD only the shards' all-reduce, "
         << memory::format_bytes(hybrid.inter) << " per rank (" << o.group() << " ranks share each host's link)";
     if (timed) {
       char buf[96];
@@ -120,7 +130,7 @@ std::string tiers_str(const TierComparison& c, const PlanOptions& o) {
     os << buf;
   }
   if (!(intra_bw > 0 && inter_bw > 0)) os << "  (times: pass --intra-bw and --inter-bw, e.g. 10GB/s and 1Gbit/s)\n";
-  os << "  (non-hybrid rows: the last rank of each host, whose ring link crosses; HYBRID rows: every rank)\n";
+  os << "  (per rank; across hosts the non-hybrid collectives compose tiers: CMA inside a host, TCP between)\n";
   os << "=> for these links: " << strategy_name(c.best) << ": " << c.why << "\n";
   return os.str();
 }

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -68,6 +69,19 @@ int64_t counted(fsdp::Communicator& c, CollectiveKind k, int64_t before) {
 
 int run_grid(fsdp::Communicator& c, Checker& ck) {
   const int n_ranks = c.world_size(), r = c.rank();
+  // Composed tiers: H hosts of S ranks; this rank is local index `local`
+  // on its host and j-th among the ranks of that local index.
+  const bool composed = c.describe().find("tiers") != std::string::npos;
+  const std::vector<int> hosts = c.hosts();
+  int H = 0, local = 0, j = 0;
+  for (int h : hosts) H = std::max(H, h + 1);
+  const int S = n_ranks / std::max(H, 1);
+  for (int q = 0; q < r; ++q) local += hosts[q] == hosts[r];
+  for (int q = 0; q < r; ++q) {
+    int lq = 0;
+    for (int p = 0; p < q; ++p) lq += hosts[p] == hosts[q];
+    j += lq == local;
+  }
   const std::vector<c10::ScalarType> dtypes = {c10::kFloat, c10::kBFloat16, c10::kHalf, c10::kInt, c10::kLong};
   for (auto dt : dtypes) {
     // The large size exercises the transport (same bytes whatever the dtype):
@@ -113,9 +127,15 @@ int run_grid(fsdp::Communicator& c, Checker& ck) {
         ck.expect(torch::equal(t, expected_reduce(dt, n, n_ranks, 0, op)), "all_reduce " + s);
         // Ring: every chunk but ours in the reduce-scatter, every chunk but
         // our right neighbour's in the all-gather.
-        int64_t base = n / n_ranks, extra = n % n_ranks;
-        auto chunk = [&](int j) { return base + (j < extra ? 1 : 0); };
-        int64_t want = n_ranks == 1 ? 0 : (2 * n - chunk(r) - chunk((r + 1) % n_ranks)) * es;
+        auto chunk = [](int64_t numel, int world, int j) { return numel / world + (j < numel % world ? 1 : 0); };
+        int64_t want = n_ranks == 1 ? 0 : (2 * n - chunk(n, n_ranks, r) - chunk(n, n_ranks, (r + 1) % n_ranks)) * es;
+        if (composed) {
+          // Tiers (src/comm/tiers.h): intra reduce-scatter of S chunks,
+          // inter all-reduce of chunk s over H, intra all-gather.
+          const int64_t cs = chunk(n, S, local);
+          want = ((n - cs) + (2 * cs - chunk(cs, H, j) - chunk(cs, H, (j + 1) % H)) + (n - chunk(n, S, (local + 1) % S))) * es;
+          if (n == 0) want = 0;
+        }
         ck.expect(counted(c, CollectiveKind::ALL_REDUCE, b0) == want, "all_reduce bytes " + s);
       }
       // broadcast from a root that varies with the size.

@@ -1,6 +1,9 @@
 // fsdp-cpp tests: the rank process of multi-process tests (see scenario.h).
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <sstream>
+#include <string>
 
 #include "fsdp/init.h"
 #include "scenario.h"
@@ -13,6 +16,15 @@ std::map<std::string, ScenarioFn>& scenarios() {
 }  // namespace fsdp::testing
 
 int main(int argc, char** argv) {
+  // FSDP_TEST_HOST_LAYOUT=a,a,b,b: rank r looks like it runs on host
+  // field r (FSDP_HOST_ID), so one launcher simulates several hosts in any
+  // order of ranks.
+  if (const char* layout = std::getenv("FSDP_TEST_HOST_LAYOUT"); layout && std::getenv("RANK")) {
+    std::stringstream in(layout);
+    std::string host;
+    for (int q = 0; std::getline(in, host, ','); ++q)
+      if (q == std::atoi(std::getenv("RANK"))) setenv("FSDP_HOST_ID", ("test-host-" + host).c_str(), 1);
+  }
   fsdp::init();  // every scenario measures with the counting allocator
   auto& all = fsdp::testing::scenarios();
   if (argc < 2 || !all.count(argv[1])) {

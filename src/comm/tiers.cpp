@@ -1,0 +1,216 @@
+// fsdp-cpp: collectives over two tiers (see tiers.h).
+#include "comm/tiers.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "comm/checks.h"
+#include "fsdp/errors.h"
+
+namespace fsdp::comm {
+namespace {
+
+// The agreement after connecting, on the communicator's mesh at sequence
+// number 0, apart from choose_transport's two exchanges (steps 0 and 2^17).
+constexpr int kAgreeStepBase = (1 << 17) + (1 << 16);
+
+// A second CMA collective of the same call (all_reduce's all-gather after
+// its reduce-scatter) runs on its own slots: the same seq with this bit.
+constexpr uint64_t kSecondIntraPhase = uint64_t(1) << 40;
+
+WorldEnv env_of(const WorldEnv& world, const std::vector<int>& members, bool same_host) {
+  WorldEnv g = world;
+  g.world_size = static_cast<int>(members.size());
+  g.rank = static_cast<int>(std::find(members.begin(), members.end(), world.rank) - members.begin());
+  g.local_rank = same_host ? g.rank : 0;
+  g.local_world_size = same_host ? g.world_size : 1;
+  return g;
+}
+
+std::vector<int> globals_of(const std::vector<int>& members, const std::vector<int>& global) {
+  std::vector<int> out;
+  for (int q : members) out.push_back(global.at(q));
+  return out;
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s;
+  for (int q : ranks) s += (s.empty() ? "" : ", ") + std::to_string(q);
+  return s;
+}
+
+}  // namespace
+
+std::optional<TierLayout> tier_layout(const std::vector<int>& host_index, const std::vector<int>& global,
+                                      std::string* why) {
+  TierLayout L;
+  const int n = static_cast<int>(host_index.size());
+  for (int h : host_index) L.hosts = std::max(L.hosts, h + 1);
+  L.intra.resize(L.hosts);
+  L.host = host_index;
+  L.local.resize(n);
+  for (int q = 0; q < n; ++q) {
+    L.local[q] = static_cast<int>(L.intra[host_index[q]].size());
+    L.intra[host_index[q]].push_back(q);
+  }
+  if (L.hosts < 2) {
+    *why = "every rank is on one host";
+    return std::nullopt;
+  }
+  L.per_host = static_cast<int>(L.intra[0].size());
+  for (int h = 0; h < L.hosts; ++h)
+    if (static_cast<int>(L.intra[h].size()) != L.per_host) {
+      *why = detail::cat("the hosts have different numbers of ranks (host of rank ", global.at(L.intra[0][0]), ": ",
+                         L.intra[0].size(), ", host of rank ", global.at(L.intra[h][0]), ": ", L.intra[h].size(),
+                         "); tiers compose only hosts of equal size");
+      return std::nullopt;
+    }
+  if (L.per_host < 2) {
+    *why = "every host has one rank: nothing moves inside a host";
+    return std::nullopt;
+  }
+  L.inter.resize(L.per_host);
+  for (int q = 0; q < n; ++q) L.inter[L.local[q]].push_back(q);  // rank order
+  return L;
+}
+
+void Tiers::leave(std::chrono::milliseconds budget) {
+  if (intra_rdv) intra_rdv->leave(budget);
+  if (inter_rdv) inter_rdv->leave(budget);
+}
+
+std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& world, gloo::Context* ctx,
+                                     const TierLayout& layout, const std::vector<int>& global,
+                                     const ResolvedOptions& opts, std::string* why) {
+  auto t = std::make_unique<Tiers>();
+  t->layout = layout;
+  t->rank = world.rank;
+  const int h = layout.host[world.rank], s = layout.local[world.rank];
+  const auto& intra = t->intra_ranks();
+  const auto& inter = t->inter_ranks();
+  const std::vector<int> intra_global = globals_of(intra, global), inter_global = globals_of(inter, global);
+  // Same-host mesh first: it waits only for this host's ranks, so the
+  // hosts never wait on each other in a cycle.
+  t->intra_rdv = std::make_unique<Rendezvous>(parent, detail::cat("tier/h", h, "/"), env_of(world, intra, true),
+                                              intra_global);
+  t->intra_ctx = t->intra_rdv->connect_gloo(opts.ifname);
+  const std::string host_group = detail::cat("host tier of ranks ", ranks_text(intra_global));
+  TransportChoice c = choose_transport(t->intra_ctx.get(), "auto", Clock::now() + opts.rendezvous_timeout,
+                                       intra_global, host_group);
+  t->inter_rdv = std::make_unique<Rendezvous>(parent, detail::cat("tier/l", s, "/"), env_of(world, inter, false),
+                                              inter_global);
+  t->inter_ctx = t->inter_rdv->connect_gloo(opts.ifname);
+  // Every rank must take the same path: one host that cannot read its
+  // ranks' memory sends everybody the flat way.
+  const int n = ctx->size;
+  std::vector<int32_t> ok(n, 0);
+  ok[ctx->rank] = c.cma ? 1 : 0;
+  std::vector<int64_t> offset(n), count(n, sizeof(int32_t));
+  for (int q = 0; q < n; ++q) offset[q] = q * static_cast<int64_t>(sizeof(int32_t));
+  try {
+    ring_all_gather(Step{ctx, 0, Clock::now() + opts.rendezvous_timeout}, ok.data(), offset, count, kAgreeStepBase);
+  } catch (const std::exception& e) {
+    throw Error(detail::cat("rank ", global.at(world.rank),
+                            ": agreeing on the tiers (CMA inside each host, TCP between) failed: a rank stopped or "
+                            "the network stalled: ",
+                            e.what()));
+  }
+  for (int q = 0; q < n; ++q)
+    if (!ok[q]) {
+      *why = c.cma ? detail::cat("the ranks on the host of rank ", global.at(q), " cannot use cross-memory attach")
+                   : c.why;
+      t->leave(std::chrono::milliseconds(0));
+      return nullptr;
+    }
+  t->peers = c.peers;
+  *why = detail::cat(layout.hosts, " hosts of ", layout.per_host,
+                     " ranks: cross-memory attach inside each host, gloo/tcp between the ranks of the same local "
+                     "index");
+  return t;
+}
+
+Traffic tier_all_gather(const Step& s, const Tiers& t, const void* in, void* out, int64_t b) {
+  const TierLayout& L = t.layout;
+  const int r = t.rank, H = L.hosts, S = L.per_host, n = H * S;
+  char* o = static_cast<char*>(out);
+  if (b > 0 && in != o + r * b) std::memmove(o + r * b, in, b);
+  if (b == 0) return {0, 0};
+  // 1. The shards of this rank's local index, one per host, straight into
+  // their places in the output (rank order is the ring's: ascending).
+  const auto& inter = t.inter_ranks();
+  std::vector<int64_t> offset(H), count(H, b);
+  for (int j = 0; j < H; ++j) offset[j] = inter[j] * b;
+  const int64_t across = ring_all_gather(t.inter_step(s), o, offset, count);
+  // 2. Local rank q now holds the H blocks of local index q: read them
+  // where they lie in its output.
+  Segments seg(S);
+  for (int q = 0; q < S; ++q)
+    for (int g : L.inter[q]) seg[q].push_back({g * b, b});
+  const int64_t inside = cma_gather_segments(t.intra_step(s), t.peers, o, n * b, seg);
+  return {across + inside, across};
+}
+
+Traffic tier_reduce_scatter(const Step& s, const Tiers& t, const void* in, void* out, int64_t m,
+                            c10::ScalarType dtype, int divisor) {
+  const TierLayout& L = t.layout;
+  const int H = L.hosts, S = L.per_host, n = H * S;
+  if (m == 0) return {0, 0};
+  const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
+  // 1. Local rank q gets the host's sum of the chunks of local index q (in
+  // the inter ring's order), the only ones it forwards: staged, through
+  // torch so the ledger sees it.
+  torch::Tensor staged = torch::empty({H * m * es}, torch::kByte);
+  char* host_sums = static_cast<char*>(staged.data_ptr());
+  Segments seg(S);
+  for (int q = 0; q < S; ++q)
+    for (int g : L.inter[q]) seg[q].push_back({g * m, m});
+  const int64_t inside = cma_reduce_segments(t.intra_step(s), t.peers, in, n * m, host_sums, seg, dtype, 1);
+  // 2. Across hosts: inter rank j gets the sum of every host's chunk j,
+  // which is this rank's chunk.
+  std::vector<int64_t> offset(H), count(H, m);
+  for (int j = 0; j < H; ++j) offset[j] = j * m;
+  const int64_t across = ring_reduce_scatter(t.inter_step(s), host_sums, out, offset, count, dtype, divisor);
+  return {inside + across, across};
+}
+
+Traffic tier_all_reduce(const Step& s, const Tiers& t, void* data, int64_t numel, c10::ScalarType dtype,
+                        int divisor) {
+  const TierLayout& L = t.layout;
+  const int H = L.hosts, S = L.per_host, local = L.local[t.rank];
+  if (numel == 0) return {0, 0};
+  const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
+  char* d = static_cast<char*>(data);
+  // 1. The host's sum of chunk `local` (the ring's uneven chunks over S),
+  // in place: peers read only their own chunks of this tensor.
+  const Chunks c = ring_chunks(numel, S);
+  Segments seg(S), seg_bytes(S);
+  for (int q = 0; q < S; ++q) {
+    seg[q] = {{c.offset[q], c.count[q]}};
+    seg_bytes[q] = {{c.offset[q] * es, c.count[q] * es}};
+  }
+  char* mine = d + c.offset[local] * es;
+  int64_t inside = cma_reduce_segments(t.intra_step(s), t.peers, d, numel, mine, seg, dtype, 1);
+  // 2. That chunk over the hosts: ring reduce-scatter + all-gather, in
+  // place, as the flat all_reduce does on the whole tensor.
+  int64_t across = 0;
+  if (c.count[local] > 0) {
+    const Step x = t.inter_step(s);
+    const int j = x.ctx->rank;
+    Chunks e = ring_chunks(c.count[local], H);
+    across = ring_reduce_scatter(x, mine, mine + e.offset[j] * es, e.offset, e.count, dtype, divisor);
+    for (int k = 0; k < H; ++k) {
+      e.offset[k] *= es;
+      e.count[k] *= es;
+    }
+    across += ring_all_gather(x, mine, e.offset, e.count, /*step_base=*/H);
+  }
+  // 3. Every chunk from the local rank that holds it, on slots of its own.
+  Step second = t.intra_step(s);
+  second.seq |= kSecondIntraPhase;
+  inside += cma_gather_segments(second, t.peers, d, numel * es, seg_bytes);
+  return {inside + across, across};
+}
+
+}  // namespace fsdp::comm

@@ -1,0 +1,107 @@
+// fsdp-cpp: collectives over two tiers: cross-memory attach inside each
+// host, Gloo TCP between hosts.
+// defines: TierLayout, tier_layout, Tiers, connect_tiers, Traffic,
+//          tier_all_gather, tier_reduce_scatter, tier_all_reduce
+//
+// A communicator whose ranks sit on H > 1 hosts with the same S > 1 ranks
+// on each (in any order: a host's ranks need not be consecutive) runs
+// all_gather, reduce_scatter and all_reduce as two collectives on two
+// internal meshes, made like the groups of Communicator::split:
+//   intra  the S ranks of this rank's host (local index s = its place
+//          among them, in rank order), by CMA (cma.h);
+//   inter  the H ranks that have this rank's local index, one per host, by
+//          the Gloo TCP ring (ring.h).
+// Order, so that only 1/S of a host's bytes cross its link per rank:
+//   all_gather      inter all-gather of the shards of same-local-index ranks
+//                   straight into the output, then intra all-gather of those
+//                   H blocks per rank (strided in the output: no staging);
+//   reduce_scatter  intra reduce-scatter where local rank s gets the host's
+//                   sum of the H chunks it will forward (staged: H chunks),
+//                   then inter reduce-scatter of those into the output;
+//   all_reduce      intra reduce-scatter of chunk s (in place), inter
+//                   all-reduce of it, intra all-gather of the chunks.
+// Both tiers use the communicator's sequence number, deadline and progress
+// (a tier's mesh is used only by its communicator's thread, so its slots
+// never meet another collective's). Messages name the communicator's ranks
+// (Step::names).
+//
+// Summation: a chunk is summed first over the ranks of each host (in the
+// CMA ring order of that host), then over the hosts' partial sums (the TCP
+// ring order of the inter tier). Integers and values exact in the dtype
+// give the flat path's bits; other floating-point values differ from the
+// flat ring's order by rounding (bf16/fp16: rounded after each addition).
+#pragma once
+
+#include <gloo/context.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/cma.h"
+#include "comm/rendezvous.h"
+#include "comm/world_env.h"
+
+namespace fsdp::comm {
+
+// Where each rank of a communicator sits in the two tiers.
+struct TierLayout {
+  int hosts = 0, per_host = 0;           // H, S
+  std::vector<int> host, local;          // of each rank: host index, local index
+  std::vector<std::vector<int>> intra;   // [h]: the ranks of host h, in rank order
+  std::vector<std::vector<int>> inter;   // [s]: the ranks of local index s, in rank order
+};
+
+// The layout when `host_index` (hosts of the ranks, as Communicator::hosts)
+// composes: H > 1 and every host has the same S > 1 ranks. Else nullopt,
+// and *why says which condition failed.
+// `global`: the global rank of each rank (messages).
+std::optional<TierLayout> tier_layout(const std::vector<int>& host_index, const std::vector<int>& global,
+                                      std::string* why);
+
+// The two meshes of one rank, constant after connect_tiers.
+struct Tiers {
+  TierLayout layout;
+  int rank = 0;  // this rank, in the communicator
+  std::unique_ptr<Rendezvous> intra_rdv, inter_rdv;
+  std::shared_ptr<gloo::Context> intra_ctx, inter_ctx;
+  CmaPeers peers;  // of the intra mesh
+  // The communicator's rank of each rank of the two meshes.
+  const std::vector<int>& intra_ranks() const { return layout.intra[layout.host[rank]]; }
+  const std::vector<int>& inter_ranks() const { return layout.inter[layout.local[rank]]; }
+  Step intra_step(const Step& s) const { return {intra_ctx.get(), s.seq, s.deadline, s.progress, &intra_ranks()}; }
+  Step inter_step(const Step& s) const { return {inter_ctx.get(), s.seq, s.deadline, s.progress, &inter_ranks()}; }
+  // Clean shutdown of both meshes' store keys (as a group's).
+  void leave(std::chrono::milliseconds budget);
+};
+
+// Collective over the communicator (every rank calls it, with the same
+// layout): joins the two meshes under `parent`'s keys (tags "tier/h<h>/",
+// "tier/l<s>/"), probes CMA inside the host, then agrees with every rank on
+// the communicator's own mesh `ctx` (at sequence number 0). Returns null
+// when some host cannot use CMA (*why says which and why); every rank then
+// gets null. `global`: the global rank of each rank (messages).
+std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& world, gloo::Context* ctx,
+                                     const TierLayout& layout, const std::vector<int>& global,
+                                     const ResolvedOptions& opts, std::string* why);
+
+// Bytes this rank sent in one collective, and the part that crossed hosts
+// (-1: count it from the ring's neighbour, as the flat algorithms).
+struct Traffic {
+  int64_t bytes = 0;
+  int64_t inter = -1;
+  Traffic(int64_t b = 0, int64_t i = -1) : bytes(b), inter(i) {}  // NOLINT: an int64_t is a flat count
+};
+
+// The communicator's contracts (fsdp/comm.h, gloo_communicator.cpp).
+// Counted: the inter tier's ring bytes (all across hosts) plus what a ring
+// of the intra tier would send for the same blocks (cma.h's convention).
+Traffic tier_all_gather(const Step& s, const Tiers& t, const void* in, void* out, int64_t block_bytes);
+Traffic tier_reduce_scatter(const Step& s, const Tiers& t, const void* in, void* out, int64_t count,
+                            c10::ScalarType dtype, int divisor);
+Traffic tier_all_reduce(const Step& s, const Tiers& t, void* data, int64_t numel, c10::ScalarType dtype,
+                        int divisor);
+
+}  // namespace fsdp::comm
