@@ -245,7 +245,9 @@ struct AcrossHosts {
     for (auto& u : gpt_units(s, "block")) p += (u.numel + n - 1) / n * n;
     return p;
   }
-  int64_t full_shard_across() const { return 3 * (N - 1) * (padded(N) / N) * 4; }  // 3P(N-1)/N, the host's last rank
+  // The collectives compose the tiers: each of a host's N/R ranks sends
+  // of the (N-1) blocks of each of its 3 passes across.
+  int64_t full_shard_across() const { return (N / R) * 3 * (R - 1) * (padded(N) / N) * 4; }
   int64_t hybrid_across() const { return S * (2 * (R - 1) * (padded(S) / S) / R * 4); }  // S ranks x 2(R-1)/R x P/S
 };
 std::string mib(int64_t x) { return fsdp::memory::format_bytes(x); }
@@ -326,34 +328,41 @@ TEST(Plan, RecommendAcrossHostsWithRatesTakesTheLeastTime) {
   AcrossHosts h;
   h.o.intra_bandwidth = 10e9;   // per rank inside a host
   h.o.inter_bandwidth = 125e6;  // 1 Gbit/s per host
-  // Everything fits: HYBRID_SHARD_ZERO2 is the fastest (2P(S-1)/S inside at
-  // 10 GB/s + S x 2(R-1)/R x P/S across at 1 Gbit/s), NO_SHARD's ring crosses
-  // at 1 Gbit/s.
-  auto r = recommend(h.cands, h.A, h.o, int64_t(8) << 30);
+  // 157 MiB: only FULL_SHARD and HYBRID_SHARD fit (wrap block). HYBRID_SHARD
+  // is faster: 3P(S-1)/S inside at 10 GB/s + S x 2(R-1)/R x P/S across at
+  // 1 Gbit/s, against FULL_SHARD's 3P(N-1)/N of which every rank sends
+  // (H-1)/(N-1) across (the collectives compose the tiers), S ranks a host.
+  const int64_t budget = int64_t(157) << 20;
+  auto r = recommend(h.cands, h.A, h.o, budget);
   ASSERT_TRUE(r.fits) << r.why;
-  EXPECT_EQ(r.strategy, ShardingStrategy::HYBRID_SHARD_ZERO2) << r.why;
+  EXPECT_EQ(r.strategy, ShardingStrategy::HYBRID_SHARD) << r.why;
   EXPECT_EQ(r.rule, "comm_time");
-  EXPECT_EQ(r.one_host_choice, ShardingStrategy::NO_SHARD);
-  EXPECT_EQ(r.wrap, "none");
+  EXPECT_EQ(r.one_host_choice, ShardingStrategy::FULL_SHARD);
+  EXPECT_EQ(r.wrap, "block");
   ASSERT_EQ(r.strategies.size(), 5u);
-  const StrategyFit& z = r.strategies[3];
-  const StrategyFit& ns = r.strategies[0];
-  int64_t padded_s = 0, padded_n = 0;
-  for (auto& u : gpt_units(h.s, "none")) padded_s += (u.numel + 3) / 4 * 4, padded_n += (u.numel + 7) / 8 * 8;
-  EXPECT_EQ(z.tiers.intra, 2 * 3 * (padded_s / 4) * 4);
-  EXPECT_EQ(z.host_inter, 4 * (2 * (padded_s / 4) / 2 * 4));
-  EXPECT_DOUBLE_EQ(z.tiers.seconds, z.tiers.intra / 10e9 + 4.0 * z.tiers.inter / 125e6);
-  EXPECT_DOUBLE_EQ(ns.tiers.seconds, 2.0 * 7 * (padded_n / 8) * 4 / 125e6);
+  const StrategyFit& hy = r.strategies[4];
+  const StrategyFit& fs = r.strategies[2];
+  ASSERT_EQ(hy.strategy, ShardingStrategy::HYBRID_SHARD);
+  ASSERT_EQ(fs.strategy, ShardingStrategy::FULL_SHARD);
+  const int64_t shard_s = h.padded(4) / 4 * 4, shard_n = h.padded(8) / 8 * 4;  // bytes of one block
+  EXPECT_EQ(hy.tiers.intra, 3 * 3 * shard_s);
+  EXPECT_EQ(hy.host_inter, h.hybrid_across());
+  EXPECT_EQ(fs.tiers.intra, 3 * 7 * shard_n - 3 * shard_n);
+  EXPECT_EQ(fs.host_inter, h.full_shard_across());
+  EXPECT_DOUBLE_EQ(hy.tiers.seconds, hy.tiers.intra / 10e9 + 4.0 * hy.tiers.inter / 125e6);
+  EXPECT_DOUBLE_EQ(fs.tiers.seconds, fs.tiers.intra / 10e9 + 4.0 * fs.tiers.inter / 125e6);
+  EXPECT_LT(hy.tiers.seconds, fs.tiers.seconds);
   char t1[32], t2[32];
-  std::snprintf(t1, sizeof t1, "~%.1f ms", 1e3 * z.tiers.seconds);
-  std::snprintf(t2, sizeof t2, "~%.1f ms", 1e3 * ns.tiers.seconds);
-  const std::string reason = std::string("HYBRID_SHARD_ZERO2 fits (peak ") + mib(z.peak) + " <= " +
-                             mib(static_cast<int64_t>((int64_t(8) << 30) * 0.9)) + ", 90% of the budget) and sends " +
-                             mib(z.host_inter) + " per step across hosts against " + mib(ns.host_inter) +
-                             " for NO_SHARD: its communication takes " + t1 + " per step against " + t2;
+  std::snprintf(t1, sizeof t1, "~%.1f ms", 1e3 * hy.tiers.seconds);
+  std::snprintf(t2, sizeof t2, "~%.1f ms", 1e3 * fs.tiers.seconds);
+  const std::string reason = std::string("HYBRID_SHARD fits (peak ") + mib(hy.peak) + " <= " +
+                             mib(static_cast<int64_t>(budget * 0.9)) + ", 90% of the budget) and sends " +
+                             mib(hy.host_inter) + " per step across hosts against " + mib(fs.host_inter) +
+                             " for FULL_SHARD: its communication takes " + t1 + " per step against " + t2;
   EXPECT_NE(r.why.find(reason), std::string::npos) << reason << "\n" << r.why;
-  // Links as fast between hosts as inside one: the one-host choice is the fastest.
-  h.o.inter_bandwidth = 10e9;
+  // Everything fits: NO_SHARD's composed all-reduce crosses as much as
+  // HYBRID_SHARD_ZERO2's replica all-reduce (2(R-1)/R x P per host) and
+  // moves as much inside: a tie, so the one-host choice stays.
   r = recommend(h.cands, h.A, h.o, int64_t(8) << 30);
   EXPECT_EQ(r.strategy, ShardingStrategy::NO_SHARD) << r.why;
   EXPECT_EQ(r.rule, "comm_time");

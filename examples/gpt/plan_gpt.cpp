@@ -161,9 +161,10 @@ ActivationEstimate gpt_activations(const GptShape& s, int a, const std::string& 
   e.attention = B * h * T * T * a;
   e.per_block = 16 * BTd * a + e.attention + 2 * 2 * BT * 4 + T * T;
   // Final LayerNorm input (1) and output = head input (1), its stats, the
-  // log_softmax output [B*T,V] (fp32: the loss is computed in fp32) and the
-  // logits [B,T,V] the caller holds through backward.
-  e.head = 2 * BTd * a + 2 * BT * 4 + BT * V * 4 + BT * V * a;
+  // log_softmax output [B*T,V] (fp32: the loss is computed in fp32) and,
+  // when the caller holds them through backward, the logits [B,T,V].
+  const int64_t logits = s.caller_holds_logits ? BT * V * a : 0;
+  e.head = 2 * BTd * a + 2 * BT * 4 + BT * V * 4 + logits;
   const int64_t embed = T * 8;  // positions (int64) saved by the position embedding
   // When backward starts: nll_loss's and log_softmax's gradients [B*T,V].
   e.backward_transient = 2 * BT * V * 4;
@@ -186,10 +187,10 @@ ActivationEstimate gpt_activations(const GptShape& s, int a, const std::string& 
   // The block's backward beyond its own activations: the gradient of the
   // attention scores [B,h,T,T] and a few [B,T,d] gradients in flight.
   e.recompute_transient = e.attention + 3 * BTd * a;
-  e.during_recompute = e.per_block + e.recompute_transient + BT * V * a + embed + BTd * a;
+  e.during_recompute = e.per_block + e.recompute_transient + logits + embed + BTd * a;
   // While it recomputes: the kept bytes up to it, its activations, its
-  // backward's transients, the logits the caller holds and the gradient
-  // [B,T,d] coming into it.
+  // backward's transients, the logits if the caller holds them and the
+  // gradient [B,T,d] coming into it.
   e.at_recompute = kept_to_first + e.during_recompute;
   return e;
 }

@@ -21,6 +21,10 @@ using fsdp::plan::UnitSpec;
 
 struct GptShape {
   int64_t layers = 6, dim = 256, heads = 4, vocab = 256, seq = 128, batch = 8;
+  // Whether the training loop keeps the logits [B,T,V] alive through
+  // backward (a `logits` variable still in scope); gpt's own loop drops
+  // them once the loss is computed, so its plans say false.
+  bool caller_holds_logits = true;
   int64_t num_params() const;  // V*d + T*d + L*(12d^2 + 13d) + 2d + V*d + V
   void validate() const;       // throws fsdp::Error
 };

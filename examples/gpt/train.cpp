@@ -303,7 +303,9 @@ Model build_model(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts)
 // the flags alone (the budget check before anything is built).
 fsdp::plan::Plan gpt_plan(const Args& a, int N, fsdp::ShardingStrategy strategy,
                           const std::vector<fsdp::plan::UnitSpec>& units) {
-  const gpt::GptShape shape{a.cfg.layers, a.cfg.dim, a.cfg.heads, a.cfg.vocab, a.cfg.seq, a.batch};
+  // train_step drops the logits once the loss is computed.
+  gpt::GptShape shape{a.cfg.layers, a.cfg.dim, a.cfg.heads, a.cfg.vocab, a.cfg.seq, a.batch};
+  shape.caller_holds_logits = false;
   fsdp::plan::PlanOptions po;
   po.world = N;
   po.strategy = strategy;
@@ -318,7 +320,9 @@ fsdp::plan::Plan gpt_plan(const Args& a, int N, fsdp::ShardingStrategy strategy,
 }
 
 std::vector<fsdp::plan::UnitSpec> flag_units(const Args& a) {
-  const gpt::GptShape shape{a.cfg.layers, a.cfg.dim, a.cfg.heads, a.cfg.vocab, a.cfg.seq, a.batch};
+  // train_step drops the logits once the loss is computed.
+  gpt::GptShape shape{a.cfg.layers, a.cfg.dim, a.cfg.heads, a.cfg.vocab, a.cfg.seq, a.batch};
+  shape.caller_holds_logits = false;
   return gpt::gpt_units(shape, a.wrap);
 }
 

@@ -241,6 +241,9 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
       if (p.units.size() > 1) consider_recompute(copy + p.G_block, next_A);
       break;
     }
+    case ShardingStrategy::HYBRID_SHARD:
+    case ShardingStrategy::HYBRID_SHARD_ZERO2:
+      break;  // planned above, as their inner strategy at world size S
   }
   p.peak = p.rest + p.working + p.A;
   p.full_shard = traffic(ShardingStrategy::FULL_SHARD, p.padded_numel, opts);

@@ -135,9 +135,11 @@ std::string ms(double seconds) {
 // one (per step; K micro-steps are in the bytes).
 const char* inter_formula(ShardingStrategy s) {
   switch (s) {
-    case ShardingStrategy::FULL_SHARD: return "3P(N-1)/N, all sent by the host's last rank";
-    case ShardingStrategy::SHARD_GRAD_OP: return "2P(N-1)/N, all sent by the host's last rank";
-    case ShardingStrategy::NO_SHARD: return "2P(N-1)/N, all sent by the host's last rank";
+    // The collectives compose the tiers: each rank sends (H-1)/(N-1) of its
+    // traffic across, N/H ranks share the host's link.
+    case ShardingStrategy::FULL_SHARD: return "3P(H-1)/H: N/H ranks x (H-1)/(N-1) of 3P(N-1)/N";
+    case ShardingStrategy::SHARD_GRAD_OP: return "2P(H-1)/H: N/H ranks x (H-1)/(N-1) of 2P(N-1)/N";
+    case ShardingStrategy::NO_SHARD: return "2P(H-1)/H: N/H ranks x (H-1)/(N-1) of 2P(N-1)/N";
     case ShardingStrategy::HYBRID_SHARD:
     case ShardingStrategy::HYBRID_SHARD_ZERO2: return "S ranks x 2(R-1)/R x P/S";
   }
@@ -182,7 +184,9 @@ Recommendation recommend(const std::vector<Candidate>& cands, int64_t A, const P
     f.peak = plan.peak;
     f.rest = plan.rest;
     f.tiers = tier_traffic(s, chosen->units, o);
-    f.host_inter = is_hybrid(s) ? int64_t(S) * f.tiers.inter : f.tiers.inter;
+    // Bytes through each host's link: every rank of it sends its share
+    // (the collectives compose the tiers; HYBRID: its S ranks).
+    f.host_inter = (is_hybrid(s) ? int64_t(S) : int64_t(per_host)) * f.tiers.inter;
     r.strategies.push_back(f);
     plans.push_back(plan);
   }
