@@ -35,7 +35,7 @@ done
 mkdir -p "$RUN"
 # At T=256 the activations alone (A = 183 MiB) would pass the budget with the
 # rest (163 MiB per rank at N=8): recomputing them block by block (activation
-# checkpointing) keeps only each block's input, 11.6 MiB in all.
+# checkpointing) keeps only each block's input, 11.3 MiB in all.
 MODEL=(--dim 768 --layers 12 --heads 12 --seq 256 --batch 1)
 AC=(--ac block)
 # Text: the repository's own documents (any text does: a few steps only).
