@@ -89,6 +89,17 @@ void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int6
 // address.
 std::string cma_gone_peers(const CmaPeers& p, int self, const std::vector<int>* names = nullptr);
 
+// Whether process `pid` of this host is gone for good: no such process, a
+// zombie (dead, not yet reaped by its launcher), or exiting with its memory
+// already torn down (process_vm_readv says ESRCH then, before its state in
+// /proc shows it: right after a SIGKILL).
+bool process_gone(pid_t pid);
+
+// What tells this host apart from others (FSDP_HOST_ID, or the host name,
+// the kernel's boot id and this process's pid and network namespaces):
+// ranks with equal identities share a host (docs/COMM.md).
+std::string host_identity();
+
 // Same contracts as ring_all_gather / ring_reduce_scatter / the ring
 // all_reduce of gloo_communicator.cpp; return the ring's byte counts.
 // all_gather: `in` holds this rank's block (block_bytes), which lands at

@@ -10,6 +10,7 @@
 // identity only suggests: each rank reads a random value from each peer's
 // memory; the value must come back (a pid that names some other process
 // gives a wrong value or an error, never a false success).
+#include <signal.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -51,27 +52,6 @@ struct ProbeResult {
   int32_t pad;
 };
 
-std::string read_line(const char* path) {
-  std::ifstream f(path);
-  std::string s;
-  std::getline(f, s);
-  return s;
-}
-
-std::string ns_of(const char* path) {
-  char ns[64] = {0};
-  const ssize_t k = readlink(path, ns, sizeof ns - 1);
-  return k > 0 ? std::string(ns, static_cast<size_t>(k)) : std::string("?");
-}
-
-std::string host_identity() {
-  if (const char* id = std::getenv("FSDP_HOST_ID"); id && *id) return std::string("FSDP_HOST_ID=") + id;
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  return detail::cat(host, " boot ", read_line("/proc/sys/kernel/random/boot_id"), " ", ns_of("/proc/self/ns/pid"),
-                     " ", ns_of("/proc/self/ns/net"));
-}
-
 template <class T>
 std::vector<T> exchange(gloo::Context* ctx, const T& mine, int step_base, Clock::time_point deadline) {
   const int n = ctx->size;
@@ -96,6 +76,31 @@ std::string why_unreadable(const Name& name, int reader, const ProbeResult& p, c
 }
 
 }  // namespace
+
+namespace {
+std::string read_line(const char* path) {
+  std::ifstream f(path);
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+
+std::string ns_of(const char* path) {
+  char ns[64] = {0};
+  const ssize_t k = readlink(path, ns, sizeof ns - 1);
+  return k > 0 ? std::string(ns, static_cast<size_t>(k)) : std::string("?");
+}
+
+}  // namespace
+
+std::string host_identity() {
+  if (const char* id = std::getenv("FSDP_HOST_ID"); id && *id) return std::string("FSDP_HOST_ID=") + id;
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return detail::cat(host, " boot ", read_line("/proc/sys/kernel/random/boot_id"), " ", ns_of("/proc/self/ns/pid"),
+                     " ", ns_of("/proc/self/ns/net"));
+}
+
 
 void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int64_t nbytes) {
   char* d = static_cast<char*>(dst);
@@ -127,16 +132,33 @@ void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int6
   if (s.progress) s.progress->idle();
 }
 
+namespace {
+bool memory_gone(pid_t pid) {
+  char byte = 0;
+  iovec local{&byte, 1}, far{nullptr, 1};
+  return process_vm_readv(pid, &local, 1, &far, 1, 0) < 0 && errno == ESRCH;
+}
+}  // namespace
+
 std::string cma_gone_peers(const CmaPeers& p, int self, const std::vector<int>* names) {
   std::string out;
   for (size_t q = 0; q < p.pid.size(); ++q) {
     if (static_cast<int>(q) == self) continue;
-    char byte = 0;
-    iovec local{&byte, 1}, far{nullptr, 1};
-    if (process_vm_readv(p.pid[q], &local, 1, &far, 1, 0) < 0 && errno == ESRCH)
+    if (memory_gone(p.pid[q]))
       out += detail::cat(out.empty() ? "" : ", ", "rank ", names ? (*names)[q] : static_cast<int>(q), " (pid ", p.pid[q], ")");
   }
   return out;
+}
+
+bool process_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return true;
+  const auto close = line.rfind(')');
+  if (close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'Z' || line[close + 2] == 'X'))
+    return true;
+  return memory_gone(pid);
 }
 
 TransportChoice choose_transport(gloo::Context* ctx, const std::string& mode, Clock::time_point deadline,

@@ -594,14 +594,7 @@ class GlooCommunicator final : public Communicator {
     // Dead ranks: of this host's ranks, those whose process is gone (or a
     // zombie: dead, not yet reaped by its launcher).
     std::vector<bool> dead(world_.world_size, false);
-    auto gone_pid = [](pid_t pid) {
-      if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-      std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-      std::string line;
-      if (!std::getline(f, line)) return true;
-      const auto close = line.rfind(')');
-      return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'Z' || line[close + 2] == 'X');
-    };
+    auto gone_pid = [](pid_t pid) { return process_gone(pid); };
     {
       const auto where = watchdog_->where();
       for (int q = 0; q < world_.world_size; ++q) {

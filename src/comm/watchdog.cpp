@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/cma.h"
 #include "comm/rendezvous.h"
 #include "fsdp/errors.h"
 #include "fsdp/flight.h"
@@ -164,25 +165,6 @@ std::string host_name() {
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
-std::string read_line(const char* path) {
-  std::ifstream f(path);
-  std::string s;
-  std::getline(f, s);
-  return s;
-}
-
-std::string ns_of(const char* path) {
-  char ns[64] = {0};
-  const ssize_t k = readlink(path, ns, sizeof ns - 1);
-  return k > 0 ? std::string(ns, static_cast<size_t>(k)) : std::string("?");
-}
-
-// As the CMA transport tells hosts apart (comm/cma_transport.cpp).
-std::string host_identity() {
-  if (const char* id = std::getenv("FSDP_HOST_ID"); id && *id) return std::string("FSDP_HOST_ID=") + id;
-  return detail::cat(host_name(), " boot ", read_line("/proc/sys/kernel/random/boot_id"), " ", ns_of("/proc/self/ns/pid"),
-                     " ", ns_of("/proc/self/ns/net"));
-}
 
 // /proc/<pid>/stat's state letter; 0 when the process is gone.
 char proc_state(int64_t pid) {

@@ -89,12 +89,16 @@ sed 's/^/node1 | /' "$OUT/node1.log"
 echo "two_hosts: node 0 exit $rc0, node 1 exit $rc1, $(( (t1 - t0) / 1000000 )) ms"
 [ $rc0 = 0 ] && [ $rc1 = 0 ] || { echo "two_hosts: FAIL: a node failed"; exit 1; }
 
-# The same job on one host with 4 ranks: results must be identical.
+# The same job on one host with 4 ranks: the same outcome on every rank. The
+# parity errors themselves (max_rel, max_abs against the unsharded
+# reference) may differ in the last bits: across hosts the collectives
+# compose the tiers and sum host by host first (docs/COMM.md), so they are
+# left out of the comparison; each line still says OK or not.
 timeout "$TIMEOUT" "$BIN/fsdp" run -n 4 -- "$BIN/fsdp_test_worker" "${WORK[@]}" >"$OUT/one.log" 2>&1
 rc=$?
 sed 's/^/one-host | /' "$OUT/one.log"
 [ $rc = 0 ] || { echo "two_hosts: FAIL: the one-host run failed ($rc)"; exit 1; }
-result() { grep -h -o 'PARITY.*\|RESULT.*' "$@" | sort | uniq -c; }
+result() { grep -h -o 'PARITY.*\|RESULT.*' "$@" | sed -E 's/ max_rel=[^ ]+ max_abs=[^ ]+//' | sort | uniq -c; }
 two=$(result "$OUT/node0.log" "$OUT/node1.log")
 one=$(result "$OUT/one.log")
 echo "two hosts:"; echo "$two"; echo "one host:"; echo "$one"
