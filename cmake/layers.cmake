@@ -44,7 +44,8 @@ function(fsdp_layer name)
   foreach(d IN LISTS L_DEPS)
     list(APPEND deps fsdp_${d})
   endforeach()
-  target_link_libraries(${target} PUBLIC ${deps} ${TORCH_LIBRARIES} nlohmann_json::nlohmann_json
+  target_link_libraries(${target} PUBLIC ${deps} $<BUILD_INTERFACE:fsdp_torch> $<INSTALL_INTERFACE:fsdp::torch>
+                        nlohmann_json::nlohmann_json
                         Threads::Threads PRIVATE ${L_PRIVATE_LIBS})
   # torch/torch.h dominates compile time: precompiled once (by the lowest
   # layer), reused by every layer and program of the tree.

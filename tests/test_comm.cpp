@@ -167,22 +167,10 @@ TEST(CommFailure, WorldSizeDisagreementIsAnErrorNotAHang) {
   EXPECT_LT(r.seconds, 10) << r.output;
 }
 
-int closed_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);  // nothing listens there now
-  return ntohs(a.sin_port);
-}
-
 TEST(CommFailure, UnreachableMasterIsAClearError) {
   auto r = run_command({fsdp::testing::bin_path("fsdp_test_worker"), "comm_hello"},
                        {"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
-                        "MASTER_PORT=" + std::to_string(closed_port()), "FSDP_RENDEZVOUS_TIMEOUT=2"},
+                        "MASTER_PORT=" + std::to_string(fsdp::testing::free_port()), "FSDP_RENDEZVOUS_TIMEOUT=2"},
                        60);
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "could not reach the rendezvous store at 127.0.0.1:")) << r.output;

@@ -19,37 +19,11 @@ namespace {
 
 bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 // Two `fsdp run --nnodes 2` launchers of 2 ranks each on this machine, at
 // once; env0/env1 go to node 0/1 (FSDP_HOST_ID there makes them two hosts).
-std::pair<ProcResult, ProcResult> run_two_nodes(const std::string& scenario, const std::vector<std::string>& env0,
+std::pair<ProcResult, ProcResult> two_nodes(const std::string& scenario, const std::vector<std::string>& env0,
                                                 const std::vector<std::string>& env1, double timeout_s = 240) {
-  const std::string port = std::to_string(free_port());
-  auto argv = [&](int node) {
-    return std::vector<std::string>{bin_path("fsdp"), "run", "-n", "2", "--nnodes", "2", "--node-rank",
-                                    std::to_string(node), "--master-addr", "127.0.0.1", "--master-port", port,
-                                    "--", bin_path("fsdp_test_worker"), scenario};
-  };
-  auto with_token = [](std::vector<std::string> env) {
-    env.push_back("FSDP_JOB_TOKEN=cma_test_token_0123456789");
-    return env;
-  };
-  ProcResult r1;
-  std::thread t([&] { r1 = run_command(argv(1), with_token(env1), timeout_s); });
-  ProcResult r0 = run_command(argv(0), with_token(env0), timeout_s);
-  t.join();
-  return {r0, r1};
+  return run_launcher_pair({bin_path("fsdp_test_worker"), scenario}, env0, env1, timeout_s);
 }
 
 std::set<std::string> shm_entries() {
@@ -149,7 +123,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, CommTimeoutOver, ::testing::Values("tcp", "
 // tests/test_comm_tiers.cpp) where CMA works, else falls back to TCP for
 // everything and says why; the whole grid passes over either.
 TEST(CommTransport, TwoHostsComposeTiersAndPassTheGrid) {
-  auto [a, b] = run_two_nodes("comm_collectives", {"FSDP_HOST_ID=node-a", "FSDP_DEBUG=info"},
+  auto [a, b] = two_nodes("comm_collectives", {"FSDP_HOST_ID=node-a", "FSDP_DEBUG=info"},
                               {"FSDP_HOST_ID=node-b", "FSDP_DEBUG=info"});
   EXPECT_EQ(a.exit_code, 0) << a.output;
   EXPECT_EQ(b.exit_code, 0) << b.output;
@@ -163,7 +137,7 @@ TEST(CommTransport, TwoHostsComposeTiersAndPassTheGrid) {
 
 // FSDP_TRANSPORT=tcp still forces the flat ring across hosts.
 TEST(CommTransport, TwoHostsUnderForcedTcpStayFlat) {
-  auto [a, b] = run_two_nodes("comm_hello", {"FSDP_HOST_ID=node-a", "FSDP_TRANSPORT=tcp"},
+  auto [a, b] = two_nodes("comm_hello", {"FSDP_HOST_ID=node-a", "FSDP_TRANSPORT=tcp"},
                               {"FSDP_HOST_ID=node-b", "FSDP_TRANSPORT=tcp"}, 60);
   EXPECT_EQ(a.exit_code, 0) << a.output;
   EXPECT_EQ(b.exit_code, 0) << b.output;
@@ -174,7 +148,7 @@ TEST(CommTransport, TwoHostsUnderForcedTcpStayFlat) {
 // LOCAL_WORLD_SIZE says: CMA.
 TEST(CommTransport, TwoLaunchersOnOneHostUseCma) {
   if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
-  auto [a, b] = run_two_nodes("comm_hello", {}, {}, 60);
+  auto [a, b] = two_nodes("comm_hello", {}, {}, 60);
   EXPECT_EQ(a.exit_code, 0) << a.output;
   EXPECT_EQ(b.exit_code, 0) << b.output;
   EXPECT_EQ(lines_with(a.output + b.output, "hello from cma+gloo world=4").size(), 4u) << a.output << b.output;
@@ -185,7 +159,7 @@ TEST(CommTransport, TwoLaunchersOnOneHostUseCma) {
 // (tests/test_comm_tiers.cpp has it inside a group).
 TEST(CommTransport, ForcedCmaAcrossHostsComposesOrIsAClearError) {
   if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
-  auto [a, b] = run_two_nodes("comm_hello", {"FSDP_HOST_ID=node-a", "FSDP_TRANSPORT=cma"},
+  auto [a, b] = two_nodes("comm_hello", {"FSDP_HOST_ID=node-a", "FSDP_TRANSPORT=cma"},
                               {"FSDP_HOST_ID=node-b", "FSDP_TRANSPORT=cma"}, 60);
   EXPECT_EQ(a.exit_code, 0) << a.output;
   EXPECT_EQ(b.exit_code, 0) << b.output;
@@ -202,7 +176,7 @@ TEST(CommTransport, ForcedCmaAcrossHostsComposesOrIsAClearError) {
 }
 
 TEST(CommTransport, RanksThatDisagreeOnTheTransportFailClearly) {
-  auto [a, b] = run_two_nodes("comm_hello", {"FSDP_TRANSPORT=tcp"}, {"FSDP_TRANSPORT=auto"}, 60);
+  auto [a, b] = two_nodes("comm_hello", {"FSDP_TRANSPORT=tcp"}, {"FSDP_TRANSPORT=auto"}, 60);
   EXPECT_NE(a.exit_code, 0) << a.output;
   EXPECT_NE(b.exit_code, 0) << b.output;
   EXPECT_TRUE(contains(a.output, "ranks disagree on FSDP_TRANSPORT: rank 0 has 'tcp', rank 2 has 'auto'"))

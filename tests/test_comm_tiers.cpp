@@ -25,41 +25,6 @@ namespace {
 
 bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
-// Two launchers of 2 ranks each on this machine, each its own host.
-ProcResult two_hosts(const std::vector<std::string>& worker_args, std::vector<std::string> env = {},
-                     double timeout_s = 240) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  const std::string port = std::to_string(ntohs(a.sin_port));
-  auto argv = [&](int node) {
-    std::vector<std::string> v{bin_path("fsdp"), "run", "-n", "2", "--nnodes", "2", "--node-rank",
-                               std::to_string(node), "--master-addr", "127.0.0.1", "--master-port", port,
-                               "--", bin_path("fsdp_test_worker")};
-    v.insert(v.end(), worker_args.begin(), worker_args.end());
-    return v;
-  };
-  auto env_of = [&](int node) {
-    auto e = env;
-    e.push_back("FSDP_JOB_TOKEN=tiers_test_token_0123456789");
-    e.push_back("FSDP_HOST_ID=node-" + std::to_string(node));
-    return e;
-  };
-  ProcResult r1;
-  std::thread t([&] { r1 = run_command(argv(1), env_of(1), timeout_s); });
-  ProcResult r0 = run_command(argv(0), env_of(0), timeout_s);
-  t.join();
-  ProcResult both = r0;
-  if (both.exit_code == 0) both.exit_code = r1.exit_code;
-  both.output = r0.output + r1.output;
-  return both;
-}
-
 void expect_grid(const ProcResult& r, int n, const std::string& engine) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(lines_with(r.output, "comm_collectives passed").size(), static_cast<size_t>(n)) << r.output;
@@ -91,7 +56,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TierGrid, ::testing::Values("a,a,b,b", "a,a,a,
 
 TEST(CommTiers, GridUnderTwoLaunchers) {
   if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
-  expect_grid(two_hosts({"comm_collectives"}), 4, "cma+tcp tiers");
+  expect_grid(run_two_nodes({"comm_collectives"}), 4, "cma+tcp tiers");
 }
 
 // FSDP_TRANSPORT=tcp and FSDP_TIERS=off keep the flat TCP ring; so do
@@ -217,7 +182,7 @@ TEST(CommTiers, DetailCheckRunsBeforeTheTiers) {
 TEST(CommTiers, FullShardTrainsLikeTheReferenceAcrossTwoHosts) {
   if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
   for (std::string mode : {"plain", "nosync"}) {
-    auto r = two_hosts({"core_parity", "full", mode, "none", "fp32"}, {"FSDP_DEBUG=info"});
+    auto r = run_two_nodes({"core_parity", "full", mode, "none", "fp32"}, 240, {"FSDP_DEBUG=info"});
     ASSERT_EQ(r.exit_code, 0) << r.output;
     auto ok = lines_with(r.output, "PARITY");
     ASSERT_EQ(ok.size(), 4u) << r.output;

@@ -20,6 +20,7 @@
 #include <regex>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 // Torch-free: the install test (tests/install) compiles this file without
 // the library. fsdp_tests' fsdp::init is in test_init.cpp.
@@ -89,14 +90,14 @@ ProcResult run_ranks(int n, const std::string& scenario, const std::vector<std::
   return run_command(argv, env, timeout_s);
 }
 
-ProcResult run_two_nodes(const std::vector<std::string>& worker_args, double timeout_s) {
+ProcResult run_two_nodes(const std::vector<std::string>& worker_args, double timeout_s,
+                         const std::vector<std::string>& env) {
   std::vector<std::string> program{bin_path("fsdp_test_worker")};
   program.insert(program.end(), worker_args.begin(), worker_args.end());
-  return run_two_launchers(program, timeout_s);
+  return run_two_launchers(program, timeout_s, env);
 }
 
-ProcResult run_two_launchers(const std::vector<std::string>& program, double timeout_s) {
-  // A free port: bind to port 0 and read back what the kernel chose.
+int free_port() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -105,21 +106,38 @@ ProcResult run_two_launchers(const std::vector<std::string>& program, double tim
   bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
   getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   close(fd);
-  const std::string port = std::to_string(ntohs(a.sin_port));
+  return ntohs(a.sin_port);
+}
+
+std::pair<ProcResult, ProcResult> run_launcher_pair(const std::vector<std::string>& program,
+                                                    const std::vector<std::string>& env0,
+                                                    const std::vector<std::string>& env1, double timeout_s) {
+  const std::string port = std::to_string(free_port());
   auto argv = [&](int node) {
     std::vector<std::string> v{bin_path("fsdp"), "run", "-n", "2", "--nnodes", "2", "--node-rank",
                                std::to_string(node), "--master-addr", "127.0.0.1", "--master-port", port, "--"};
     v.insert(v.end(), program.begin(), program.end());
     return v;
   };
-  auto env = [](int node) {
-    return std::vector<std::string>{"FSDP_JOB_TOKEN=two_nodes_test_token_0123456789",
-                                    "FSDP_HOST_ID=node-" + std::to_string(node)};
+  auto with_token = [](std::vector<std::string> e) {
+    e.push_back("FSDP_JOB_TOKEN=two_nodes_test_token_0123456789");
+    return e;
   };
   ProcResult r1;
-  std::thread t([&] { r1 = run_command(argv(1), env(1), timeout_s); });
-  ProcResult r0 = run_command(argv(0), env(0), timeout_s);
+  std::thread t([&] { r1 = run_command(argv(1), with_token(env1), timeout_s); });
+  ProcResult r0 = run_command(argv(0), with_token(env0), timeout_s);
   t.join();
+  return {r0, r1};
+}
+
+ProcResult run_two_launchers(const std::vector<std::string>& program, double timeout_s,
+                             const std::vector<std::string>& env) {
+  auto on = [&](int node) {
+    auto e = env;
+    e.push_back("FSDP_HOST_ID=node-" + std::to_string(node));
+    return e;
+  };
+  auto [r0, r1] = run_launcher_pair(program, on(0), on(1), timeout_s);
   ProcResult both = r0;
   if (both.exit_code == 0) both.exit_code = r1.exit_code;
   both.output = r0.output + r1.output;

@@ -1,10 +1,11 @@
 // fsdp-cpp tests: start ranks as processes and collect what they print.
-// defines: ProcResult, run_command, run_ranks, run_two_nodes, run_two_launchers, run_in_ranks,
+// defines: ProcResult, run_command, run_ranks, run_two_nodes, run_two_launchers, run_launcher_pair, free_port, run_in_ranks,
 //          FSDP_IN_RANKS, bin_path, lines_with, Fields, parse_kv
 #pragma once
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fsdp::testing {
@@ -31,9 +32,20 @@ ProcResult run_ranks(int n, const std::string& scenario, const std::vector<std::
 // of 4), node k with FSDP_HOST_ID=node-k so the two count as two hosts, both
 // running `fsdp_test_worker <worker_args>`. exit_code: node 0's, or node
 // 1's when node 0's is 0; output: node 0's then node 1's.
-ProcResult run_two_nodes(const std::vector<std::string>& worker_args, double timeout_s = 240);
+// `env` is added to both launchers'.
+ProcResult run_two_nodes(const std::vector<std::string>& worker_args, double timeout_s = 240,
+                         const std::vector<std::string>& env = {});
 // The same with any program: `program` is its argv (e.g. {bin_path("tiny"), "--strategy", "hybrid"}).
-ProcResult run_two_launchers(const std::vector<std::string>& program, double timeout_s = 240);
+ProcResult run_two_launchers(const std::vector<std::string>& program, double timeout_s = 240,
+                             const std::vector<std::string>& env = {});
+// The two launchers with an environment each (node 0's, node 1's; no
+// FSDP_HOST_ID added) and a result each.
+std::pair<ProcResult, ProcResult> run_launcher_pair(const std::vector<std::string>& program,
+                                                    const std::vector<std::string>& env0,
+                                                    const std::vector<std::string>& env1, double timeout_s = 240);
+// A TCP port of 127.0.0.1 that was free a moment ago (bound to port 0, read
+// back, closed): nothing listens there.
+int free_port();
 
 // A test whose body runs in every rank, with gtest assertions there:
 //   TEST(Suite, Name) {

@@ -30,6 +30,7 @@
 #include <signal.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
@@ -57,6 +58,9 @@ namespace {
 // between the timeout and the promised "timeout + 2 s". 1.5 s: on a loaded
 // machine the launcher's store has been seen to take over 1 s to answer.
 constexpr std::chrono::milliseconds kDiagnosisBudget{1500};
+// A store that has not answered the heartbeat thread for longer than a rank
+// takes to be silent (cut off, frozen) gets one short try.
+constexpr std::chrono::milliseconds kSilentStoreBudget{200};
 
 // Steps of the FSDP_DEBUG=detail exchange (collectives use steps < 2N).
 constexpr int kCheckStepBase = 1 << 19;
@@ -319,6 +323,12 @@ class GlooCommunicator final : public Communicator {
   // On the communication thread, in issue order.
   void execute(const CallShape& shape, uint64_t ticket, const std::function<Traffic(const Step&)>& algo) {
     const uint64_t seq = ++seq_;
+    std::string what = describe_call(shape);
+    // The store hears of the entry before the flight recorder (and so the
+    // heartbeat) shows the collective started: a rank that freezes once it
+    // is inside has always told the others where (the send is complete when
+    // record_entered returns; the kernel delivers it even if we stop).
+    rdv_->record_entered(seq, what);
     const std::shared_ptr<flight::Progress> progress = flight::start(ticket, seq);
     // Times the collective on the "comm" track (the report's AG/RS lanes).
     trace::Span span(to_string(shape.kind), "comm");
@@ -326,8 +336,6 @@ class GlooCommunicator final : public Communicator {
       trace::set_thread_name("comm");
       span.arg("unit", shape.label).arg("seq", seq);
     }
-    std::string what = describe_call(shape);
-    rdv_->record_entered(seq, what);
     const auto t0 = Clock::now();
     Step step{ctx_.get(), seq, t0 + opts_.timeout, progress.get()};
     Traffic sent;
@@ -530,7 +538,10 @@ class GlooCommunicator final : public Communicator {
   std::string diagnose(uint64_t seq, const CallShape& shape, const std::string& what, const std::string& engine_error,
                        Clock::duration elapsed, const flight::Progress& progress) {
     watchdog_->mark_failed();
-    const auto budget_end = Clock::now() + kDiagnosisBudget;
+    const double store_quiet = watchdog_->store_silent_for();
+    const bool store_silent = store_quiet > watchdog_->silent_after();
+    const auto budget = store_silent ? kSilentStoreBudget : kDiagnosisBudget;
+    const auto budget_end = Clock::now() + budget;
     const double secs = std::chrono::duration<double>(elapsed).count();
     const double limit = opts_.timeout.count() / 1000.0;
     const bool timed_out = secs >= 0.9 * limit;
@@ -586,7 +597,10 @@ class GlooCommunicator final : public Communicator {
                          "\nEvery rank must issue the same collectives in the same order.");
     if (!unknown.empty())
       msg += detail::cat("\nProgress of ranks ", unknown, " is unknown: the store at ", rdv_->describe_store(),
-                         " did not answer within ", kDiagnosisBudget.count(), " ms.");
+                         " did not answer within ", budget.count(), " ms",
+                         store_silent ? detail::cat(" (nor this rank's heartbeats for ", std::lround(store_quiet * 10) / 10.0, " s)")
+                                      : std::string(),
+                         ".");
     const std::string gone = transport_.cma ? cma_gone_peers(transport_.peers, world_.rank)
                              : tiers_      ? cma_gone_peers(tiers_->peers, tiers_->intra_ctx->rank, &tiers_->intra_ranks())
                                            : "";

@@ -232,6 +232,16 @@ struct Watchdog::State {
   bool where_done = false;                            // the thread's own
   int where_tries = 0;
 
+  // When the store last answered a round trip of this thread (steady
+  // clock, ns; 0 before the first): a diagnosis does not wait long for a
+  // store that has been silent for a while (Watchdog::store_silent_for).
+  std::atomic<int64_t> answered_ns{0};
+  void answered() {
+    answered_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count();
+  }
+
   // The thread's own.
   c10d::TCPStore* store = nullptr;
 
@@ -239,6 +249,7 @@ struct Watchdog::State {
     if (store) return true;
     try {
       store = connect_store_client(world, connect_timeout);
+      answered();
       return true;
     } catch (const std::exception&) {
       return false;
@@ -279,7 +290,11 @@ struct Watchdog::State {
   void publish(bool left) {
     if (!connect()) return;
     try {
-      store->set(base + "hb/" + std::to_string(world.rank), bytes(beat(left).to_json().dump()));
+      const std::string key = base + "hb/" + std::to_string(world.rank);
+      store->set(key, bytes(beat(left).to_json().dump()));
+      // A set is one-way; a check waits for the store's reply: the store
+      // is known to be alive as of now.
+      if (!left && store->check({key})) answered();
     } catch (const std::exception&) {
       broken();
     }
@@ -297,6 +312,7 @@ struct Watchdog::State {
         q.values[i] = std::string(b.begin(), b.end());
       }
       q.ok = true;
+      answered();
     } catch (const std::exception&) {
       broken();
     }
@@ -409,6 +425,13 @@ Watchdog::~Watchdog() {
 
 double Watchdog::interval() const { return s_->interval; }
 double Watchdog::silent_after() const { return 3 * s_->interval; }
+double Watchdog::store_silent_for() const {
+  const int64_t at = s_->answered_ns;
+  if (at == 0) return 0;
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::max(0.0, (now - at) / 1e9);
+}
 const std::string& Watchdog::base() const { return s_->base; }
 void Watchdog::mark_failed() { s_->failed = true; }
 

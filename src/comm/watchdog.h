@@ -35,6 +35,11 @@ class Watchdog {
 
   double interval() const;      // seconds between heartbeats
   double silent_after() const;  // seconds without one that make a rank silent
+  // Seconds since the store last answered this process's heartbeat thread
+  // (each heartbeat is a round trip); 0 before its first answer. Longer
+  // than silent_after(): the store is as good as unreachable (cut off,
+  // frozen) and a diagnosis does not wait for it.
+  double store_silent_for() const;
   const std::string& base() const;
 
   // Values of `keys` ("" for an absent key), or nullopt when the store did

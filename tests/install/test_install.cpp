@@ -73,6 +73,13 @@ TEST(Install, FindPackage) {
   // Only the public headers: no header of src/ travels.
   for (auto& e : fs::recursive_directory_iterator(prefix + "/include"))
     if (e.is_regular_file()) EXPECT_EQ(e.path().parent_path().filename(), "fsdp") << e.path();
+  // Relocatable: the exported targets name libraries by target, none by a
+  // path of the machine that built them (libtorch's libc10 included).
+  for (auto& e : fs::directory_iterator(prefix + "/lib/cmake/fsdp")) {
+    const std::string text = fsdp::testing::slurp(e.path().string());
+    for (const char* bad : {"libc10", "/usr/lib", "/usr/local/lib"})
+      EXPECT_EQ(text.find(bad), std::string::npos) << e.path() << " names " << bad << ":\n" << text;
+  }
   if (HasFailure()) GTEST_SKIP() << "kept " << tmp.path;
 
   auto conf = step("configure the consumer", configure(build, {"-DCMAKE_PREFIX_PATH=" + prefix}), 600);
