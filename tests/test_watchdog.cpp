@@ -8,11 +8,15 @@
 // loses nothing; a cut link between two hosts is named on both sides, a slow
 // one slows the job without failing it.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -20,6 +24,7 @@
 #include <sstream>
 #include <thread>
 
+#include "fsdp/watchdog.h"
 #include "test_util.h"
 
 namespace {
@@ -363,6 +368,47 @@ TEST(Watchdog, AHangUnderMaxRestartsRestartsAndLosesNothing) {
   EXPECT_TRUE(contains(out, "resumed from " + d + "/run/ckpt/step-0000")) << out;
   EXPECT_TRUE(slurp(d + "/run/final.safetensors") == want) << out;
   if (!HasFailure()) fs::remove_all(d);
+}
+
+// libtorch's store daemon reads each request whole with blocking reads: a
+// client whose link is cut halfway through a request blocks it for good
+// (seen as a launcher that never exited after a cut link). The launcher's
+// reads of the store it hosts then cost one short timeout, not one long
+// wait per read. The half-sent request is a raw socket sending one byte
+// (a query type, then nothing). Where the daemon does not block (newer
+// libtorch), the read simply answers.
+TEST(Watchdog, AStoreDaemonBlockedByAHalfSentRequestCostsTheLauncherOneShortRead) {
+  const int port = fsdp::testing::free_port();
+  fsdp::watchdog::StoreHost host("127.0.0.1", port, std::chrono::seconds(60));
+  const std::string base = fsdp::watchdog::key_base("halfsent");
+  ASSERT_FALSE(host.get(base + "hb/0").has_value());  // absent: read and answered
+  EXPECT_TRUE(host.answering());
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
+  const unsigned char set_query = 0;
+  ASSERT_EQ(send(fd, &set_query, 1, 0), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the daemon is inside the request now
+  const auto t0 = Clock::now();
+  auto v = host.get(base + "hb/0");
+  const double first = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_FALSE(v.has_value());
+  EXPECT_LT(first, 4.0) << "the first read after the daemon blocked took " << first << " s";
+  if (!host.answering()) {
+    const auto t1 = Clock::now();
+    EXPECT_FALSE(host.heartbeat(base, 1).has_value());
+    EXPECT_FALSE(host.entered(base, 1).has_value());
+    EXPECT_FALSE(host.verdict(base, 1).has_value());
+    const double rest = std::chrono::duration<double>(Clock::now() - t1).count();
+    EXPECT_LT(rest, 0.1) << "reads after a timed-out one must not wait again: " << rest << " s";
+    std::printf("the blocked daemon cost the launcher %.2f s once, then %.4f s for three reads\n", first, rest);
+  } else {
+    std::printf("this libtorch's store daemon is not blocked by a half-sent request (read in %.2f s)\n", first);
+  }
+  close(fd);
 }
 
 // Network faults between two hosts (two network namespaces joined by a

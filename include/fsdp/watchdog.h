@@ -110,7 +110,9 @@ std::string key_base(const std::string& job_token);
 
 // The rendezvous store, served from this process (a launcher). Binds like
 // rank 0's store would (MASTER_ADDR only; see docs/RELIABILITY.md). Reads
-// are local and bounded.
+// are local and bounded: 2 s, and none after one that timed out (the
+// store's daemon is blocked, e.g. by a request a cut link broke off; such a
+// daemon is left to the process's exit, never joined).
 class StoreHost {
  public:
   // Throws fsdp::Error when the port cannot be bound.
@@ -120,6 +122,7 @@ class StoreHost {
   StoreHost& operator=(const StoreHost&) = delete;
 
   int port() const;
+  bool answering() const;  // false once a read timed out
   std::optional<std::string> get(const std::string& key);  // nullopt: absent or unreadable
   std::optional<Heartbeat> heartbeat(const std::string& base, int rank);
   // The newest collective the rank entered over its communicators.

@@ -671,30 +671,89 @@ Classified classify(int self, int world, int comm, uint64_t seq, const std::stri
 // The store a launcher hosts.
 namespace watchdog {
 
+// The launcher reads through a client of its own, each read on a thread of
+// its own and waited for at most 2 s: libtorch's store daemon reads each
+// request whole with blocking reads (no timeout on the server's sockets),
+// so a client cut off halfway through a request (a cut link) blocks it for
+// good; and the client's own socket timeout is only set by a wait(). Once a
+// read has timed out, none is tried again, and the daemon is left running
+// at exit (stopping it would join a thread that never returns).
+constexpr std::chrono::milliseconds kHostReadTimeout{2000};
+
 struct StoreHost::Impl {
-  c10d::TCPStore* store = nullptr;
+  c10d::TCPStore* store = nullptr;   // the server
+  c10d::TCPStore* reader = nullptr;  // the launcher's client; leaked once stuck
+  std::string addr;
   int port = 0;
+  bool stuck = false;  // a read timed out: the daemon does not answer
+
+  struct Read {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::optional<std::string> value;
+  };
+  // `key`'s value (nullopt: absent, or no answer within the timeout).
+  std::optional<std::string> read(const std::string& key) {
+    if (stuck) return std::nullopt;
+    auto r = std::make_shared<Read>();
+    c10d::TCPStore** client = &reader;
+    const std::string a = addr;
+    const int p = port;
+    std::thread([r, client, a, p, key] {
+      std::optional<std::string> v;
+      try {
+        if (!*client) {
+          c10d::TCPStoreOptions o;
+          o.port = static_cast<uint16_t>(p);
+          o.isServer = false;
+          o.waitWorkers = false;
+          o.timeout = kHostReadTimeout;
+          *client = new c10d::TCPStore(a, o);
+        }
+        if ((*client)->check({key})) {
+          auto b = (*client)->get(key);
+          v = std::string(b.begin(), b.end());
+        }
+      } catch (const std::exception&) {
+      }
+      std::lock_guard<std::mutex> lock(r->mu);
+      r->value = std::move(v);
+      r->done = true;
+      r->cv.notify_all();
+    }).detach();
+    std::unique_lock<std::mutex> lock(r->mu);
+    if (!r->cv.wait_for(lock, kHostReadTimeout, [&] { return r->done; })) {
+      stuck = true;  // the thread, the client and `*this` (leaked below) stay
+      return std::nullopt;
+    }
+    return r->value;
+  }
 };
 
 StoreHost::StoreHost(const std::string& addr, int port, std::chrono::milliseconds timeout)
     : impl_(std::make_unique<Impl>()) {
   impl_->store = comm::host_store(addr, port, timeout);
+  impl_->addr = addr;
   impl_->port = port;
 }
 
-StoreHost::~StoreHost() { comm::close_hosted_store(impl_->store); }
+StoreHost::~StoreHost() {
+  // A daemon that no longer answers cannot be stopped: leave it (and what a
+  // stuck read thread still uses) to the process's exit.
+  if (!impl_->stuck) impl_->read("fsdp/store-host-probe");
+  if (impl_->stuck) {
+    impl_.release();
+    return;
+  }
+  delete impl_->reader;
+  comm::close_hosted_store(impl_->store);
+}
 
 int StoreHost::port() const { return impl_->port; }
+bool StoreHost::answering() const { return !impl_->stuck; }
 
-std::optional<std::string> StoreHost::get(const std::string& key) {
-  try {
-    if (!impl_->store->check({key})) return std::nullopt;
-    auto b = impl_->store->get(key);
-    return std::string(b.begin(), b.end());
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
+std::optional<std::string> StoreHost::get(const std::string& key) { return impl_->read(key); }
 
 std::optional<Heartbeat> StoreHost::heartbeat(const std::string& base, int rank) {
   auto v = get(base + "hb/" + std::to_string(rank));
