@@ -1,7 +1,7 @@
 # fsdp-cpp: every target installs what is missing, configures and builds.
 #   make demo   the main job: GPT-mini trained with FULL_SHARD on 2 ranks, with a report
 #   make test   build and run the test suite (ctest)
-#   make build  build only;  make bench  benchmarks;  make deps  Debian packages only
+#   make build  build only;  make bench  benchmarks;  make deps  Debian packages and torch
 #   make scale  a model no rank can hold: GPT d=768 L=12 T=256 (85.7 M) on 8 ranks under 320 MiB each, --ac block (~45 s)
 #   make docs   the API reference of include/fsdp (Doxygen) in build/docs/html
 #   make install PREFIX=DIR   headers, libraries, the fsdp command and the CMake package
@@ -14,15 +14,25 @@ PREFIX ?= /usr/local
 # What compiling needs; what the tests and the demo need beyond it (a headless
 # browser, PyTorch for the cross-checks, text for GPT-mini); the API reference;
 # the fuzz targets.
-BUILD_DEBS := build-essential cmake libtorch-dev libgloo-dev nlohmann-json3-dev libcli11-dev \
-        libgtest-dev libbenchmark-dev libopenblas0-pthread zlib1g-dev
-TEST_DEBS := chromium fortunes python3-torch
+BUILD_DEBS := build-essential cmake python3-venv nlohmann-json3-dev libcli11-dev \
+        libgtest-dev libbenchmark-dev zlib1g-dev
+TEST_DEBS := chromium fortunes
 DOCS_DEBS := doxygen
 FUZZ_DEBS := clang-14 libclang-rt-14-dev
 DEBS ?= $(BUILD_DEBS) $(TEST_DEBS)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps deps-build configure build test demo scale tiny bench clean fuzz test-asan docs install
+# libtorch: the torch wheel from PyPI, in a virtual environment outside the
+# tree (a fresh clone on the same machine reuses it), made only when missing.
+# The one place the version is pinned; CMake finds Torch through it
+# (torch.utils.cmake_prefix_path), and the Python cross-checks and the FSDP2
+# peers run its interpreter.
+TORCH_VERSION := 2.15.0
+TORCH_ENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/fsdp-cpp/torch-$(TORCH_VERSION)
+TORCH_PYTHON := $(TORCH_ENV)/bin/python
+TORCH_PIP := torch==$(TORCH_VERSION) numpy safetensors
+
+.PHONY: deps deps-build torch configure build test demo scale tiny bench clean fuzz test-asan docs install
 
 # The one place that installs Debian packages: only those of $(DEBS) that are
 # missing (nothing, not even apt-get update, when all are there). Other
@@ -36,9 +46,20 @@ deps:
 
 deps-build:
 	@$(MAKE) --no-print-directory deps DEBS="$(BUILD_DEBS)"
+	@$(MAKE) --no-print-directory torch
+
+# Made in place and marked complete last: an interrupted install is redone.
+torch: $(TORCH_ENV)/.complete
+$(TORCH_ENV)/.complete:
+	@echo "installing $(TORCH_PIP) into $(TORCH_ENV) (a few GiB from PyPI; about 2 minutes)"
+	rm -rf $(TORCH_ENV) && mkdir -p $(dir $(TORCH_ENV))
+	python3 -m venv $(TORCH_ENV)
+	$(TORCH_ENV)/bin/pip install -q --disable-pip-version-check $(TORCH_PIP)
+	$(TORCH_PYTHON) -c 'import torch; assert torch.__version__.split("+")[0] == "$(TORCH_VERSION)", torch.__version__'
+	touch $@
 
 $(BUILD)/CMakeCache.txt: | deps-build
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFSDP_PYTHON=$(TORCH_PYTHON)
 
 configure: $(BUILD)/CMakeCache.txt
 
@@ -114,7 +135,7 @@ ASAN_ENV := ASAN_OPTIONS=detect_container_overflow=0:abort_on_error=1:strict_ini
 # (FSDP_TEST_BIN_DIR); in-process tests then run uninstrumented.
 ASAN_QUICK ?=
 test-asan: deps
-	cmake -S . -B $(ASAN_BUILD) -DFSDP_SANITIZE=ON -DFSDP_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake -S . -B $(ASAN_BUILD) -DFSDP_PYTHON=$(TORCH_PYTHON) -DFSDP_SANITIZE=ON -DFSDP_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 ifeq ($(ASAN_QUICK),1)
 	nice -n 15 cmake --build $(ASAN_BUILD) -j $(JOBS) --target fsdp fsdp_test_worker tiny gpt
 	$(MAKE) build

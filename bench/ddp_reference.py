@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The peers of bench_train: GPT-mini under PyTorch DDP and DDP + ZeRO, on CPU.
+"""The peers of bench_train: GPT-mini under PyTorch FSDP2, DDP and DDP + ZeRO, on CPU.
 
-    python3 bench/ddp_reference.py --world 2 [--modes ddp,zero] [--json FILE]
+    python3 bench/ddp_reference.py --world 2 [--modes fsdp2,ddp,zero] [--dtype fp32|bf16] [--json FILE]
+    python3 bench/ddp_reference.py --world 2 --check-grads   # FSDP2's gradients against one process
 
 The same model as examples/gpt (docs/GPT_MINI.md; the Python definition is
 tests/python/gpt_reference.py), the same per-rank batch (B=4, T=128), one
@@ -13,6 +14,15 @@ not depend on torchrun being packaged.
 Modes:
   plain the model itself, no wrapper and no communication (the C++ engine's
         NO_SHARD at N = 1 is compared with this: same kernels, no collectives)
+  fsdp2 PyTorch's own FSDP2: torch.distributed.fsdp.fully_shard on every block
+        and the root, over a CPU device mesh on gloo; --dtype bf16 gives it
+        MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), as
+        fsdp-cpp's bf16 (bf16 all-gather and compute, fp32 reduce and master
+        shards). pytorch #162338 reports FSDP2 on gloo summing gradients
+        instead of averaging them: --check-grads compares its gradients with
+        one process's on the whole batch, as FSDP2 comes and with an explicit
+        gradient_divide_factor = N (on torch 2.15 both agree to 1.4e-6, so
+        the timed runs use FSDP2 as it comes).
   ddp   DistributedDataParallel (default buckets of 25 MiB) + torch.optim.AdamW
   zero  the same DDP + torch.distributed.optim.ZeroRedundancyOptimizer(AdamW):
         optimizer state sharded over ranks, parameters broadcast after step
@@ -74,15 +84,72 @@ def reset_peak_rss():
         pass
 
 
+def shard_fsdp2(net, world, dtype, divide_fix=False):
+    """FSDP2 as its docs show it: one fully_shard per block, then the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    kw = dict(mesh=mesh)
+    if dtype == "bf16":
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for b in net.blocks:
+        fully_shard(b, **kw)
+    fully_shard(net, **kw)
+    # pytorch #162338: FSDP2 on gloo was reported to sum the gradients
+    # instead of averaging them (gloo has no AVG reduce-scatter); asking for
+    # the division explicitly is the fix where that holds (--check-grads).
+    if divide_fix:
+        for m in list(net.blocks) + [net]:
+            m.set_gradient_divide_factor(float(world))
+    return net
+
+
+def check_grads(args, rank, world):
+    """FSDP2's full gradients after one step equal one process's on the
+    concatenated batch (fp32), with and without the divide fix."""
+    from torch.distributed.tensor import DTensor
+
+    torch.manual_seed(1234)
+    ref = GPT(args.vocab, args.seq, args.dim, args.layers, args.heads)
+    xs, ys = [], []
+    for q in range(world):
+        gen = torch.Generator().manual_seed(1000 + q)
+        xs.append(torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen))
+        ys.append(torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen))
+    logits = ref(torch.cat(xs))
+    F.cross_entropy(logits.view(-1, args.vocab), torch.cat(ys).view(-1)).backward()
+    want = {n: p.grad for n, p in ref.named_parameters()}
+    out = {}
+    for fix in (False, True):
+        torch.manual_seed(1234)
+        net = GPT(args.vocab, args.seq, args.dim, args.layers, args.heads)
+        shard_fsdp2(net, world, "fp32", divide_fix=fix)  # without: FSDP2's default, as a user gets it
+        logits = net(xs[rank])
+        F.cross_entropy(logits.view(-1, args.vocab), ys[rank].view(-1)).backward()
+        worst = 0.0
+        for n, p in net.named_parameters():
+            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            worst = max(worst, (g - want[n]).abs().max().item() / max(want[n].abs().max().item(), 1e-12))
+        out["fixed" if fix else "default"] = worst
+    if rank == 0:
+        print("  fsdp2 gradients vs one process (max relative difference): default %.3g, with the divide fix %.3g"
+              % (out["default"], out["fixed"]), flush=True)
+    return out
+
+
 def run_mode(mode, args, rank, world):
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(1234)  # identical parameters on every rank (DDP also broadcasts)
     net = GPT(args.vocab, args.seq, args.dim, args.layers, args.heads)
-    model = net if mode == "plain" else DDP(net)
+    if mode == "fsdp2":
+        model = shard_fsdp2(net, world, args.dtype)
+    else:
+        model = net if mode == "plain" else DDP(net)
     hp = dict(lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
-    if mode in ("ddp", "plain"):
+    if mode in ("ddp", "plain", "fsdp2"):
         opt = torch.optim.AdamW(param_groups(net), **hp)
     else:
         opt = ZeroRedundancyOptimizer(param_groups(net), optimizer_class=torch.optim.AdamW, **hp)
@@ -122,6 +189,7 @@ def run_mode(mode, args, rank, world):
         "bench": "train_peer",
         "impl": "pytorch-" + mode,
         "world": world,
+        "dtype": args.dtype if mode == "fsdp2" else "fp32",
         "batch": args.batch,
         "seq": args.seq,
         "threads": torch.get_num_threads(),
@@ -140,11 +208,14 @@ def worker(rank, world, port, args):
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
+        if args.check_grads:
+            check_grads(args, rank, world)
+            return
         for mode in args.modes.split(","):
             res = run_mode(mode, args, rank, world)
             if rank == 0:
-                print("  pytorch %-5s N=%d  step %7.1f ms (median of %d)  peak RSS %6.1f MiB  faults/step %7.1f"
-                      "  loss %.4f" % (mode, world, res["step_s_median"] * 1e3, args.steps,
+                print("  pytorch %-5s %s N=%d  step %7.1f ms (median of %d)  peak RSS %6.1f MiB  faults/step %7.1f"
+                      "  loss %.4f" % (mode, res["dtype"], world, res["step_s_median"] * 1e3, args.steps,
                                        res["peak_rss_bytes"] / 2**20, res["page_faults_per_step"], res["loss"]),
                       flush=True)
                 if args.json:
@@ -158,7 +229,9 @@ def worker(rank, world, port, args):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world", type=int, default=2)
-    p.add_argument("--modes", default="ddp,zero", help="comma-separated: plain, ddp, zero")
+    p.add_argument("--modes", default="fsdp2,ddp,zero", help="comma-separated: plain, fsdp2, ddp, zero")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="fsdp2's compute dtype (the others: fp32)")
+    p.add_argument("--check-grads", action="store_true", help="compare FSDP2's gradients with one process, then exit")
     p.add_argument("--steps", type=int, default=10, help="measured steps (after --warmup)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--batch", type=int, default=4)
@@ -171,8 +244,8 @@ def main():
     p.add_argument("--json", default="", help="append one JSON line per mode")
     args = p.parse_args()
     for m in args.modes.split(","):
-        if m not in ("plain", "ddp", "zero"):
-            p.error("unknown mode %r (expected plain, ddp or zero)" % m)
+        if m not in ("plain", "fsdp2", "ddp", "zero"):
+            p.error("unknown mode %r (expected plain, fsdp2, ddp or zero)" % m)
     mp.start_processes(worker, args=(args.world, free_port(), args), nprocs=args.world, start_method="spawn")
 
 

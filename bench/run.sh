@@ -21,11 +21,11 @@ BENCH_JSON=${BENCH_JSON:-$BUILD_DIR/bench.jsonl}
 BENCH_STEPS=${BENCH_STEPS:-4}     # measured steps per configuration and round
 BENCH_ROUNDS=${BENCH_ROUNDS:-3}   # rounds: every configuration in turn, medians over all
 RESULTS=${RESULTS:-bench/results.json}
-# The peers need Debian's python3-torch: the first python3 on PATH may be
-# another interpreter (a virtual environment), so fall back to Debian's.
+# The peers run the torch this build links: the interpreter CMake was
+# configured with (FSDP_PYTHON in the build's cache; `make deps` installs it).
 if [ -z "${PYTHON:-}" ]; then
-  PYTHON=python3
-  if ! python3 -c 'import torch.distributed' 2>/dev/null && [ -x /usr/bin/python3 ]; then PYTHON=/usr/bin/python3; fi
+  PYTHON=$(sed -n 's/^FSDP_PYTHON:FILEPATH=//p' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null || true)
+  [ -n "$PYTHON" ] || PYTHON=python3
 fi
 mkdir -p "$(dirname "$BENCH_JSON")"
 # This run's JSON lines, one file per benchmark, for the summary below.
@@ -92,6 +92,31 @@ run_peers() {
   done
 }
 
+# fsdp-cpp against PyTorch's own FSDP2 (and DDP) on the same model, batch,
+# data order and threads per rank, at N = 2 and 4, fp32 and bf16, in
+# interleaved rounds: every round runs each configuration once (ours, then
+# theirs) before the next round starts, and each figure is the median over
+# all rounds' steps. FSDP2's gradients are first checked against one process
+# (pytorch #162338; bench/ddp_reference.py --check-grads).
+run_vs_fsdp2() {
+  if ! "$PYTHON" -c 'import torch.distributed.fsdp' 2>/dev/null; then
+    echo "bench/run.sh: $PYTHON has no torch.distributed.fsdp; skipping FSDP2" >&2
+    return 1
+  fi
+  "$PYTHON" bench/ddp_reference.py --world 2 --check-grads | tee "$RUN_DIR/fsdp2_check.txt"
+  for r in $(seq "$BENCH_ROUNDS"); do
+    for n in 2 4; do
+      for dt in fp32 bf16; do
+        "$BIN/fsdp" run -n "$n" -- "$BIN/bench_train" --strategies full,grad-op,none --prefetch on --dtypes "$dt" \
+          --no-compute --rounds 1 --steps "$BENCH_STEPS" --json "$RUN_DIR/vs_ours.jsonl"
+        "$PYTHON" bench/ddp_reference.py --world "$n" --modes fsdp2 --dtype "$dt" --steps "$BENCH_STEPS" \
+          --json "$RUN_DIR/vs_peer.jsonl"
+      done
+      "$PYTHON" bench/ddp_reference.py --world "$n" --modes ddp --steps "$BENCH_STEPS" --json "$RUN_DIR/vs_peer.jsonl"
+    done
+  done
+}
+
 # The flight recorder's cost (fsdp/flight.h): ns per recorded collective,
 # and GPT-mini FULL_SHARD steps at N=2 with the recorder on and off in
 # alternating rounds (bench_flight prints the estimate: collectives per step
@@ -106,7 +131,7 @@ run_bench_flight() {
   done
 }
 
-BENCHES=${BENCHES:-"bench_single bench_comm bench_train bench_threads bench_flight bench_ac peers"}
+BENCHES=${BENCHES:-"vs_fsdp2 bench_single bench_comm bench_train bench_threads bench_flight bench_ac peers"}
 
 # The machine must be quiet for a figure to mean anything. Before each
 # section (when none of ours runs) the CPU time that every process of the
@@ -140,6 +165,7 @@ status=0
 for b in $BENCHES; do
   bin=$b
   case $b in bench_threads | bench_single | bench_ac) bin=bench_train ;; esac
+  case $b in vs_fsdp2) bin=bench_train ;; esac
   if [ "$b" != peers ] && [ ! -x "$BIN/$bin" ]; then
     echo "bench/run.sh: $BIN/$bin is missing; build first (make build)" >&2
     status=1
@@ -156,7 +182,8 @@ done
 echo "bench/run.sh: results appended to $BENCH_JSON"
 
 # Side by side, and the ratios of issue 6.
-if ls "$RUN_DIR"/bench_train.jsonl "$RUN_DIR"/bench_single.jsonl >/dev/null 2>&1 || [ -e "$RUN_DIR"/bench_ac.jsonl ]; then
+if ls "$RUN_DIR"/bench_train.jsonl "$RUN_DIR"/bench_single.jsonl >/dev/null 2>&1 || [ -e "$RUN_DIR"/bench_ac.jsonl ] ||
+   [ -e "$RUN_DIR"/vs_ours.jsonl ]; then
   echo "== summary"
   BENCH_MAX_BUSY=$BENCH_MAX_BUSY "$PYTHON" - "$RUN_DIR" "$RESULTS" <<'EOF' || status=1
 import json, os, sys
@@ -171,6 +198,7 @@ train, peers, comm = lines("bench_train.jsonl"), lines("peers.jsonl"), lines("be
 threads2 = lines("bench_threads.jsonl")
 single, single_peer, loads = lines("bench_single.jsonl"), lines("single_peer.jsonl"), lines("load.jsonl")
 ac_rows = lines("bench_ac.jsonl")
+vs_ours, vs_peer = lines("vs_ours.jsonl"), lines("vs_peer.jsonl")
 
 def median(v):
     v = sorted(v)
@@ -251,6 +279,11 @@ for title, key, scale in (("peak RSS, MiB", "peak_rss_bytes", 2**20), ("page fau
 res = {"description": "ratios from one bench/run.sh invocation (see bench/README.md)",
        "ratios": {}, "targets": {}, "load": loads}
 R = res["ratios"]
+
+def target(name, value, limit, cmp):
+    ok = None if value is None else (value <= limit if cmp == "<=" else value >= limit)
+    res["targets"][name] = {"value": value, "target": "%s %.2f" % (cmp, limit), "met": ok}
+
 R["no_shard_N1_over_pytorch_plain"] = ratio(step(one_no_shard), step(one_torch))
 R["full_shard_N1_over_pytorch_plain"] = ratio(step(one_full), step(one_torch))
 if one_no_shard and one_torch and one_torch["page_faults_per_step"]:
@@ -276,6 +309,59 @@ for n in worlds:
         if r:
             R["peak_over_bound_N%d_%s" % (n, dt)] = r["ledger"]["peak_over_bound"]
             R["peak_over_predicted_N%d_%s" % (n, dt)] = r["ledger"]["peak_over_predicted"]
+# fsdp-cpp against FSDP2, interleaved rounds, medians over all rounds' steps.
+def vs_pool(rows):
+    p = pooled(rows)
+    if p:
+        p["peak_bytes"] = max((r.get("peak_bytes", 0) for r in rows), default=0)
+        p["bytes_sent_per_step"] = rows[0].get("bytes_sent_per_step")
+        p["predicted_peak"] = (rows[0].get("ledger") or {}).get("predicted_peak")
+    return p
+if vs_ours:
+    params = vs_ours[0]["params"]
+    print("fsdp-cpp against PyTorch %s FSDP2 (fully_shard per block + root, gloo), batch %d x %d, %d thread(s) per "
+          "rank, %d parameters; step ms = median over %d interleaved rounds" % (
+              (vs_peer[0].get("torch") if vs_peer else "?"), vs_ours[0]["batch"], vs_ours[0]["seq"],
+              vs_ours[0]["threads"], params, max(r["rounds"] for r in [vs_pool(vs_ours)])))
+    print("  %2s %5s | %9s %9s %9s %9s %9s | %6s | %9s %9s %9s %9s | %9s %9s" % (
+        "N", "dtype", "FULL", "GRAD_OP", "NO_SHARD", "FSDP2", "DDP", "F/FSDP2", "peak ours", "plan", "RSS ours",
+        "RSS FSDP2", "MiB/step", "FSDP2"))
+    for n in sorted({r["world"] for r in vs_ours}):
+        for dt in ("fp32", "bf16"):
+            ours = {st: vs_pool([r for r in vs_ours if r["world"] == n and r["dtype"] == dt and r["strategy"] == st])
+                    for st in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")}
+            f2 = vs_pool([r for r in vs_peer if r["world"] == n and r["impl"] == "pytorch-fsdp2" and r["dtype"] == dt])
+            ddp = vs_pool([r for r in vs_peer if r["world"] == n and r["impl"] == "pytorch-ddp"])
+            full = ours["FULL_SHARD"]
+            if not full:
+                continue
+            q = ratio(step(full), step(f2))
+            R["full_shard_over_fsdp2_N%d_%s" % (n, dt)] = q
+            if f2:
+                R["peak_rss_full_shard_over_fsdp2_N%d_%s" % (n, dt)] = full["peak_rss_bytes"] / f2["peak_rss_bytes"]
+            # FSDP2 FULL_SHARD moves, per rank and step, (N-1)/N of the parameters in the
+            # compute dtype twice (forward and backward all-gather) and of the gradients in
+            # fp32 once (reduce-scatter): computed, not measured.
+            pb = 2 if dt == "bf16" else 4
+            f2_bytes = (n - 1) / n * params * (2 * pb + 4)
+            ms = lambda r: "%9.1f" % (r["step_s_median"] * 1e3) if r else "%9s" % "-"
+            mib = lambda b: "%9.1f" % (b / 2**20) if b else "%9s" % "-"
+            print("  %2d %5s | %s %s %s %s %s | %6s | %s %s %s %s | %s %s" % (
+                n, dt, ms(full), ms(ours["SHARD_GRAD_OP"]), ms(ours["NO_SHARD"]), ms(f2), ms(ddp),
+                "%.3f" % q if q else "-", mib(full["peak_bytes"]), mib(full["predicted_peak"]),
+                mib(full["peak_rss_bytes"]), mib(f2["peak_rss_bytes"] if f2 else None),
+                mib(full["bytes_sent_per_step"]), mib(f2_bytes)))
+    print("  (F/FSDP2: FULL_SHARD's step over FSDP2's; peak ours: the counting allocator's; plan: the planner's; RSS: "
+          "VmHWM; MiB/step: bytes a rank sends, ours counted, FSDP2's from its algorithm)")
+    chk = os.path.join(run_dir, "fsdp2_check.txt")
+    if os.path.exists(chk):
+        print(" " + open(chk).read().strip())
+    for n in sorted({r["world"] for r in vs_ours}):
+        for dt in ("fp32", "bf16"):
+            target("full_shard_over_fsdp2_N%d_%s" % (n, dt), R.get("full_shard_over_fsdp2_N%d_%s" % (n, dt)), 0.80, "<=")
+            target("peak_rss_full_shard_over_fsdp2_N%d_%s" % (n, dt),
+                   R.get("peak_rss_full_shard_over_fsdp2_N%d_%s" % (n, dt)), 1.00, "<=")
+
 # Activation checkpointing: step time and peak with --ac block over without,
 # side by side (same run, alternating rounds, medians).
 def ac_row(n, dtype, ac):
@@ -312,10 +398,6 @@ for c in comm:
             R["all_gather_64MiB_over_tcp_N%d" % n] = p["all_gather_vs_tcp_ring"]
             R["reduce_scatter_64MiB_over_tcp_N%d" % n] = p["reduce_scatter_vs_tcp_ring"]
 
-def target(name, value, limit, cmp):
-    ok = None if value is None else (value <= limit if cmp == "<=" else value >= limit)
-    res["targets"][name] = {"value": value, "target": "%s %.2f" % (cmp, limit), "met": ok}
-
 target("no_shard_N1_over_pytorch_plain", R.get("no_shard_N1_over_pytorch_plain"), 1.00, "<=")
 target("faults_no_shard_N1_over_pytorch_plain", R.get("faults_no_shard_N1_over_pytorch_plain"), 2.00, "<=")
 target("full_shard_over_pytorch_ddp_N2", R.get("full_shard_over_pytorch_ddp_N2"), 0.90, "<=")
@@ -341,7 +423,8 @@ busy = [l for l in loads if l.get("busy_cores") is not None and
         l["busy_cores"] >= float(os.environ.get("BENCH_MAX_BUSY", "0.25"))]
 res["busy"] = bool(busy)
 res["runs"] = {"bench_train": train, "peers": peers, "bench_comm": comm, "bench_threads": threads2,
-               "bench_single": single, "single_peer": single_peer, "bench_ac": ac_rows}
+               "bench_single": single, "single_peer": single_peer, "bench_ac": ac_rows,
+               "vs_ours": vs_ours, "vs_fsdp2": vs_peer}
 with open(out, "w") as f:
     json.dump(res, f, indent=1)
 print("before each section, cores busy with other work (/proc/stat over 1 s) / the 1-min load average: " +

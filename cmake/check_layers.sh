@@ -3,9 +3,7 @@
 # does not depend on defines (cmake/layers.cmake runs it after each build).
 #   check_layers.sh <target>=<archive>=<dep,dep,...> ...
 # Only strong definitions of fsdp:: symbols count (T D B R): inline functions
-# and templates are weak copies in every archive that uses them, and C
-# symbols an archive defines on purpose for the whole program (comm's bind()
-# interposer, store_bind.cpp) are no call into that layer.
+# and templates are weak copies in every archive that uses them.
 set -euo pipefail
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

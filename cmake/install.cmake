@@ -11,6 +11,9 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/fsdp DESTINATION ${CMAKE_INSTALL
 install(TARGETS fsdp_lib ${FSDP_LAYER_TARGETS} EXPORT fsdpTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 if(TARGET fsdp)
+  # The installed command keeps the path to the libtorch it was linked with
+  # (the torch wheel's lib/, outside the system's library paths).
+  set_target_properties(fsdp PROPERTIES INSTALL_RPATH_USE_LINK_PATH TRUE)
   install(TARGETS fsdp RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
 install(EXPORT fsdpTargets NAMESPACE fsdp:: DESTINATION ${FSDP_CMAKE_DIR})
@@ -21,4 +24,4 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/fsdpConfig.cmake.in
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/fsdpConfigVersion.cmake
   COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/fsdpConfig.cmake ${PROJECT_BINARY_DIR}/fsdpConfigVersion.cmake
-        DESTINATION ${FSDP_CMAKE_DIR})
+        ${PROJECT_SOURCE_DIR}/cmake/fsdp_torch.cmake DESTINATION ${FSDP_CMAKE_DIR})

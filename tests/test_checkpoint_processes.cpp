@@ -85,5 +85,44 @@ TEST(CheckpointProcesses, SigkillDuringSaveLeavesLatestLoadable) {
   std::printf("kills that left a partial save behind: %d of 8\n", kills_mid_save);
 }
 
+// Files written by the libtorch 1.13 build (tests/fixtures/libtorch-1.13,
+// README there) load on this one: the sharded checkpoint verifies, resumes
+// at its world size and resharded to 3, and either way the full weights
+// written after it equal, bit for bit, the ones the 1.13 build wrote.
+TEST(CheckpointCompat, Libtorch113CheckpointsStillLoad) {
+  if (!launcher_available()) GTEST_SKIP() << "`fsdp run` not built yet";
+  const std::string fix = testing::source_path("tests/fixtures/libtorch-1.13");
+  EXPECT_TRUE(verify_checkpoint(fix + "/ckpt/step-000003").empty());
+  auto root = tmpdir("compat113");
+  for (int n : {2, 3}) {
+    const std::string ckpt = root + "/ckpt" + std::to_string(n), out = root + "/out" + std::to_string(n) + ".safetensors";
+    std::system(("cp -r " + fix + "/ckpt " + ckpt).c_str());
+    auto r = testing::run_command({testing::bin_path("fsdp"), "run", "-n", std::to_string(n), "--",
+                                   testing::bin_path("gpt"), "--text", fix + "/text.md", "--vocab", "256", "--seq",
+                                   "16", "--dim", "16", "--layers", "2", "--heads", "2", "--batch", "2", "--lr",
+                                   "1e-2", "--seed", "7", "--steps", "3", "--resume", "--ckpt-dir", ckpt, "--save", out},
+                                  {}, 240);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(testing::lines_with(r.output, "[rank 0] resumed from " + ckpt + "/step-000003: step 3 (saved at world size 2")
+                  .size(),
+              1u)
+        << r.output;
+    // The same tensors, bitwise, read by PyTorch's safetensors.
+    auto py = testing::run_command(
+        {testing::torch_python(), "-c",
+         "import sys, torch\n"
+         "from safetensors.torch import load_file\n"
+         "a, b = load_file(sys.argv[1]), load_file(sys.argv[2])\n"
+         "assert sorted(a) == sorted(b), (sorted(a), sorted(b))\n"
+         "bad = [k for k in a if a[k].dtype != b[k].dtype or not torch.equal(a[k], b[k])]\n"
+         "print('TENSORS %d DIFFERENT %d %s' % (len(a), len(bad), bad[:5]))\n",
+         fix + "/full.safetensors", out},
+        {}, 120);
+    ASSERT_EQ(py.exit_code, 0) << py.output;
+    EXPECT_EQ(testing::lines_with(py.output, "TENSORS 30 DIFFERENT 0 []").size(), 1u) << "N=" << n << ": " << py.output;
+  }
+  std::system(("rm -rf " + root).c_str());
+}
+
 }  // namespace
 }  // namespace fsdp::ckpt

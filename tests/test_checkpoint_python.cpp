@@ -1,5 +1,5 @@
-// fsdp-cpp tests: our safetensors files against PyTorch (/usr/bin/python3,
-// Debian's torch; the script parses the format itself).
+// fsdp-cpp tests: our safetensors files against PyTorch (the torch this
+// build links, testing::torch_python(); the script parses the format itself).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,7 +10,7 @@
 namespace fsdp::ckpt {
 namespace {
 
-const char* kPython = "/usr/bin/python3";
+const std::string kPython = testing::torch_python();
 
 // Must match SPECS in tests/python/check_safetensors.py.
 std::vector<TensorSpec> specs() {
@@ -25,7 +25,7 @@ torch::Tensor expected(int k, const TensorSpec& s) {
 }
 
 bool python_has_torch() {
-  if (::access(kPython, X_OK) != 0) return false;
+  if (::access(kPython.c_str(), X_OK) != 0) return false;
   return testing::run_command({kPython, "-c", "import torch"}, {}, 120).exit_code == 0;
 }
 

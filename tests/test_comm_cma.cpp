@@ -46,6 +46,18 @@ TEST(CommTransport, ForcedCmaWorksOrSaysWhy) {
   EXPECT_TRUE(cma_available()) << "auto must choose cma where cma works";
 }
 
+// libtorch carries Gloo (built in, symbols exported); a second Gloo in the
+// process would be two versions of one library under one set of names.
+TEST(CommTransport, OneGlooInTheProcess) {
+  auto r = run_ranks(2, "comm_one_gloo", {}, {"FSDP_TRANSPORT=tcp"}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(lines_with(r.output, " maps ").empty()) << "a Gloo library is mapped:\n" << r.output;
+  auto from = lines_with(r.output, " gloo from ");
+  ASSERT_EQ(from.size(), 2u) << r.output;
+  for (auto& l : from) EXPECT_TRUE(contains(l, "/libtorch_cpu.so")) << l;
+  EXPECT_EQ(lines_with(r.output, " sum 2").size(), 2u) << r.output;
+}
+
 TEST(CommTransport, UnknownTransportIsAClearError) {
   auto r = run_ranks(2, "comm_hello", {}, {"FSDP_TRANSPORT=shm"}, 60);
   EXPECT_NE(r.exit_code, 0) << r.output;

@@ -42,17 +42,11 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> spec_params(const gpt:
   return p;
 }
 
-// The Python with torch: $FSDP_PYTHON, else Debian's python3-torch interpreter.
+// The Python with torch: the build's (testing::torch_python()).
 std::string python_with_torch() {
-  std::vector<std::string> candidates;
-  if (const char* p = std::getenv("FSDP_PYTHON")) candidates.push_back(p);
-  candidates.push_back("/usr/bin/python3");
-  for (auto& py : candidates) {
-    if (!fs::exists(py)) continue;
-    auto r = fsdp::testing::run_command({py, "-c", "import torch"}, {}, 60);
-    if (r.exit_code == 0) return py;
-  }
-  return "";
+  const std::string py = fsdp::testing::torch_python();
+  auto r = fsdp::testing::run_command({py, "-c", "import torch"}, {}, 60);
+  return r.exit_code == 0 ? py : "";
 }
 
 }  // namespace
@@ -159,7 +153,7 @@ TEST(GptModel, InitialLossIsNearUniform) {
 // within 1e-5 and the same gradients.
 TEST(GptModel, MatchesPyTorch) {
   const std::string py = python_with_torch();
-  if (py.empty()) GTEST_SKIP() << "no python3 with torch (set FSDP_PYTHON; Debian: apt install python3-torch)";
+  if (py.empty()) GTEST_SKIP() << "no python3 with torch (set FSDP_PYTHON; `make deps` installs the project's)";
   torch::manual_seed(42);
   gpt::Config cfg{256, 16, 32, 2, 4};
   gpt::GPT m(cfg);

@@ -453,7 +453,7 @@ struct MeasuringAllocator final : c10::Allocator {
     current -= it->second.second;
     live.erase(it);  // frees through the inner allocator's deleter
   }
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) override {
     c10::DataPtr inner = base->allocate(n);
     void* p = inner.get();
     auto device = inner.device();
@@ -464,6 +464,9 @@ struct MeasuringAllocator final : c10::Allocator {
     return c10::DataPtr(p, p, &release, device);
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
 };
 std::mutex MeasuringAllocator::mu;
 std::unordered_map<void*, std::pair<c10::DataPtr, int64_t>> MeasuringAllocator::live;

@@ -120,7 +120,7 @@ TEST(StateDict, FullSafetensorsRoundTripsAndPythonReadsIt) {
   auto full2 = m2->full_state();
   for (size_t i = 0; i < full.size(); ++i) EXPECT_TRUE(torch::equal(full[i].second, full2[i].second));
   // PyTorch reads it with no fsdp-cpp code (struct + json + torch).
-  auto py = run_command({"/usr/bin/python3", "-c",
+  auto py = run_command({fsdp::testing::torch_python(), "-c",
                          "import json,struct,torch,sys\n"
                          "b=open(sys.argv[1],'rb').read(); n=struct.unpack('<Q',b[:8])[0]; h=json.loads(b[8:8+n])\n"
                          "e=h['inp.weight']; s,t=e['data_offsets']\n"
@@ -190,7 +190,7 @@ TEST(StateDict, ConsolidatedOptimizerStateIsByParameterName) {
   EXPECT_EQ(r.metadata().at("format"), "fsdp-optim");
   EXPECT_EQ(r.metadata().at("optimizer"), "adamw");
   EXPECT_NE(r.metadata().at("param_groups").find("\"inp.weight\""), std::string::npos);
-  auto py = run_command({"/usr/bin/python3", "-c",
+  auto py = run_command({fsdp::testing::torch_python(), "-c",
                          "import json,struct,torch,sys\n"
                          "b=open(sys.argv[1],'rb').read(); n=struct.unpack('<Q',b[:8])[0]; h=json.loads(b[8:8+n])\n"
                          "e=h['blocks.1.fc2.weight.exp_avg_sq']; s,t=e['data_offsets']\n"

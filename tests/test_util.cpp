@@ -33,6 +33,15 @@ std::string bin_path(const std::string& name) {
   const char* dir = std::getenv("FSDP_TEST_BIN_DIR");
   return std::string(dir && *dir ? dir : FSDP_BIN_DIR) + "/" + name;
 }
+std::string torch_python() {
+  if (const char* p = std::getenv("FSDP_PYTHON"); p && *p) return p;
+#ifdef FSDP_TORCH_PYTHON
+  return FSDP_TORCH_PYTHON;
+#else
+  return "python3";
+#endif
+}
+
 std::string source_path(const std::string& rel) { return std::string(FSDP_SOURCE_DIR) + "/" + rel; }
 
 ProcResult run_command(const std::vector<std::string>& argv, const std::vector<std::string>& env,

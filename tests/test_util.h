@@ -18,6 +18,9 @@ struct ProcResult {
 
 std::string bin_path(const std::string& name);  // build/bin/<name>
 std::string source_path(const std::string& rel);
+// The Python of the torch this build links (the project's environment,
+// `make deps`), for the cross-checks; $FSDP_PYTHON overrides it.
+std::string torch_python();
 
 // Runs `argv` (no shell), with extra "K=V" environment entries, killing it
 // after timeout_s. Captures stdout+stderr.

@@ -2,9 +2,6 @@
 // attach (see cma.h).
 #include "comm/cma.h"
 
-#include <gloo/common/error.h>
-#include <gloo/context.h>
-#include <gloo/transport/unbound_buffer.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -14,6 +11,7 @@
 #include <stdexcept>
 
 #include "comm/checks.h"
+#include "comm/mesh.h"
 #include "comm/reduce.h"
 #include "fsdp/errors.h"
 #include "fsdp/flight.h"
@@ -44,26 +42,22 @@ std::chrono::milliseconds remaining(const Step& s) {
 }
 
 // One message of kind `m` to and from every peer. Receives are posted at
-// construction, so a peer's early message always has a home. One receive
-// buffer per peer: Gloo's completion reports only the last sender, and
-// waiting peer by peer names the one that failed. The tables outlive
-// every outstanding operation (waited for, or destroyed only after the
-// Gloo context failed for good).
+// construction, so a peer's early message always has a home. Waiting peer
+// by peer names the one that failed. The tables outlive every outstanding
+// operation (waited for, or destroyed only after the mesh failed for good).
 class AllToAll {
  public:
-  AllToAll(const Step& s, Msg m) : s_(s), m_(m), n_(s.ctx->size), r_(s.ctx->rank), table_(n_), recv_(n_) {
+  AllToAll(const Step& s, Msg m) : s_(s), m_(m), n_(s.mesh->size), r_(s.mesh->rank), table_(n_), recv_(n_) {
     for (int q = 0; q < n_; ++q) {
       if (q == r_) continue;
-      recv_[q] = s.ctx->createUnboundBuffer(&table_[q], sizeof(Post));
-      recv_[q]->recv(q, slot(s, m), 0, sizeof(Post));
+      recv_[q] = s.mesh->recv(q, slot(s, m), &table_[q], sizeof(Post));
     }
   }
 
   void send(uint64_t addr, int64_t nbytes) {
     mine_ = {s_.seq, addr, nbytes, m_};
-    send_ = s_.ctx->createUnboundBuffer(&mine_, sizeof mine_);
     for (int q = 0; q < n_; ++q)
-      if (q != r_) send_->send(q, slot(s_, m_), 0, sizeof mine_);
+      if (q != r_) send_.push_back(s_.mesh->send(q, slot(s_, m_), &mine_, sizeof mine_));
   }
 
   // Every peer's message, from r+1 on; names the peer that failed.
@@ -72,7 +66,7 @@ class AllToAll {
       const int q = (r_ + i) % n_;
       if (s_.progress) s_.progress->wait_on(s_.name(q), flight::Progress::RECEIVE);
       try {
-        if (!recv_[q]->waitRecv(remaining(s_))) throw gloo::IoException("receive aborted");
+        if (!recv_[q].wait(remaining(s_))) throw std::runtime_error("receive aborted");
       } catch (const std::exception& e) {
         std::string far;
         if (s_.progress)
@@ -91,9 +85,9 @@ class AllToAll {
   }
 
   void wait_sent() {
-    if (!send_) return;
-    for (int i = 1; i < n_; ++i)
-      if (!send_->waitSend(remaining(s_))) throw gloo::IoException("send aborted");
+    for (auto& t : send_)
+      if (!t.wait(remaining(s_))) throw std::runtime_error("send aborted");
+    send_.clear();
   }
 
  private:
@@ -102,8 +96,8 @@ class AllToAll {
   int n_, r_;
   std::vector<Post> table_;
   Post mine_{};
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recv_;
-  std::unique_ptr<gloo::transport::UnboundBuffer> send_;
+  std::vector<Transfer> recv_;
+  std::vector<Transfer> send_;
 };
 
 // The peers' buffers, checked against what this rank expects (a peer that
@@ -137,7 +131,7 @@ int64_t piece_elems(int64_t count, int64_t es) {
 // in place, 4 at N > 2); torch allocates it, so the ledger sees it.
 void reduce_chunk(const Step& s, const CmaPeers& p, const std::vector<Post>& t, int64_t off, int64_t count,
                   const char* own, char* out, c10::ScalarType dtype, int divisor) {
-  const int n = s.ctx->size, r = s.ctx->rank;
+  const int n = s.mesh->size, r = s.mesh->rank;
   if (count == 0) return;
   const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
   const bool in_place = out == own;
@@ -176,7 +170,7 @@ uint64_t address(const void* p) { return reinterpret_cast<uint64_t>(p); }
 }  // namespace
 
 int64_t cma_all_gather(const Step& s, const CmaPeers& p, const void* in, void* out, int64_t block) {
-  const int n = s.ctx->size, r = s.ctx->rank;
+  const int n = s.mesh->size, r = s.mesh->rank;
   char* o = static_cast<char*>(out);
   if (block > 0 && in != o + r * block) std::memmove(o + r * block, in, block);
   if (n == 1 || block == 0) return 0;
@@ -199,7 +193,7 @@ int64_t cma_all_gather(const Step& s, const CmaPeers& p, const void* in, void* o
 
 int64_t cma_reduce_scatter(const Step& s, const CmaPeers& p, const void* in, void* out, int64_t count,
                            c10::ScalarType dtype, int divisor) {
-  const int n = s.ctx->size, r = s.ctx->rank;
+  const int n = s.mesh->size, r = s.mesh->rank;
   const int64_t es = static_cast<int64_t>(c10::elementSize(dtype)), chunk = count * es, total = n * chunk;
   const char* input = static_cast<const char*>(in);
   char* output = static_cast<char*>(out);
@@ -232,7 +226,7 @@ int64_t cma_reduce_scatter(const Step& s, const CmaPeers& p, const void* in, voi
 
 int64_t cma_all_reduce(const Step& s, const CmaPeers& p, void* data, int64_t numel, c10::ScalarType dtype,
                        int divisor) {
-  const int n = s.ctx->size, r = s.ctx->rank;
+  const int n = s.mesh->size, r = s.mesh->rank;
   if (n == 1 || numel == 0) return 0;
   const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
   const Chunks c = ring_chunks(numel, n);
@@ -265,7 +259,7 @@ int64_t cma_all_reduce(const Step& s, const CmaPeers& p, void* data, int64_t num
 }
 
 int64_t cma_gather_segments(const Step& s, const CmaPeers& p, void* buf, int64_t total_bytes, const Segments& seg) {
-  const int n = s.ctx->size, r = s.ctx->rank;
+  const int n = s.mesh->size, r = s.mesh->rank;
   char* b = static_cast<char*>(buf);
   auto bytes_of = [&](int q) {
     int64_t t = 0;
@@ -294,7 +288,7 @@ int64_t cma_gather_segments(const Step& s, const CmaPeers& p, void* buf, int64_t
 
 int64_t cma_reduce_segments(const Step& s, const CmaPeers& p, const void* in, int64_t numel, void* out,
                             const Segments& seg, c10::ScalarType dtype, int divisor) {
-  const int n = s.ctx->size, r = s.ctx->rank;
+  const int n = s.mesh->size, r = s.mesh->rank;
   const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
   const char* input = static_cast<const char*>(in);
   char* output = static_cast<char*>(out);

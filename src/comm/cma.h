@@ -73,7 +73,7 @@ struct TransportChoice {
 // the ranks share one host but cannot read each other (the message says
 // why and what to do); across hosts the caller decides (tiers.h). Messages
 // name the ranks by `global` and `group` (a group's name; "" for a world).
-TransportChoice choose_transport(gloo::Context* ctx, const std::string& mode, Clock::time_point deadline,
+TransportChoice choose_transport(Mesh* ctx, const std::string& mode, Clock::time_point deadline,
                                  const std::vector<int>& global = {}, const std::string& group = "");
 
 // Copies `nbytes` from address `remote` of rank q (process `pid`) to `dst`

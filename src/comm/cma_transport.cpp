@@ -14,7 +14,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <gloo/context.h>
+#include "comm/mesh.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -53,7 +53,7 @@ struct ProbeResult {
 };
 
 template <class T>
-std::vector<T> exchange(gloo::Context* ctx, const T& mine, int step_base, Clock::time_point deadline) {
+std::vector<T> exchange(Mesh* ctx, const T& mine, int step_base, Clock::time_point deadline) {
   const int n = ctx->size;
   std::vector<T> all(n);
   all[ctx->rank] = mine;
@@ -161,7 +161,7 @@ bool process_gone(pid_t pid) {
   return memory_gone(pid);
 }
 
-TransportChoice choose_transport(gloo::Context* ctx, const std::string& mode, Clock::time_point deadline,
+TransportChoice choose_transport(Mesh* ctx, const std::string& mode, Clock::time_point deadline,
                                  const std::vector<int>& global, const std::string& group) {
   const int n = ctx->size, r = ctx->rank;
   // Messages name global ranks; a group's name its own rank beside them.

@@ -23,8 +23,7 @@
 // never match a message of the collective itself. A difference becomes one
 // CollectiveError on every rank (they all see the same records) listing each
 // rank's call, instead of a hang or a silently wrong sum.
-#include <gloo/context.h>
-#include <gloo/rendezvous/context.h>
+#include "comm/mesh.h"
 
 #include <algorithm>
 #include <signal.h>
@@ -687,7 +686,7 @@ class GlooCommunicator final : public Communicator {
   std::vector<std::shared_ptr<CounterBox>> ancestors_;  // the parents' counters, nearest last
   std::unique_ptr<Rendezvous> rdv_;
   std::shared_ptr<Watchdog> watchdog_;  // heartbeats; shared by the process's communicators
-  std::shared_ptr<gloo::Context> ctx_;
+  std::shared_ptr<Mesh> ctx_;
   const TransportChoice transport_;  // same on every rank (choose_transport)
   const std::vector<int> host_index_;  // host of each rank (index_hosts)
   // Set once by compose_tiers in the constructor, then constant: the two

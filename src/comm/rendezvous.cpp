@@ -6,9 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/store.h>
-#include <gloo/transport/tcp/device.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <atomic>
@@ -17,7 +15,8 @@
 #include <mutex>
 #include <thread>
 
-#include "comm/store_bind.h"
+#include "comm/mesh.h"
+#include "comm/store_listen.h"
 #include "comm/watchdog.h"
 #include "fsdp/errors.h"
 
@@ -29,32 +28,51 @@ std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 double seconds(std::chrono::milliseconds ms) { return ms.count() / 1000.0; }
 
+bool bind_all() {
+  const char* v = std::getenv("FSDP_STORE_BIND");
+  return v && std::string(v) == "all";
+}
+
+// A store server on addr:port whose listening socket we bound (see
+// store_listen.h); TCPStore takes the socket over.
+c10d::TCPStoreOptions server_options(const std::string& addr, int port, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(port);
+  o.isServer = true;
+  o.waitWorkers = false;
+  o.timeout = timeout;
+  o.masterListenFd = listen_for_store(addr, port, bind_all());
+  return o;
+}
+
 // One store per master address for the life of the process (see header).
-c10d::TCPStore* shared_store(const WorldEnv& w, std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::TCPStore> shared_store(const WorldEnv& w, std::chrono::milliseconds timeout) {
   static std::mutex mu;
   // Immortal on purpose (never destroyed at exit), so the stores stay
   // reachable and LeakSanitizer does not report them as leaks.
-  static auto& stores = *new std::map<std::string, c10d::TCPStore*>();
+  static auto& stores = *new std::map<std::string, c10::intrusive_ptr<c10d::TCPStore>>();
   std::lock_guard<std::mutex> lock(mu);
   std::string key = w.master_addr + ":" + std::to_string(w.master_port);
   auto it = stores.find(key);
   if (it != stores.end()) return it->second;
-  c10d::TCPStoreOptions o;
-  o.port = static_cast<uint16_t>(w.master_port);
   // `fsdp run` hosts the store itself (FSDP_STORE_HOSTED=1): rank 0 is then
   // a client like the others, and the store outlives a frozen rank 0.
-  o.isServer = w.rank == 0 && !store_hosted();
-  o.waitWorkers = false;  // fsdp's own join (below) names the ranks that are missing
-  o.timeout = timeout;
-  c10d::TCPStore* store = nullptr;
+  const bool server = w.rank == 0 && !store_hosted();
+  c10::intrusive_ptr<c10d::TCPStore> store;
   try {
-    // Rank 0's listening socket binds to MASTER_ADDR instead of every
-    // interface (while this guard lives; see store_bind.h).
-    std::optional<StoreBindGuard> bind_guard;
-    if (o.isServer) bind_guard.emplace(w.master_addr, w.master_port);
-    store = new c10d::TCPStore(w.master_addr, o);
+    c10d::TCPStoreOptions o;
+    if (server) {
+      // Rank 0's listening socket binds to MASTER_ADDR, not every interface.
+      o = server_options(w.master_addr, w.master_port, timeout);
+    } else {
+      o.port = static_cast<uint16_t>(w.master_port);
+      o.isServer = false;
+      o.timeout = timeout;
+    }
+    o.waitWorkers = false;  // fsdp's own join (below) names the ranks that are missing
+    store = c10::make_intrusive<c10d::TCPStore>(w.master_addr, o);
   } catch (const std::exception& e) {
-    if (o.isServer)
+    if (server)
       throw Error(detail::cat("rank 0 could not start the rendezvous store on port ", w.master_port,
                               " (MASTER_ADDR=", w.master_addr, "): ", e.what(),
                               "\nPick a free port (MASTER_PORT, or let `fsdp run` choose one)."));
@@ -95,24 +113,27 @@ std::string local_address_toward(const std::string& host, int port) {
   return out;
 }
 
-// Gloo's address exchange, through our store under a prefix; waits poll.
-class GlooStore final : public gloo::rendezvous::Store {
+// The store as Gloo's address exchange sees it: a wait polls check()
+// instead of TCPStore::wait, which leaves its connection out of step when
+// it times out (see rendezvous.h); everything else goes straight through.
+class PollingStore final : public c10d::Store {
  public:
-  GlooStore(c10d::TCPStore* s, std::string prefix, std::chrono::milliseconds timeout)
-      : s_(s), prefix_(std::move(prefix)), timeout_(timeout) {}
-  void set(const std::string& key, const std::vector<char>& data) override {
-    s_->set(prefix_ + key, std::vector<uint8_t>(data.begin(), data.end()));
-  }
-  std::vector<char> get(const std::string& key) override {
+  explicit PollingStore(c10::intrusive_ptr<c10d::Store> s) : s_(std::move(s)) { timeout_ = s_->getTimeout(); }
+  c10::intrusive_ptr<c10d::Store> clone() override { return c10::make_intrusive<PollingStore>(s_->clone()); }
+  void set(const std::string& key, const std::vector<uint8_t>& value) override { s_->set(key, value); }
+  std::vector<uint8_t> get(const std::string& key) override {
     wait({key});
-    auto v = s_->get(prefix_ + key);
-    return {v.begin(), v.end()};
+    return s_->get(key);
   }
+  int64_t add(const std::string& key, int64_t value) override { return s_->add(key, value); }
+  bool deleteKey(const std::string& key) override { return s_->deleteKey(key); }
+  bool check(const std::vector<std::string>& keys) override { return s_->check(keys); }
+  int64_t getNumKeys() override { return s_->getNumKeys(); }
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
     auto deadline = Clock::now() + timeout;
     for (auto& k : keys) {
-      for (int i = 0; !s_->check({prefix_ + k}); ++i) {
+      for (int i = 0; !s_->check({k}); ++i) {
         if (Clock::now() > deadline)
           throw Error(detail::cat("Gloo rendezvous: key '", k, "' did not appear within ",
                                   seconds(timeout), " s; a rank stopped while connecting"));
@@ -122,9 +143,7 @@ class GlooStore final : public gloo::rendezvous::Store {
   }
 
  private:
-  c10d::TCPStore* s_;
-  std::string prefix_;
-  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> s_;
 };
 
 std::string join_ranks(const std::vector<int>& ranks) {
@@ -140,24 +159,18 @@ bool store_hosted() {
   return v && std::string(v) == "1";
 }
 
-c10d::TCPStore* connect_store_client(const WorldEnv& w, std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::TCPStore> connect_store_client(const WorldEnv& w, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(w.master_port);
   o.isServer = false;
   o.waitWorkers = false;
   o.timeout = timeout;
-  return new c10d::TCPStore(w.master_addr, o);
+  return c10::make_intrusive<c10d::TCPStore>(w.master_addr, o);
 }
 
 c10d::TCPStore* host_store(const std::string& addr, int port, std::chrono::milliseconds timeout) {
-  c10d::TCPStoreOptions o;
-  o.port = static_cast<uint16_t>(port);
-  o.isServer = true;
-  o.waitWorkers = false;
-  o.timeout = timeout;
   try {
-    StoreBindGuard bind_guard(addr, port);
-    return new c10d::TCPStore(addr, o);
+    return new c10d::TCPStore(addr, server_options(addr, port, timeout));
   } catch (const std::exception& e) {
     throw Error(detail::cat("could not start the rendezvous store on ", addr, ":", port, ": ", e.what(),
                             "\nPick a free port (--master-port, or let `fsdp run` choose one)."));
@@ -286,23 +299,20 @@ std::vector<std::string> Rendezvous::wait_keys(const std::vector<std::string>& k
   }
 }
 
-std::shared_ptr<gloo::Context> Rendezvous::connect_gloo(const std::string& ifname) {
-  gloo::transport::tcp::attr attr;
-  if (!ifname.empty())
-    attr.iface = ifname;
-  else
-    attr.hostname = local_address_toward(world_.master_addr, world_.master_port);
+std::shared_ptr<Mesh> Rendezvous::connect_gloo(const std::string& ifname) {
+  std::string hostname;
+  if (ifname.empty()) hostname = local_address_toward(world_.master_addr, world_.master_port);
   try {
-    auto device = gloo::transport::tcp::CreateDevice(attr);
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(world_.rank, world_.world_size);
-    ctx->setTimeout(timeout_);
-    GlooStore gs(store_, prefix_ + "gloo/", timeout_);
-    ctx->connectFullMesh(gs, device);
-    return ctx;
+    // Gloo's address exchange, through our store under this communicator's
+    // prefix. Every rank has joined (the constructor waited), so its waits
+    // for the others' addresses end at once.
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix_ + "gloo",
+                                                           c10::make_intrusive<PollingStore>(store_));
+    return connect_gloo_mesh(prefixed, world_.rank, world_.world_size, ifname, hostname, timeout_);
   } catch (const std::exception& e) {
     throw Error(detail::cat("rank ", global_.empty() ? world_.rank : global_.at(world_.rank),
                             ": connecting the Gloo TCP mesh (",
-                            ifname.empty() ? "address " + attr.hostname : "interface " + ifname,
+                            ifname.empty() ? "address " + hostname : "interface " + ifname,
                             ") failed: ", e.what(),
                             "\nIf this host has several networks, set GLOO_SOCKET_IFNAME."));
   }

@@ -10,11 +10,10 @@
 // check() instead of TCPStore::wait, because a TCPStore wait that times out
 // leaves its connection out of step (the late reply answers the next request).
 //
-// Binding: libtorch 1.13's TCPStoreOptions has no bind address and its
-// server listens on every interface. While rank 0 constructs the server, the
-// bind() of its listening socket (only that port, only a wildcard address) is
-// redirected to MASTER_ADDR when that address is local (FSDP_STORE_BIND=all
-// turns this off); see store_bind.cpp. Keys live under the job's secret
+// Binding: rank 0 (or the launcher hosting the store) binds the store's
+// listening socket to MASTER_ADDR itself and hands it to TCPStore
+// (TCPStoreOptions::masterListenFd), so the store does not listen on every
+// interface (FSDP_STORE_BIND=all makes it); see store_listen.h. Keys live under the job's secret
 // FSDP_JOB_TOKEN (set by `fsdp run`), so a process outside the job cannot
 // name them. docs/RELIABILITY.md says what else to do on shared networks.
 //
@@ -41,24 +40,20 @@
 #include <string>
 #include <vector>
 
-#include "comm/world_env.h"
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-namespace c10d {
-class TCPStore;
-}
-namespace gloo {
-class Context;
-}
+#include "comm/world_env.h"
 
 namespace fsdp::comm {
 
+class Mesh;
 using Clock = std::chrono::steady_clock;
 
 // FSDP_STORE_HOSTED=1: the launcher serves the store; rank 0 connects as a
 // client.
 bool store_hosted();
 // A client connection of its own to the world's store (the heartbeat thread).
-c10d::TCPStore* connect_store_client(const WorldEnv& w, std::chrono::milliseconds timeout);
+c10::intrusive_ptr<c10d::TCPStore> connect_store_client(const WorldEnv& w, std::chrono::milliseconds timeout);
 // A store server on addr:port, bound like rank 0's (watchdog::StoreHost).
 c10d::TCPStore* host_store(const std::string& addr, int port, std::chrono::milliseconds timeout);
 void close_hosted_store(c10d::TCPStore* store);
@@ -76,9 +71,10 @@ class Rendezvous {
   Rendezvous(const Rendezvous& parent, const std::string& tag, const WorldEnv& group,
              const std::vector<int>& global);
 
-  // A full mesh of Gloo TCP pairs (device on `ifname`, or on the address
-  // that reaches MASTER_ADDR). Collective timeouts are passed per wait.
-  std::shared_ptr<gloo::Context> connect_gloo(const std::string& ifname);
+  // A full mesh of Gloo TCP links (c10d::ProcessGroupGloo; device on
+  // `ifname`, or on the address that reaches MASTER_ADDR). Collective
+  // timeouts are passed per wait.
+  std::shared_ptr<Mesh> connect_gloo(const std::string& ifname);
 
   // The last collective a rank entered: its sequence number and what it is.
   struct Progress {
@@ -117,7 +113,7 @@ class Rendezvous {
   int generation_ = 0;
   std::string where_;   // "127.0.0.1:29500"
   std::vector<int> global_;  // a group's global ranks; empty for a world
-  c10d::TCPStore* store_ = nullptr;  // process-wide, never freed (see above)
+  c10::intrusive_ptr<c10d::TCPStore> store_;  // process-wide, never freed (see above)
 };
 
 }  // namespace fsdp::comm

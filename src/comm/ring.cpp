@@ -1,22 +1,23 @@
-// fsdp-cpp: ring collectives on Gloo unbound buffers (see ring.h).
+// fsdp-cpp: ring collectives on a mesh's links (see ring.h).
 //
 // Gloo's old algorithm classes (ReduceScatterHalvingDoubling, ...) were seen
-// leaving sockets in a state where later 64 MiB all-gathers took 20 s, so the
-// algorithms are written here directly on send/recv of unbound buffers.
+// leaving sockets in a state where later 64 MiB all-gathers took 20 s, and
+// the CMA path must add in the same order as this one (bitwise equal
+// results), so the algorithms are written here on point-to-point sends and
+// receives (mesh.h).
 #include "comm/ring.h"
 
-#include <gloo/common/error.h>
-#include <gloo/context.h>
-#include <gloo/transport/unbound_buffer.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <stdexcept>
 #include <string>
 
+#include "comm/mesh.h"
 #include "comm/reduce.h"
 #include "fsdp/errors.h"
 #include "fsdp/flight.h"
@@ -25,12 +26,38 @@
 namespace fsdp::comm {
 namespace {
 
-using Buffer = std::unique_ptr<gloo::transport::UnboundBuffer>;
-
-// Steps of one collective share the high bits of the slot.
+// Steps of one collective share the high bits of the slot. A mesh carries
+// 31 bits of it (mesh.h): 2^11 collectives in a row have distinct slots,
+// and a collective's messages are all taken before its ranks can be 2^11
+// collectives apart.
 constexpr int kStepBits = 20;
 
 uint64_t slot(const Step& s, int step) { return (s.seq << kStepBits) | static_cast<uint64_t>(step); }
+
+// The transfers posted over one region of memory, waited for in the order
+// posted (those to or from one peer complete in that order anyway).
+class Posted {
+ public:
+  Posted(const Step& s, const void* base) : s_(s), base_(static_cast<char*>(const_cast<void*>(base))) {}
+  void send(int peer, uint64_t slot, int64_t offset, int64_t nbytes) {
+    q_.emplace_back(peer, s_.mesh->send(peer, slot, base_ + offset, nbytes));
+  }
+  void recv(int peer, uint64_t slot, int64_t offset, int64_t nbytes) {
+    q_.emplace_back(peer, s_.mesh->recv(peer, slot, base_ + offset, nbytes));
+  }
+  // The oldest transfer not yet waited for, and its peer.
+  std::pair<int, Transfer> take() {
+    auto t = std::move(q_.front());
+    q_.pop_front();
+    return t;
+  }
+
+ private:
+  const Step& s_;
+  char* base_;
+  std::deque<std::pair<int, Transfer>> q_;
+};
+using Buffer = std::unique_ptr<Posted>;
 
 std::chrono::milliseconds remaining(const Step& s) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(s.deadline -
@@ -41,7 +68,7 @@ std::chrono::milliseconds remaining(const Step& s) {
 
 // Which neighbour a peer is, for messages.
 std::string neighbour(const Step& s, int peer) {
-  const int n = s.ctx->size, r = s.ctx->rank;
+  const int n = s.mesh->size, r = s.mesh->rank;
   const int q = s.name(peer);
   if (n > 1 && peer == (r + n - 1) % n && peer == (r + 1) % n) return detail::cat("rank ", q, " (its ring neighbour)");
   if (peer == (r + n - 1) % n) return detail::cat("rank ", q, " (its left neighbour in the ring)");
@@ -54,10 +81,10 @@ int64_t load(const std::atomic<int64_t>& a) { return a.load(std::memory_order_re
 // Waits for `nbytes` from `peer` (or for `peer` to take what was sent),
 // recording it in the step's progress; a failure names the peer and how far
 // the transfer got.
-void wait_recv(const Step& s, gloo::transport::UnboundBuffer& b, int peer, int64_t nbytes) {
+void wait_recv(const Step& s, Posted& b, int peer, int64_t nbytes) {
   if (s.progress) s.progress->wait_on(s.name(peer), flight::Progress::RECEIVE);
   try {
-    if (!b.waitRecv(remaining(s))) throw gloo::IoException("receive aborted");
+    if (!b.take().second.wait(remaining(s))) throw std::runtime_error("receive aborted");
   } catch (const std::exception& e) {
     std::string far;
     if (s.progress)
@@ -67,10 +94,10 @@ void wait_recv(const Step& s, gloo::transport::UnboundBuffer& b, int peer, int64
   }
   if (s.progress) s.progress->arrived(nbytes), s.progress->idle();
 }
-void wait_send(const Step& s, gloo::transport::UnboundBuffer& b, int peer, int64_t nbytes) {
+void wait_send(const Step& s, Posted& b, int peer, int64_t nbytes) {
   if (s.progress) s.progress->wait_on(s.name(peer), flight::Progress::SEND);
   try {
-    if (!b.waitSend(remaining(s))) throw gloo::IoException("send aborted");
+    if (!b.take().second.wait(remaining(s))) throw std::runtime_error("send aborted");
   } catch (const std::exception& e) {
     std::string far;
     if (s.progress)
@@ -81,16 +108,17 @@ void wait_send(const Step& s, gloo::transport::UnboundBuffer& b, int peer, int64
   }
   if (s.progress) s.progress->sent(nbytes), s.progress->idle();
 }
-// Waits for one of the `pending` peers (the one that completes is removed);
-// a failure names those not heard from.
+// Waits for the next of the `pending` peers (posted in that order; the one
+// that completes is removed); a failure names those not heard from.
 template <bool Recv>
-void wait_any(const Step& s, gloo::transport::UnboundBuffer& b, std::vector<int>& pending, int64_t nbytes) {
+void wait_any(const Step& s, Posted& b, std::vector<int>& pending, int64_t nbytes) {
   if (s.progress) s.progress->wait_on(pending.empty() ? -1 : s.name(pending.front()), Recv ? flight::Progress::RECEIVE
                                                                                     : flight::Progress::SEND);
   int from = -1;
   try {
-    const bool ok = Recv ? b.waitRecv(&from, remaining(s)) : b.waitSend(&from, remaining(s));
-    if (!ok) throw gloo::IoException(Recv ? "receive aborted" : "send aborted");
+    auto [peer, t] = b.take();
+    from = peer;
+    if (!t.wait(remaining(s))) throw std::runtime_error(Recv ? "receive aborted" : "send aborted");
   } catch (const std::exception& e) {
     std::string who;
     for (int p : pending) who += detail::cat(who.empty() ? "" : ", ", s.name(p));
@@ -113,10 +141,7 @@ void expect(const Step& s, int64_t recv, int64_t send) {
   s.progress->send_total.fetch_add(send, std::memory_order_relaxed);
 }
 
-Buffer wrap(const Step& s, const void* p, int64_t nbytes) {
-  // Gloo's API takes a mutable pointer even for sends; sends never write.
-  return s.ctx->createUnboundBuffer(const_cast<void*>(p), static_cast<size_t>(std::max<int64_t>(nbytes, 1)));
-}
+Buffer wrap(const Step& s, const void* p, int64_t /*nbytes*/) { return std::make_unique<Posted>(s, p); }
 
 }  // namespace
 
@@ -165,7 +190,7 @@ int64_t piece_of(int64_t count, int64_t pieces, int64_t j, int64_t* lo) {
 
 int64_t ring_all_gather(const Step& s, void* buf, const std::vector<int64_t>& offset_bytes,
                         const std::vector<int64_t>& count_bytes, int step_base) {
-  const int n = s.ctx->size, r = s.ctx->rank;
+  const int n = s.mesh->size, r = s.mesh->rank;
   const int right = (r + 1) % n, left = (r + n - 1) % n;
   const int64_t total = offset_bytes.back() + count_bytes.back();
   if (n == 1 || total == 0) return 0;
@@ -233,7 +258,7 @@ int64_t ring_all_gather(const Step& s, void* buf, const std::vector<int64_t>& of
 int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
                             const std::vector<int64_t>& offset, const std::vector<int64_t>& count,
                             c10::ScalarType dtype, int divisor) {
-  const int n = s.ctx->size, r = s.ctx->rank;
+  const int n = s.mesh->size, r = s.mesh->rank;
   const int right = (r + 1) % n, left = (r + n - 1) % n;
   const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
   const char* input = static_cast<const char*>(in);
@@ -352,7 +377,7 @@ int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
 }
 
 int64_t direct_broadcast(const Step& s, void* buf, int64_t nbytes, int root) {
-  const int n = s.ctx->size, r = s.ctx->rank;
+  const int n = s.mesh->size, r = s.mesh->rank;
   if (n == 1 || nbytes == 0) return 0;
   Buffer b = wrap(s, buf, nbytes);
   if (r != root) {
@@ -370,7 +395,7 @@ int64_t direct_broadcast(const Step& s, void* buf, int64_t nbytes, int root) {
 }
 
 int64_t direct_gather(const Step& s, const void* in, void* out, int64_t nbytes, int root) {
-  const int n = s.ctx->size, r = s.ctx->rank;
+  const int n = s.mesh->size, r = s.mesh->rank;
   if (r == root && nbytes > 0 && in != static_cast<char*>(out) + r * nbytes)
     std::memmove(static_cast<char*>(out) + r * nbytes, in, nbytes);
   if (n == 1 || nbytes == 0) return 0;
@@ -391,15 +416,15 @@ int64_t direct_gather(const Step& s, const void* in, void* out, int64_t nbytes, 
 }
 
 int64_t dissemination_barrier(const Step& s) {
-  const int n = s.ctx->size, r = s.ctx->rank;
+  const int n = s.mesh->size, r = s.mesh->rank;
   if (n == 1) return 0;
   char out = 1, in = 0;
   Buffer out_b = wrap(s, &out, 1), in_b = wrap(s, &in, 1);
   int64_t sent = 0;
   // After round k every rank has (transitively) heard from 2^(k+1) ranks.
   for (int k = 0, dist = 1; dist < n; ++k, dist *= 2) {
-    out_b->send((r + dist) % n, slot(s, k));
-    in_b->recv((r - dist + n) % n, slot(s, k));
+    out_b->send((r + dist) % n, slot(s, k), 0, 1);
+    in_b->recv((r - dist + n) % n, slot(s, k), 0, 1);
     expect(s, 1, 1);
     wait_recv(s, *in_b, (r - dist + n) % n, 1);
     wait_send(s, *out_b, (r + dist) % n, 1);

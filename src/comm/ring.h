@@ -1,4 +1,4 @@
-// fsdp-cpp: the collective algorithms, on Gloo's unbound buffers.
+// fsdp-cpp: the collective algorithms, on a mesh of point-to-point links.
 // defines: Step, ring_all_gather, ring_reduce_scatter, direct_broadcast,
 //          direct_gather, dissemination_barrier
 //
@@ -23,24 +23,23 @@
 #include <cstdint>
 #include <vector>
 
-namespace gloo {
-class Context;
-}
 namespace fsdp::flight {
 struct Progress;
 }
 
 namespace fsdp::comm {
 
+class Mesh;
+
 // One collective's identity on the wire, its deadline, and the counters its
 // transfers update (the peer waited on, bytes arrived and sent; null: none).
 // A wait that times out or fails throws naming the peer and the bytes that
 // had arrived from it.
-// `names`: the communicator's rank of each rank of ctx, when ctx is one
+// `names`: the communicator's rank of each rank of mesh, when mesh is one
 // tier of a composed collective (tiers.h); messages and progress then
-// name those. Null: ctx is the communicator's own mesh.
+// name those. Null: mesh is the communicator's own.
 struct Step {
-  gloo::Context* ctx = nullptr;
+  Mesh* mesh = nullptr;
   uint64_t seq = 0;
   std::chrono::steady_clock::time_point deadline;
   flight::Progress* progress = nullptr;

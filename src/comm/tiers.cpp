@@ -81,7 +81,7 @@ void Tiers::leave(std::chrono::milliseconds budget) {
   if (inter_rdv) inter_rdv->leave(budget);
 }
 
-std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& world, gloo::Context* ctx,
+std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& world, Mesh* ctx,
                                      const TierLayout& layout, const std::vector<int>& global,
                                      const ResolvedOptions& opts, std::string* why) {
   auto t = std::make_unique<Tiers>();
@@ -197,7 +197,7 @@ Traffic tier_all_reduce(const Step& s, const Tiers& t, void* data, int64_t numel
   int64_t across = 0;
   if (c.count[local] > 0) {
     const Step x = t.inter_step(s);
-    const int j = x.ctx->rank;
+    const int j = x.mesh->rank;
     Chunks e = ring_chunks(c.count[local], H);
     across = ring_reduce_scatter(x, mine, mine + e.offset[j] * es, e.offset, e.count, dtype, divisor);
     for (int k = 0; k < H; ++k) {

@@ -32,7 +32,7 @@
 // flat ring's order by rounding (bf16/fp16: rounded after each addition).
 #pragma once
 
-#include <gloo/context.h>
+#include "comm/mesh.h"
 
 #include <cstdint>
 #include <memory>
@@ -66,7 +66,7 @@ struct Tiers {
   TierLayout layout;
   int rank = 0;  // this rank, in the communicator
   std::unique_ptr<Rendezvous> intra_rdv, inter_rdv;
-  std::shared_ptr<gloo::Context> intra_ctx, inter_ctx;
+  std::shared_ptr<Mesh> intra_ctx, inter_ctx;
   CmaPeers peers;  // of the intra mesh
   // The communicator's rank of each rank of the two meshes.
   const std::vector<int>& intra_ranks() const { return layout.intra[layout.host[rank]]; }
@@ -83,7 +83,7 @@ struct Tiers {
 // the communicator's own mesh `ctx` (at sequence number 0). Returns null
 // when some host cannot use CMA (*why says which and why); every rank then
 // gets null. `global`: the global rank of each rank (messages).
-std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& world, gloo::Context* ctx,
+std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& world, Mesh* ctx,
                                      const TierLayout& layout, const std::vector<int>& global,
                                      const ResolvedOptions& opts, std::string* why);
 

@@ -242,8 +242,8 @@ struct Watchdog::State {
                       .count();
   }
 
-  // The thread's own.
-  c10d::TCPStore* store = nullptr;
+  // The thread's own; freed with the State, or when a call on it threw.
+  c10::intrusive_ptr<c10d::TCPStore> store;
 
   bool connect() {
     if (store) return true;
@@ -256,8 +256,8 @@ struct Watchdog::State {
     }
   }
   // A store call that threw leaves its connection out of step: drop it
-  // (leaked, never destroyed: its destructor could block on a frozen peer).
-  void broken() { store = nullptr; }
+  // (a client's destructor only closes its socket; it waits for nobody).
+  void broken() { store.reset(); }
 
   Heartbeat beat(bool left) {
     Heartbeat h;
@@ -408,7 +408,7 @@ std::shared_ptr<Watchdog> Watchdog::acquire(const WorldEnv& world, const std::st
   flight::set_identity(world.rank, world.world_size);
   flight::dump_on_signal();
   auto d = std::shared_ptr<Watchdog>(new Watchdog(s));
-  std::thread([s] { s->loop(); }).detach();  // joined (bounded) by ~Watchdog
+  d->thread_ = std::thread([s] { s->loop(); });  // joined (bounded) by ~Watchdog
   g_dog = d;
   return d;
 }
@@ -416,11 +416,24 @@ std::shared_ptr<Watchdog> Watchdog::acquire(const WorldEnv& world, const std::st
 Watchdog::Watchdog(std::shared_ptr<State> s) : s_(std::move(s)) {}
 
 Watchdog::~Watchdog() {
-  std::unique_lock<std::mutex> lock(s_->mu);
-  s_->stop = true;
-  s_->cv.notify_all();
-  // A thread stuck on a frozen store is left behind (it owns its State).
-  s_->cv.wait_for(lock, std::chrono::seconds(1), [&] { return s_->finished; });
+  bool finished;
+  {
+    std::unique_lock<std::mutex> lock(s_->mu);
+    s_->stop = true;
+    s_->cv.notify_all();
+    // The thread's last heartbeat ("left") is one store round trip, bounded
+    // by the client's timeout (connect_timeout) even when the store stopped
+    // answering.
+    finished = s_->cv.wait_for(lock, s_->connect_timeout + std::chrono::seconds(1), [&] { return s_->finished; });
+  }
+  if (!thread_.joinable()) return;
+  if (finished) {
+    thread_.join();  // frees the store client with the State, on this thread
+  } else {
+    // Still inside a store call past its own timeout: left behind, owning
+    // its State (and the client), rather than block the owner's exit.
+    thread_.detach();
+  }
 }
 
 double Watchdog::interval() const { return s_->interval; }

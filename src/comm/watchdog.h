@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/world_env.h"
@@ -68,6 +69,7 @@ class Watchdog {
  private:
   explicit Watchdog(std::shared_ptr<State> s);
   std::shared_ptr<State> s_;
+  std::thread thread_;  // the heartbeat thread; stopped and joined (bounded) by ~Watchdog
 };
 
 // A failed collective read against every rank's heartbeat and last entered

@@ -4,8 +4,8 @@
 //          compat::optimizer_state_key, compat::cpu_rng_state, compat::set_cpu_rng_state,
 //          compat::graph_leaves
 //
-// Written against libtorch 1.13 (Debian); the 2.x spellings are noted where
-// they differ so a port changes this file only.
+// Written against libtorch 2.x (the torch wheel pinned in the Makefile);
+// what changed since 1.13 is listed in docs/DESIGN.md ("libtorch versions").
 #pragma once
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -48,11 +48,13 @@ inline bool storage_allocated(const torch::Tensor& t) {
   return t.defined() && t.storage().nbytes() > 0;
 }
 
+// An owning pointer to an autograd node (2.15: c10::intrusive_ptr; up to
+// 2.14: std::shared_ptr), as the autograd API hands it out.
+using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
+
 // The AccumulateGrad node of a leaf. A post-hook on it fires only while
-// someone holds this shared_ptr, so the caller must keep it.
-inline std::shared_ptr<torch::autograd::Node> grad_accumulator(const torch::Tensor& leaf) {
-  return torch::autograd::impl::grad_accumulator(leaf);
-}
+// someone holds this pointer, so the caller must keep it.
+inline NodePtr grad_accumulator(const torch::Tensor& leaf) { return torch::autograd::impl::grad_accumulator(leaf); }
 
 class LambdaPostHook : public torch::autograd::FunctionPostHook {
  public:
@@ -67,7 +69,7 @@ class LambdaPostHook : public torch::autograd::FunctionPostHook {
   std::function<void()> fn_;
 };
 
-inline void add_post_hook(const std::shared_ptr<torch::autograd::Node>& node, std::function<void()> fn) {
+inline void add_post_hook(const NodePtr& node, std::function<void()> fn) {
   node->add_post_hook(std::make_unique<LambdaPostHook>(std::move(fn)));
 }
 
@@ -77,11 +79,9 @@ inline void queue_backward_callback(std::function<void()> fn) {
   torch::autograd::Engine::get_default_engine().queue_callback(std::move(fn));
 }
 
-// How torch::optim keys per-parameter state (1.13 and 2.x: the TensorImpl
-// address as a string).
-inline std::string optimizer_state_key(const torch::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
-}
+// How torch::optim keys per-parameter state: the TensorImpl's address (2.x;
+// 1.13 spelled that address as a string).
+inline void* optimizer_state_key(const torch::Tensor& p) { return p.unsafeGetTensorImpl(); }
 
 // The default CPU generator's state (what dropout and other random kernels
 // draw from), as torch.get_rng_state() / set_rng_state() (1.13 and 2.x:

@@ -198,7 +198,7 @@ char* system_alloc(size_t bytes) {
 
 class CountingAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) override {
     const c10::Device cpu(c10::DeviceType::CPU);
     int64_t size = static_cast<int64_t>(n);
     if (n == 0) return c10::DataPtr(nullptr, nullptr, &release, cpu);
@@ -252,6 +252,9 @@ class CountingAllocator final : public c10::Allocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
 
  private:
   static c10::DataPtr deferred(int64_t size, c10::Device cpu) {

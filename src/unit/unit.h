@@ -21,6 +21,7 @@
 //   begin_recompute, end_recompute     src/unit/checkpoint.cpp
 #pragma once
 
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include <functional>
@@ -51,7 +52,7 @@ struct ParamSlot {
   bool requires_grad = true;
   // Kept alive so the post-hook below fires (libtorch only fires hooks of
   // accumulators that someone holds).
-  std::shared_ptr<torch::autograd::Node> accumulator;
+  decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>())) accumulator;
   // This rank's slice of the flattened parameter: [lo, hi) in param-local
   // elements (shard::param_range); `shard_view` is the optimizer's leaf over
   // shard[offset + lo - shard_begin ..].

@@ -42,9 +42,13 @@ ProcResult step(const std::string& what, const std::vector<std::string>& argv, d
   return r;
 }
 
+// The torch package this build uses (Torch_DIR is <root>/share/cmake/Torch).
+std::string torch_root() { return fs::weakly_canonical(fs::path(FSDP_TORCH_DIR) / ".." / ".." / "..").string(); }
+
 std::vector<std::string> configure(const std::string& build, const std::vector<std::string>& defs) {
   std::vector<std::string> a = {FSDP_CMAKE, "-S", source_path("tests/consumer"), "-B", build,
-                                "-DCMAKE_BUILD_TYPE=RelWithDebInfo", std::string("-DCMAKE_CXX_COMPILER=") + FSDP_CXX};
+                                "-DCMAKE_BUILD_TYPE=RelWithDebInfo", std::string("-DCMAKE_CXX_COMPILER=") + FSDP_CXX,
+                                "-DTORCH_CUDA_ARCH_LIST=9.0"};
   a.insert(a.end(), defs.begin(), defs.end());
   return a;
 }
@@ -82,7 +86,9 @@ TEST(Install, FindPackage) {
   }
   if (HasFailure()) GTEST_SKIP() << "kept " << tmp.path;
 
-  auto conf = step("configure the consumer", configure(build, {"-DCMAKE_PREFIX_PATH=" + prefix}), 600);
+  // As the README tells an outside project: the package's prefix, and the
+  // torch wheel's root (its cmake files and, first, its libraries).
+  auto conf = step("configure the consumer", configure(build, {"-DCMAKE_PREFIX_PATH=" + prefix + ";" + torch_root()}), 600);
   ASSERT_EQ(lines_with(conf.output, "fsdp package: " + prefix + "/lib/cmake/fsdp").size(), 1u)
       << "the consumer did not find the installed package:\n" << conf.output;
   step("build the consumer", {FSDP_CMAKE, "--build", build, "-j", "2"}, 1200);
@@ -94,7 +100,7 @@ TEST(Install, AddSubdirectory) {
   TempDir tmp;
   ASSERT_FALSE(tmp.path.empty());
   const std::string build = tmp.path + "/consumer-build";
-  step("configure the consumer", configure(build, {"-DFSDP_CONSUMER_SUBDIR=ON"}), 600);
+  step("configure the consumer", configure(build, {"-DFSDP_CONSUMER_SUBDIR=ON", "-DCMAKE_PREFIX_PATH=" + torch_root()}), 600);
   step("build the consumer", {FSDP_CMAKE, "--build", build, "-j", "2"}, 3000);
   if (HasFailure()) return;
   expect_two_ranks_ok(

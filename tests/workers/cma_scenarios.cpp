@@ -4,6 +4,9 @@
 //                    equal, bit for bit, a local sum in the ring's order
 // comm_kill_gather   one rank SIGKILLs itself while large all_gathers run;
 //                    the others report how fast they failed and why
+// comm_one_gloo      the Gloo libraries the process maps, and where Gloo's
+//                    TCP device is defined
+#include <dlfcn.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,6 +15,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -136,4 +141,33 @@ FSDP_SCENARIO(comm_kill_gather) {
       return 1;
     }
   }
+}
+
+// Which Gloo the process runs: the libraries mapped whose name holds "gloo",
+// and the file that defines Gloo's TCP device (libtorch's own, if it is the
+// only Gloo), after a collective over TCP.
+FSDP_SCENARIO(comm_one_gloo) {
+  auto c = fsdp::make_communicator_from_env();
+  auto t = torch::ones({4});
+  c->all_reduce(t, fsdp::ReduceOp::SUM)->wait();
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  std::set<std::string> gloo_libs;
+  while (std::getline(maps, line)) {
+    auto slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    std::string path = line.substr(slash);
+    if (path.find("gloo") != std::string::npos) gloo_libs.insert(path);
+  }
+  for (auto& p : gloo_libs) std::printf("rank %d maps %s\n", c->rank(), p.c_str());
+  // gloo::transport::tcp::CreateDevice(gloo::transport::tcp::attr const&)
+  void* sym = dlsym(RTLD_DEFAULT, "_ZN4gloo9transport3tcp12CreateDeviceERKNS1_4attrE");
+  Dl_info info{};
+  if (sym && dladdr(sym, &info) && info.dli_fname)
+    std::printf("rank %d gloo from %s\n", c->rank(), info.dli_fname);
+  else
+    std::printf("rank %d gloo symbol not found\n", c->rank());
+  std::printf("rank %d sum %g\n", c->rank(), t[0].item<double>());
+  std::fflush(stdout);
+  return 0;
 }

@@ -84,10 +84,17 @@ FSDP_SCENARIO(core_parity) {
   for (int step = 0; step < steps; ++step) {
     auto X = torch::randn({N * K * B, 7});
     auto Y = torch::randn({N * K * B, 5});
-    // Reference: one process, the whole batch.
+    // Reference: one process, the whole batch, accumulated over the same K
+    // micro-steps (micro-step k: every rank's rows of it, rows [kNB, (k+1)NB)),
+    // as a user without FSDP would: the same gradient as one batch of N*K*B
+    // rows, summed in the order FSDP sums it, so AdamW's division by
+    // sqrt(v) cannot blow fp32 rounding of another summation order up.
     ref_opt.zero_grad();
-    auto ref_loss = (ref->forward(X) - Y).pow(2).mean();
-    ref_loss.backward();
+    for (int k = 0; k < K; ++k) {
+      auto rows = torch::arange(int64_t(k) * N * B, int64_t(k + 1) * N * B);
+      auto ref_loss = (ref->forward(X.index_select(0, rows)) - Y.index_select(0, rows)).pow(2).mean() / K;
+      ref_loss.backward();
+    }
     torch::nn::utils::clip_grad_norm_(ref_params, 0.5);
     ref_opt.step();
     // FSDP: micro-step k of rank r takes rows ((k*N + r)*B ...).

@@ -66,23 +66,23 @@ class DelayedCommunicator : public Communicator {
 
   // The lambdas hold the tensors (by value) until inner's collective is done.
   WorkPtr all_gather(const torch::Tensor& input, torch::Tensor output, const CollectiveInfo& info) override {
-    return submit([=] { inner_->all_gather(input, output, info)->wait(); });
+    return submit([=, this] { inner_->all_gather(input, output, info)->wait(); });
   }
   WorkPtr reduce_scatter(const torch::Tensor& input, torch::Tensor output, ReduceOp op,
                          const CollectiveInfo& info) override {
-    return submit([=] { inner_->reduce_scatter(input, output, op, info)->wait(); });
+    return submit([=, this] { inner_->reduce_scatter(input, output, op, info)->wait(); });
   }
   WorkPtr all_reduce(torch::Tensor tensor, ReduceOp op, const CollectiveInfo& info) override {
-    return submit([=] { inner_->all_reduce(tensor, op, info)->wait(); });
+    return submit([=, this] { inner_->all_reduce(tensor, op, info)->wait(); });
   }
   WorkPtr broadcast(torch::Tensor tensor, int root, const CollectiveInfo& info) override {
-    return submit([=] { inner_->broadcast(tensor, root, info)->wait(); });
+    return submit([=, this] { inner_->broadcast(tensor, root, info)->wait(); });
   }
   WorkPtr barrier(const CollectiveInfo& info) override {
-    return submit([=] { inner_->barrier(info)->wait(); });
+    return submit([=, this] { inner_->barrier(info)->wait(); });
   }
   WorkPtr gather(const torch::Tensor& input, torch::Tensor output, int root, const CollectiveInfo& info) override {
-    return submit([=] { inner_->gather(input, output, root, info)->wait(); });
+    return submit([=, this] { inner_->gather(input, output, root, info)->wait(); });
   }
 
   CommCounters counters() const override { return inner_->counters(); }

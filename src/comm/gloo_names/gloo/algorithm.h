@@ -1,0 +1,3 @@
+// fsdp-cpp: see gloo_names/gloo/names.h.
+#pragma once
+#include "names.h"
