@@ -48,6 +48,40 @@ TEST(PublicHeaders, PlanNeedsOnlyTheStandardLibrary) {
   std::remove(src.c_str());
 }
 
+// ---------------------------------------------------------------- construction
+// A wrap that fails (bad options found late used to leave the units in the
+// process's table, pointing at freed memory) leaves nothing behind: the same
+// module then wraps and trains.
+TEST(Construction, AFailedWrapLeavesNothingBehind) {
+  auto comm = make_local_communicator();
+  torch::manual_seed(3);
+  Net net;
+  FsdpOptions bad;
+  bad.wrap = WrapPolicy::module_type<BlockImpl>("Block");
+  bad.checkpoint = CheckpointPolicy::every_kth<BlockImpl>(0, "Block");
+  try {
+    fully_shard(net, comm, bad);
+    FAIL() << "every = 0 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FsdpOptions.checkpoint.every must be >= 1"), std::string::npos) << e.what();
+  }
+  FsdpOptions good;
+  good.wrap = WrapPolicy::module_type<BlockImpl>("Block");
+  good.checkpoint = CheckpointPolicy::module_type<BlockImpl>("Block");
+  auto model = fully_shard(net, comm, good);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  auto x = torch::randn({4, 7}), y = torch::randn({4, 5});
+  std::vector<double> losses;
+  for (int step = 0; step < 3; ++step) {
+    auto loss = (model.forward(x) - y).pow(2).mean();
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    losses.push_back(loss.item<double>());
+  }
+  EXPECT_LT(losses.back(), losses.front());
+}
+
 // ---------------------------------------------------------------- errors
 static_assert(std::is_base_of_v<Error, CollectiveError>);
 static_assert(std::is_base_of_v<Error, memory::OutOfMemory>);

@@ -159,6 +159,15 @@ TEST(ReliabilityStore, ListensOnTheMasterAddressOnly) {
   }
 }
 
+// The library installs no signal handler behind a program's back
+// (fsdp/init.h): its own SIGUSR1 handler outlives a communicator, a wrap and
+// a training step, and is what SIGUSR1 runs.
+TEST(ProcessState, AProgramsOwnSigusr1HandlerIsKept) {
+  auto r = run_ranks(2, "rel_own_sigusr1", {}, {}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(lines_with(r.output, "handler own, ran 1 time(s)").size(), 2u) << r.output;
+}
+
 TEST(ReliabilityStore, BindAllIsTheEscapeHatch) {
   auto r = run_ranks(2, "rel_store_bind", {}, {"FSDP_STORE_BIND=all"}, 60);
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -35,6 +35,9 @@
 #include "fsdp/comm.h"
 #include "fsdp/errors.h"
 
+// Checkpoint files on their own: safetensors, sharded checkpoint directories,
+// resharding. Works on slices, without the FSDP engine (fsdp/state_dict.h
+// saves and loads a wrapped model).
 namespace fsdp::ckpt {
 
 // Elements [lo, hi) of the flattened full tensor `name` held by this rank.
@@ -44,19 +47,28 @@ namespace fsdp::ckpt {
 // hi == lo (an empty slice) is allowed and means "this rank holds none of it
 // but knows the tensor exists" — list every tensor on every rank.
 struct Slice {
+  // The full tensor's name.
   std::string name;
+  // The full tensor's shape.
   std::vector<int64_t> full_shape;
+  // The element type saved, and of `data`.
   torch::ScalarType dtype = torch::kFloat32;
+  // The elements held: [lo, hi) of the flattened full tensor.
   int64_t lo = 0, hi = 0;
+  // The elements, or where they go; the caller keeps it alive through the call.
   torch::Tensor data;
 
+  // Elements held: hi - lo.
   int64_t numel() const { return hi - lo; }
 };
 
 // A tensor declared before its bytes are written (streaming writers).
 struct TensorSpec {
+  // Its name in the file.
   std::string name;
+  // Its full shape.
   std::vector<int64_t> shape;
+  // The element type its parts must have.
   torch::ScalarType dtype = torch::kFloat32;
 };
 
@@ -67,7 +79,10 @@ std::pair<int64_t, int64_t> shard_range(int64_t numel, int rank, int world);
 // Names as safetensors spells them: "F32", "BF16", ... (throws fsdp::Error for
 // a dtype the format has no name for).
 const char* safetensors_dtype_name(torch::ScalarType t);
+// The product of the dimensions; -1 when one is negative or the product
+// overflows (a header's shape is not trusted).
 int64_t numel_of(const std::vector<int64_t>& shape);
+// "[2, 3]", for messages.
 std::string shape_str(const std::vector<int64_t>& shape);
 
 // ---------------------------------------------------------------------------
@@ -75,6 +90,8 @@ std::string shape_str(const std::vector<int64_t>& shape);
 // {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__":
 // {str: str}}, then the raw little-endian data (offsets relative to it).
 
+// Writes a safetensors file tensor by tensor, in bounded memory.
+//
 // Streaming writer: declare every tensor first (the header needs every
 // offset), then write them in declaration order, each in one or more parts,
 // so a whole state dict can be written unit by unit with bounded memory.
@@ -83,6 +100,8 @@ std::string shape_str(const std::vector<int64_t>& shape);
 // removed by the destructor.
 class SafetensorsWriter {
  public:
+  // Opens `path`.tmp and writes the header for `specs` and `metadata`.
+  // fsync = false only in tests of speed.
   SafetensorsWriter(std::string path, std::vector<TensorSpec> specs,
                     std::map<std::string, std::string> metadata = {}, bool fsync = true);
   ~SafetensorsWriter();
@@ -99,7 +118,10 @@ class SafetensorsWriter {
   // CRC32C of every byte written so far (the whole file after finish()), and
   // of each chunk of `chunk_bytes` bytes (last one may be shorter).
   uint32_t file_crc32c() const;
+  // The CRC32C of each chunk of kChunkBytes (what a load of part of the
+  // file verifies).
   const std::vector<uint32_t>& chunk_crc32c() const;
+  // Bytes per checksummed chunk (1 MiB).
   static constexpr int64_t kChunkBytes = 1 << 20;
 
  private:
@@ -109,31 +131,41 @@ class SafetensorsWriter {
 
 // One tensor entry of a parsed, validated header.
 struct SafetensorsEntry {
+  // The tensor's name.
   std::string name;
+  // Its element type.
   torch::ScalarType dtype;
+  // Its shape.
   std::vector<int64_t> shape;
   int64_t begin = 0, end = 0;  // byte offsets relative to the data section
 };
 
+// Reads a safetensors file, a byte range of one tensor at a time.
+//
 // Reader: parses and validates the header at open (bounded, checked against
 // the file size: never allocates from an unchecked length), then reads byte
 // ranges of single tensors on demand. Not thread-safe (one file position).
 class SafetensorsReader {
  public:
+  // Opens `path` and validates its header; throws fsdp::Error naming what is wrong.
   explicit SafetensorsReader(std::string path);
   ~SafetensorsReader();
   SafetensorsReader(const SafetensorsReader&) = delete;
   SafetensorsReader& operator=(const SafetensorsReader&) = delete;
 
+  // The file read.
   const std::string& path() const;
+  // Its size in bytes.
   int64_t file_size() const;
   int64_t header_bytes() const;  // 8 + N: where the data section starts
   const std::vector<SafetensorsEntry>& entries() const;  // in data order
   const SafetensorsEntry* find(const std::string& name) const;  // nullptr: absent
+  // The header's "__metadata__" (empty when there is none).
   const std::map<std::string, std::string>& metadata() const;
 
   // Elements [lo, hi) of the flattened tensor `name`, as a 1-D tensor.
   torch::Tensor read(const std::string& name, int64_t lo, int64_t hi);
+  // Every element of `name`, as a 1-D tensor.
   torch::Tensor read_all(const std::string& name);
   // Raw bytes [offset, offset+n) of the file into `dst`.
   void pread_exact(int64_t offset, int64_t n, void* dst) const;
@@ -149,6 +181,7 @@ class SafetensorsReader {
 // Sharded checkpoints: root/step-000010/{metadata.json, rank-*-of-*.safetensors},
 // root/latest names the newest complete one.
 
+// How save_sharded keeps and syncs checkpoints.
 struct SaveOptions {
   // Delete the oldest complete checkpoints so that at most this many remain
   // under root (0: keep all).
@@ -159,9 +192,11 @@ struct SaveOptions {
   bool fsync = true;
 };
 
+// Where save_sharded wrote, and how much.
 struct SaveResult {
   std::string path;       // root/step-000010
   int64_t bytes_written = 0;  // by this rank
+  // Wall time of the save on this rank.
   double seconds = 0;
 };
 
@@ -177,6 +212,7 @@ SaveResult save_sharded(Communicator& comm, const std::string& root, int64_t ste
                         const std::vector<Slice>& model, const std::vector<Slice>& optim,
                         const nlohmann::json& train_state, const SaveOptions& opts = {});
 
+// How strict a load is.
 struct LoadOptions {
   // Unexpected keys (in the checkpoint, wanted by nobody) are errors. An empty
   // wanted list for a section (e.g. optimizer) skips that section entirely.
@@ -187,12 +223,17 @@ struct LoadOptions {
   bool verify_checksums = true;
 };
 
+// What a load found.
 struct LoadResult {
   bool found = false;       // false: path is a root with no checkpoint yet
   std::string path;         // the checkpoint directory loaded
+  // The step it was saved at (-1: none found).
   int64_t step = -1;
+  // The world size it was saved at.
   int saved_world_size = 0;
+  // The strategy it was saved under (SaveOptions::strategy).
   std::string saved_strategy;
+  // The caller's JSON, as saved.
   nlohmann::json train_state;
   std::string note;         // e.g. "latest pointed to a missing dir; used step-000008"
   int64_t bytes_read = 0;   // by this rank
@@ -214,27 +255,47 @@ std::string resolve_checkpoint(const std::string& path, std::string* note = null
 
 // What `fsdp ckpt inspect` prints.
 struct CheckpointInfo {
+  // The checkpoint directory.
   std::string path;
+  // metadata.json's format version (docs/CHECKPOINT_FORMAT.md).
   int format_version = 0;
+  // The step it was saved at.
   int64_t step = -1;
+  // The ranks that saved it.
   int world_size = 0;
+  // The saving strategy, and a hash of the model's names and shapes (two
+  // checkpoints of one model have the same).
   std::string strategy, fingerprint;
+  // The caller's JSON, as saved.
   nlohmann::json train_state;
+  // One saved tensor.
   struct Tensor {
     std::string section;  // "model" or "optim"
+    // Its name.
     std::string name;
+    // Its full shape.
     std::vector<int64_t> shape;
+    // Its element type.
     torch::ScalarType dtype;
+    // The slices stored of it, over every shard file.
     int pieces = 0;
   };
+  // Every saved tensor, by section and name.
   std::vector<Tensor> tensors;
+  // One file of the checkpoint.
   struct File {
+    // Its name in the directory.
     std::string name;
+    // Its size.
     int64_t bytes = 0;
+    // The CRC32C of the whole file.
     uint32_t crc32c = 0;
   };
+  // Every shard file.
   std::vector<File> files;
 };
+// Reads a checkpoint directory's metadata.json (no tensor data); throws
+// fsdp::Error when it is missing or invalid.
 CheckpointInfo read_info(const std::string& checkpoint_dir);
 
 // Reads every byte of every file and checks sizes, checksums, headers against
@@ -263,6 +324,8 @@ int64_t load_full_safetensors(Communicator& comm, const std::string& path, std::
 // tensor piece at a time).
 int64_t convert_to_full(const std::string& checkpoint_dir, const std::string& out_file,
                         const std::string& section = "model");
+// Writes the checkpoint again for `new_world` ranks, as a checkpoint under
+// `out_root`; returns its directory.
 std::string reshard_offline(const std::string& checkpoint_dir, int new_world,
                             const std::string& out_root);
 

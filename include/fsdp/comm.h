@@ -28,9 +28,14 @@
 
 namespace fsdp {
 
+// How reduce_scatter and all_reduce combine the ranks' values; AVG divides
+// the sum by the world size (gradients: the mean over the ranks' batches).
 enum class ReduceOp { SUM, AVG };
 
+// The collectives by kind, as counters, traces and errors name them
+// (kCount: their number, for arrays indexed by kind).
 enum class CollectiveKind { ALL_GATHER = 0, REDUCE_SCATTER, ALL_REDUCE, BROADCAST, BARRIER, GATHER, kCount };
+// "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "gather".
 const char* to_string(CollectiveKind k);
 
 // What a collective is for; travels with the call into errors and traces.
@@ -38,6 +43,8 @@ struct CollectiveInfo {
   std::string label;  // e.g. the unit name "blocks.3" or "clip_grad_norm"
 };
 
+// How the communicator factories set a communicator up. The environment
+// variables named below override the fields.
 struct CommOptions {
   // Every collective fails after this long (FSDP_TIMEOUT seconds overrides).
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
@@ -52,18 +59,29 @@ struct CommOptions {
 // host identity of the same-host transport, docs/COMM.md: FSDP_HOST_ID, or
 // the host name, boot id and namespaces), the rest stayed on this host.
 struct CommCounters {
+  // The totals of one collective kind.
   struct Entry {
+    // Collectives issued.
     int64_t calls = 0;
+    // Bytes this rank sent, both tiers.
     int64_t bytes_sent = 0;
     int64_t bytes_inter_host = 0;  // part of bytes_sent
+    // Seconds spent inside the engine (on the communication thread).
     double seconds = 0;
+    // The part of bytes_sent that stayed on this host.
     int64_t bytes_intra_host() const { return bytes_sent - bytes_inter_host; }
   };
+  // One entry per CollectiveKind, indexed by its value (operator[] casts).
   Entry by_kind[static_cast<int>(CollectiveKind::kCount)];
+  // The entry of one kind.
   const Entry& operator[](CollectiveKind k) const { return by_kind[static_cast<int>(k)]; }
+  // The entry of one kind, to add to.
   Entry& operator[](CollectiveKind k) { return by_kind[static_cast<int>(k)]; }
+  // Bytes sent over every kind, both tiers.
   int64_t total_bytes_sent() const;
+  // Bytes sent over every kind to ranks on other hosts.
   int64_t total_bytes_inter_host() const;
+  // Bytes sent over every kind to ranks on this host.
   int64_t total_bytes_intra_host() const { return total_bytes_sent() - total_bytes_inter_host(); }
   // Element-wise sum (the traffic of several communicators, e.g. a model's
   // shard and replica groups).
@@ -77,8 +95,11 @@ class Work {
   // Blocks until the collective finished; rethrows its error (every later
   // call on a communicator whose collective failed also fails).
   virtual void wait() = 0;
+  // Without blocking: whether wait() would return (or throw) at once.
   virtual bool is_completed() const = 0;
 };
+// Shared with the communication thread: dropping a handle neither cancels
+// nor waits for its collective.
 using WorkPtr = std::shared_ptr<Work>;
 
 // How Communicator::split names and times its groups.
@@ -91,15 +112,23 @@ struct SplitOptions {
 };
 
 class Communicator;
+// Shared: the program, a wrapped model and the groups split from it hold
+// the same communicator, which lives until the last of them lets go.
 using CommPtr = std::shared_ptr<Communicator>;
 
+// The collectives FSDP needs, over one group of ranks. A world, or a group
+// split from one; the ordering contract of comm.h applies to every call.
 class Communicator {
  public:
   virtual ~Communicator() = default;
 
+  // This rank's index here, 0..world_size()-1.
   virtual int rank() const = 0;
+  // Ranks in this communicator.
   virtual int world_size() const = 0;
+  // This rank's index among this communicator's ranks on its host.
   virtual int local_rank() const = 0;
+  // This communicator's ranks on this host (HYBRID_SHARD's default shard group).
   virtual int local_world_size() const = 0;
 
   // output.numel() == world_size * input.numel(); rank-major: rank r's input
@@ -114,6 +143,7 @@ class Communicator {
   virtual WorkPtr all_reduce(torch::Tensor tensor, ReduceOp op, const CollectiveInfo& info = {}) = 0;
   // In place; root's values land on every rank.
   virtual WorkPtr broadcast(torch::Tensor tensor, int root, const CollectiveInfo& info = {}) = 0;
+  // Completes once every rank has entered it.
   virtual WorkPtr barrier(const CollectiveInfo& info = {}) = 0;
   // Gather to one rank: on `root`, output.numel() == world_size *
   // input.numel() and rank r's input lands at output[r*n, (r+1)*n) (same
@@ -125,8 +155,10 @@ class Communicator {
 
   // Snapshot of the counters (thread-safe).
   virtual CommCounters counters() const = 0;
+  // Zeroes the counters, to measure from here on (a step, a benchmark).
   virtual void reset_counters() = 0;
 
+  // How long one collective may take before it fails with CollectiveError.
   virtual std::chrono::milliseconds timeout() const = 0;
   // e.g. "gloo/tcp world=4" for messages.
   virtual std::string describe() const = 0;

@@ -37,6 +37,9 @@
 
 namespace fsdp {
 
+// A scope in which this thread's new tensors get shapes but no memory. A
+// model no rank can hold is built so, for fully_shard to give it memory
+// unit by unit (the rules of deferred.h).
 class DeferredInit {
  public:
   DeferredInit();   // throws fsdp::Error when the counting allocator is not installed
@@ -47,6 +50,7 @@ class DeferredInit {
   // What this thread deferred since the scope began: bytes the tensors would
   // have held, and their number.
   int64_t bytes() const;
+  // The number of tensors deferred since the scope began.
   int64_t tensors() const;
 
  private:

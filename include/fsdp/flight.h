@@ -32,8 +32,9 @@
 //
 // Dumps: dump(reason) writes <dir>/flight-rank<R>.json (atomically; a later
 // dump of the same rank replaces it). The communicator dumps on every failed
-// collective; dump_on_signal() makes SIGUSR1 dump (`fsdp run` forwards its
-// own SIGUSR1 to every rank); a program may call dump() whenever it likes.
+// collective; dump_on_signal() (fsdp::init does, InitOptions::
+// dump_flight_on_sigusr1) makes SIGUSR1 dump (`fsdp run` forwards its own
+// SIGUSR1 to every rank); a program may call dump() whenever it likes.
 // The directory: dump()'s argument, else FSDP_FLIGHT_DIR (`fsdp run
 // --flight-dir`), else set_default_dir() (the trainers: <ckpt-dir>/flight),
 // else ./fsdp-flight. `fsdp report DIR` renders the dumps side by side.
@@ -66,19 +67,25 @@
 
 namespace fsdp {
 
+// What a rank is doing, so that a hang outside the collectives is named by
+// its place (flight.h).
 enum class Phase : int { NONE = 0, DATA, FORWARD, BACKWARD, OPTIMIZER, CHECKPOINT, EVALUATION };
 // "none", "data", "forward", "backward", "optimizer", "checkpoint", "evaluation"
 const char* to_string(Phase p);
 
+// Sets the process's phase (any thread; one relaxed atomic store).
 void set_phase(Phase p);
+// The phase set last, by any thread (NONE until one is set).
 Phase current_phase();
 // The training step (the trainer's count; -1 until set).
 void set_step(int64_t step);
+// The step set last (-1 until set).
 int64_t current_step();
 
 // Sets a phase for a scope and puts the previous one back at its end.
 class PhaseScope {
  public:
+  // Remembers the current phase and sets `p` until the scope ends.
   explicit PhaseScope(Phase p) : prev_(current_phase()) { set_phase(p); }
   ~PhaseScope() { set_phase(prev_); }
   PhaseScope(const PhaseScope&) = delete;
@@ -88,46 +95,68 @@ class PhaseScope {
   Phase prev_;
 };
 
+// The flight recorder: the process's last collectives, dumped when one fails.
+// Also on SIGUSR1; the file format is in flight.h.
 namespace flight {
 
+// How far a running collective has got, and whom it waits on.
 // Live counters of one running collective, written by the thread that moves
 // its bytes and read by the heartbeat and the dumps (relaxed atomics).
 struct Progress {
+  // What the transfer is blocked on, as dumps and heartbeats spell it.
   enum Waiting : int { NONE = 0, RECEIVE = 1, SEND = 2, READ = 3 };
+  // Bytes received and sent so far, of the totals the collective moves.
   std::atomic<int64_t> recv_done{0}, recv_total{0}, sent_done{0}, send_total{0};
   std::atomic<int> peer{-1};        // the rank waited on now (-1: none)
   std::atomic<int> waiting{NONE};   // what for
   std::atomic<int64_t> moved_ns{0}; // steady_clock ns of the last bytes moved (0: none yet)
 
+  // Now blocked on rank `p`, for `w`.
   void wait_on(int p, Waiting w) {
     peer.store(p, std::memory_order_relaxed);
     waiting.store(w, std::memory_order_relaxed);
   }
+  // No longer blocked.
   void idle() { waiting.store(NONE, std::memory_order_relaxed); }
+  // `n` more bytes received; bytes moved now.
   void arrived(int64_t n);
+  // `n` more bytes sent; bytes moved now.
   void sent(int64_t n);
 };
 const char* to_string(Progress::Waiting w);  // "", "receive", "send", "read"
 
 // One collective as the recorder holds it.
 struct Record {
+  // The communicator: the n-th of the process.
   int comm = 0;
+  // Its sequence number on that communicator (0: not started).
   uint64_t seq = 0;
+  // The kind, the unit (the call's label) and the dtype, as the dump spells them.
   std::string kind, unit, dtype;
+  // Elements and bytes of the call.
   int64_t numel = 0, bytes = 0;
   std::string state;  // queued, running, done, failed
   double enqueued = 0, started = 0, ended = 0;  // wall seconds; 0: not yet
+  // The step when it was enqueued.
   int64_t step = -1;
+  // The phase when it was enqueued.
   std::string phase;
+  // The rank it waited on last (-1: none).
   int peer = -1;
+  // What for: "", "receive", "send", "read".
   std::string waiting;
+  // Bytes received and sent, of the totals.
   int64_t recv_done = 0, recv_total = 0, sent_done = 0, send_total = 0;
   double moved = 0;  // wall seconds of the last bytes moved; 0: none
+  // Why it failed; "" unless state is failed.
   std::string error;
+  // One entry of a dump's "collectives" (the file format of flight.h).
   nlohmann::json to_json() const;
 };
 
+// False with FSDP_FLIGHT_RECORDER=off: nothing is recorded, enqueue() returns 0.
 bool enabled();
+// Collectives the ring keeps (512, FSDP_FLIGHT_ENTRIES).
 int capacity();
 
 // Recording, by the communicators. enqueue() returns a ticket (0 when
@@ -136,7 +165,9 @@ int capacity();
 // updates (never null: a private one when the ticket is gone).
 uint64_t enqueue(int comm, const char* kind, const std::string& unit, const char* dtype, int64_t numel,
                  int64_t bytes);
+// The ticket's collective runs now, as sequence number `seq`.
 std::shared_ptr<Progress> start(uint64_t ticket, uint64_t seq);
+// The ticket's collective ended; a non-empty `error` marks it failed.
 void finish(uint64_t ticket, const std::string& error = "");
 
 // The recorded collectives, oldest first.
@@ -150,13 +181,17 @@ void note(const std::string& key, nlohmann::json value);
 void set_identity(int rank, int world);
 // The dump directory when neither dump()'s argument nor FSDP_FLIGHT_DIR says.
 void set_default_dir(const std::string& dir);
+// Where dump() writes without an argument (the order in flight.h).
 std::string dir();
 // Writes <dir>/flight-rank<R>.json; returns its path ("" when it could not:
 // the reason is written to stderr, never thrown).
 std::string dump(const std::string& reason, const std::string& dir = "");
-// SIGUSR1 -> dump("SIGUSR1") from a thread of its own (idempotent). Only a
-// program that called it has a handler; SIGUSR1 otherwise ends the process.
+// SIGUSR1 -> dump("SIGUSR1") from a thread of its own (idempotent), when
+// SIGUSR1 is still SIG_DFL (a program's own handler is kept). Only a program
+// that called it (fsdp::init does by default) has this handler; SIGUSR1
+// otherwise does what the program set, by default end the process.
 void dump_on_signal();
+// Whether dump_on_signal installed its handler (the heartbeat says so).
 bool dumps_on_signal();
 
 // The flight-rank*.json files of a directory, by rank (for fsdp report).
@@ -168,17 +203,22 @@ std::vector<nlohmann::json> read_dumps(const std::string& dir);
 // rank the survivors' verdicts name most.
 nlohmann::json analyze_dumps(const std::vector<nlohmann::json>& dumps);
 
+// What write_report drew, for the caller's message.
+struct ReportSummary {
+  // Dumps drawn (one per rank).
+  int ranks = 0;
+  // The rank named as the cause (-1: none).
+  int culprit = -1;
+  int unfinished = 0;   // bars drawn as unfinished
+  // The page's first line.
+  std::string headline;
+  // Size of the page written.
+  int64_t bytes = 0;
+};
 // One self-contained HTML page (inline SVG, no script): the culprit and its
 // phase at the top, every rank's last collectives on one time axis, the
 // unfinished ones in red. Throws fsdp::Error when `dumps` is empty or the
 // file cannot be written.
-struct ReportSummary {
-  int ranks = 0;
-  int culprit = -1;
-  int unfinished = 0;   // bars drawn as unfinished
-  std::string headline;
-  int64_t bytes = 0;
-};
 ReportSummary write_report(const std::vector<nlohmann::json>& dumps, const std::string& out_html,
                            const std::string& title);
 

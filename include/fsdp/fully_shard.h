@@ -39,6 +39,8 @@
 #include "fsdp/param_init.h"
 #include "fsdp/strategy.h"
 
+// Everything of fsdp-cpp, fully sharded data parallel training for libtorch.
+// Start at init, make_communicator_from_env and fully_shard (the front page).
 namespace fsdp {
 
 // ShardingStrategy itself is in fsdp/strategy.h.
@@ -47,9 +49,15 @@ const char* to_string(ShardingStrategy s);
 // lower case); throws fsdp::Error otherwise.
 ShardingStrategy parse_strategy(const std::string& text);
 
+// When backward all-gathers the next unit ahead of need. NONE: not at all;
+// BACKWARD_PRE: as the current unit's backward starts; BACKWARD_POST: once
+// its gradients are computed (less memory held at once, less overlap).
 enum class BackwardPrefetch { NONE, BACKWARD_PRE, BACKWARD_POST };
+// "none", "pre", "post".
 const char* to_string(BackwardPrefetch p);
 
+// The dtypes of compute and communication. The shards the optimizer updates
+// stay fp32 (the master copy) whatever is set here.
 struct MixedPrecision {
   // Dtype of the unsharded parameters: compute and all-gather. Undefined: fp32.
   c10::optional<torch::ScalarType> param_dtype;
@@ -57,6 +65,7 @@ struct MixedPrecision {
   c10::optional<torch::ScalarType> reduce_dtype;
   // Dtype of floating-point buffers. Undefined: unchanged.
   c10::optional<torch::ScalarType> buffer_dtype;
+  // Whether parameters or gradient reductions are cast at all.
   bool enabled() const { return param_dtype.has_value() || reduce_dtype.has_value(); }
 };
 
@@ -64,13 +73,19 @@ struct MixedPrecision {
 // first); `unwrapped_numel` counts the module's parameters not already inside
 // a nested unit. The root module is always a unit holding the rest.
 struct WrapPolicy {
+  // Asked per module, children first: (its path, the module, its parameters
+  // not yet in a unit) -> whether it becomes a unit.
   using Fn = std::function<bool(const std::string& name, const torch::nn::Module& m,
                                 int64_t unwrapped_numel)>;
   Fn fn;                    // empty: no auto-wrap (the whole model is one unit)
   std::string description;  // for messages and the unit table
 
+  // No auto-wrap: the whole model is one unit, the root.
   static WrapPolicy none();
+  // A unit per module with at least `min_num_params` parameters not already
+  // inside a nested unit.
   static WrapPolicy size_based(int64_t min_num_params);
+  // A unit per module `fn` accepts; `description` names the policy in messages.
   static WrapPolicy predicate(Fn fn, std::string description = "custom predicate");
   // One unit per module of type Impl (e.g. a transformer block).
   template <class Impl>
@@ -82,6 +97,9 @@ struct WrapPolicy {
   // "block" style helpers are in the examples; "size:N" parses to size_based.
 };
 
+// Which modules recompute their forward in backward instead of keeping
+// their activations.
+//
 // Activation checkpointing (docs/DESIGN.md#activation-checkpointing): the
 // selected modules keep only their inputs (and the CPU generator's state)
 // from forward; their forward runs again in backward, right before autograd
@@ -99,13 +117,18 @@ struct WrapPolicy {
 // of the modules it accepts, every `every`-th is checkpointed: the 1st, the
 // (every+1)-th, ... (every = 1: all of them).
 struct CheckpointPolicy {
+  // Asked per module: (its path, the module) -> whether it is a candidate.
   using Fn = std::function<bool(const std::string& name, const torch::nn::Module& m)>;
   Fn fn;                    // empty: no activation checkpointing
   int every = 1;            // >= 1
+  // Names the policy in messages and the unit table.
   std::string description = "none";
 
+  // Whether any module may be checkpointed (fn is set).
   bool enabled() const { return static_cast<bool>(fn); }
+  // No activation checkpointing.
   static CheckpointPolicy none() { return {}; }
+  // Every module `fn` accepts; `description` names the policy in messages.
   static CheckpointPolicy predicate(Fn fn, std::string description = "custom predicate") {
     return CheckpointPolicy{std::move(fn), 1, std::move(description)};
   }
@@ -125,12 +148,20 @@ struct CheckpointPolicy {
   }
 };
 
+// How fully_shard wraps a model. The defaults: FULL_SHARD, the whole model
+// one unit, fp32 throughout, no prefetch, no activation checkpointing.
 struct FsdpOptions {
+  // What is sharded and what is replicated (fsdp/strategy.h).
   ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
+  // Which submodules become units: fewer, larger units mean fewer
+  // collectives but a larger unsharded unit in memory (P_block).
   WrapPolicy wrap = WrapPolicy::none();
+  // Compute and communication dtypes.
   MixedPrecision mixed_precision;
   // Overlap (docs/DESIGN.md#prefetch): all-gather the next unit early.
   BackwardPrefetch backward_prefetch = BackwardPrefetch::NONE;
+  // In forward, all-gather the next unit (in the order of the first
+  // forward) while the current one computes.
   bool forward_prefetch = false;
   // Units (other than the root) unsharded at once, the computing one included:
   // 2 lets one prefetch run ahead; 1 turns prefetch off.
@@ -159,9 +190,13 @@ struct FsdpOptions {
   void validate() const;
 };
 
+// One unit of a wrapped model: the original parameters flattened into one
+// buffer, and its sizes (FullyShardedModel::units).
 struct UnitInfo {
+  // Its position in units(); 0 is the root.
   int index = 0;
   std::string name;  // module path, "" for the root ("<root>" in tables)
+  // The original parameters it holds, by the unwrapped model's names.
   std::vector<std::string> param_names;
   int64_t numel = 0;         // original parameters in this unit
   int64_t padded_numel = 0;  // multiple of world size
@@ -175,15 +210,21 @@ struct UnitInfo {
 // view into the unit's shard; may have 0 elements on some ranks).
 struct NamedShard {
   std::string name;               // the unwrapped model's parameter name
+  // The original tensor's shape.
   std::vector<int64_t> full_shape;
+  // This rank's elements of the flattened original: [lo, hi), hi == lo for none.
   int64_t lo = 0, hi = 0;
+  // The unit holding it (UnitInfo::index).
   int unit = 0;
+  // The 1-D view the optimizer owns, into the unit's shard (its storage).
   torch::Tensor tensor;
 };
 
 // The FSDP guide's ledger (docs/GUIDE.md), measured on this rank (bytes).
 struct Ledger {
+  // Ranks of the run (N).
   int world_size = 1;
+  // The sharding strategy's name (to_string).
   std::string strategy;
   int64_t total_numel = 0;    // original parameters of the whole model
   int64_t P_full = 0;         // unsharded parameter bytes (fp32)
@@ -222,6 +263,8 @@ class EngineAccess;  // src/unit/engine_access.h: the checkpoint code's view
 // hooks. Obtained from fully_shard(); used through Sharded<M>'s operator->.
 class FullyShardedModel {
  public:
+  // Collective: every rank wraps the same module tree. Call fully_shard(),
+  // which also keeps the module holder for forward.
   FullyShardedModel(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FsdpOptions opts);
   ~FullyShardedModel();
   FullyShardedModel(const FullyShardedModel&) = delete;
@@ -231,15 +274,21 @@ class FullyShardedModel {
   // parameter, in named_parameters() order; empty slices included so every
   // rank has the same list).
   std::vector<torch::Tensor> parameters() const;
+  // The same shards with their original names, shapes and ranges (what
+  // checkpoints and param_groups read), in the same order.
   std::vector<NamedShard> named_shards() const;
 
+  // The scope no_sync() opens; it ends when the guard is destroyed.
+  //
   // Gradient accumulation without communication: inside the scope gradients
   // stay unsharded and accumulate locally; the first backward outside it
   // reduce-scatters the sum. Costs the unsharded gradients' memory.
   class NoSyncGuard {
    public:
+    // Starts the scope on `m`; no_sync() makes one.
     explicit NoSyncGuard(FullyShardedModel* m);
     ~NoSyncGuard();
+    // Takes the scope over; the moved-from guard ends nothing.
     NoSyncGuard(NoSyncGuard&& o) noexcept : m_(o.m_), prev_(o.prev_) { o.m_ = nullptr; }
     NoSyncGuard(const NoSyncGuard&) = delete;
 
@@ -247,6 +296,7 @@ class FullyShardedModel {
     FullyShardedModel* m_;
     bool prev_;
   };
+  // Keep the guard alive across the accumulating micro-steps' backward.
   NoSyncGuard no_sync() { return NoSyncGuard(this); }
 
   // Waits for pending reductions, then scales all gradient shards so the
@@ -260,6 +310,7 @@ class FullyShardedModel {
   // waits at its end).
   void wait_pending();
 
+  // The units, the root first.
   std::vector<UnitInfo> units() const;
   std::string describe_units() const;  // a table: unit, #params, bytes, shard
   // The modules whose forward is recomputed in backward (FsdpOptions::checkpoint), by path.
@@ -273,7 +324,9 @@ class FullyShardedModel {
   // unit so it never holds more than the output plus one unit; -1: all ranks.
   std::vector<std::pair<std::string, torch::Tensor>> full_state(int to_rank = 0) const;
 
+  // The options it was wrapped with.
   const FsdpOptions& options() const;
+  // The communicator it was wrapped with: every rank of the run.
   const CommPtr& comm() const;
   // The communicator of this rank's shard group (the units' all-gathers and
   // reduce-scatters): comm() itself except under HYBRID_SHARD*, where it is
@@ -283,6 +336,8 @@ class FullyShardedModel {
   // shard group), across which the shards' gradients are all-reduced; null
   // for the other strategies.
   const CommPtr& replica_group() const;
+  // The wrapped module tree. Its forward is called through the units
+  // (Sharded::forward, fsdp::call), not directly.
   torch::nn::Module& module() const;
 
  private:
@@ -518,19 +573,26 @@ auto call(M module, Args&&... args) {  // M: a module holder or (shared) pointer
 template <class M>
 class Sharded {
  public:
+  // Made by fully_shard().
   Sharded(M module, std::shared_ptr<FullyShardedModel> impl)
       : module_(std::move(module)), impl_(std::move(impl)) {}
+  // The module's forward through the root unit (fsdp::call).
   template <class... Args>
   auto forward(Args&&... args) {
     return call(module_, std::forward<Args>(args)...);
   }
+  // The same as forward().
   template <class... Args>
   auto operator()(Args&&... args) {
     return forward(std::forward<Args>(args)...);
   }
+  // The engine: parameters(), no_sync(), clip_grad_norm(), ledger(), ...
   FullyShardedModel* operator->() const { return impl_.get(); }
+  // The engine, for functions that take a FullyShardedModel&.
   FullyShardedModel& operator*() const { return *impl_; }
+  // The module holder it wraps.
   const M& module() const { return module_; }
+  // The engine, shared: it lives as long as its last holder.
   std::shared_ptr<FullyShardedModel> shared() const { return impl_; }
 
  private:

@@ -7,12 +7,15 @@
 //     ...
 //
 // Nothing else in the library changes process-wide state: the communicator
-// factories and fully_shard() no longer install the allocator or touch
-// signals on first use, so a program that embeds fsdp-cpp decides.
+// factories and fully_shard() install no allocator and no signal handler,
+// so a program that embeds fsdp-cpp decides (docs/DESIGN.md, "Process-wide
+// state", lists what the library keeps per process, and why).
 #pragma once
 
 namespace fsdp {
 
+// What fsdp::init sets up for the process. Every part is on by default and
+// may be left to the program instead.
 struct InitOptions {
   // Installs the counting CPU allocator (fsdp/memory.h) with
   // c10::SetCPUAllocator, for every tensor allocated afterwards: the ledger's
@@ -27,6 +30,13 @@ struct InitOptions {
   // write fails and the collective raises a CollectiveError naming the peer.
   // Off: the program handles SIGPIPE itself.
   bool ignore_sigpipe = true;
+  // Makes SIGUSR1 dump the flight recorder (fsdp/flight.h; `fsdp run`
+  // sends it to a rank that went silent, and the heartbeat says whether a
+  // rank can): a handler that only writes to a pipe, and a thread that
+  // waits on the pipe and writes the dump. Installed only while SIGUSR1 is
+  // still SIG_DFL: a handler of the program's own is kept. Off: the program
+  // may call flight::dump() itself.
+  bool dump_flight_on_sigusr1 = true;
 };
 
 // Idempotent: a second call applies what the first did not (an allocator

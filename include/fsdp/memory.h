@@ -20,8 +20,11 @@
 
 #include "fsdp/errors.h"
 
+// The counting CPU allocator: exact bytes held, peaks, a cache and a limit.
 namespace fsdp::memory {
 
+// A snapshot of the allocator's counters (all zero while it is not
+// installed).
 struct Stats {
   int64_t current = 0;      // bytes held by live tensors allocated since install
   int64_t peak = 0;         // max of current since install or reset_peak()
@@ -41,8 +44,11 @@ struct Stats {
 // it, stats() stays zero, the ledger's peak/current are 0 and set_limit has
 // no effect.
 bool install();
+// Whether the counting allocator is active.
 bool installed();
+// The counters now.
 Stats stats();
+// Starts Stats::peak again from the current bytes (high_water is never reset).
 void reset_peak();
 
 // 0 removes the limit. The limit bounds held plus cached bytes: cached blocks
@@ -55,12 +61,16 @@ int64_t empty_cache();
 // Caching is on by default (FSDP_ALLOC_CACHE=off at install turns it off);
 // turning it off empties the cache.
 void set_caching(bool on);
+// Whether freed blocks are cached for reuse.
 bool caching();
 
 // Called (outside the allocator lock) to explain an over-limit allocation;
 // the FSDP layer installs one that names the ledger term that overflowed.
 void set_oom_explainer(std::function<std::string(int64_t requested, const Stats&)> fn);
 
+// Thrown by an allocation over set_limit(). The tensors need more than the
+// limit (the cache was released first); the message names the ledger term
+// that overflowed when the FSDP layer's explainer is installed.
 class OutOfMemory : public Error {
  public:
   using Error::Error;

@@ -24,6 +24,7 @@ struct InitTarget {
   std::string name;        // fully qualified, as named_parameters() / named_buffers() spell it
   std::string local_name;  // within its module: "weight", "bias", "running_mean", ...
   const torch::nn::Module* module = nullptr;  // the module registering it
+  // A buffer (running_mean, ...), not a parameter.
   bool is_buffer = false;
 };
 

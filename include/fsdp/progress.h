@@ -42,12 +42,14 @@
 
 namespace fsdp {
 
+// What a Progress reports and how often (the defaults are the trainers').
 struct ProgressOptions {
   std::string label = "work";   // "train", "checkpoint step-000010"
   std::string unit = "steps";   // what `done` counts; "bytes" formats as sizes
   int64_t total = 0;            // <= 0: unknown (no percentage, no ETA)
   int64_t initial = 0;          // `done` at construction (e.g. a resumed step)
   int rank = 0;                 // only rank 0 prints
+  // false: print nothing (as FSDP_PROGRESS=off).
   bool enabled = true;
   // Non-terminal output: seconds between lines and before the first one.
   // < 0: FSDP_PROGRESS_EVERY when set, otherwise 5 s. 0: a line per update.
@@ -58,14 +60,19 @@ struct ProgressOptions {
   // Displayed rate = (units per second) x rate_scale in rate_unit, e.g. steps
   // x tokens per step in "tok/s". Empty rate_unit: "<unit>/s".
   double rate_scale = 1;
+  // The displayed rate's unit; empty: "<unit>/s".
   std::string rate_unit;
+  // Where lines go; it must outlive the reporter.
   FILE* out = stdout;
   int tty = -1;                 // -1: isatty(out) (FSDP_PROGRESS=lines|tty overrides); 0 / 1: forced
   std::function<double()> clock;  // seconds, monotonic; default steady_clock (tests inject one)
 };
 
+// A progress line for long work, printed on rank 0 only (as progress.h
+// describes).
 class Progress {
  public:
+  // Extra "key value" pairs for the line, in order.
   using Fields = std::vector<std::pair<std::string, std::string>>;
 
   explicit Progress(ProgressOptions opts);  // throws fsdp::Error for bad env values
@@ -81,8 +88,11 @@ class Progress {
 
   // False when this reporter never prints (rank != 0, disabled, FSDP_PROGRESS=off).
   bool active() const { return active_; }
+  // Whether it rewrites one line in place (a terminal) rather than print lines.
   bool tty() const { return tty_; }
+  // Lines printed so far, a terminal's redraws included.
   int lines_printed() const { return printed_; }
+  // Seconds since construction, by ProgressOptions::clock.
   double elapsed() const;
   // Units per second over the moving-average window; 0 before any progress.
   double rate() const;
@@ -105,6 +115,7 @@ class Progress {
   std::deque<std::pair<double, int64_t>> samples_;  // (time, done), oldest first
 };
 
+// Helpers that other writers to the terminal share with Progress.
 namespace progress {
 // Erases a progress line drawn on a terminal (no-op otherwise), so the next
 // print starts at column 0. Reporters redraw at their next update.

@@ -17,8 +17,11 @@
 
 namespace fsdp {
 
+// How save_checkpoint keeps and syncs checkpoints.
 struct CheckpointOptions {
   int keep_last = 0;  // 0: keep every checkpoint
+  // fsync files and directories, so a crash leaves the last checkpoint
+  // whole; off only in tests of speed.
   bool fsync = true;
 };
 

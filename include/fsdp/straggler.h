@@ -40,6 +40,7 @@
 
 namespace fsdp {
 
+// One step as StragglerMonitor::observe judged it; the same on every rank.
 struct StragglerReport {
   int64_t step = 0;                // observations so far (1 for the first)
   std::vector<double> seconds;     // this step, per rank
@@ -48,6 +49,8 @@ struct StragglerReport {
   std::string message;             // the logged line, "" when none
 };
 
+// Names the rank that holds the others back, step after step. The rule is in
+// straggler.h; the monitor keeps the communicator it is given.
 class StragglerMonitor {
  public:
   // factor > 1, window >= 1, min_gap_seconds >= 0; throws fsdp::Error
@@ -88,7 +91,9 @@ class StragglerMonitor {
 // Seconds threads spent blocked in Work::wait() (thread-safe).
 class WaitClock {
  public:
+  // The total so far.
   double seconds() const { return double(ns_.load(std::memory_order_relaxed)) * 1e-9; }
+  // Adds `s` seconds blocked (with_wait_clock's communicator calls it).
   void add(double s) { ns_.fetch_add(int64_t(s * 1e9), std::memory_order_relaxed); }
 
  private:

@@ -4,6 +4,8 @@
 
 namespace fsdp {
 
+// How parameters, gradients and optimizer state are split over the ranks:
+// memory per rank traded against traffic per step (docs/GUIDE.md).
 enum class ShardingStrategy {
   FULL_SHARD,     // params, grads, optimizer state sharded; params freed after forward
   SHARD_GRAD_OP,  // params kept unsharded from forward through backward

@@ -96,8 +96,11 @@
 #include <cstdint>
 #include <string>
 
+// The trace recorder: what every thread of a rank did, and when.
+// Written as Chrome trace JSON; the file format is in trace.h.
 namespace fsdp::trace {
 
+// How much a trace keeps in memory and what it samples.
 struct Options {
   // Events kept in memory; beyond this they are dropped (and counted).
   size_t max_events = 1u << 20;
@@ -116,6 +119,7 @@ void start(const std::string& dir, int rank, int world, const Options& opts = {}
 // Writes DIR/trace-rank<R>.json (temp file + rename) and stops recording.
 // Returns the path, "" when no trace was running. Idempotent.
 std::string stop();
+// Whether a trace is recording: one relaxed atomic load, for hot paths.
 inline bool enabled() { return detail::g_enabled.load(std::memory_order_relaxed); }
 
 // Names the calling thread's track ("comm", "compute", ...).
@@ -124,12 +128,15 @@ void set_thread_name(const std::string& name);
 // A complete ("X") event from construction to destruction, on this thread.
 class Span {
  public:
+  // Starts the span when a trace is recording; `args` become the event's args.
   Span(const char* name, const char* cat, nlohmann::json args = nullptr);
+  // The same, with a name made at run time.
   Span(std::string name, const char* cat, nlohmann::json args = nullptr);
   ~Span();
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
 
+  // Whether it records: build costly args only then.
   bool active() const { return active_; }
   // Adds an argument (ignored when not active). Chainable.
   template <class T>
@@ -164,12 +171,15 @@ std::string merge(const std::string& dir);
 
 }  // namespace fsdp::trace
 
+// Pastes two tokens (FSDP_TRACE_CAT's second step).
 #define FSDP_TRACE_CAT2(a, b) a##b
+// Pastes two tokens after expanding them: a span variable named per __LINE__.
 #define FSDP_TRACE_CAT(a, b) FSDP_TRACE_CAT2(a, b)
 // A span until the end of the enclosing scope.
 #define FSDP_TRACE_SPAN(name, cat) \
   ::fsdp::trace::Span FSDP_TRACE_CAT(fsdp_trace_span_, __LINE__)(name, cat)
 
+// The HTML report of a trace (`fsdp report`).
 namespace fsdp::report {
 
 // Reads a trace: DIR with trace-rank*.json files, or one merged trace.json.

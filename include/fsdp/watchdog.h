@@ -41,29 +41,41 @@
 #include <string>
 #include <vector>
 
+// Heartbeats, and the verdict that names the rank to blame for a hang.
+// Both go through the rendezvous store (watchdog.h).
 namespace fsdp::watchdog {
 
+// What a rank publishes every interval: that it is alive, and where it is.
 struct Heartbeat {
+  // The rank that wrote it.
   int rank = -1;
+  // Its process id.
   int64_t pid = 0;
+  // Its host name.
   std::string host;
   double time = 0;       // wall seconds when written
   int64_t beat = 0;      // 1, 2, ... per process
   double interval = 1;   // seconds between beats
   bool left = false;     // written once when the rank's last communicator closed cleanly
   bool dumps_on_signal = false;  // SIGUSR1 dumps the flight recorder (the handler is installed)
+  // fsdp::current_step() when written.
   int64_t step = -1;
   std::string phase;     // fsdp::to_string(Phase)
   // The collective it is in (seq 0: none).
   int comm = 0;          // communicator (the n-th of the process)
+  // Its sequence number on that communicator (0: none).
   uint64_t seq = 0;
+  // Its kind and unit (the call's label).
   std::string kind, unit;
   int peer = -1;         // the rank it waits on (-1: none)
   std::string waiting;   // "", "receive", "send", "read"
+  // Bytes arrived, of those expected.
   int64_t recv_done = 0, recv_total = 0;
   double started = 0, moved = 0;  // wall seconds the collective started / bytes last moved (0: none)
 
+  // The JSON stored under "<base>hb/<rank>".
   nlohmann::json to_json() const;
+  // The heartbeat in `text`; nullopt when it is not one.
   static std::optional<Heartbeat> parse(const std::string& text);
   // Seconds since it was written, by `now` (wall seconds).
   double age(double now) const { return now - time; }
@@ -72,10 +84,13 @@ struct Heartbeat {
 // The last collective a rank entered (written by the communication thread
 // as it enters each one: exact even for a rank that froze right after).
 struct Entered {
+  // The communicator (the n-th of the process).
   int comm = 0;
   int64_t seq = -1;      // -1: unknown; 0: none yet
   double time = 0;       // wall seconds
+  // The rank's step then.
   int64_t step = -1;
+  // The rank's phase then.
   std::string phase;
   std::string what;      // e.g. "all_gather 'blocks.1' (fp32, 1000 elements, 3.91 KiB)"
 };
@@ -83,19 +98,28 @@ struct Entered {
 // One surviving rank's reading of a failed collective.
 struct Verdict {
   int rank = -1;             // who judged
+  // The failed collective's communicator (the n-th of the process).
   int comm = 0;
+  // Its sequence number.
   uint64_t seq = 0;
   std::string what;          // the collective it failed in
+  // Its kind and unit.
   std::string kind, unit;
+  // The judging rank's step.
   int64_t step = -1;
+  // The judging rank's phase.
   std::string phase;
+  // Whether the collective ran out of time (not an error a peer reported).
   bool timed_out = false;
+  // The other ranks by class (watchdog.h); waited_on: the peer the judge waited on.
   std::vector<int> silent, elsewhere, slow, stuck, waited_on;
   std::vector<int> dead;    // of the silent: their process is gone (this host's /proc, CMA)
   std::vector<int> desync;  // of the elsewhere: in another collective of the same communicator
   std::vector<int> culprits;  // silent, else elsewhere, else slow
   std::string summary;        // the "Cause: ..." line
+  // The JSON stored under "<base>verdict/<rank>".
   nlohmann::json to_json() const;
+  // The verdict in `text`; nullopt when it is not one.
   static std::optional<Verdict> parse(const std::string& text);
 };
 
@@ -121,12 +145,15 @@ class StoreHost {
   StoreHost(const StoreHost&) = delete;
   StoreHost& operator=(const StoreHost&) = delete;
 
+  // The port it serves.
   int port() const;
   bool answering() const;  // false once a read timed out
   std::optional<std::string> get(const std::string& key);  // nullopt: absent or unreadable
+  // The rank's last heartbeat; nullopt when there is none or it is unreadable.
   std::optional<Heartbeat> heartbeat(const std::string& base, int rank);
   // The newest collective the rank entered over its communicators.
   std::optional<Entered> entered(const std::string& base, int rank);
+  // The rank's verdict on a failed collective; nullopt when it wrote none.
   std::optional<Verdict> verdict(const std::string& base, int rank);
 
  private:

@@ -14,8 +14,6 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "comm/mesh.h"
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -24,6 +22,7 @@
 #include <stdexcept>
 
 #include "comm/cma.h"
+#include "comm/mesh.h"
 #include "fsdp/errors.h"
 #include "fsdp/flight.h"
 

@@ -23,7 +23,6 @@
 // never match a message of the collective itself. A difference becomes one
 // CollectiveError on every rank (they all see the same records) listing each
 // rank's call, instead of a hang or a silently wrong sum.
-#include "comm/mesh.h"
 
 #include <algorithm>
 #include <signal.h>
@@ -40,6 +39,7 @@
 #include "comm/backends.h"
 #include "comm/checks.h"
 #include "comm/cma.h"
+#include "comm/mesh.h"
 #include "comm/rendezvous.h"
 #include "comm/ring.h"
 #include "comm/tiers.h"

@@ -32,8 +32,6 @@
 // flat ring's order by rounding (bf16/fp16: rounded after each addition).
 #pragma once
 
-#include "comm/mesh.h"
-
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -41,6 +39,7 @@
 #include <vector>
 
 #include "comm/cma.h"
+#include "comm/mesh.h"
 #include "comm/rendezvous.h"
 #include "comm/world_env.h"
 

@@ -406,7 +406,6 @@ std::shared_ptr<Watchdog> Watchdog::acquire(const WorldEnv& world, const std::st
   }
   s->interval = iv;
   flight::set_identity(world.rank, world.world_size);
-  flight::dump_on_signal();
   auto d = std::shared_ptr<Watchdog>(new Watchdog(s));
   d->thread_ = std::thread([s] { s->loop(); });  // joined (bounded) by ~Watchdog
   g_dog = d;

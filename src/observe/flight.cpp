@@ -373,6 +373,9 @@ void dump_on_signal() {
   static std::mutex mu;
   std::lock_guard<std::mutex> g(mu);
   if (g_sig_installed.load()) return;
+  // A handler of the program's own (or SIG_IGN) is kept.
+  struct sigaction old {};
+  if (sigaction(SIGUSR1, nullptr, &old) != 0 || (old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) return;
   if (pipe2(g_sig_pipe, O_CLOEXEC) != 0) return;
   fcntl(g_sig_pipe[1], F_SETFL, O_NONBLOCK);
   // Detached and immortal: it only ever blocks in read().

@@ -4,6 +4,7 @@
 #include <csignal>
 #include <mutex>
 
+#include "fsdp/flight.h"
 #include "fsdp/memory.h"
 
 namespace fsdp {
@@ -16,6 +17,7 @@ void init(const InitOptions& opts) {
     struct sigaction old {};
     if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
   }
+  if (opts.dump_flight_on_sigusr1) flight::dump_on_signal();
 }
 
 }  // namespace fsdp

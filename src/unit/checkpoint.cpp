@@ -77,11 +77,9 @@ void Unit::end_recompute() {
 
 // --- The engine's side ---
 
-void Engine::register_checkpoints() {
+void Engine::build_checkpoint_sites() {
   const CheckpointPolicy& p = opts.checkpoint;
   if (!p.enabled()) return;
-  FSDP_USER_CHECK(p.every >= 1, "FsdpOptions.checkpoint.every must be >= 1 (checkpoint every k-th selected module), found ",
-                  p.every);
   std::unordered_map<const torch::nn::Module*, Unit*> unit_at;
   for (auto& u : units) unit_at[u->module] = u.get();
   std::unordered_set<const torch::nn::Module*> seen;
@@ -109,6 +107,9 @@ void Engine::register_checkpoints() {
     }
   };
   walk(*root, "", &root_unit());
+}
+
+void Engine::register_checkpoints() {
   std::lock_guard<std::mutex> g(g_sites_mu);
   for (auto& s : checkpoint_sites) sites()[s->module] = s.get();
 }

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -119,7 +120,10 @@ class Engine {
   // wrap.cpp: the module tree -> units (describe_wrap, then materialise).
   void build_units();
  public:
-  // checkpoint.cpp: FsdpOptions::checkpoint -> sites (after the units exist).
+  // checkpoint.cpp: FsdpOptions::checkpoint -> sites (after the units
+  // exist); then entered in (removed from) the process's table of sites
+  // that fsdp::call looks modules up in.
+  void build_checkpoint_sites();
   void register_checkpoints();
   void unregister_checkpoints();
   // A training forward ran no checkpointed call although the policy selected
@@ -135,6 +139,20 @@ class Engine {
   void fold_finished_reduces();      // the ones already completed
   void finish_reduces(size_t count);  // the oldest `count`, waiting
   void publish_trace_metadata() const;  // model.cpp: the unit table for the report
+
+  // The engine's entries in the process's tables (units by module for
+  // fsdp::call, checkpoint sites, the OOM explainer). Made by the last line
+  // of the constructor, once nothing can throw any more, and declared last
+  // so it is destroyed first: a construction that fails leaves no entry
+  // behind, and a destroyed engine none either.
+  struct Registration {
+    explicit Registration(Engine& e);
+    ~Registration();
+    Registration(const Registration&) = delete;
+    Registration& operator=(const Registration&) = delete;
+    Engine& e;
+  };
+  std::optional<Registration> registration_;
 };
 
 }  // namespace fsdp::detail

@@ -55,13 +55,24 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> root_, CommPtr comm_, FsdpOpti
     if (opts.mixed_precision.buffer_dtype && t.is_floating_point())
       t.set_data(t.to(*opts.mixed_precision.buffer_dtype));
   }
-  for (auto& u : units) register_unit(u->module, u.get());
-  register_checkpoints();  // FsdpOptions::checkpoint (checkpoint.cpp)
+  build_checkpoint_sites();  // FsdpOptions::checkpoint (checkpoint.cpp)
   publish_trace_metadata();
-  memory::set_oom_explainer([this](int64_t n, const memory::Stats& s) { return explain_oom(*this, n, s); });
   // The ledger's peak is about training: forget the wrap-time transients
   // (the original parameters, the broadcast buffers).
   memory::reset_peak();
+  registration_.emplace(*this);  // last: nothing below may throw
+}
+
+Engine::Registration::Registration(Engine& engine) : e(engine) {
+  for (auto& u : e.units) register_unit(u->module, u.get());
+  e.register_checkpoints();
+  memory::set_oom_explainer([&eng = e](int64_t n, const memory::Stats& s) { return explain_oom(eng, n, s); });
+}
+
+Engine::Registration::~Registration() {
+  memory::set_oom_explainer(nullptr);
+  e.unregister_checkpoints();
+  for (auto& u : e.units) unregister_unit(u->module);
 }
 
 void Engine::publish_trace_metadata() const {
@@ -87,11 +98,7 @@ void Engine::publish_trace_metadata() const {
   trace::set_metadata("reduce_bytes_per_elem", static_cast<int>(c10::elementSize(rd)));
 }
 
-Engine::~Engine() {
-  memory::set_oom_explainer(nullptr);
-  unregister_checkpoints();
-  for (auto& u : units) unregister_unit(u->module);
-}
+Engine::~Engine() = default;  // registration_ goes first (engine.h)
 
 }  // namespace detail
 

@@ -60,6 +60,9 @@ void FsdpOptions::validate() const {
   if (shard_group_size < 0)
     throw Error("FsdpOptions.shard_group_size must be >= 0 (0: the ranks of one host), found " +
                 std::to_string(shard_group_size));
+  if (checkpoint.enabled() && checkpoint.every < 1)
+    throw Error("FsdpOptions.checkpoint.every must be >= 1 (checkpoint every k-th selected module), found " +
+                std::to_string(checkpoint.every));
 }
 
 namespace detail {

@@ -5,7 +5,13 @@
 // rel_latency     per-call latency of small all_reduces (cost of the detail check)
 // rel_straggler   one rank sleeps longer every step; StragglerMonitor names it
 // rel_store_bind  where rank 0's rendezvous store listens
+// rel_own_sigusr1 a program with its own SIGUSR1 handler embeds the library:
+//                 after a communicator, fully_shard and a training step the
+//                 handler is still its own and runs on SIGUSR1
+#include <signal.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <chrono>
 #include <cstdio>
@@ -15,6 +21,7 @@
 #include <thread>
 
 #include "fsdp/comm.h"
+#include "fsdp/fully_shard.h"
 #include "fsdp/straggler.h"
 #include "fsdp/trace.h"
 #include "scenario.h"
@@ -132,3 +139,30 @@ FSDP_SCENARIO(rel_store_bind) {
 }
 
 }  // namespace
+
+namespace {
+std::atomic<int> g_own_usr1{0};
+void own_usr1(int) { g_own_usr1.fetch_add(1); }
+}  // namespace
+
+FSDP_SCENARIO(rel_own_sigusr1) {
+  struct sigaction sa {};
+  sa.sa_handler = own_usr1;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR1, &sa, nullptr);
+  auto c = fsdp::make_communicator_from_env();
+  torch::nn::Sequential net(torch::nn::Linear(6, 8), torch::nn::Linear(8, 3));
+  fsdp::FsdpOptions o;
+  o.wrap = fsdp::WrapPolicy::size_based(1);
+  auto model = fsdp::fully_shard(net, c, o);
+  auto loss = model.forward(torch::randn({4, 6})).pow(2).mean();
+  loss.backward();
+  c->barrier()->wait();
+  struct sigaction now {};
+  sigaction(SIGUSR1, nullptr, &now);
+  raise(SIGUSR1);
+  std::printf("rank %d handler %s, ran %d time(s)\n", c->rank(), now.sa_handler == own_usr1 ? "own" : "replaced",
+              g_own_usr1.load());
+  std::fflush(stdout);
+  return 0;
+}
