@@ -16,9 +16,9 @@ Modes:
         NO_SHARD at N = 1 is compared with this: same kernels, no collectives)
   fsdp2 PyTorch's own FSDP2: torch.distributed.fsdp.fully_shard on every block
         and the root, over a CPU device mesh on gloo; --dtype bf16 gives it
-        MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), as
-        fsdp-cpp's bf16 (bf16 all-gather and compute, fp32 reduce and master
-        shards). pytorch #162338 reports FSDP2 on gloo summing gradients
+        MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16), as
+        bench_train's bf16 (bf16 all-gather, compute and reduce-scatter, fp32
+        master shards). pytorch #162338 reports FSDP2 on gloo summing gradients
         instead of averaging them: --check-grads compares its gradients with
         one process's on the whole batch, as FSDP2 comes and with an explicit
         gradient_divide_factor = N (on torch 2.15 both agree to 1.4e-6, so
@@ -92,7 +92,7 @@ def shard_fsdp2(net, world, dtype, divide_fix=False):
     mesh = init_device_mesh("cpu", (world,))
     kw = dict(mesh=mesh)
     if dtype == "bf16":
-        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
     for b in net.blocks:
         fully_shard(b, **kw)
     fully_shard(net, **kw)

@@ -322,7 +322,9 @@ if vs_ours:
     print("fsdp-cpp against PyTorch %s FSDP2 (fully_shard per block + root, gloo), batch %d x %d, %d thread(s) per "
           "rank, %d parameters; step ms = median over %d interleaved rounds" % (
               (vs_peer[0].get("torch") if vs_peer else "?"), vs_ours[0]["batch"], vs_ours[0]["seq"],
-              vs_ours[0]["threads"], params, max(r["rounds"] for r in [vs_pool(vs_ours)])))
+              vs_ours[0]["threads"], params,
+              len([r for r in vs_ours if r["world"] == vs_ours[0]["world"] and r["dtype"] == vs_ours[0]["dtype"]
+                   and r["strategy"] == "FULL_SHARD"])))
     print("  %2s %5s | %9s %9s %9s %9s %9s %9s | %7s %7s | %9s %9s %9s %9s | %9s %9s" % (
         "N", "dtype", "compute", "FULL", "GRAD_OP", "NO_SHARD", "FSDP2", "DDP", "F/FSDP2", "F/comp", "peak ours",
         "plan", "RSS ours", "RSS FSDP2", "MiB/step", "FSDP2"))
@@ -343,9 +345,9 @@ if vs_ours:
                 R["peak_rss_full_shard_over_fsdp2_N%d_%s" % (n, dt)] = full["peak_rss_bytes"] / f2["peak_rss_bytes"]
             # FSDP2 FULL_SHARD moves, per rank and step, (N-1)/N of the parameters in the
             # compute dtype twice (forward and backward all-gather) and of the gradients in
-            # fp32 once (reduce-scatter): computed, not measured.
+            # the reduce dtype (the same) once (reduce-scatter): computed, not measured.
             pb = 2 if dt == "bf16" else 4
-            f2_bytes = (n - 1) / n * params * (2 * pb + 4)
+            f2_bytes = (n - 1) / n * params * 3 * pb
             ms = lambda r: "%9.1f" % (r["step_s_median"] * 1e3) if r else "%9s" % "-"
             mib = lambda b: "%9.1f" % (b / 2**20) if b else "%9s" % "-"
             print("  %2d %5s | %s %s %s %s %s %s | %7s %7s | %s %s %s %s | %s %s" % (

@@ -35,7 +35,7 @@ struct GptShape {
 // WrapPolicy::size_based does. Units in parameter order, root first.
 std::vector<UnitSpec> gpt_units(const GptShape& s, const std::string& wrap);
 
-// What autograd keeps alive for GPT-mini's forward (libtorch 1.13 kernels):
+// What autograd keeps alive for GPT-mini's forward (libtorch's CPU kernels):
 // per block the LayerNorm inputs and stats, the qkv/proj/fc/out inputs, the
 // copies matmul makes of q, k^T and v, the softmax output [B,h,T,T], the
 // GELU input and the causal mask; at the end the final LayerNorm, the head's

@@ -11,7 +11,7 @@
 //   opts.param_init = fsdp::default_param_init(seed);  // fsdp/param_init.h
 //   auto model = fsdp::fully_shard(net, comm, opts);   // unit by unit: init, shard, free
 //
-// libtorch 1.13's module constructors allocate on the CPU whatever device
+// libtorch's C++ module constructors allocate on the CPU whatever device
 // guard is active, and their options have no device, so a meta-device
 // construction is not available to C++ users (docs/DESIGN.md "Deferred
 // construction" has the probe). Instead, inside a DeferredInit scope every
