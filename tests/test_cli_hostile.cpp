@@ -233,6 +233,8 @@ TEST(CliHostile, FsdpPlan) {
       {{"--bandwidth", "fast"}, "--bandwidth: expected a rate such as 2GB/s"},
       {{"--bandwidth", "0GB/s"}, "--bandwidth: expected a rate"},
       {{"--bandwidth", "nanGB/s"}, "--bandwidth: expected a rate"},
+      {{"--compute", "fast"}, "--compute: expected an achieved rate per rank such as 400TFLOP/s"},
+      {{"--compute", "0TFLOP/s"}, "--compute: expected an achieved rate"},
       {{"--bogus"}, "--bogus", 2, true},
       {{"stray"}, "stray"},
   });

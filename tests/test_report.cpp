@@ -13,7 +13,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
+#include <chrono>
 
 #include "fsdp/errors.h"
 #include "fsdp/trace.h"
@@ -104,8 +106,18 @@ struct RankWriter {
   }
 };
 
+// What a synthetic run does beyond kSteps steps with a save after step 2.
+struct RunShape {
+  int steps = kSteps;
+  int save_every = 0;   // > 0: a save after every save_every-th step too
+  int slow_step = -1;   // this step's optimizer takes 40 ms longer
+  int load_before = -1; // a checkpoint load just before this step (a restart)
+  double grid_us = 0;    // > 0: steps start together on every rank, this far apart at least
+                         // (the collectives keep a real run's ranks in step)
+};
+
 // Writes DIR/trace-rank<R>.json for every rank; returns the units metadata.
-json write_synthetic_trace(const std::string& dir, int world = kWorld) {
+json write_synthetic_trace(const std::string& dir, int world = kWorld, RunShape shape = {}) {
   ::mkdir(dir.c_str(), 0755);
   json units = synthetic_units(world);
   const int64_t Np = padded_total(units);
@@ -136,7 +148,13 @@ json write_synthetic_trace(const std::string& dir, int world = kWorld) {
       w.span(1, "reduce_scatter", "comm", at, dur, {{"unit", u["name"]}, {"bytes", bytes}});
       return at + dur;
     };
-    for (int s = 0; s < kSteps; ++s) {
+    double grid = t;
+    for (int s = 0; s < shape.steps; ++s) {
+      if (shape.grid_us > 0) t = std::max(t, grid);
+      if (s == shape.load_before) {
+        w.span(0, "load", "ckpt", t, 3000, {{"path", "ckpt/step-1500"}, {"bytes", rest}, {"step", 1500}});
+        t += 3200;
+      }
       double step0 = t;
       // forward: root gathered first and kept until its own forward ends
       t = ag(units[0], t, "forward");
@@ -173,15 +191,19 @@ json write_synthetic_trace(const std::string& dir, int world = kWorld) {
       t += 200;
       t = rs(units[0], std::max(t, comm_free));
       w.memory(t, -2 * units[0]["unsharded_bytes"].get<int64_t>());
-      w.span(0, "optimizer_step", "optim", t, 1500);
-      t += 1500;
+      const double opt = s == shape.slow_step ? 41500 : 1500;
+      w.span(0, "optimizer_step", "optim", t, opt);
+      t += opt;
       w.span(0, "step", "step", step0, t - step0, {{"step", s}, {"loss", 5.5 - 0.4 * s}});
       t += 200;
-      if (s == 2) {
+      if (s == 2 || (shape.save_every > 0 && (s + 1) % shape.save_every == 0)) {
+        const std::string at = std::to_string(s + 1);
         w.span(0, "save", "ckpt", t, 5000 + 300 * r,
-               {{"path", "ckpt/step-3/rank" + std::to_string(r) + ".safetensors"}, {"bytes", rest}, {"step", 3}});
+               {{"path", "ckpt/step-" + at + "/rank" + std::to_string(r) + ".safetensors"}, {"bytes", rest},
+                {"step", s + 1}});
         t += 5600;
       }
+      grid = std::max(grid + shape.grid_us, t);
     }
     json meta = {{"schema", "fsdp-trace/1"},
                  {"rank", r},
@@ -402,6 +424,159 @@ TEST(Report, HeadlessChromiumRendersTheReport) {
   EXPECT_EQ(h, 1000);
   EXPECT_GT(nonblank, 0.15) << "screenshot is mostly one colour: " << stats.output;
   EXPECT_GT(colors, 50) << stats.output;
+  std::system(("rm -rf '" + profile + "'").c_str());
+}
+
+// A long run (3,000 steps, 2 ranks, a save every 1,000 steps and after step 2,
+// one slow step, a restart): the analysis picks the shortcuts a user looks
+// for and keeps the timeline's spans within the budget, the page stays small
+// and draws a picker of one line.
+constexpr int kLongSteps = 3000, kSlow = 1234, kRestart = 2000;
+
+std::string long_run(const std::string& dir) {
+  write_synthetic_trace(dir, 2, RunShape{kLongSteps, 1000, kSlow, kRestart, 30000});
+  return dir;
+}
+
+TEST(Report, LongRunShortcutsAndSpanBudget) {
+  std::string dir = long_run(fresh_dir("long"));
+  json m = fsdp::report::analyze(dir);
+  ASSERT_EQ(m["ranks"].size(), 2u);
+  for (auto& r : m["ranks"]) ASSERT_EQ(r["steps"].size(), (size_t)kLongSteps);
+  // Shortcuts: the slow step first, the checkpoints' neighbours, the restart.
+  const json& cuts = m["shortcuts"];
+  ASSERT_FALSE(cuts.empty());
+  EXPECT_EQ(cuts[0]["kind"], "slowest");
+  EXPECT_EQ(cuts[0]["index"], kSlow);
+  EXPECT_NE(cuts[0]["label"].get<std::string>().find("step 1234 · "), std::string::npos) << cuts[0].dump();
+  int slowest = 0, around = 0, restarts = 0;
+  std::set<int> around_idx;
+  for (auto& c : cuts) {
+    const std::string k = c["kind"];
+    if (k == "slowest") ++slowest;
+    if (k == "checkpoint") ++around, around_idx.insert(c["index"].get<int>());
+    if (k == "restart") {
+      ++restarts;
+      EXPECT_EQ(c["index"], kRestart) << c.dump();
+    }
+  }
+  EXPECT_EQ(slowest, 1) << "the other steps take the median's time: not shortcuts";
+  EXPECT_EQ(restarts, 1);
+  // 4 saves (after steps 2, 999, 1999, 2999): the first, the last and the
+  // longest between them (every save lasts as long: the first of them), each
+  // with the step before and after (none after the last).
+  EXPECT_EQ(around, 5) << cuts.dump();
+  for (int i : {2, 3, 999, 1000, 2999}) EXPECT_TRUE(around_idx.count(i)) << i << " " << cuts.dump();
+  // The spans: at most the budget per rank, the shortcuts' steps among those kept.
+  const json& info = m["span_steps"];
+  EXPECT_FALSE(info["all"].get<bool>());
+  EXPECT_EQ(info["steps"], kLongSteps);
+  EXPECT_LT(info["kept"].get<int>(), kLongSteps);
+  EXPECT_GT(info["kept"].get<int>(), 100);
+  bool warned = false;
+  for (auto& w : m["warnings"]) warned = warned || w.get<std::string>().find("the timeline keeps the spans of") != std::string::npos;
+  EXPECT_TRUE(warned) << m["warnings"].dump();
+  for (auto& r : m["ranks"]) {
+    EXPECT_LE(r["spans"].size(), info["budget"].get<size_t>());
+    int dropped = 0;
+    for (auto& st : r["steps"]) dropped += st.contains("spans") && st["spans"] == false;
+    EXPECT_EQ(dropped, kLongSteps - info["kept"].get<int>());
+    for (auto& c : cuts) EXPECT_FALSE(r["steps"][c["index"].get<int>()].contains("spans")) << c.dump();
+    // The slow step's spans are there: its 40 ms optimizer span.
+    const double t0 = r["steps"][kSlow]["t0"], t1 = r["steps"][kSlow]["t1"];
+    int in_slow = 0;
+    for (auto& sp : r["spans"]) in_slow += sp[0].get<double>() >= t0 && sp[0].get<double>() <= t1;
+    EXPECT_GT(in_slow, 20);
+    // Every step's traffic is still counted.
+    for (auto& st : r["steps"]) ASSERT_GT(st["total_bytes"].get<double>(), 0);
+  }
+}
+
+// The page of that run in a real browser: the picker is one line (6 controls,
+// 3 of them buttons), the shortcuts are few, the page and its load time are
+// bounded; #step=1234 opens the slow step.
+TEST(Report, HeadlessChromiumLongRunPicker) {
+  const std::string chromium = "/usr/bin/chromium";
+  if (::access(chromium.c_str(), X_OK) != 0)
+    GTEST_SKIP() << "headless browser test skipped: " << chromium
+                 << " not found (install Debian's chromium: apt-get install chromium; make deps does it)";
+  std::string out = std::string(FSDP_BIN_DIR) + "/../report-test-long";
+  std::system(("rm -rf '" + out + "' && mkdir -p '" + out + "'").c_str());
+  long_run(out);
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = fsdp::testing::run_command({fsdp::testing::bin_path("fsdp"), "report", out, "-o", out + "/report.html"}, {}, 300);
+  const double analyze_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  struct stat st;
+  ASSERT_EQ(::stat((out + "/report.html").c_str(), &st), 0);
+  const double page_mib = st.st_size / 1048576.0;
+  EXPECT_LT(page_mib, 12.0) << "the page of a 3,000-step run";
+
+  std::string profile = out + "/chromium-profile";
+  std::vector<std::string> flags = {chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                                    "--no-first-run", "--disable-background-networking",
+                                    "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+                                    "--user-data-dir=" + profile, "--window-size=1400,1000"};
+  auto dom_of = [&](const std::string& hash) {
+    auto args = flags;
+    args.push_back("--dump-dom");
+    args.push_back("file://" + out + "/report.html" + hash);
+    auto d = fsdp::testing::run_command(args, {}, 180);
+    EXPECT_EQ(d.exit_code, 0) << d.output.substr(0, 2000);
+    return d.output;
+  };
+  auto t1 = std::chrono::steady_clock::now();
+  const std::string dom = dom_of("");
+  const double browser_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  std::ofstream(out + "/dom.html") << dom;
+  ASSERT_NE(dom.find("data-rendered=\"ok\""), std::string::npos) << "the page's script did not finish: "
+                                                                 << dom.substr(0, 4000);
+  int render_ms = -1;
+  auto at = dom.find("data-render-ms=\"");
+  ASSERT_NE(at, std::string::npos);
+  render_ms = std::atoi(dom.c_str() + at + 16);
+  EXPECT_GE(render_ms, 0);
+  EXPECT_LT(render_ms, 20000) << "the page's own load and render time";
+  auto count = [](const std::string& hay, const std::string& needle) {
+    int n = 0;
+    for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
+    return n;
+  };
+  // The picker: one line of six controls whatever the length.
+  const auto picker_at = dom.find("id=\"step-picker\"");
+  ASSERT_NE(picker_at, std::string::npos);
+  const std::string picker = dom.substr(picker_at, dom.find("id=\"step-shortcuts\"") - picker_at);
+  EXPECT_EQ(count(picker, "data-pick=\""), 6) << picker;
+  EXPECT_EQ(count(picker, "<button"), 3) << picker;
+  EXPECT_NE(picker.find("step 1 (2 of 3000)"), std::string::npos) << picker;
+  // Shortcuts: the slow step + 5 around checkpoints + 1 restart.
+  EXPECT_EQ(count(dom, "data-shortcut=\"slowest\""), 1);
+  EXPECT_EQ(count(dom, "data-shortcut=\"checkpoint\""), 5);
+  EXPECT_EQ(count(dom, "data-shortcut=\"restart\""), 1);
+  EXPECT_NE(dom.find("\">step 1234 · "), std::string::npos) << "the slow step's shortcut";
+  EXPECT_LT(count(dom, "<button"), 20) << "no button per step";
+  EXPECT_LT(count(dom, "<rect"), 20000) << "the charts draw a bounded number of shapes";
+  // #step=1234 opens the slow step; a step whose spans were left out says so.
+  const std::string slow = dom_of("#step=1234");
+  EXPECT_NE(slow.find("step 1234 (1235 of 3000)"), std::string::npos);
+  // (the script's own text holds the note's words: look in the note element)
+  EXPECT_NE(slow.find("id=\"step-note\"></div>"), std::string::npos) << "no note for a kept step";
+  json m = fsdp::report::analyze(out);
+  int dropped = -1;
+  for (auto& st : m["ranks"][0]["steps"])
+    if (st.contains("spans")) {
+      dropped = st["step"].get<int>();
+      break;
+    }
+  ASSERT_GE(dropped, 0);
+  const std::string left_out = dom_of("#step=" + std::to_string(dropped));
+  EXPECT_NE(left_out.find("id=\"step-note\">This step's spans are not in the report"), std::string::npos) << dropped;
+  const std::string all = dom_of("#all");
+  EXPECT_NE(all.find("the whole run: 3000 steps"), std::string::npos);
+  EXPECT_NE(all.find("data-merged=\""), std::string::npos) << "the whole run merges sub-pixel spans";
+  std::printf("[ long run ] 3000 steps x 2 ranks: fsdp report %.2f s, page %.2f MiB, browser %.2f s "
+              "(the page's own load and render: %d ms)\n",
+              analyze_s, page_mib, browser_s, render_ms);
   std::system(("rm -rf '" + profile + "'").c_str());
 }
 

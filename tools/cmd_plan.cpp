@@ -20,13 +20,14 @@ using namespace fsdp::plan;
 using gpt::ActivationEstimate;
 using gpt::gpt_activations;
 using gpt::gpt_candidates;
+using gpt::gpt_flops;
 using gpt::gpt_released;
 using gpt::gpt_units;
 using gpt::GptShape;
 
 int cmd_plan(int argc, char** argv) {
   std::string model = "gpt", strategy = "full", wrap = "block", dtype = "fp32", optimizer = "adam", ac = "none";
-  std::string budget_text, bandwidth_text, intra_text, inter_text;
+  std::string budget_text, bandwidth_text, intra_text, inter_text, compute_text;
   GptShape s;
   int world = 2, micro_steps = 1, prefetch = 0, hosts = 1, shard_group = 0;
   bool as_json = false, measure = false;
@@ -41,7 +42,9 @@ int cmd_plan(int argc, char** argv) {
   app.add_option("--seq", s.seq, "T: context length")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 24));
   app.add_option("--batch", s.batch, "B: micro-batch per rank")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 24));
   app.add_option("--world,-n", world, "N: ranks")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 20));
-  app.add_option("--strategy", strategy, "full|grad-op|none|hybrid|hybrid-zero2|auto (auto needs --budget)")
+  app.add_option("--strategy", strategy,
+                 "full|grad-op|none|hybrid|hybrid-zero2|auto (auto needs --budget; with --budget a strategy given "
+                 "here is the only one weighed)")
       ->capture_default_str();
   app.add_option("--hosts", hosts, "H: hosts, N/H ranks each: traffic and time per tier for every strategy")
       ->capture_default_str()
@@ -64,8 +67,11 @@ int cmd_plan(int argc, char** argv) {
       ->capture_default_str()
       ->check(fsdp::cli::integer(0, 10000));
   app.add_option("--budget", budget_text,
-                 "memory per rank, e.g. 2GiB: recommend strategy and wrapping (with --hosts > 1 HYBRID too, "
-                 "by communication time with --intra-bw/--inter-bw, else by bytes across hosts)");
+                 "memory per rank, e.g. 2GiB: recommend a strategy and wrapping: of those that fit, the least "
+                 "communication that cannot hide behind compute (with --hosts > 1 HYBRID too)");
+  app.add_option("--compute", compute_text,
+                 "achieved FLOP/s per rank, e.g. 400TFLOP/s or 4e14: the recommendation also weighs the "
+                 "communication the compute time cannot cover (needs link rates)");
   app.add_option("--bandwidth", bandwidth_text, "link rate per rank for time estimates, e.g. 2GB/s");
   app.add_flag("--measure", measure, "measure this host's loopback TCP rate and use it as --bandwidth");
   app.add_flag("--json", as_json, "print JSON instead of tables");
@@ -130,6 +136,7 @@ int cmd_plan(int argc, char** argv) {
       throw fsdp::UsageError("--strategy auto needs --budget (e.g. --budget 2GiB) to decide.");
     gpt_units(s, wrap);  // checks --wrap
     gpt::checkpoint_every(ac);  // checks --ac
+    if (!compute_text.empty()) o.compute_seconds = gpt_flops(s, ac, micro_steps) / parse_flop_rate(compute_text);
   } catch (const fsdp::UsageError&) {
     throw;
   } catch (const fsdp::Error& e) {
@@ -148,6 +155,12 @@ int cmd_plan(int argc, char** argv) {
   std::string text = head;
   text += "activations A = " + fsdp::memory::format_bytes(act.total) + ": " + act.str() + "\n";
   if (measure) text += "measured loopback TCP: " + format_bandwidth(o.bandwidth) + "\n";
+  if (o.compute_seconds > 0) {
+    char c[160];
+    std::snprintf(c, sizeof c, "compute per step: %.3g FLOP at %s = %.1f ms\n", gpt_flops(s, ac, micro_steps),
+                  compute_text.c_str(), 1e3 * o.compute_seconds);
+    text += c;
+  }
   text += "\n";
   Plan plan;
   if (chosen) {
@@ -158,40 +171,43 @@ int cmd_plan(int argc, char** argv) {
     j["plan"] = nlohmann::json::parse(plan.to_json());
     j["wrap"] = wrap;
   }
-  if (hosts > 1 || o.intra_bandwidth > 0 || o.inter_bandwidth > 0) {
+  const bool tiered = hosts > 1 || o.intra_bandwidth > 0 || o.inter_bandwidth > 0;
+  if (tiered) {
+    // Bytes and times per tier for every strategy; the choice is the recommendation's (with --budget).
     const auto tiers = compare_tiers(gpt_units(s, wrap), o);
     text += tiers_str(tiers, o);
+    if (budget <= 0) text += "  (a recommendation weighs memory too: --strategy auto --budget SIZE)\n";
     nlohmann::json rows = nlohmann::json::array();
     for (auto& r : tiers.rows)
       rows.push_back({{"strategy", fsdp::to_string(r.strategy)}, {"intra_bytes", r.intra}, {"inter_bytes", r.inter},
                       {"rest", r.rest}, {"comm_seconds", r.seconds}});
     j["tiers"] = {{"hosts", hosts}, {"shard_group", o.group()}, {"intra_bandwidth", o.intra_bandwidth},
-                  {"inter_bandwidth", o.inter_bandwidth}, {"rows", rows},
-                  {"recommended", fsdp::to_string(tiers.best)}, {"why", tiers.why}};
+                  {"inter_bandwidth", o.inter_bandwidth}, {"rows", rows}};
   }
   if (budget > 0) {
-    Recommendation r = recommend(gpt_candidates(s, o.param_bytes, ac), act.total, o, budget);
-    std::string verdict = std::string(r.fits ? "recommended: " : "closest (does NOT fit): ") +
-                          fsdp::to_string(r.strategy) + " with --wrap " + r.wrap;
+    // --strategy X given: X alone is weighed; auto (or no --strategy): every strategy.
+    const bool only = chosen && app.count("--strategy") > 0;
+    Recommendation r = recommend(gpt_candidates(s, o.param_bytes, ac), act.total, o, budget,
+                                 only ? chosen : std::nullopt);
     if (!chosen) {
-      text += r.plan.str();
+      text += (tiered ? "\n" : "") + r.plan.str();
       j["plan"] = nlohmann::json::parse(r.plan.to_json());
       j["wrap"] = r.wrap;
     }
-    text += "\n" + r.why + "\n=> " + verdict + "\n";
+    text += "\n" + r.table + "\n" + r.why + "\n=> " + r.verdict() + "\n";
+    const bool timed = r.comm.timed;
+    nlohmann::json rows = nlohmann::json::array();
+    for (auto& f : r.candidates)
+      rows.push_back({{"strategy", fsdp::to_string(f.strategy)}, {"wrap", f.wrap}, {"units", f.units},
+                      {"prefetch", f.prefetch}, {"fits", f.fits}, {"peak", f.peak}, {"rest", f.rest},
+                      {"total_comm", f.comm.total}, {"exposed", f.comm.exposed},
+                      {"exposed_min", f.comm.exposed_min}});
     j["recommendation"] = {{"fits", r.fits}, {"strategy", fsdp::to_string(r.strategy)}, {"wrap", r.wrap},
-                           {"why", r.why}, {"budget", budget}, {"peak", r.plan.peak}, {"rule", r.rule},
-                           {"one_host_choice", fsdp::to_string(r.one_host_choice)}};
-    if (!r.strategies.empty()) {
-      // Across hosts: every strategy as the rule weighed it.
-      nlohmann::json rows = nlohmann::json::array();
-      for (auto& f : r.strategies)
-        rows.push_back({{"strategy", fsdp::to_string(f.strategy)}, {"wrap", f.wrap}, {"fits", f.fits},
-                        {"peak", f.peak}, {"rest", f.rest}, {"intra_bytes", f.tiers.intra},
-                        {"inter_bytes", f.tiers.inter}, {"host_inter_bytes", f.host_inter},
-                        {"comm_seconds", f.tiers.seconds}});
-      j["recommendation"]["strategies"] = rows;
-    }
+                           {"prefetch", r.prefetch}, {"why", r.why}, {"budget", budget}, {"peak", r.plan.peak},
+                           {"rule", r.rule}, {"comm_unit", timed ? "seconds" : "bytes"},
+                           {timed ? "exposed_seconds" : "exposed_bytes", r.comm.exposed},
+                           {"total_comm", r.comm.total}, {"compute_seconds", o.compute_seconds},
+                           {"candidates", rows}};
   }
   j["model"] = {{"family", "gpt"}, {"layers", s.layers}, {"dim", s.dim}, {"heads", s.heads}, {"vocab", s.vocab},
                 {"seq", s.seq}, {"batch", s.batch}, {"num_params", s.num_params()}};

@@ -227,6 +227,17 @@ fsdp::plan::Recompute gpt_recompute(const GptShape& s, const std::string& wrap, 
   return best;
 }
 
+double gpt_flops(const GptShape& s, const std::string& ac, int micro_steps) {
+  s.validate();
+  const double B = s.batch, T = s.seq, d = s.dim, L = s.layers;
+  const double non_embedding = double(s.num_params()) - double(s.vocab) * d - T * d;  // tok and pos only look up
+  const double block = 12 * d * d + 13 * d;
+  double f = 6 * non_embedding * B * T + 12 * L * B * T * T * d;
+  const ActivationEstimate e = gpt_activations(s, 4, ac);
+  f += e.checkpointed * (2 * block * B * T + 4 * B * T * T * d);  // each checkpointed block's forward again
+  return f * micro_steps;
+}
+
 std::string ActivationEstimate::str() const {
   std::ostringstream os;
   os << "per block " << fsdp::memory::format_bytes(per_block) << " (of which attention [B,h,T,T] "

@@ -2,7 +2,8 @@
 // `fsdp plan --model gpt` and the trainer's --plan need no model built.
 //
 // defines: gpt::GptShape, gpt::gpt_units, gpt::ActivationEstimate, gpt::checkpoint_every,
-//          gpt::gpt_activations, gpt::gpt_recompute, gpt::gpt_candidates, gpt::gpt_released
+//          gpt::gpt_activations, gpt::gpt_recompute, gpt::gpt_candidates, gpt::gpt_released,
+//          gpt::gpt_flops
 //
 // The model is docs/GPT_MINI.md (examples/gpt/model.h); the formulas it feeds
 // are the library's planner (fsdp/plan.h), which knows nothing of GPT.
@@ -82,5 +83,14 @@ std::vector<Candidate> gpt_candidates(const GptShape& s, int act_bytes = 4, cons
 // the last block's (what it kept) and the head's with one unit per block,
 // the head's with a size-based wrapping, everything (the whole A) with one unit.
 int64_t gpt_released(const GptShape& s, const std::string& wrap, int act_bytes = 4, const std::string& ac = "none");
+
+// FLOPs of one optimizer step on one rank (what --compute RATE turns into
+// the compute time the collectives hide behind): per micro-step forward and
+// backward 6 x the non-embedding parameters (every Linear, the head's too)
+// x B x T, plus attention's 12 x L x B x T^2 x d (QK^T and AV over the full
+// [T,T]: GPT-mini masks, it does not skip), plus with activation
+// checkpointing one more forward of each checkpointed block
+// (2 x its parameters x B x T + 4 x B x T^2 x d); times micro_steps.
+double gpt_flops(const GptShape& s, const std::string& ac = "none", int micro_steps = 1);
 
 }  // namespace gpt

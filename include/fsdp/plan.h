@@ -3,8 +3,9 @@
 //
 // defines: plan::Optimizer, plan::UnitSpec, plan::PlanOptions, plan::UnitPlan,
 //          plan::Traffic, plan::Plan, plan::Recompute, plan::make_plan, plan::traffic,
-//          plan::Candidate, plan::StrategyFit, plan::Recommendation, plan::recommend,
-//          plan::units_from, plan::measure_loopback_bandwidth, plan::parse_bandwidth,
+//          plan::Candidate, plan::CommCost, plan::comm_cost, plan::CandidateFit,
+//          plan::Recommendation, plan::recommend, plan::units_from,
+//          plan::measure_loopback_bandwidth, plan::parse_bandwidth, plan::parse_flop_rate,
 //          plan::TierTraffic, plan::tier_traffic, plan::compare_tiers, plan::tiers_str
 //
 // Needs only the standard library (no torch): a planner runs where no engine
@@ -51,6 +52,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -101,6 +103,9 @@ struct PlanOptions {
   double intra_bandwidth = 0, inter_bandwidth = 0;
   // HYBRID_SHARD*: ranks per shard group; 0: N / hosts (one host).
   int shard_group = 0;
+  // Compute time per optimizer step (every micro-step, forward and backward)
+  // in seconds: what the collectives can hide behind (comm_cost); 0: unknown.
+  double compute_seconds = 0;
   // The shard group's size S: shard_group, else the ranks of one host.
   int group() const { return shard_group > 0 ? shard_group : world / hosts; }
   // Throws fsdp::Error naming the field.
@@ -209,6 +214,7 @@ std::vector<UnitSpec> units_from(const std::vector<UnitInfo>& infos);
 //   HYBRID_SHARD*: intra = the shard group's all-gathers and reduce-scatter,
 //     inter = the shard's all-reduce across replicas, every rank; the S ranks
 //     of a host share its link, so time = intra / intra_bw + S x inter / inter_bw.
+//     (One host: the replicas' all-reduce stays inside it too.)
 
 // One strategy's bytes per step inside a host and across hosts, and their time.
 struct TierTraffic {
@@ -220,46 +226,71 @@ struct TierTraffic {
 };
 // One strategy's TierTraffic for these units, over opts.hosts hosts.
 TierTraffic tier_traffic(ShardingStrategy s, const std::vector<UnitSpec>& units, const PlanOptions& opts);
-// The strategies side by side across hosts, and the one to pick.
-// Every strategy, FULL_SHARD first; `best` is HYBRID_SHARD when the
-// inter-host link dominates (it cuts FULL_SHARD's communication time by a
-// fifth or more; without rates: fewer bytes cross hosts), else FULL_SHARD.
+// The strategies side by side across hosts: bytes and time per tier. It
+// picks nothing; recommend() does, for every path that recommends.
 struct TierComparison {
   // One per strategy, FULL_SHARD first.
   std::vector<TierTraffic> rows;
-  // The pick.
-  ShardingStrategy best = ShardingStrategy::FULL_SHARD;
-  // Why, in words.
-  std::string why;
 };
-// Every strategy's TierTraffic for these units, and the pick.
+// Every strategy's TierTraffic for these units.
 TierComparison compare_tiers(const std::vector<UnitSpec>& units, const PlanOptions& opts);
 std::string tiers_str(const TierComparison& c, const PlanOptions& opts);  // the table `fsdp plan --hosts` prints
 
 // ---------------------------------------------------------------------------
-// Choosing a strategy and a wrapping under a memory budget (the FSDP guide's
-// decision tree): the model fits replicated -> NO_SHARD (least traffic, no
-// gathers); else it fits with parameters unsharded through the step ->
-// SHARD_GRAD_OP (2P instead of 3P); else FULL_SHARD with the coarsest wrapping
-// that fits (fewer, larger collectives); nothing fits -> the finest wrapping
-// and what to change. A plan fits when its peak is at most 90% of the budget
-// (the allocator's fragmentation and small buffers are not in the ledger).
+// Communication that cannot hide behind compute (what recommend() weighs).
 //
-// Across hosts (PlanOptions::hosts > 1; HYBRID's shard group
-// PlanOptions::group()) HYBRID_SHARD_ZERO2 and HYBRID_SHARD join, each
-// strategy with its coarsest wrapping that fits, and among the strategies
-// that fit:
-//   both links' rates known (intra_bandwidth and inter_bandwidth, or
-//     bandwidth for both): the least communication time per step
-//     (tier_traffic's seconds), rule "comm_time";
-//   no rates, a HYBRID variant fits: the fewest bytes crossing each host's
-//     link per step (StrategyFit::host_inter; a tie: fewer bytes inside),
-//     rule "inter_host_bytes";
-//   else (no HYBRID variant fits, or nothing fits): the tree's choice, rule
-//     "tree".
-// Ties go to the earlier of NO_SHARD, SHARD_GRAD_OP, FULL_SHARD,
-// HYBRID_SHARD_ZERO2, HYBRID_SHARD. With one host the tree alone decides, as
-// without hosts (rule "tree", `strategies` empty).
+// Every collective of a step costs its bytes through the tiers as
+// tier_traffic counts them: intra / intra_bw + (ranks sharing a host's link)
+// x inter / inter_bw. Without the rates (intra_bandwidth and, across hosts,
+// inter_bandwidth, else `bandwidth` for both) the same sum with rate 1: bytes,
+// the inter-host ones weighted by the ranks sharing the link.
+//   one unit: everything is exposed (nothing to prefetch, its one reduce
+//     waits for the whole backward);
+//   K >= 2 units, prefetch >= 1: each unit's collectives run while its
+//     neighbours compute, except at the ends: forward cannot compute before
+//     the root (units[0]) and the first unit it runs (units[1]) are
+//     gathered, and backward ends with their reduces (HYBRID: with the
+//     replicas' all-reduce). exposed_min = those all-gathers + those reduces;
+//   with a compute time (PlanOptions::compute_seconds) and the rates:
+//     exposed = max(exposed_min, total - compute): what the compute cannot
+//     cover; without it exposed = exposed_min (communication beyond compute
+//     is not weighed).
+// micro_steps: every micro-step gathers and reduces, the same at each.
+struct CommCost {
+  // Seconds (the rates are known), else bytes weighted as above.
+  bool timed = false;
+  // Every collective of the step.
+  double total = 0;
+  // The first all-gathers of forward and the last reduces of backward (total with one unit).
+  double first_gather = 0, last_reduce = 0;
+  // What no prefetch hides: first_gather + last_reduce (total with one unit).
+  double exposed_min = 0;
+  // What recommend() minimizes: max(exposed_min, total - compute) when both are times, else exposed_min.
+  double exposed = 0;
+  // Whether the compute time took part (timed and PlanOptions::compute_seconds > 0).
+  bool compute_weighed = false;
+};
+// One strategy's CommCost for these units (units[0] the root, the others in
+// forward order), under opts (world, hosts, rates, dtypes, micro_steps,
+// compute_seconds).
+CommCost comm_cost(ShardingStrategy s, const std::vector<UnitSpec>& units, const PlanOptions& opts);
+
+// ---------------------------------------------------------------------------
+// Choosing a strategy and a wrapping (the FSDP guide's decision tree as one
+// rule; docs/GUIDE.md, "Choosing"):
+//   1. candidates: every strategy the run allows (NO_SHARD, SHARD_GRAD_OP,
+//      FULL_SHARD; HYBRID_SHARD_ZERO2 and HYBRID_SHARD too across hosts,
+//      hosts > 1, or with a shard group smaller than N; only the one asked
+//      for when `only` is set) with every wrapping, coarse to fine; a
+//      wrapping of K >= 2 units is planned with prefetch max(1, prefetch);
+//   2. memory: those whose peak is at most 90% of the budget fit (the
+//      allocator's fragmentation and small buffers are not in the ledger);
+//      no budget (0): all do. None fits: FULL_SHARD (or `only`) with the
+//      finest wrapping, and which term dominates;
+//   3. among those that fit, the least exposed communication (comm_cost);
+//      within 1% of it the least total communication, within 1% of that the
+//      lowest peak, then the first of NO_SHARD, SHARD_GRAD_OP, FULL_SHARD,
+//      HYBRID_SHARD_ZERO2, HYBRID_SHARD, the coarser wrapping first.
 
 // One wrapping for recommend() to try: the units it makes.
 struct Candidate {
@@ -270,19 +301,22 @@ struct Candidate {
   Recompute recompute;   // make_plan's recompute (activation checkpointing)
 };
 
-// One strategy as recommend() weighed it across hosts.
-struct StrategyFit {
+// One (strategy, wrapping) as recommend() weighed it.
+struct CandidateFit {
   // The strategy.
   ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
-  std::string wrap;        // its coarsest wrapping that fits (the finest when none does)
-  // Whether that wrapping fits the budget.
+  // The wrapping (Candidate::wrap).
+  std::string wrap;
+  // Its units (K).
+  int units = 0;
+  // The prefetch its plan assumes: max(1, PlanOptions::prefetch) with K >= 2.
+  int prefetch = 0;
+  // Whether its peak is at most 90% of the budget (always, without a budget).
   bool fits = false;
-  int64_t peak = 0;        // its plan's peak with that wrapping
-  int64_t rest = 0;        // (P+G+O) per rank at rest
-  TierTraffic tiers;       // its traffic per tier and communication time with that wrapping
-  int64_t host_inter = 0;  // bytes each host sends across per step: HYBRID S x tiers.inter
-                           // (the S ranks of a host share its link), else tiers.inter (the
-                           // ring's one crossing rank)
+  int64_t peak = 0;  // its plan's peak
+  int64_t rest = 0;  // (P+G+O) per rank at rest
+  // Its communication per step, and what of it cannot hide.
+  CommCost comm;
 };
 
 // What recommend() chose, and why.
@@ -293,19 +327,30 @@ struct Recommendation {
   ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
   // Its wrapping (Candidate::wrap).
   std::string wrap;
-  // The plan of that strategy and wrapping.
+  // The prefetch its plan assumes (1 where the run asked 0 and the wrapping has K >= 2 units).
+  int prefetch = 0;
+  // The plan of that strategy, wrapping and prefetch.
   Plan plan;
+  // The pick's communication (its row of `candidates`).
+  CommCost comm;
+  // The budget weighed (0: none).
+  int64_t budget = 0;
+  // The candidates that fit, one row each, the pick marked; then what does not fit.
+  std::string table;
   std::string why;  // plain words, several lines
-  // How it was chosen (see above): "tree", "comm_time" or "inter_host_bytes".
-  std::string rule = "tree";
-  ShardingStrategy one_host_choice = ShardingStrategy::FULL_SHARD;  // what the tree alone picks
-  std::vector<StrategyFit> strategies;  // hosts > 1: all five, in the tie-break order
+  // How it was chosen: "exposed_comm", or "nothing_fits".
+  std::string rule = "exposed_comm";
+  // Every (strategy, wrapping) weighed, in the tie-break order.
+  std::vector<CandidateFit> candidates;
+  // "recommended: S with --wrap W [--prefetch 1]" or "closest (does NOT fit): ...": the `=>` line.
+  std::string verdict() const;
 };
 
-// A strategy and a wrapping for `budget` bytes per rank, by the rules of
-// plan.h (candidates coarse to fine).
+// A strategy and a wrapping for `budget` bytes per rank (0: no budget), by
+// the rule above (candidates coarse to fine; `only`: that strategy alone).
 Recommendation recommend(const std::vector<Candidate>& candidates_coarse_to_fine, int64_t activation_bytes,
-                         const PlanOptions& base, int64_t budget);
+                         const PlanOptions& base, int64_t budget,
+                         std::optional<ShardingStrategy> only = std::nullopt);
 
 // ---------------------------------------------------------------------------
 // Bandwidth.
@@ -317,5 +362,7 @@ double measure_loopback_bandwidth(int64_t bytes = int64_t(256) << 20);
 double parse_bandwidth(const std::string& text);
 // "1.25 GB/s", "500.0 MB/s", "900 B/s" (decimal units), for tables.
 std::string format_bandwidth(double bytes_per_s);
+// Achieved FLOP/s per rank: "400TFLOP/s", "400 TFLOPS", "4e14"; throws fsdp::Error.
+double parse_flop_rate(const std::string& text);
 
 }  // namespace fsdp::plan

@@ -3,14 +3,18 @@
 // The HTML page only draws; every number it shows is computed here, so tests
 // can check the numbers without a browser. The model is compact on purpose:
 // a page that embeds a million raw trace events would not open, so spans keep
-// six fields and the memory series is downsampled (keeping every local peak's
-// bucket maximum, so the highest point survives).
+// seven fields, a long run's timeline keeps the spans of the steps a user
+// looks for (choose_span_steps: the slowest, those around checkpoints and
+// restarts, the first, every k-th) within a budget per rank, and the memory
+// series is downsampled (keeping every local peak's bucket maximum, so the
+// highest point survives). The step picker's shortcuts are chosen here too.
 #include <dirent.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -24,7 +28,14 @@ namespace {
 using json = nlohmann::json;
 
 constexpr size_t kMaxMemoryPoints = 1500;  // per rank; a chart is ~1000 px wide
-constexpr size_t kMaxSpansPerRank = 200000;
+constexpr size_t kMaxSpansRead = 4000000;  // per rank, read from the trace at all
+// Spans one rank's timeline embeds: beyond it, whole steps' spans are left
+// out (the steps themselves, their traffic and memory, are always kept).
+constexpr size_t kSpanBudgetPerRank = 60000;
+constexpr size_t kSlowestShortcuts = 5;     // the step picker's "slowest" shortcuts
+constexpr size_t kCheckpointShortcuts = 3;  // checkpoint events given before/after shortcuts
+constexpr size_t kRestartShortcuts = 3;     // restarts given a shortcut
+constexpr int kFirstStepsKept = 3;          // warm-up steps whose spans are always kept
 
 struct RankTrace {
   int rank = 0;
@@ -174,8 +185,16 @@ json traffic_lines(const json& meta0, int world, double pb, double rb, json& war
 }
 
 // One rank's events sorted into what the page draws and what the step table needs.
+struct SpanRow {
+  double t, dur;
+  std::string lane, name, unit;
+  double bytes;
+  int tid;
+};
+
 struct RankEvents {
-  json spans = json::array(), memory_raw = json::array(), ckpt = json::array();
+  std::vector<SpanRow> spans;  // every span read, in trace order
+  json memory_raw = json::array(), ckpt = json::array();
   std::map<int, std::string> thread_names;
   struct StepSpan { double t0, t1; json args; };
   std::vector<StepSpan> step_spans;
@@ -211,7 +230,7 @@ RankEvents collect_events(const RankTrace& rt, double t_origin) {
       if (cat == "ckpt")
         r.ckpt.push_back({{"t", t}, {"dur", dur}, {"name", name}, {"path", str(args, "path")},
                           {"bytes", bytes}, {"step", args.value("step", json(nullptr))}});
-      if (kept < kMaxSpansPerRank) {
+      if (kept < kMaxSpansRead) {
         r.spans.push_back({t, dur, lane, name, unit, bytes, e.value("tid", 0)});
         ++kept;
       } else {
@@ -239,12 +258,15 @@ json step_table(RankEvents& r) {
   json steps = json::array();
   std::sort(r.step_spans.begin(), r.step_spans.end(), [](auto& a, auto& b) { return a.t0 < b.t0; });
   std::sort(r.mem_points.begin(), r.mem_points.end());
+  std::sort(r.comms.begin(), r.comms.end(), [](auto& a, auto& b) { return a.t < b.t; });
   for (size_t i = 0; i < r.step_spans.size(); ++i) {
     auto& s = r.step_spans[i];
     double ag = 0, rs = 0, ar = 0, other = 0, inter = 0;
     int n_ag = 0, n_rs = 0, n_ar = 0;
-    for (auto& c : r.comms) {
-      if (c.t < s.t0 || c.t > s.t1) continue;
+    // The collectives that start inside the step (comms sorted by start).
+    auto first = std::lower_bound(r.comms.begin(), r.comms.end(), s.t0, [](auto& c, double t) { return c.t < t; });
+    for (auto it = first; it != r.comms.end() && it->t <= s.t1; ++it) {
+      auto& c = *it;
       inter += c.inter;
       if (c.name == "all_gather") ag += c.bytes, ++n_ag;
       else if (c.name == "reduce_scatter") rs += c.bytes, ++n_rs;
@@ -280,35 +302,249 @@ json downsample_memory(json memory_raw) {
   return memory;
 }
 
-json analyze_rank(const RankTrace& rt, double t_origin, json& warnings) {
-  RankEvents r = collect_events(rt, t_origin);
-  if (r.skipped)
-    warnings.push_back("rank " + std::to_string(rt.rank) + ": " + std::to_string(r.skipped) +
-                       " spans beyond " + std::to_string(kMaxSpansPerRank) + " are not drawn.");
-  if (num(rt.meta, "dropped_events") > 0)
-    warnings.push_back("rank " + std::to_string(rt.rank) + " dropped " +
-                       std::to_string((int64_t)num(rt.meta, "dropped_events")) +
-                       " events (the recorder's cap): the end of the run is missing.");
-  json steps = step_table(r);
-  json memory = downsample_memory(std::move(r.memory_raw));
+// One rank after collect_events and step_table.
+struct RankModel {
+  int rank = 0;
+  json meta;
+  RankEvents ev;
+  json steps;
+};
+
+// The steps of the run by index, across ranks: the window from the earliest
+// start to the latest end of step i on any rank, and its label (rank 0's).
+// Its duration is the longest of the ranks' own (the ranks' clocks are not
+// one clock: the window can be wider than any rank's step).
+struct StepWindow {
+  double t0, t1;
+  json label;
+  double longest = 0;
+  double dur() const { return longest; }
+};
+
+std::vector<StepWindow> step_windows(const std::vector<RankModel>& ranks) {
+  std::vector<StepWindow> w;
+  for (auto& r : ranks)
+    for (size_t i = 0; i < r.steps.size(); ++i) {
+      const json& s = r.steps[i];
+      const double t0 = s["t0"].get<double>(), t1 = s["t1"].get<double>();
+      if (i == w.size()) w.push_back({t0, t1, s["step"]});
+      w[i].t0 = std::min(w[i].t0, t0);
+      w[i].t1 = std::max(w[i].t1, t1);
+      w[i].longest = std::max(w[i].longest, t1 - t0);
+    }
+  return w;
+}
+
+// As the page's fms(): "1.23 s", "45.6 ms", "7.89 ms".
+std::string ms_text(double ms) {
+  char b[32];
+  if (ms >= 1000)
+    std::snprintf(b, sizeof b, "%.2f s", ms / 1000);
+  else if (ms >= 10)
+    std::snprintf(b, sizeof b, "%.1f ms", ms);
+  else
+    std::snprintf(b, sizeof b, "%.2f ms", ms);
+  return b;
+}
+
+std::string label_text(const json& label) { return label.is_string() ? label.get<std::string>() : label.dump(); }
+
+// The last step that ends by t, and the first that starts at or after it
+// (-1: none).
+std::pair<int, int> steps_around(const std::vector<StepWindow>& w, double t) {
+  int before = -1, after = -1;
+  for (int i = 0; i < (int)w.size(); ++i) {
+    if (w[i].t1 <= t || (w[i].t0 <= t && t <= w[i].t1)) before = i;
+    if (after < 0 && w[i].t0 >= t) after = i;
+  }
+  return {before, after};
+}
+
+// A rank's own steps (start, end), in order.
+std::vector<std::pair<double, double>> own_steps(const RankModel& r) {
+  std::vector<std::pair<double, double>> v;
+  for (auto& s : r.steps) v.emplace_back(s["t0"].get<double>(), s["t1"].get<double>());
+  return v;
+}
+
+// The index of the rank's step that holds time t; -1 outside every step.
+int step_of(const std::vector<std::pair<double, double>>& own, double t) {
+  auto it = std::upper_bound(own.begin(), own.end(), t, [](double x, const auto& s) { return x < s.first; });
+  if (it == own.begin() || t > std::prev(it)->second) return -1;
+  return int(std::prev(it) - own.begin());
+}
+
+// The step picker's shortcuts: the few steps a user looks for in a long run.
+//   slowest     the longest step, and up to kSlowestShortcuts - 1 more that
+//               take 5% or more over the median (a step's duration: the
+//               longest of the ranks' own)
+//   checkpoint  the step before and the step after a checkpoint event (the
+//               first and the last event, and the longest in between, up to
+//               kCheckpointShortcuts events)
+//   restart     the step after a checkpoint load, or where the step numbers
+//               go back or jump (a restart resumed there)
+json shortcuts(const std::vector<StepWindow>& w, const std::vector<RankModel>& ranks) {
+  json out = json::array();
+  if (w.empty()) return out;
+  std::vector<double> durs;
+  for (auto& s : w) durs.push_back(s.dur());
+  std::vector<double> sorted = durs;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  if (w.size() > 1) {
+    std::vector<int> idx(w.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = (int)i;
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return durs[a] > durs[b]; });
+    for (size_t k = 0; k < std::min(kSlowestShortcuts, idx.size()); ++k) {
+      const int i = idx[k];
+      if (k > 0 && durs[i] < 1.05 * median) break;  // the rest are ordinary steps
+      char ratio[32];
+      std::snprintf(ratio, sizeof ratio, "%.1f", median > 0 ? durs[i] / median : 0.0);
+      out.push_back({{"kind", "slowest"}, {"index", i}, {"step", w[i].label},
+                     {"label", "step " + label_text(w[i].label) + " · " + ms_text(durs[i])},
+                     {"why", std::string(ratio) + "x the median step (" + ms_text(median) + ")"}});
+    }
+  }
+  // Checkpoint events: rank 0's (every rank saves and loads together).
+  const json* ck = nullptr;
+  for (auto& r : ranks)
+    if (!r.ev.ckpt.empty()) {
+      ck = &r.ev.ckpt;
+      break;
+    }
+  std::vector<const json*> saves, loads;
+  if (ck)
+    for (auto& c : *ck) (c.value("name", "") == "load" ? loads : saves).push_back(&c);
+  if (!saves.empty()) {
+    std::vector<const json*> pick;
+    pick.push_back(saves.front());
+    if (saves.size() > 1) pick.push_back(saves.back());
+    std::vector<const json*> middle(saves.begin() + 1, saves.end() - (saves.size() > 1 ? 1 : 0));
+    std::stable_sort(middle.begin(), middle.end(),
+                     [](auto a, auto b) { return a->value("dur", 0.0) > b->value("dur", 0.0); });
+    for (auto* c : middle)
+      if (pick.size() < kCheckpointShortcuts) pick.push_back(c);
+    std::sort(pick.begin(), pick.end(), [](auto a, auto b) { return a->value("t", 0.0) < b->value("t", 0.0); });
+    for (auto* c : pick) {
+      auto [before, after] = steps_around(w, c->value("t", 0.0));
+      const std::string what = c->value("name", "save") + ((*c).contains("step") && !(*c)["step"].is_null()
+                                                              ? " of step " + label_text((*c)["step"])
+                                                              : std::string());
+      if (before >= 0)
+        out.push_back({{"kind", "checkpoint"}, {"index", before}, {"step", w[before].label},
+                       {"label", "before " + what + ": step " + label_text(w[before].label)},
+                       {"why", "the last step before the checkpoint at " + ms_text(c->value("t", 0.0))}});
+      if (after >= 0)
+        out.push_back({{"kind", "checkpoint"}, {"index", after}, {"step", w[after].label},
+                       {"label", "after " + what + ": step " + label_text(w[after].label)},
+                       {"why", "the first step after the checkpoint (" + ms_text(c->value("dur", 0.0)) + ")"}});
+    }
+  }
+  // Restarts: after a load, or where the step numbers do not follow on.
+  std::vector<std::pair<int, std::string>> restarts;
+  for (auto* c : loads) {
+    auto [before, after] = steps_around(w, c->value("t", 0.0));
+    (void)before;
+    if (after >= 0) restarts.emplace_back(after, "resumed from a checkpoint load");
+  }
+  for (size_t i = 1; i < w.size(); ++i)
+    if (w[i].label.is_number_integer() && w[i - 1].label.is_number_integer() &&
+        w[i].label.get<int64_t>() != w[i - 1].label.get<int64_t>() + 1)
+      restarts.emplace_back((int)i, "the step numbers go from " + label_text(w[i - 1].label) + " to " +
+                                        label_text(w[i].label));
+  std::sort(restarts.begin(), restarts.end(), [](auto& a, auto& b) { return a.first < b.first; });
+  restarts.erase(std::unique(restarts.begin(), restarts.end(), [](auto& a, auto& b) { return a.first == b.first; }),
+                 restarts.end());
+  for (size_t k = 0; k < std::min(kRestartShortcuts, restarts.size()); ++k) {
+    const int i = restarts[k].first;
+    out.push_back({{"kind", "restart"}, {"index", i}, {"step", w[i].label},
+                   {"label", "restart: step " + label_text(w[i].label)}, {"why", restarts[k].second}});
+  }
+  return out;
+}
+
+// Which steps' spans the page embeds. Everything when every rank's spans fit
+// kSpanBudgetPerRank; else, in this order while they fit: the shortcuts'
+// steps, the first kFirstStepsKept, then every k-th step. Spans outside any
+// step (construction, a checkpoint between steps) are always kept.
+std::vector<bool> choose_span_steps(const std::vector<StepWindow>& w, const std::vector<RankModel>& ranks,
+                                    const json& cuts, json& info) {
+  const size_t n = w.size();
+  std::vector<bool> keep(n, true);
+  // Spans per step (by start time) on the rank with the most, and outside steps.
+  std::vector<size_t> cost(n, 0);
+  size_t outside_max = 0;
+  bool over = false;
+  for (auto& r : ranks) {
+    std::vector<size_t> c(n, 0);
+    size_t outside = 0;
+    const auto own = own_steps(r);
+    for (auto& sp : r.ev.spans) {
+      const int i = step_of(own, sp.t);
+      if (i >= 0 && i < (int)n) ++c[i];
+      else ++outside;
+    }
+    for (size_t i = 0; i < n; ++i) cost[i] = std::max(cost[i], c[i]);
+    outside_max = std::max(outside_max, outside);
+    over = over || r.ev.spans.size() > kSpanBudgetPerRank;
+  }
+  info = {{"all", !over}, {"steps", n}, {"kept", n}, {"budget", kSpanBudgetPerRank}};
+  if (!over) return keep;
+  std::fill(keep.begin(), keep.end(), false);
+  size_t used = outside_max, kept = 0;
+  auto take = [&](size_t i) {
+    if (i >= n || keep[i] || used + cost[i] > kSpanBudgetPerRank) return;
+    keep[i] = true;
+    used += cost[i];
+    ++kept;
+  };
+  for (auto& c : cuts) take(c["index"].get<size_t>());
+  for (int i = 0; i < kFirstStepsKept; ++i) take(i);
+  // Every k-th step with what is left.
+  size_t avg = 0;
+  for (size_t c : cost) avg += c;
+  avg = std::max<size_t>(1, avg / std::max<size_t>(1, n));
+  const size_t room = used < kSpanBudgetPerRank ? (kSpanBudgetPerRank - used) / avg : 0;
+  const size_t stride = room ? std::max<size_t>(1, (n + room - 1) / room) : n + 1;
+  for (size_t i = 0; i < n && room; i += stride) take(i);
+  info["all"] = false;
+  info["kept"] = kept;
+  info["stride"] = stride;
+  return keep;
+}
+
+json rank_json(RankModel& r, const std::vector<bool>& keep) {
+  json spans = json::array();
+  const auto own = own_steps(r);
+  for (auto& sp : r.ev.spans) {
+    if (!keep.empty()) {
+      const int i = step_of(own, sp.t);
+      if (i >= 0 && i < (int)keep.size() && !keep[i]) continue;
+    }
+    spans.push_back({sp.t, sp.dur, sp.lane, sp.name, sp.unit, sp.bytes, sp.tid});
+  }
+  for (size_t i = 0; i < r.steps.size() && i < keep.size(); ++i)
+    if (!keep[i]) r.steps[i]["spans"] = false;
+  json memory = downsample_memory(std::move(r.ev.memory_raw));
   json tn = json::object();
-  for (auto& [tid, n] : r.thread_names) tn[std::to_string(tid)] = n;
-  return {{"rank", rt.rank}, {"meta", rt.meta}, {"spans", std::move(r.spans)},
-          {"memory", std::move(memory)}, {"steps", std::move(steps)},
-          {"ckpt", std::move(r.ckpt)}, {"peak", std::max(r.peak, r.peak_counter)}, {"cached_peak", r.cached_peak},
-          {"peak_current", r.peak}, {"threads", tn}};
+  for (auto& [tid, n] : r.ev.thread_names) tn[std::to_string(tid)] = n;
+  return {{"rank", r.rank}, {"meta", r.meta}, {"spans", std::move(spans)},
+          {"memory", std::move(memory)}, {"steps", std::move(r.steps)},
+          {"ckpt", std::move(r.ev.ckpt)}, {"peak", std::max(r.ev.peak, r.ev.peak_counter)},
+          {"cached_peak", r.ev.cached_peak}, {"peak_current", r.ev.peak}, {"threads", tn}};
 }
 
 }  // namespace
 
 // load -> time origin -> run-wide facts (rank 0's metadata: every rank
-// writes the same) -> each rank -> the model the page draws.
+// writes the same) -> each rank's events and steps -> the steps across ranks:
+// shortcuts and which steps' spans to embed -> the model the page draws.
 json analyze(const std::string& path) {
   std::vector<RankTrace> ranks = load(path);
   json warnings = json::array();
   const double t_origin = time_origin(ranks, path);
 
-  const json& meta0 = ranks.front().meta;
+  const json meta0 = ranks.front().meta;  // a copy: the traces are freed once read
   int world = meta0.value("world", static_cast<int>(ranks.size()));
   json units = meta0.value("units", json::array());
   double pb = num(meta0, "param_bytes_per_elem", 4);
@@ -319,12 +555,42 @@ json analyze(const std::string& path) {
     warnings.push_back("found " + std::to_string(ranks.size()) + " rank file(s) for world size " +
                        std::to_string(world) + ": a rank did not write its trace.");
 
-  json out_ranks = json::array();
-  for (auto& rt : ranks) out_ranks.push_back(analyze_rank(rt, t_origin, warnings));
+  std::vector<RankModel> models;
+  for (auto& rt : ranks) {
+    RankModel m;
+    m.rank = rt.rank;
+    m.meta = rt.meta;
+    m.ev = collect_events(rt, t_origin);
+    if (m.ev.skipped)
+      warnings.push_back("rank " + std::to_string(rt.rank) + ": " + std::to_string(m.ev.skipped) + " spans beyond " +
+                         std::to_string(kMaxSpansRead) + " are not read.");
+    if (num(rt.meta, "dropped_events") > 0)
+      warnings.push_back("rank " + std::to_string(rt.rank) + " dropped " +
+                         std::to_string((int64_t)num(rt.meta, "dropped_events")) +
+                         " events (the recorder's cap): the end of the run is missing.");
+    m.steps = step_table(m.ev);
+    models.push_back(std::move(m));
+  }
+  ranks.clear();
 
   double t_end = 0;
-  for (auto& r : out_ranks)
-    for (auto& s : r["spans"]) t_end = std::max(t_end, s[0].get<double>() + s[1].get<double>());
+  for (auto& m : models)
+    for (auto& s : m.ev.spans) t_end = std::max(t_end, s.t + s.dur);
+
+  const std::vector<StepWindow> windows = step_windows(models);
+  json cuts = shortcuts(windows, models);
+  json span_info;
+  const std::vector<bool> keep = choose_span_steps(windows, models, cuts, span_info);
+  if (!span_info["all"].get<bool>())
+    warnings.push_back(std::to_string(windows.size()) + " steps: the timeline keeps the spans of " +
+                       std::to_string(span_info["kept"].get<size_t>()) +
+                       " of them (the shortcuts' steps, the first " + std::to_string(kFirstStepsKept) +
+                       ", then one in every " + std::to_string(span_info["stride"].get<size_t>()) +
+                       "; at most " + std::to_string(kSpanBudgetPerRank) +
+                       " spans per rank). Every step's traffic and memory are kept; trace.json has every span.");
+
+  json out_ranks = json::array();
+  for (auto& m : models) out_ranks.push_back(rank_json(m, span_info["all"].get<bool>() ? std::vector<bool>{} : keep));
 
   json model = {{"schema", "fsdp-report/1"},
                 {"source", path},
@@ -342,6 +608,8 @@ json analyze(const std::string& path) {
                 {"traffic_lines", lines},
                 {"t_end", t_end},
                 {"ranks", out_ranks},
+                {"shortcuts", cuts},
+                {"span_steps", span_info},
                 {"warnings", warnings}};
   return model;
 }

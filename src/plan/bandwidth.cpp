@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -112,6 +113,33 @@ double parse_bandwidth(const std::string& text) {
   if (pos == 0 || mult < 0 || !(v > 0) || !std::isfinite(v))
     throw Error("--bandwidth: expected a rate such as 2GB/s, 500MiB/s, 10Gbit/s or 1e9 (bytes/s), found '" +
                      text + "'");
+  return v * mult;
+}
+
+double parse_flop_rate(const std::string& text) {
+  std::string t = text;
+  t.erase(std::remove(t.begin(), t.end(), ' '), t.end());
+  for (const char* suffix : {"FLOP/s", "FLOPS", "flop/s", "flops"})
+    if (t.size() >= std::strlen(suffix) && t.compare(t.size() - std::strlen(suffix), std::strlen(suffix), suffix) == 0) {
+      t.resize(t.size() - std::strlen(suffix));
+      break;
+    }
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(t, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  const std::string unit = t.substr(pos);
+  double mult = -1;
+  struct U { const char* name; double m; };
+  const U units[] = {{"", 1}, {"k", 1e3}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"P", 1e15}};
+  for (auto& u : units)
+    if (unit == u.name) mult = u.m;
+  if (pos == 0 || mult < 0 || !(v > 0) || !std::isfinite(v) || !std::isfinite(v * mult))
+    throw Error("--compute: expected an achieved rate per rank such as 400TFLOP/s, 400TFLOPS, 50GFLOP/s or 4e14 "
+                "(FLOP/s), found '" + text + "'");
   return v * mult;
 }
 

@@ -1,11 +1,14 @@
-// fsdp-cpp planner: the FSDP guide's decision tree (docs/GUIDE.md) under a memory budget.
+// fsdp-cpp planner: the FSDP guide's decision tree (docs/GUIDE.md, "Choosing") as one rule.
 //
 // 显存快爆了，优先 FULL_SHARD；显存刚好够，试试 SHARD_GRAD_OP；模型不大、卡又多，
-// NO_SHARD 反而省心. Tried in order of least traffic first: a strategy or a
-// wrapping is only worth its extra communication when the cheaper one does
-// not fit. Across hosts (PlanOptions::hosts > 1) HYBRID_SHARD and
-// HYBRID_SHARD_ZERO2 join, and the strategies that fit are weighed by their
-// communication per tier (tiers.cpp): include/fsdp/plan.h, recommend().
+// NO_SHARD 反而省心. The tree's branches fall out of one rule: of every
+// (strategy, wrapping) whose peak fits the budget, the one whose
+// communication hides best behind compute (include/fsdp/plan.h, comm_cost
+// and recommend()). A replica that fits sends the least and gathers nothing;
+// sharding more costs communication, worth it when memory asks for it; one
+// unit hides nothing, so a wrapping that prefetches wins where it fits.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -18,10 +21,13 @@ namespace fsdp::plan {
 namespace {
 
 constexpr double kHeadroom = 0.9;  // fragmentation and small buffers are not in the ledger
+constexpr double kTie = 0.01;      // within 1%: a tie, the next key decides
 
 std::string b(int64_t x) { return fsdp::memory::format_bytes(x); }
 
-bool fits(const Plan& p, int64_t budget) { return p.peak <= static_cast<int64_t>(budget * kHeadroom); }
+bool fits(const Plan& p, int64_t budget) {
+  return budget <= 0 || p.peak <= static_cast<int64_t>(budget * kHeadroom);
+}
 
 std::string pct(int64_t part, int64_t whole) {
   std::ostringstream os;
@@ -30,264 +36,264 @@ std::string pct(int64_t part, int64_t whole) {
   return os.str();
 }
 
-// The one-host decision tree: NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, the first that fits.
-Recommendation tree(const std::vector<Candidate>& cands, int64_t A, const PlanOptions& base, int64_t budget) {
-  std::ostringstream why;
-  auto with = [&](ShardingStrategy s) {
-    PlanOptions o = base;
-    o.strategy = s;
-    return o;
-  };
-  const int64_t limit = static_cast<int64_t>(budget * kHeadroom);
-  Recommendation r;
-
-  // 1. Small model: replicas fit -> NO_SHARD (DDP). Wrapping does not matter.
-  Plan ns = make_plan(cands.front().units, A, with(ShardingStrategy::NO_SHARD), cands.front().released, cands.front().recompute);
-  why << "budget " << b(budget) << " per rank (plans must peak under 90% of it: " << b(limit) << ")\n";
-  why << "- NO_SHARD: every rank holds P+G+O = " << b(ns.rest) << ", peak " << b(ns.peak);
-  if (fits(ns, budget) && base.world >= 1) {
-    why << " -> fits.\n";
-    why << "The model is small enough to replicate: NO_SHARD (DDP) sends the least (2P(N-1)/N = "
-        << b(ns.traffic.total()) << " per step, one all-reduce) and never gathers parameters. "
-        << "Sharding would only add communication.";
-    r.fits = true;
-    r.strategy = ShardingStrategy::NO_SHARD;
-    r.wrap = "none";
-    r.plan = ns;
-    r.why = why.str();
-    return r;
-  }
-  why << " -> does not fit.\n";
-
-  // 2. Fits with parameters unsharded through the step -> SHARD_GRAD_OP
-  //    (2P instead of 3P). The coarsest wrapping that fits.
-  for (auto& c : cands) {
-    Plan p = make_plan(c.units, A, with(ShardingStrategy::SHARD_GRAD_OP), c.released, c.recompute);
-    if (fits(p, budget)) {
-      why << "- SHARD_GRAD_OP, wrap " << c.wrap << ": rest (P+G+O)/N " << b(p.rest)
-          << " + all units unsharded from forward to backward " << b(p.working) << " + A " << b(A) << " = "
-          << b(p.peak) << " -> fits.\n";
-      why << "Memory is enough to keep the parameters gathered from forward to backward: SHARD_GRAD_OP skips "
-          << "the backward all-gather, 2P(N-1)/N = " << b(p.traffic.total()) << " per step instead of FULL_SHARD's "
-          << b(p.full_shard.total()) << ".";
-      r.fits = true;
-      r.strategy = ShardingStrategy::SHARD_GRAD_OP;
-      r.wrap = c.wrap;
-      r.plan = p;
-      r.why = why.str();
-      return r;
-    }
-  }
-  {
-    Plan p = make_plan(cands.back().units, A, with(ShardingStrategy::SHARD_GRAD_OP), cands.back().released, cands.back().recompute);
-    why << "- SHARD_GRAD_OP: peak " << b(p.peak) << " even with the finest wrapping (" << cands.back().wrap
-        << ") -> does not fit.\n";
-  }
-
-  // 3. Memory tight -> FULL_SHARD, coarsest wrapping that fits (fewer, larger
-  //    collectives); finer units lower P_block.
-  for (auto& c : cands) {
-    Plan p = make_plan(c.units, A, with(ShardingStrategy::FULL_SHARD), c.released, c.recompute);
-    why << "- FULL_SHARD, wrap " << c.wrap << " (" << c.units.size() << (c.units.size() == 1 ? " unit" : " units") << "): P_block " << b(p.P_block)
-        << ", peak " << b(p.peak);
-    if (fits(p, budget)) {
-      why << " -> fits.\n";
-      why << "Memory is tight: FULL_SHARD keeps only (P+G+O)/N = " << b(p.rest)
-          << " resident and gathers one unit at a time. Wrap '" << c.wrap
-          << "' is the coarsest that fits (coarser units mean fewer collectives); it costs 3P(N-1)/N = "
-          << b(p.traffic.total()) << " per step.";
-      r.fits = true;
-      r.strategy = ShardingStrategy::FULL_SHARD;
-      r.wrap = c.wrap;
-      r.plan = p;
-      r.why = why.str();
-      return r;
-    }
-    why << " -> does not fit.\n";
-  }
-
-  // 4. Nothing fits: say which term dominates and what to change.
-  Plan p = make_plan(cands.back().units, A, with(ShardingStrategy::FULL_SHARD), cands.back().released, cands.back().recompute);
-  why << "Nothing fits. With FULL_SHARD and the finest wrapping the peak is " << b(p.peak) << " of which "
-      << "activations A " << b(p.A) << " (" << pct(p.A, p.peak) << "), resident shards " << b(p.rest) << " ("
-      << pct(p.rest, p.peak) << "), unsharded unit " << b(p.working) << " (" << pct(p.working, p.peak) << ").\n";
-  if (p.A >= p.rest && p.A >= p.working)
-    why << "Activations dominate: lower --batch (A scales with it) or --seq; bf16 halves them.";
-  else if (p.rest >= p.working)
-    why << "The resident shards dominate: add ranks (--world), use bf16 compute, or SGD (1 state instead of Adam's 2).";
-  else
-    why << "The largest unit dominates: wrap finer (size:N with a smaller N) so P_block shrinks.";
-  r.fits = false;
-  r.strategy = ShardingStrategy::FULL_SHARD;
-  r.wrap = cands.back().wrap;
-  r.plan = p;
-  r.why = why.str();
-  return r;
-}
-
-std::string ms(double seconds) {
+// A cost in the run's unit: "12.3 ms" with the rates, else weighted bytes.
+std::string amount(double x, bool timed) {
+  if (!timed) return b(static_cast<int64_t>(std::llround(x)));
   char buf[32];
-  std::snprintf(buf, sizeof buf, "~%.1f ms", 1e3 * seconds);
+  const double ms = 1e3 * x;
+  std::snprintf(buf, sizeof buf, ms >= 10 || ms == 0 ? "%.1f ms" : ms >= 1 ? "%.2f ms" : "%.3f ms", ms);
   return buf;
 }
 
-// The formulas behind a strategy's bytes across each host's link and inside
-// one (per step; K micro-steps are in the bytes).
-const char* inter_formula(ShardingStrategy s) {
+// The strategies the run allows, in the tie-break order.
+std::vector<ShardingStrategy> allowed(const PlanOptions& o, std::optional<ShardingStrategy> only) {
+  if (only) return {*only};
+  std::vector<ShardingStrategy> s{ShardingStrategy::NO_SHARD, ShardingStrategy::SHARD_GRAD_OP,
+                                  ShardingStrategy::FULL_SHARD};
+  // HYBRID is FULL_SHARD / SHARD_GRAD_OP with one replica unless the shard group is smaller than N.
+  if (o.hosts > 1 || o.group() < o.world)
+    s.insert(s.end(), {ShardingStrategy::HYBRID_SHARD_ZERO2, ShardingStrategy::HYBRID_SHARD});
+  return s;
+}
+
+// The strategies' tie-break order.
+int order(ShardingStrategy s) {
   switch (s) {
-    // The collectives compose the tiers: each rank sends (H-1)/(N-1) of its
-    // traffic across, N/H ranks share the host's link.
-    case ShardingStrategy::FULL_SHARD: return "3P(H-1)/H: N/H ranks x (H-1)/(N-1) of 3P(N-1)/N";
-    case ShardingStrategy::SHARD_GRAD_OP: return "2P(H-1)/H: N/H ranks x (H-1)/(N-1) of 2P(N-1)/N";
-    case ShardingStrategy::NO_SHARD: return "2P(H-1)/H: N/H ranks x (H-1)/(N-1) of 2P(N-1)/N";
-    case ShardingStrategy::HYBRID_SHARD:
-    case ShardingStrategy::HYBRID_SHARD_ZERO2: return "S ranks x 2(R-1)/R x P/S";
+    case ShardingStrategy::NO_SHARD: return 0;
+    case ShardingStrategy::SHARD_GRAD_OP: return 1;
+    case ShardingStrategy::FULL_SHARD: return 2;
+    case ShardingStrategy::HYBRID_SHARD_ZERO2: return 3;
+    case ShardingStrategy::HYBRID_SHARD: return 4;
   }
-  return "?";
+  return 5;
+}
+
+std::string name_of(const CandidateFit& f) { return std::string(strategy_name(f.strategy)) + ", wrap " + f.wrap; }
+
+// The rule's keys in order. Of `idx` (indices into rows, in the tie-break
+// order: strategies NO_SHARD .. HYBRID_SHARD, each with its wrappings coarse
+// to fine), the best: the least exposed within 1%, then the least total
+// within 1%, then the earliest strategy, then the lowest peak within 1%, then
+// the coarsest wrapping. `by`: the first key that set the best apart from the
+// others (with two rows: from the runner-up).
+int pick(const std::vector<CandidateFit>& rows, std::vector<int> idx, std::string* by = nullptr) {
+  if (idx.empty()) return -1;
+  auto keep = [&](auto key, double tie, const char* name) {
+    double least = key(rows[idx[0]]);
+    for (int i : idx) least = std::min(least, key(rows[i]));
+    std::vector<int> kept;
+    for (int i : idx)
+      if (key(rows[i]) <= least + tie * std::abs(least)) kept.push_back(i);
+    if (by && kept.size() < idx.size() && by->empty()) *by = name;
+    idx = kept;
+  };
+  keep([](const CandidateFit& f) { return f.comm.exposed; }, kTie, "exposed");
+  keep([](const CandidateFit& f) { return f.comm.total; }, kTie, "total");
+  keep([&](const CandidateFit& f) { return double(order(f.strategy)); }, 0, "strategy");
+  keep([](const CandidateFit& f) { return double(f.peak); }, kTie, "peak");
+  if (by && by->empty() && idx.size() > 1) *by = "wrap";
+  return idx.front();
 }
 
 }  // namespace
 
-Recommendation recommend(const std::vector<Candidate>& cands, int64_t A, const PlanOptions& base, int64_t budget) {
+std::string Recommendation::verdict() const {
+  std::string v = std::string(fits ? "recommended: " : "closest (does NOT fit): ") + strategy_name(strategy) +
+                  " with --wrap " + wrap;
+  // The prefetch its plan assumes (1 where the run asked none and the wrapping prefetches).
+  if (fits && prefetch > 0) v += " --prefetch " + std::to_string(prefetch);
+  return v;
+}
+
+Recommendation recommend(const std::vector<Candidate>& cands, int64_t A, const PlanOptions& base, int64_t budget,
+                         std::optional<ShardingStrategy> only) {
   FSDP_USER_CHECK(!cands.empty(), "plan: recommend() needs at least one wrapping candidate.");
-  FSDP_USER_CHECK(budget > 0, "plan: --budget must be > 0 bytes, found ", budget);
+  FSDP_USER_CHECK(budget >= 0, "plan: --budget must be > 0 bytes (0: no budget), found ", budget);
   base.validate();
-  Recommendation r = tree(cands, A, base, budget);
-  r.one_host_choice = r.strategy;
-  if (base.hosts <= 1) return r;  // one host: the tree alone, as it always was
-
-  // Across hosts: every strategy with its coarsest wrapping that fits (the
-  // finest when none does), its peak and its traffic per tier. The order is
-  // the tie-break: the tree's order, then the HYBRID variants by traffic.
-  const int S = base.group(), R = base.world / S, per_host = base.world / base.hosts;
+  Recommendation r;
+  r.budget = budget;
   const int64_t limit = static_cast<int64_t>(budget * kHeadroom);
+
+  // 1.-2. Every (strategy, wrapping) the run allows, planned; which fit.
   std::vector<Plan> plans;
-  for (auto s : {ShardingStrategy::NO_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::FULL_SHARD,
-                 ShardingStrategy::HYBRID_SHARD_ZERO2, ShardingStrategy::HYBRID_SHARD}) {
-    PlanOptions o = base;
-    o.strategy = s;
-    StrategyFit f;
-    f.strategy = s;
-    const Candidate* chosen = &cands.back();
-    // NO_SHARD: the wrapping does not matter (the tree's first candidate).
-    const size_t n = s == ShardingStrategy::NO_SHARD ? 1 : cands.size();
-    Plan plan;
-    for (size_t i = 0; i < n; ++i) {
-      Plan p = make_plan(cands[i].units, A, o, cands[i].released, cands[i].recompute);
-      if (fits(p, budget)) {
-        chosen = &cands[i], plan = p, f.fits = true;
-        break;
-      }
-      if (i + 1 == n) chosen = &cands[i], plan = p;
+  for (ShardingStrategy s : allowed(base, only)) {
+    for (const Candidate& c : cands) {
+      PlanOptions o = base;
+      o.strategy = s;
+      // What lets the all-gathers hide (NO_SHARD gathers nothing).
+      if (c.units.size() > 1 && s != ShardingStrategy::NO_SHARD) o.prefetch = std::max(1, base.prefetch);
+      Plan p = make_plan(c.units, A, o, c.released, c.recompute);
+      CandidateFit f;
+      f.strategy = s;
+      f.wrap = c.wrap;
+      f.units = static_cast<int>(c.units.size());
+      f.prefetch = o.prefetch;
+      f.fits = fits(p, budget);
+      f.peak = p.peak;
+      f.rest = p.rest;
+      f.comm = comm_cost(s, c.units, o);
+      r.candidates.push_back(f);
+      plans.push_back(std::move(p));
     }
-    f.wrap = chosen->wrap;
-    f.peak = plan.peak;
-    f.rest = plan.rest;
-    f.tiers = tier_traffic(s, chosen->units, o);
-    // Bytes through each host's link: every rank of it sends its share
-    // (the collectives compose the tiers; HYBRID: its S ranks).
-    f.host_inter = (is_hybrid(s) ? int64_t(S) : int64_t(per_host)) * f.tiers.inter;
-    r.strategies.push_back(f);
-    plans.push_back(plan);
   }
-  const bool timed = [&] {
-    for (auto& f : r.strategies)
-      if (!(f.tiers.seconds > 0)) return false;
-    return true;
-  }();
-  bool hybrid_fits = false;
-  for (auto& f : r.strategies) hybrid_fits = hybrid_fits || (f.fits && is_hybrid(f.strategy));
+  const auto& rows = r.candidates;
+  const bool timed = rows.front().comm.timed;
+  std::vector<int> fitting;
+  for (int i = 0; i < (int)rows.size(); ++i)
+    if (rows[i].fits) fitting.push_back(i);
 
-  std::ostringstream why;
-  why << r.why << "\n";
-  why << "Across " << base.hosts << " hosts (" << per_host << " ranks each; HYBRID: shard groups of S = " << S
-      << ", R = " << R << " replicas), per step:\n";
-  for (auto& f : r.strategies) {
-    why << "- " << strategy_name(f.strategy);
-    if (f.strategy != ShardingStrategy::NO_SHARD) why << ", wrap " << f.wrap;
-    if (is_hybrid(f.strategy)) why << ": rest (P+G+O)/S " << b(f.rest) << ", peak " << b(f.peak);
-    else why << ": peak " << b(f.peak);
-    why << (f.fits ? " -> fits" : " -> does not fit") << "; each host sends " << b(f.host_inter)
-        << " across (" << inter_formula(f.strategy) << ")";
-    if (is_hybrid(f.strategy)) why << ", each rank " << b(f.tiers.intra) << " inside";
-    if (timed) why << ", " << ms(f.tiers.seconds);
-    why << ".\n";
-  }
-
-  const StrategyFit* base_fit = nullptr;  // the one-host choice, for comparison
-  for (auto& f : r.strategies)
-    if (f.strategy == r.one_host_choice) base_fit = &f;
-  if (!hybrid_fits) {
-    // No HYBRID variant fits (or nothing does): the tree's answer. (With
-    // rates it is also the fastest of the rest: NO_SHARD and SHARD_GRAD_OP
-    // send 2P(N-1)/N, FULL_SHARD 3P(N-1)/N, each on one ring.)
-    const StrategyFit* hybrid = &r.strategies[4];
-    why << "Neither HYBRID variant fits: HYBRID_SHARD holds (P+G+O)/S = " << b(hybrid->rest)
-        << " per rank at rest (S = " << S << " instead of N = " << base.world << ") and peaks at " << b(hybrid->peak)
-        << " > " << b(limit) << ". ";
-    if (r.fits)
-      why << strategy_name(r.strategy) << " stays (the one-host choice): each host sends "
-          << b(base_fit->host_inter) << " per step across hosts.";
-    else
-      why << "Nothing fits across hosts either.";
-    r.why = why.str();
-    return r;
-  }
-
-  // The rule: among the strategies that fit, the least communication time
-  // when both links' rates are known; without rates, the fewest bytes across
-  // hosts (a tie: the fewer inside).
-  r.rule = timed ? "comm_time" : "inter_host_bytes";
-  int best = -1;
-  for (int i = 0; i < (int)r.strategies.size(); ++i) {
-    auto& f = r.strategies[i];
-    if (!f.fits) continue;
-    if (best < 0) {
-      best = i;
-      continue;
-    }
-    auto& g = r.strategies[best];
-    const bool better = timed ? f.tiers.seconds < g.tiers.seconds * (1 - 1e-9)
-                              : f.host_inter < g.host_inter ||
-                                    (f.host_inter == g.host_inter && f.tiers.intra < g.tiers.intra);
-    if (better) best = i;
-  }
-  const StrategyFit& pick = r.strategies[best];
-  if (pick.strategy == r.one_host_choice) {
-    // The tree's choice is also the fastest (or sends the fewest bytes).
-    const StrategyFit* rival = nullptr;  // the best HYBRID that fits
-    for (auto& f : r.strategies)
-      if (f.fits && is_hybrid(f.strategy) &&
-          (!rival || (timed ? f.tiers.seconds < rival->tiers.seconds : f.host_inter < rival->host_inter)))
-        rival = &f;
-    why << strategy_name(pick.strategy) << " stays (the one-host choice, peak " << b(pick.peak) << " <= " << b(limit)
-        << "): ";
-    if (timed)
-      why << "its communication takes " << ms(pick.tiers.seconds) << " per step";
-    else
-      why << "each host sends " << b(pick.host_inter) << " per step across hosts";
-    if (rival)
-      why << " against " << (timed ? ms(rival->tiers.seconds) : b(rival->host_inter)) << " for "
-          << strategy_name(rival->strategy) << ", the best HYBRID variant that fits";
-    why << (timed ? " (the link between hosts is fast enough)." : ".");
-    r.why = why.str();
-    return r;
-  }
-  why << strategy_name(pick.strategy) << " fits (peak " << b(pick.peak) << " <= " << b(limit)
-      << ", 90% of the budget) and sends " << b(pick.host_inter) << " per step across hosts against "
-      << b(base_fit->host_inter) << " for " << strategy_name(base_fit->strategy);
-  if (timed)
-    why << ": its communication takes " << ms(pick.tiers.seconds) << " per step against " << ms(base_fit->tiers.seconds)
-        << " (the least of the strategies that fit).";
+  std::ostringstream table, why;
+  if (budget > 0)
+    table << "budget " << b(budget) << " per rank (plans must peak under 90% of it: " << b(limit) << ")";
   else
-    why << " (no link rates given: the fewest bytes across hosts win; --intra-bw and --inter-bw weigh time).";
-  if (is_hybrid(pick.strategy))
-    why << " At rest it holds (P+G+O)/S = " << b(pick.rest) << " per rank against " << b(base_fit->rest) << " for "
-        << strategy_name(base_fit->strategy) << ".";
+    table << "no budget: every candidate counts as fitting";
+  table << "; communication per step in " << (timed ? "ms" : "bytes (no link rates: --intra-bw/--inter-bw or "
+                                                                "--bandwidth time it)")
+        << "\n";
+  // What does not fit, per strategy: its wrappings that do not, or (none
+  // does) its lowest peak.
+  for (ShardingStrategy s : allowed(base, only)) {
+    std::vector<int> out;
+    bool any = false;
+    for (int i = 0; i < (int)rows.size(); ++i) {
+      if (rows[i].strategy != s) continue;
+      if (rows[i].fits)
+        any = true;
+      else
+        out.push_back(i);
+    }
+    if (out.empty()) continue;
+    table << "- " << strategy_name(s);
+    if (any) {
+      table << ": does not fit with wrap ";
+      for (size_t k = 0; k < out.size(); ++k)
+        table << (k ? ", " : "") << rows[out[k]].wrap << " (peak " << b(rows[out[k]].peak) << ")";
+    } else {
+      const CandidateFit& low =
+          rows[*std::min_element(out.begin(), out.end(), [&](int x, int y) { return rows[x].peak < rows[y].peak; })];
+      table << ": does not fit (lowest peak " << b(low.peak) << " with wrap " << low.wrap;
+      if (low.prefetch > base.prefetch) table << " and --prefetch " << low.prefetch;
+      table << ")";
+    }
+    table << "\n";
+  }
+
+  // 2. Nothing fits: the finest wrapping of FULL_SHARD (or the strategy
+  //    asked for), and which term dominates.
+  if (fitting.empty()) {
+    PlanOptions o = base;
+    o.strategy = only ? *only : ShardingStrategy::FULL_SHARD;
+    const Candidate& c = cands.back();
+    Plan p = make_plan(c.units, A, o, c.released, c.recompute);
+    why << "Nothing fits. With " << strategy_name(o.strategy) << " and the finest wrapping the peak is " << b(p.peak)
+        << " of which activations A " << b(p.A) << " (" << pct(p.A, p.peak) << "), resident shards " << b(p.rest)
+        << " (" << pct(p.rest, p.peak) << "), unsharded unit " << b(p.working) << " (" << pct(p.working, p.peak)
+        << ").\n";
+    if (p.A >= p.rest && p.A >= p.working)
+      why << "Activations dominate: lower --batch (A scales with it) or --seq"
+          << (base.param_bytes == 4 ? "; bf16 halves them" : "") << "; --ac block keeps only each block's input.";
+    else if (p.rest >= p.working)
+      why << "The resident shards dominate: add ranks (--world), use bf16 compute, or SGD (1 state instead of "
+             "Adam's 2).";
+    else
+      why << "The largest unit dominates: wrap finer (size:N with a smaller N) so P_block shrinks.";
+    r.fits = false;
+    r.rule = "nothing_fits";
+    r.strategy = o.strategy;
+    r.wrap = c.wrap;
+    r.prefetch = base.prefetch;
+    r.plan = p;
+    r.comm = comm_cost(o.strategy, c.units, o);
+    r.table = table.str();
+    r.why = why.str();
+    return r;
+  }
+
+  // 3. Among those that fit: the least exposed communication, then the ties.
+  const int best = pick(rows, fitting);
+  std::vector<int> others;
+  for (int i : fitting)
+    if (i != best) others.push_back(i);
+  const int second = pick(rows, others);
+  std::string by;
+  if (second >= 0) pick(rows, {best, second}, &by);
+
+  char line[256];
+  std::snprintf(line, sizeof line, "    %-20s %-16s %5s %12s %12s %12s\n", "strategy", "wrap", "units", "peak",
+                "total comm", "exposed");
+  table << "candidates that fit (exposed: the communication that cannot hide behind compute):\n" << line;
+  for (int i : fitting) {
+    const CandidateFit& f = rows[i];
+    std::snprintf(line, sizeof line, "  %c %-20s %-16s %5d %12s %12s %12s\n", i == best ? '*' : ' ',
+                  strategy_name(f.strategy), f.wrap.c_str(), f.units, b(f.peak).c_str(),
+                  amount(f.comm.total, timed).c_str(), amount(f.comm.exposed, timed).c_str());
+    table << line;
+  }
+
+  const CandidateFit& w = rows[best];
+  const std::string unit = timed           ? ""
+                           : base.hosts > 1 ? " (bytes, the inter-host ones times the ranks sharing a host's link)"
+                                            : " (bytes)";
+  if (only) why << "--strategy " << strategy_name(*only) << ": its wrappings alone are weighed.\n";
+  why << name_of(w) << " (" << w.units << (w.units == 1 ? " unit" : " units") << ") exposes "
+      << amount(w.comm.exposed, timed) << " of " << amount(w.comm.total, timed) << " per step" << unit << ": ";
+  if (w.units == 1)
+    why << "with one unit nothing is prefetched and its one reduce waits for the whole backward, so all of it is "
+           "exposed";
+  else if (w.strategy == ShardingStrategy::NO_SHARD)
+    why << "no all-gathers; the root's and the first unit's all-reduces after backward ("
+        << amount(w.comm.last_reduce, timed) << "); every other unit's all-reduce runs while backward computes";
+  else
+    why << "the root's and the first unit's all-gathers before forward computes ("
+        << amount(w.comm.first_gather, timed) << ") and their reduces after backward ("
+        << amount(w.comm.last_reduce, timed) << "); every other collective runs behind compute with --prefetch "
+        << w.prefetch;
+  if (w.comm.compute_weighed) {
+    const double beyond = w.comm.total - base.compute_seconds;
+    if (beyond > w.comm.exposed_min)
+      why << "; but the compute (" << amount(base.compute_seconds, true) << ") cannot cover "
+          << amount(beyond, true) << " of it, more than those ends";
+    else
+      why << "; the compute (" << amount(base.compute_seconds, true) << ") covers the rest";
+  }
+  why << ".\n";
+  if (second >= 0) {
+    const CandidateFit& v = rows[second];
+    why << "Runner-up " << name_of(v) << ": ";
+    if (by == "exposed")
+      why << "exposes " << amount(v.comm.exposed, timed) << (v.units == 1 ? " (one unit: all of it)" : "") << ".";
+    else if (by == "total")
+      why << "exposes as much (within 1%) but sends more in all, " << amount(v.comm.total, timed) << ".";
+    else if (by == "strategy")
+      why << "exposes and sends as much (within 1%); the tie goes to the earlier in the order NO_SHARD, "
+             "SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD_ZERO2, HYBRID_SHARD.";
+    else if (by == "peak")
+      why << "exposes and sends as much (within 1%) but peaks higher, " << b(v.peak) << " against " << b(w.peak)
+          << ".";
+    else
+      why << "a tie on exposed and total communication and on peak (within 1%); the coarser wrapping wins "
+             "(fewer, larger collectives).";
+    why << "\n";
+  }
+  if (!w.comm.compute_weighed && base.compute_seconds > 0)
+    why << "Communication beyond compute is not weighed: --compute needs the link rates (--intra-bw and "
+           "--inter-bw, or --bandwidth) to set bytes against time.";
+  else if (!w.comm.compute_weighed)
+    why << (timed ? "Communication beyond compute is not weighed: give --compute (achieved FLOP/s per rank, e.g. "
+                    "400TFLOP/s) to count what the compute cannot cover."
+                  : "Communication beyond compute is not weighed: give the link rates and --compute (achieved "
+                    "FLOP/s per rank) to count what the compute cannot cover.");
+  else
+    why << "Compute per step: " << amount(base.compute_seconds, true) << " (--compute).";
+
   r.fits = true;
-  r.strategy = pick.strategy;
-  r.wrap = pick.wrap;
+  r.rule = "exposed_comm";
+  r.strategy = w.strategy;
+  r.wrap = w.wrap;
+  r.prefetch = w.prefetch;
   r.plan = plans[best];
+  r.comm = w.comm;
+  r.table = table.str();
   r.why = why.str();
   return r;
 }

@@ -1,8 +1,9 @@
 // fsdp-cpp planner: traffic and time per tier, intra-host and inter-host
-// (include/fsdp/plan.h, "Two tiers"). The byte counts are the engine's
-// counters' (src/comm: the composed tiers of src/comm/tiers.h across hosts
-// of equal size; the flat ring's tier is its right neighbour's host), tested
-// against a run in tests/test_hybrid.cpp.
+// (include/fsdp/plan.h, "Two tiers"), and the communication a step cannot
+// hide behind compute (comm_cost, what recommend() weighs). The byte counts
+// are the engine's counters' (src/comm: the composed tiers of
+// src/comm/tiers.h across hosts of equal size; the flat ring's tier is its
+// right neighbour's host), tested against a run in tests/test_hybrid.cpp.
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -24,44 +25,100 @@ int64_t padded_over(const std::vector<UnitSpec>& units, int n) {
 
 double rate(double tier, double fallback) { return tier > 0 ? tier : fallback; }
 
+// The ranks whose shares cross over a host's one link: HYBRID's shard
+// group, else the ranks of one host.
+int link_sharers(ShardingStrategy s, const PlanOptions& o) { return is_hybrid(s) ? o.group() : o.world / o.hosts; }
+
+// Bytes a rank sends inside its host and across hosts for `t`, some of a
+// strategy's collectives (traffic(): for HYBRID padded over the group S,
+// else over N).
+struct Split {
+  int64_t intra = 0, inter = 0;
+};
+Split split(ShardingStrategy s, const Traffic& t, const PlanOptions& o) {
+  Split x;
+  if (is_hybrid(s)) {
+    const int S = o.group();
+    x.inter = o.world / S > 1 ? t.all_reduce : 0;
+    x.intra = t.total() - x.inter;
+    // One host: the replicas' all-reduce stays inside it. A shard group
+    // larger than a host: its traffic crosses too.
+    if (o.hosts <= 1) x.intra += x.inter, x.inter = 0;
+    else if (S > o.world / o.hosts) x.inter += x.intra, x.intra = 0;
+    return x;
+  }
+  // H > 1 hosts: the collectives compose (CMA inside each host, TCP between
+  // ranks of the same local index), so every rank sends (H-1) of the (N-1)
+  // blocks of an all-gather or reduce-scatter across, and as much of an
+  // all-reduce: (H-1)/(N-1) of its traffic. (Every collective's bytes are a
+  // multiple of N-1: padded / N * (N-1) elements.)
+  const int64_t total = t.total();
+  if (o.hosts > 1) x.inter = total / (o.world - 1) * (o.hosts - 1);
+  x.intra = total - x.inter;
+  return x;
+}
+
+// Whether the links' rates are known: inside a host, and across hosts when there are several.
+bool timed(const PlanOptions& o) {
+  return rate(o.intra_bandwidth, o.bandwidth) > 0 && (o.hosts <= 1 || rate(o.inter_bandwidth, o.bandwidth) > 0);
+}
+
+// The time model, the one place: intra / intra_bw + (ranks sharing a host's
+// link) x inter / inter_bw; without rates the same sum at rate 1 (bytes).
+double cost(ShardingStrategy s, const Split& x, const PlanOptions& o) {
+  const double sharers = link_sharers(s, o);
+  if (!timed(o)) return double(x.intra) + sharers * double(x.inter);
+  const double t = x.intra / rate(o.intra_bandwidth, o.bandwidth);
+  return x.inter > 0 ? t + sharers * x.inter / rate(o.inter_bandwidth, o.bandwidth) : t;
+}
+
 }  // namespace
 
 TierTraffic tier_traffic(ShardingStrategy s, const std::vector<UnitSpec>& units, const PlanOptions& o) {
   o.validate();
   TierTraffic t;
   t.strategy = s;
-  const double intra_bw = rate(o.intra_bandwidth, o.bandwidth), inter_bw = rate(o.inter_bandwidth, o.bandwidth);
   const int k = state_per_param(o.optimizer);
-  if (is_hybrid(s)) {
-    const int S = o.group();
-    const int64_t padded = padded_over(units, S);
-    const Traffic all = traffic(s, padded, o);
-    t.inter = o.world / S > 1 ? all.all_reduce : 0;
-    t.intra = all.total() - t.inter;
-    // The shard group must sit inside one host for its traffic to stay there.
-    if (S > o.world / o.hosts) t.inter += t.intra, t.intra = 0;
-    t.rest = padded / S * o.master_bytes * (2 + k);
-    if (intra_bw > 0 && inter_bw > 0) t.seconds = t.intra / intra_bw + double(S) * t.inter / inter_bw;
-    return t;
-  }
-  const int64_t padded = padded_over(units, o.world);
-  const int64_t total = traffic(s, padded, o).total();
-  // H > 1 hosts of S ranks: the collectives compose (CMA inside each host,
-  // TCP between ranks of the same local index), so every rank sends (H-1)
-  // of the (N-1) blocks of an all-gather or reduce-scatter across, and as
-  // much of an all-reduce: (H-1)/(N-1) of its traffic. S = 1: all of it.
-  const int H = o.hosts, S = o.world / o.hosts;
-  if (H > 1) {
-    t.inter = total / (o.world - 1) * (H - 1);
-    t.intra = total - t.inter;
-  } else {
-    t.intra = total;
-  }
-  t.rest = (s == ShardingStrategy::NO_SHARD ? padded : padded / o.world) * o.master_bytes * (2 + k);
-  // The S ranks of a host share its link.
-  if (H > 1 && intra_bw > 0 && inter_bw > 0) t.seconds = t.intra / intra_bw + double(S) * t.inter / inter_bw;
-  if (H <= 1 && intra_bw > 0) t.seconds = total / intra_bw;
+  const int n = is_hybrid(s) ? o.group() : o.world;
+  const int64_t padded = padded_over(units, n);
+  const Split x = split(s, traffic(s, padded, o), o);
+  t.intra = x.intra;
+  t.inter = x.inter;
+  t.rest = (s == ShardingStrategy::NO_SHARD ? padded : padded / n) * o.master_bytes * (2 + k);
+  if (timed(o)) t.seconds = cost(s, x, o);
   return t;
+}
+
+CommCost comm_cost(ShardingStrategy s, const std::vector<UnitSpec>& units, const PlanOptions& o) {
+  o.validate();
+  FSDP_USER_CHECK(!units.empty(), "plan: expected at least one unit, found none.");
+  const int n = is_hybrid(s) ? o.group() : o.world;
+  auto of = [&](const UnitSpec& u) { return traffic(s, shard::padded_numel(u.numel, n), o); };
+  CommCost c;
+  c.timed = timed(o);
+  for (auto& u : units) c.total += cost(s, split(s, of(u), o), o);
+  if (units.size() == 1) {
+    // Nothing to prefetch; the one reduce waits for the whole backward.
+    c.exposed_min = c.total;
+  } else {
+    // Forward computes nothing before the root and the first unit it runs
+    // are gathered; backward ends with their reduces. FULL_SHARD and
+    // HYBRID_SHARD gather twice (the backward all-gather is prefetched).
+    const bool twice = s == ShardingStrategy::FULL_SHARD || s == ShardingStrategy::HYBRID_SHARD;
+    for (size_t i = 0; i < 2; ++i) {
+      const Traffic t = of(units[i]);
+      Traffic gather, reduce;
+      gather.all_gather = twice ? t.all_gather / 2 : t.all_gather;
+      reduce.reduce_scatter = t.reduce_scatter;
+      reduce.all_reduce = t.all_reduce;
+      c.first_gather += cost(s, split(s, gather, o), o);
+      c.last_reduce += cost(s, split(s, reduce, o), o);
+    }
+    c.exposed_min = c.first_gather + c.last_reduce;
+  }
+  c.compute_weighed = c.timed && o.compute_seconds > 0;
+  c.exposed = c.compute_weighed ? std::max(c.exposed_min, c.total - o.compute_seconds) : c.exposed_min;
+  return c;
 }
 
 TierComparison compare_tiers(const std::vector<UnitSpec>& units, const PlanOptions& o) {
@@ -69,43 +126,6 @@ TierComparison compare_tiers(const std::vector<UnitSpec>& units, const PlanOptio
   for (auto s : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD,
                  ShardingStrategy::HYBRID_SHARD, ShardingStrategy::HYBRID_SHARD_ZERO2})
     c.rows.push_back(tier_traffic(s, units, o));
-  const TierTraffic& full = c.rows[0];
-  const TierTraffic& hybrid = c.rows[3];
-  const bool timed = full.seconds > 0 && hybrid.seconds > 0;
-  // HYBRID costs memory ((P+G+O)/S instead of /N): worth it only when it
-  // saves a fifth of the communication time at least. It always sends a
-  // little less in all (2.5P against 2.625P at 2 x 4), so a tie goes to
-  // FULL_SHARD. Without rates: by the bytes crossing, the inter-host link
-  // assumed the slow one.
-  const bool hybrid_wins = o.hosts > 1 && o.world / o.group() > 1 &&
-                           (timed ? hybrid.seconds < 0.8 * full.seconds : hybrid.inter < full.inter);
-  c.best = hybrid_wins ? ShardingStrategy::HYBRID_SHARD : ShardingStrategy::FULL_SHARD;
-  std::ostringstream why;
-  if (o.hosts <= 1) {
-    why << "one host: every strategy's traffic stays inside it; HYBRID_SHARD would only hold more per rank.";
-  } else if (hybrid_wins) {
-    why << "the inter-host link dominates: FULL_SHARD sends "
-        << memory::format_bytes(full.inter) << " per rank per step across it, HYBRID_SHARD only the shards' all-reduce, "
-        << memory::format_bytes(hybrid.inter) << " per rank (" << o.group() << " ranks share each host's link)";
-    if (timed) {
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "; ~%.1f ms against ~%.1f ms", 1e3 * hybrid.seconds, 1e3 * full.seconds);
-      why << buf;
-    }
-    why << ". Its cost: (P+G+O)/S = " << memory::format_bytes(hybrid.rest) << " per rank at rest instead of "
-        << "(P+G+O)/N = " << memory::format_bytes(full.rest) << ".";
-  } else {
-    why << "the inter-host link is fast enough: FULL_SHARD keeps (P+G+O)/N = " << memory::format_bytes(full.rest)
-        << " per rank and is not 20% slower";
-    if (timed) {
-      char buf[96];
-      std::snprintf(buf, sizeof buf, " (~%.1f ms against HYBRID's ~%.1f ms)", 1e3 * full.seconds,
-                    1e3 * hybrid.seconds);
-      why << buf;
-    }
-    why << ".";
-  }
-  c.why = why.str();
   return c;
 }
 
@@ -129,9 +149,8 @@ std::string tiers_str(const TierComparison& c, const PlanOptions& o) {
                   memory::format_bytes(r.rest).c_str(), t);
     os << buf;
   }
-  if (!(intra_bw > 0 && inter_bw > 0)) os << "  (times: pass --intra-bw and --inter-bw, e.g. 10GB/s and 1Gbit/s)\n";
+  if (!timed(o)) os << "  (times: pass --intra-bw and --inter-bw, e.g. 10GB/s and 1Gbit/s)\n";
   os << "  (per rank; across hosts the non-hybrid collectives compose tiers: CMA inside a host, TCP between)\n";
-  os << "=> for these links: " << strategy_name(c.best) << ": " << c.why << "\n";
   return os.str();
 }
 
