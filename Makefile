@@ -110,7 +110,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_BUILD ?= build-fuzz
 fuzz:
 	@$(MAKE) --no-print-directory deps DEBS="$(BUILD_DEBS) $(FUZZ_DEBS)"
-	cmake -S fuzz -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake -S fuzz -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFSDP_PYTHON=$(TORCH_PYTHON)
 	cmake --build $(FUZZ_BUILD) -j $(JOBS)
 	$(FUZZ_BUILD)/make_seed_corpus $(FUZZ_BUILD)/seeds
 	@set -eo pipefail; for t in safetensors metadata; do \
@@ -162,7 +162,7 @@ endif
 # minutes on 2 cores) and this subset of the suite (about 3 minutes): parity
 # at every world size, checkpoints across processes and from the 1.13 build,
 # the watchdog's stopped and killed ranks, construction, the transports,
-# the process-wide state.
-ASAN_CI_FILTER := WorldSizes/CommCollectives*:Grid/CoreParity*:CheckpointCompat*:CheckpointProcesses*:ProcessState*:CommTransport*:Construct*:ReliabilityStore*:Watchdog.ASigstopped*:Watchdog.ASigkilled*
+# the process-wide state, the report and the planner (`fsdp report`, `fsdp plan`).
+ASAN_CI_FILTER := WorldSizes/CommCollectives*:Grid/CoreParity*:CheckpointCompat*:CheckpointProcesses*:ProcessState*:CommTransport*:Construct*:ReliabilityStore*:Watchdog.ASigstopped*:Watchdog.ASigkilled*:Report.*:Plan.*:HybridPlan.*
 test-asan-ci:
 	$(MAKE) test-asan ASAN_QUICK=1 ASAN_FILTER='$(ASAN_CI_FILTER)'
