@@ -157,9 +157,9 @@ else
 	cd $(ASAN_BUILD) && $(ASAN_ENV) ctest --output-on-failure -j 1 --timeout 1200
 endif
 
-# What .ci/run takes under the sanitizers after the suite, so the sanitizer
-# run stays green: the quick build (the rank binaries instrumented; about 15
-# minutes on 2 cores) and this subset of the suite (about 3 minutes): parity
+# What every submission touching src/ runs before it stops (README; it does
+# not fit in CI's time beside make test): the quick build (the rank binaries
+# instrumented at -O0; about 11 minutes on 2 cores) and this subset of the suite (about 3 minutes): parity
 # at every world size, checkpoints across processes and from the 1.13 build,
 # the watchdog's stopped and killed ranks, construction, the transports,
 # the process-wide state, the report and the planner (`fsdp report`, `fsdp plan`).

@@ -361,31 +361,34 @@ TEST(Report, CommandWritesPageAndMergedTrace) {
   EXPECT_NE(bad.output.find("--trace"), std::string::npos) << bad.output;
 }
 
+// Debian's chromium, headless, quiet, its profile in `profile`, a 1400x1000
+// window: the command line both browser tests start it with. Without it the
+// test is skipped and says so.
+constexpr const char* kChromium = "/usr/bin/chromium";
+#define FSDP_SKIP_WITHOUT_CHROMIUM()                                                \
+  if (::access(kChromium, X_OK) != 0)                                               \
+  GTEST_SKIP() << "headless browser test skipped: " << kChromium                    \
+               << " not found (install Debian's chromium: apt-get install chromium; make deps does it)"
+
+std::vector<std::string> headless_chromium(const std::string& profile) {
+  return {kChromium,         "--headless",     "--no-sandbox",
+          "--disable-gpu",   "--disable-quic", "--no-first-run",
+          "--disable-background-networking",   "--disable-component-update",
+          "--disable-sync",  "--hide-scrollbars", "--user-data-dir=" + profile,
+          "--window-size=1400,1000"};
+}
+
 // The page in a real browser: JS runs without errors, the DOM holds the rank
 // columns and unit names, and the screenshot is not blank. The artifacts stay
 // in the build folder (report-test/) for a person to look at.
 TEST(Report, HeadlessChromiumRendersTheReport) {
-  const std::string chromium = "/usr/bin/chromium";
-  if (::access(chromium.c_str(), X_OK) != 0)
-    GTEST_SKIP() << "headless browser test skipped: " << chromium
-                 << " not found (install Debian's chromium: apt-get install chromium; make deps does it)";
+  FSDP_SKIP_WITHOUT_CHROMIUM();
   std::string out = std::string(FSDP_BIN_DIR) + "/../report-test";
   std::system(("rm -rf '" + out + "' && mkdir -p '" + out + "'").c_str());
   write_synthetic_trace(out);
   fsdp::report::write_html(fsdp::report::analyze(out), out + "/report.html", "fsdp-cpp report (synthetic trace)");
   std::string profile = out + "/chromium-profile";
-  std::vector<std::string> flags = {chromium,
-                                    "--headless",
-                                    "--no-sandbox",
-                                    "--disable-gpu",
-                                    "--disable-quic",
-                                    "--no-first-run",
-                                    "--disable-background-networking",
-                                    "--disable-component-update",
-                                    "--disable-sync",
-                                    "--hide-scrollbars",
-                                    "--user-data-dir=" + profile,
-                                    "--window-size=1400,1000"};
+  const std::vector<std::string> flags = headless_chromium(profile);
   std::string url = "file://" + out + "/report.html";
 
   auto dom_args = flags;
@@ -496,10 +499,7 @@ TEST(Report, LongRunShortcutsAndSpanBudget) {
 // 3 of them buttons), the shortcuts are few, the page and its load time are
 // bounded; #step=1234 opens the slow step.
 TEST(Report, HeadlessChromiumLongRunPicker) {
-  const std::string chromium = "/usr/bin/chromium";
-  if (::access(chromium.c_str(), X_OK) != 0)
-    GTEST_SKIP() << "headless browser test skipped: " << chromium
-                 << " not found (install Debian's chromium: apt-get install chromium; make deps does it)";
+  FSDP_SKIP_WITHOUT_CHROMIUM();
   std::string out = std::string(FSDP_BIN_DIR) + "/../report-test-long";
   std::system(("rm -rf '" + out + "' && mkdir -p '" + out + "'").c_str());
   long_run(out);
@@ -513,10 +513,7 @@ TEST(Report, HeadlessChromiumLongRunPicker) {
   EXPECT_LT(page_mib, 12.0) << "the page of a 3,000-step run";
 
   std::string profile = out + "/chromium-profile";
-  std::vector<std::string> flags = {chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                                    "--no-first-run", "--disable-background-networking",
-                                    "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-                                    "--user-data-dir=" + profile, "--window-size=1400,1000"};
+  const std::vector<std::string> flags = headless_chromium(profile);
   auto dom_of = [&](const std::string& hash) {
     auto args = flags;
     args.push_back("--dump-dom");

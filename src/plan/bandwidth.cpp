@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -91,56 +92,60 @@ double measure_loopback_bandwidth(int64_t bytes) {
   return bytes / std::max(s, 1e-9);
 }
 
-double parse_bandwidth(const std::string& text) {
-  std::string t = text;
-  for (const char* suffix : {"/s", "ps"})
-    if (t.size() > 2 && t.compare(t.size() - 2, 2, suffix) == 0) t.resize(t.size() - 2);
+namespace {
+
+struct Unit {
+  const char* name;
+  double multiplier;
+};
+
+// "<number><unit>" with the unit one of `units` (after any of `suffixes` is
+// cut off the end): the number times the unit's multiplier, or nothing when
+// the text is not that or the value is not a finite positive number.
+template <size_t NS, size_t NU>
+std::optional<double> parse_rate(std::string t, const char* const (&suffixes)[NS], const Unit (&units)[NU]) {
+  t.erase(std::remove(t.begin(), t.end(), ' '), t.end());
+  for (const char* suffix : suffixes) {
+    const size_t n = std::strlen(suffix);
+    if (t.size() > n && t.compare(t.size() - n, n, suffix) == 0) {
+      t.resize(t.size() - n);
+      break;
+    }
+  }
   size_t pos = 0;
   double v = 0;
   try {
     v = std::stod(t, &pos);
   } catch (const std::exception&) {
-    pos = 0;
+    return std::nullopt;
   }
-  std::string unit = t.substr(pos);
-  double mult = -1;
-  struct U { const char* name; double m; };
-  const U units[] = {{"", 1},         {"B", 1},         {"KB", 1e3},       {"MB", 1e6},       {"GB", 1e9},
-                     {"KiB", 1024.0}, {"MiB", 1 << 20}, {"GiB", 1 << 30},  {"Kbit", 1e3 / 8}, {"Mbit", 1e6 / 8},
-                     {"Gbit", 1e9 / 8}, {"Gb", 1e9 / 8}, {"Mb", 1e6 / 8}};
-  for (auto& u : units)
-    if (unit == u.name) mult = u.m;
-  if (pos == 0 || mult < 0 || !(v > 0) || !std::isfinite(v))
-    throw Error("--bandwidth: expected a rate such as 2GB/s, 500MiB/s, 10Gbit/s or 1e9 (bytes/s), found '" +
-                     text + "'");
-  return v * mult;
+  const std::string unit = t.substr(pos);
+  for (const Unit& u : units)
+    if (unit == u.name) {
+      const double rate = v * u.multiplier;
+      if (pos == 0 || !(v > 0) || !std::isfinite(v) || !std::isfinite(rate)) return std::nullopt;
+      return rate;
+    }
+  return std::nullopt;
+}
+
+}  // namespace
+
+double parse_bandwidth(const std::string& text) {
+  static const char* const suffixes[] = {"/s", "ps"};
+  static const Unit units[] = {{"", 1},         {"B", 1},         {"KB", 1e3},       {"MB", 1e6},       {"GB", 1e9},
+                               {"KiB", 1024.0}, {"MiB", 1 << 20}, {"GiB", 1 << 30},  {"Kbit", 1e3 / 8}, {"Mbit", 1e6 / 8},
+                               {"Gbit", 1e9 / 8}, {"Gb", 1e9 / 8}, {"Mb", 1e6 / 8}};
+  if (auto rate = parse_rate(text, suffixes, units)) return *rate;
+  throw Error("--bandwidth: expected a rate such as 2GB/s, 500MiB/s, 10Gbit/s or 1e9 (bytes/s), found '" + text + "'");
 }
 
 double parse_flop_rate(const std::string& text) {
-  std::string t = text;
-  t.erase(std::remove(t.begin(), t.end(), ' '), t.end());
-  for (const char* suffix : {"FLOP/s", "FLOPS", "flop/s", "flops"})
-    if (t.size() >= std::strlen(suffix) && t.compare(t.size() - std::strlen(suffix), std::strlen(suffix), suffix) == 0) {
-      t.resize(t.size() - std::strlen(suffix));
-      break;
-    }
-  size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(t, &pos);
-  } catch (const std::exception&) {
-    pos = 0;
-  }
-  const std::string unit = t.substr(pos);
-  double mult = -1;
-  struct U { const char* name; double m; };
-  const U units[] = {{"", 1}, {"k", 1e3}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"P", 1e15}};
-  for (auto& u : units)
-    if (unit == u.name) mult = u.m;
-  if (pos == 0 || mult < 0 || !(v > 0) || !std::isfinite(v) || !std::isfinite(v * mult))
-    throw Error("--compute: expected an achieved rate per rank such as 400TFLOP/s, 400TFLOPS, 50GFLOP/s or 4e14 "
-                "(FLOP/s), found '" + text + "'");
-  return v * mult;
+  static const char* const suffixes[] = {"FLOP/s", "FLOPS", "flop/s", "flops"};
+  static const Unit units[] = {{"", 1}, {"k", 1e3}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"P", 1e15}};
+  if (auto rate = parse_rate(text, suffixes, units)) return *rate;
+  throw Error("--compute: expected an achieved rate per rank such as 400TFLOP/s, 400TFLOPS, 50GFLOP/s or 4e14 "
+              "(FLOP/s), found '" + text + "'");
 }
 
 std::string format_bandwidth(double bps) {
