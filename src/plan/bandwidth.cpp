@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -101,9 +102,9 @@ struct Unit {
 
 // "<number><unit>" with the unit one of `units` (after any of `suffixes` is
 // cut off the end): the number times the unit's multiplier, or nothing when
-// the text is not that or the value is not a finite positive number.
-template <size_t NS, size_t NU>
-std::optional<double> parse_rate(std::string t, const char* const (&suffixes)[NS], const Unit (&units)[NU]) {
+// the text is not that or the rate is not a finite positive number.
+std::optional<double> parse_rate(std::string t, std::initializer_list<const char*> suffixes,
+                                 std::initializer_list<Unit> units) {
   t.erase(std::remove(t.begin(), t.end(), ' '), t.end());
   for (const char* suffix : suffixes) {
     const size_t n = std::strlen(suffix);
@@ -119,11 +120,10 @@ std::optional<double> parse_rate(std::string t, const char* const (&suffixes)[NS
   } catch (const std::exception&) {
     return std::nullopt;
   }
-  const std::string unit = t.substr(pos);
   for (const Unit& u : units)
-    if (unit == u.name) {
+    if (t.compare(pos, std::string::npos, u.name) == 0) {
       const double rate = v * u.multiplier;
-      if (pos == 0 || !(v > 0) || !std::isfinite(v) || !std::isfinite(rate)) return std::nullopt;
+      if (!(v > 0) || !std::isfinite(rate)) return std::nullopt;
       return rate;
     }
   return std::nullopt;
@@ -132,18 +132,18 @@ std::optional<double> parse_rate(std::string t, const char* const (&suffixes)[NS
 }  // namespace
 
 double parse_bandwidth(const std::string& text) {
-  static const char* const suffixes[] = {"/s", "ps"};
-  static const Unit units[] = {{"", 1},         {"B", 1},         {"KB", 1e3},       {"MB", 1e6},       {"GB", 1e9},
-                               {"KiB", 1024.0}, {"MiB", 1 << 20}, {"GiB", 1 << 30},  {"Kbit", 1e3 / 8}, {"Mbit", 1e6 / 8},
-                               {"Gbit", 1e9 / 8}, {"Gb", 1e9 / 8}, {"Mb", 1e6 / 8}};
-  if (auto rate = parse_rate(text, suffixes, units)) return *rate;
+  if (auto rate = parse_rate(text, {"/s", "ps"},
+                             {{"", 1},           {"B", 1},          {"KB", 1e3},       {"MB", 1e6},       {"GB", 1e9},
+                              {"KiB", 1024.0},   {"MiB", 1 << 20},  {"GiB", 1 << 30},  {"Kbit", 1e3 / 8}, {"Mbit", 1e6 / 8},
+                              {"Gbit", 1e9 / 8}, {"Gb", 1e9 / 8},   {"Mb", 1e6 / 8}}))
+    return *rate;
   throw Error("--bandwidth: expected a rate such as 2GB/s, 500MiB/s, 10Gbit/s or 1e9 (bytes/s), found '" + text + "'");
 }
 
 double parse_flop_rate(const std::string& text) {
-  static const char* const suffixes[] = {"FLOP/s", "FLOPS", "flop/s", "flops"};
-  static const Unit units[] = {{"", 1}, {"k", 1e3}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"P", 1e15}};
-  if (auto rate = parse_rate(text, suffixes, units)) return *rate;
+  if (auto rate = parse_rate(text, {"FLOP/s", "FLOPS", "flop/s", "flops"},
+                             {{"", 1}, {"k", 1e3}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"P", 1e15}}))
+    return *rate;
   throw Error("--compute: expected an achieved rate per rank such as 400TFLOP/s, 400TFLOPS, 50GFLOP/s or 4e14 "
               "(FLOP/s), found '" + text + "'");
 }
