@@ -2,7 +2,7 @@
 #   make demo   the main job: GPT-mini trained with FULL_SHARD on 2 ranks, with a report
 #   make test   build and run the test suite (ctest)
 #   make build  build only;  make bench  benchmarks;  make deps  Debian packages and torch
-#   make scale  a model no rank can hold: GPT d=768 L=12 T=256 (85.7 M) on 8 ranks under 320 MiB each, --ac block (~45 s)
+#   make scale  a model no rank can hold: GPT d=768 L=12 T=256 (85.7 M) on 8 ranks, tensors under 320 MiB and the process under 512 MiB each, --ac block (~50 s)
 #   make docs   the API reference of include/fsdp (Doxygen) in build/docs/html
 #   make install PREFIX=DIR   headers, libraries, the fsdp command and the CMake package
 #   make fuzz   libFuzzer over the checkpoint parsers (clang, build-fuzz/, FUZZ_SECONDS each)

@@ -3,6 +3,9 @@
 // initial weights that do not depend on the world size or the construction;
 // --init into shards; the memory budget from process start.
 #include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <unistd.h>
@@ -323,6 +326,47 @@ TEST(ShardedConstruction, ConstructionPeakIsShardsPlusAboutOneUnit) {
       }
       EXPECT_GT(f["vmhwm"], 0) << line;
     }
+  }
+  fs::remove_all(d);
+}
+
+// The planner's process budget holds: `fsdp plan --budget-rss` names the
+// --max-memory the tensors get; a run at N = 3 under it stays inside the
+// budget on every rank, and each rank's VmHWM is broken into its parts
+// (they add up; the unexplained rest is small; the fixed part is within the
+// planner's estimate; comm buffers were used: staging at N > 2).
+TEST(ProcessMemory, EveryRanksPeakIsBrokenIntoItsPartsAndThePlannersBudgetHolds) {
+  const std::string d = temp_dir("rss"), text = write_text(d);
+  const std::vector<std::string> shape = {"--dim", "128", "--layers", "6", "--heads", "4", "--seq", "32", "--batch", "1"};
+  constexpr long long MiB = 1 << 20, budget = 256 * MiB;
+  std::vector<std::string> plan = {bin_path("fsdp"), "plan", "--world", "3", "--strategy", "full", "--budget-rss",
+                                   "256MiB", "--json"};
+  plan.insert(plan.end(), shape.begin(), shape.end());
+  auto p = run_command(plan);
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  const auto j = nlohmann::json::parse(p.output);
+  ASSERT_TRUE(j["recommendation"]["fits"].get<bool>()) << p.output;
+  const long long limit = j["process_budget"]["tensors"].get<long long>();
+  const long long planned_fixed = j["process_budget"]["fixed"].get<long long>();
+  ASSERT_GT(limit, 0) << p.output;
+
+  auto r = gpt_run(3, with(shape, {"--text", text, "--steps", "2", "--max-memory", std::to_string(limit),
+                                   "--rank-memory"}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto lines = lines_with(r.output, "memory: plan peak");
+  ASSERT_EQ(lines.size(), 3u) << r.output;
+  for (auto& line : lines) {
+    const auto f = parse_kv(line);
+    EXPECT_LE(f["vmhwm"], budget) << "the process passed the budget the planner answered for: " << line;
+    EXPECT_EQ(f["vmhwm"], f["at_start"] + f["code_since"] + f["tensors"] + f["comm"] + f["cache"] + f["malloc_used"] +
+                              f["malloc_free"] + f["unexplained"] + f["elsewhere"])
+        << "the parts add up to VmHWM: " << line;
+    EXPECT_GT(f["at_start"], 16 * MiB) << "libtorch's code and data are resident at start: " << line;
+    EXPECT_GT(f["tensors"], 0) << line;
+    EXPECT_LE(f["tensors"] + f["comm"] + f["cache"], limit + 64 * 4096) << "the allocator stays in its limit: " << line;
+    EXPECT_GT(f["comm_high"], 0) << "N = 3 stages reduce-scatter pieces on the communication thread: " << line;
+    EXPECT_LE(std::llabs(f["unexplained"]), 16 * MiB) << "the unexplained rest should be small: " << line;
+    EXPECT_LE(f["fixed"], planned_fixed) << "the planner's fixed part covers the run's: " << line;
   }
   fs::remove_all(d);
 }

@@ -208,4 +208,42 @@ TEST_F(MemoryCache, SteadyStateStepFaultsInAlmostNoPages) {
   memory::set_caching(true);
 }
 
+// The allocator's footprint (what it holds from the system) and its
+// communication buffers are exact; the process breakdown adds up to its
+// sample, which VmHWM bounds.
+TEST_F(MemoryCache, FootprintCommBuffersAndTheProcessBreakdownAddUp) {
+  const auto s0 = memory::stats();
+  {
+    auto t = torch::empty({8 * kMiB}, torch::kUInt8);
+    const auto s1 = memory::stats();
+    // A fresh block: page-rounded capacity plus its 64-byte header.
+    EXPECT_EQ(s1.footprint - s0.footprint, 8 * kMiB + 64);
+    EXPECT_GE(s1.footprint_high, s1.footprint);
+    EXPECT_EQ(s1.comm_current, s0.comm_current) << "allocated outside CommBuffers: a tensor, not a comm buffer";
+    {
+      memory::CommBuffers comm;
+      auto c = torch::empty({3 * kMiB}, torch::kUInt8);
+      EXPECT_EQ(memory::stats().comm_current, s0.comm_current + 3 * kMiB);
+      EXPECT_EQ(memory::stats().current, s1.current + 3 * kMiB) << "comm buffers are part of current";
+    }
+    EXPECT_EQ(memory::stats().comm_current, s0.comm_current) << "a freed comm buffer must leave comm_current";
+  }
+  memory::empty_cache();
+  EXPECT_EQ(memory::stats().footprint, s0.footprint) << "empty_cache gives every cached block back";
+
+  const memory::ProcessMemory m = memory::process_memory();
+  EXPECT_GT(m.at_start, 0) << "the resident size at install is read from /proc/self/statm";
+  EXPECT_GT(m.sample, m.at_start);
+  EXPECT_GE(m.vmhwm, m.sample) << "VmHWM bounds every sample";
+  EXPECT_EQ(m.elsewhere, m.vmhwm - m.sample);
+  EXPECT_EQ(m.sample, m.at_start + m.code_since + m.tensors + m.comm + m.cache + m.malloc_other + m.malloc_free +
+                          m.unexplained);
+  EXPECT_EQ(m.fixed(), m.vmhwm - m.tensors - m.comm - m.cache);
+  for (int64_t part : {m.code_since, m.tensors, m.comm, m.cache, m.malloc_other, m.malloc_free}) EXPECT_GE(part, 0);
+  const std::string table = m.str();
+  for (const char* row : {"at start", "code since", "tensors", "comm", "cache", "malloc used", "malloc free",
+                          "unexplained", "= sample"})
+    EXPECT_NE(table.find(row), std::string::npos) << row << " missing from:\n" << table;
+}
+
 }  // namespace

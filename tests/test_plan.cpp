@@ -906,4 +906,58 @@ TEST(Plan, CommandPrintsLedgerTrafficAndRecommendation) {
   EXPECT_NE(bad.output.find("--budget"), std::string::npos) << bad.output;
 }
 
+// --budget-rss: the tensors get the process budget less the fixed part
+// (libtorch at start + an allowance, or a run's own with --fixed); with
+// --budget too, the smaller of the two; the answer names the --max-memory.
+TEST(Plan, BudgetRssLeavesTheTensorsWhatTheFixedPartDoesNot) {
+  constexpr int64_t MiB = 1 << 20;
+  const auto est = fsdp::plan::process_budget(512 * MiB, 100 * MiB);
+  EXPECT_FALSE(est.given);
+  EXPECT_EQ(est.fixed(), 100 * MiB + fsdp::plan::kRuntimeAllowance);
+  EXPECT_EQ(est.tensors(), 512 * MiB - est.fixed());
+  EXPECT_NE(est.str().find("libtorch at start 100.00 MiB"), std::string::npos) << est.str();
+  const auto given = fsdp::plan::process_budget(512 * MiB, 100 * MiB, 200 * MiB);
+  EXPECT_TRUE(given.given);
+  EXPECT_EQ(given.fixed(), 200 * MiB);
+  EXPECT_EQ(given.tensors(), 312 * MiB);
+  EXPECT_NE(given.str().find("run with --max-memory 312MiB"), std::string::npos) << given.str();
+  const auto none = fsdp::plan::process_budget(150 * MiB, 100 * MiB);
+  EXPECT_EQ(none.tensors(), 0);
+  EXPECT_NE(none.str().find("nothing is left for tensors"), std::string::npos) << none.str();
+  EXPECT_THROW(fsdp::plan::process_budget(0, 100 * MiB), fsdp::Error);
+  EXPECT_GT(fsdp::plan::resident_now(), 0) << "this process's resident size from /proc/self/statm";
+
+  const std::string fsdp_bin = fsdp::testing::bin_path("fsdp");
+  const std::vector<std::string> base{fsdp_bin, "plan", "--world", "8", "--strategy", "auto"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  auto j = fsdp::testing::run_command(with({"--budget-rss", "512MiB", "--fixed", "200MiB", "--json"}));
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  auto parsed = nlohmann::json::parse(j.output);
+  EXPECT_EQ(parsed["process_budget"]["fixed"], 200 * MiB);
+  EXPECT_EQ(parsed["process_budget"]["tensors"], 312 * MiB);
+  EXPECT_EQ(parsed["process_budget"]["max_memory_mib"], 312);
+  EXPECT_EQ(parsed["recommendation"]["budget"], 312 * MiB) << "the tensors' share is the budget weighed";
+  auto both = fsdp::testing::run_command(
+      with({"--budget", "256MiB", "--budget-rss", "512MiB", "--fixed", "200MiB", "--json"}));
+  ASSERT_EQ(both.exit_code, 0) << both.output;
+  EXPECT_EQ(nlohmann::json::parse(both.output)["recommendation"]["budget"], 256 * MiB) << "the smaller of the two";
+  auto text = fsdp::testing::run_command(with({"--budget-rss", "512MiB"}));
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("process budget 512.00 MiB per rank (VmHWM): fixed part"), std::string::npos)
+      << text.output;
+  EXPECT_NE(text.output.find("allowance"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("run with --max-memory "), std::string::npos) << text.output;
+
+  auto lone = fsdp::testing::run_command(with({"--budget", "1GiB", "--fixed", "200MiB"}));
+  EXPECT_EQ(lone.exit_code, 2) << lone.output;
+  EXPECT_NE(lone.output.find("give --budget-rss too"), std::string::npos) << lone.output;
+  auto bad = fsdp::testing::run_command(with({"--budget-rss", "lots"}));
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--budget-rss"), std::string::npos) << bad.output;
+}
+
 }  // namespace

@@ -227,7 +227,21 @@ json write_synthetic_trace(const std::string& dir, int world = kWorld, RunShape 
                    {"P_block_unit", p_block_unit},
                    {"A", A},
                    {"predicted_rest", rest},
-                   {"predicted_peak", rest + 2 * p_block + A}}}};
+                   {"predicted_peak", rest + 2 * p_block + A}}},
+                 // VmHWM's parts (memory::ProcessMemory): rank r's VmHWM is (300 + r) MiB.
+                 {"process_memory",
+                  {{"vmhwm", (300 + r) << 20},
+                   {"at_start", 110 << 20},
+                   {"code_since", 20 << 20},
+                   {"tensors", (120 + r) << 20},
+                   {"comm", 1 << 20},
+                   {"cache", 40 << 20},
+                   {"malloc_used", 6 << 20},
+                   {"malloc_free", 1 << 20},
+                   {"unexplained", 2 << 20},
+                   {"sample", (300 + r) << 20},
+                   {"elsewhere", 0},
+                   {"comm_high", 2 << 20}}}};
     json file = {{"traceEvents", w.events}, {"displayTimeUnit", "ms"}, {"otherData", meta}};
     file["traceEvents"].push_back({{"ph", "M"}, {"pid", r}, {"tid", 1}, {"name", "thread_name"},
                                    {"args", {{"name", "comm"}}}});
@@ -409,6 +423,16 @@ TEST(Report, HeadlessChromiumRendersTheReport) {
   EXPECT_NE(dom.output.find("ckpt/step-3/rank1.safetensors"), std::string::npos) << "checkpoint table";
   EXPECT_NE(dom.output.find("class=\"cached-line\""), std::string::npos) << "rank 0's held + cached line";
   EXPECT_NE(dom.output.find("dotted: held + cached by the allocator"), std::string::npos) << "its legend";
+  // VmHWM's parts: a table with a row and a bar per rank.
+  EXPECT_NE(dom.output.find("id=\"process-memory-table\""), std::string::npos) << "the process memory table";
+  size_t bars = 0;
+  for (size_t at = dom.output.find("aria-label=\"VmHWM parts\""); at != std::string::npos;
+       at = dom.output.find("aria-label=\"VmHWM parts\"", at + 1))
+    ++bars;
+  EXPECT_EQ(bars, size_t(kWorld)) << "one bar of VmHWM's parts per rank";
+  for (int r = 0; r < kWorld; ++r)
+    EXPECT_NE(dom.output.find(std::to_string(300 + r) + ".0 MiB"), std::string::npos) << "rank " << r << "'s VmHWM";
+  EXPECT_NE(dom.output.find("malloc free"), std::string::npos) << "the parts' legend";
 
   auto shot_args = flags;
   shot_args.push_back("--screenshot=" + out + "/report.png");

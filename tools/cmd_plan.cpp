@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -27,7 +28,7 @@ using gpt::GptShape;
 
 int cmd_plan(int argc, char** argv) {
   std::string model = "gpt", strategy = "full", wrap = "block", dtype = "fp32", optimizer = "adam", ac = "none";
-  std::string budget_text, bandwidth_text, intra_text, inter_text, compute_text;
+  std::string budget_text, budget_rss_text, fixed_text, bandwidth_text, intra_text, inter_text, compute_text;
   GptShape s;
   int world = 2, micro_steps = 1, prefetch = 0, hosts = 1, shard_group = 0;
   bool as_json = false, measure = false;
@@ -67,8 +68,16 @@ int cmd_plan(int argc, char** argv) {
       ->capture_default_str()
       ->check(fsdp::cli::integer(0, 10000));
   app.add_option("--budget", budget_text,
-                 "memory per rank, e.g. 2GiB: recommend a strategy and wrapping: of those that fit, the least "
+                 "memory per rank for the tensors (the ledger's peak), e.g. 2GiB: recommend a strategy and wrapping: of "
+                 "those that fit, the least "
                  "communication that cannot hide behind compute (with --hosts > 1 HYBRID too)");
+  app.add_option("--budget-rss", budget_rss_text,
+                 "memory per rank for the whole process (its VmHWM), e.g. 700MiB: the tensors get what the fixed "
+                 "part (libtorch, malloc's heap, stacks) leaves, and the answer says the --max-memory to run with; "
+                 "with --budget too, the smaller of the two");
+  app.add_option("--fixed", fixed_text,
+                 "with --budget-rss: the fixed part a run measured (gpt --rank-memory prints fixed=), instead of "
+                 "this process's libtorch at start plus an allowance");
   app.add_option("--compute", compute_text,
                  "achieved FLOP/s per rank, e.g. 400TFLOP/s or 4e14: the recommendation also weighs the "
                  "communication the compute time cannot cover (needs link rates)");
@@ -88,6 +97,7 @@ int cmd_plan(int argc, char** argv) {
   PlanOptions o;
   std::optional<fsdp::ShardingStrategy> chosen;  // none: auto
   int64_t budget = 0;
+  std::optional<ProcessBudget> process;
   try {
     if (model != "gpt") throw fsdp::UsageError("--model: expected gpt, found '" + model + "'");
     if (dtype != "fp32" && dtype != "bf16") throw fsdp::UsageError("--dtype: expected fp32|bf16, found '" + dtype + "'");
@@ -132,8 +142,29 @@ int cmd_plan(int argc, char** argv) {
         throw fsdp::UsageError(std::string("--budget: ") + e.what());
       }
     }
+    if (!fixed_text.empty() && budget_rss_text.empty())
+      throw fsdp::UsageError("--fixed is the fixed part of a process budget: give --budget-rss too");
+    if (!budget_rss_text.empty()) {
+      int64_t rss = 0, fixed = 0;
+      try {
+        rss = fsdp::cli::parse_bytes(budget_rss_text);
+      } catch (const fsdp::Error& e) {
+        throw fsdp::UsageError(std::string("--budget-rss: ") + e.what());
+      }
+      if (!fixed_text.empty()) {
+        try {
+          fixed = fsdp::cli::parse_bytes(fixed_text);
+        } catch (const fsdp::Error& e) {
+          throw fsdp::UsageError(std::string("--fixed: ") + e.what());
+        }
+      }
+      process = process_budget(rss, resident_now(), fixed);
+      // The tensors' share (at least a byte: nothing then fits, and the answer says why).
+      const int64_t share = std::max<int64_t>(1, process->tensors());
+      budget = budget > 0 ? std::min(budget, share) : share;
+    }
     if (!chosen && budget <= 0)
-      throw fsdp::UsageError("--strategy auto needs --budget (e.g. --budget 2GiB) to decide.");
+      throw fsdp::UsageError("--strategy auto needs --budget (e.g. --budget 2GiB) or --budget-rss to decide.");
     gpt_units(s, wrap);  // checks --wrap
     gpt::checkpoint_every(ac);  // checks --ac
     if (!compute_text.empty()) o.compute_seconds = gpt_flops(s, ac, micro_steps) / parse_flop_rate(compute_text);
@@ -193,6 +224,13 @@ int cmd_plan(int argc, char** argv) {
       text += (tiered ? "\n" : "") + r.plan.str();
       j["plan"] = nlohmann::json::parse(r.plan.to_json());
       j["wrap"] = r.wrap;
+    }
+    if (process) {
+      text += "\n" + process->str() + "\n";
+      j["process_budget"] = {{"rss", process->rss},           {"at_start", process->at_start},
+                             {"runtime", process->runtime},   {"fixed", process->fixed()},
+                             {"given", process->given},       {"tensors", process->tensors()},
+                             {"max_memory_mib", process->tensors() >> 20}};
     }
     text += "\n" + r.table + "\n" + r.why + "\n=> " + r.verdict() + "\n";
     const bool timed = r.comm.timed;

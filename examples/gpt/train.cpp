@@ -654,17 +654,31 @@ int train(const Args& a) {
 
   print_ledger(run, model, *opt, plan, a.steps - first_step, seconds, train_bytes, train_inter_bytes, tokens_per_step);
   if (a.rank_memory) {
+    // One line per rank: the tensors against the plan, then the process's
+    // peak resident memory (VmHWM) in its parts (fsdp/memory.h,
+    // ProcessMemory), as text and as bytes for scripts (make scale's table).
     using fsdp::memory::format_bytes;
     const auto ms = fsdp::memory::stats();
     const int64_t planned =
         plan ? plan->peak : gpt_plan(a, run.N, fopts.strategy, fsdp::plan::units_from(model->units())).peak;
-    const int64_t hwm = fsdp::memory::process_peak_rss();
-    std::printf("rank %d memory: plan peak %s | construction %s | training peak %s | from start %s | VmHWM %s "
-                "| bytes: plan_peak=%lld construction=%lld training_peak=%lld from_start=%lld vmhwm=%lld\n",
+    const fsdp::memory::ProcessMemory pm = fsdp::memory::process_memory();
+    std::printf("rank %d memory: plan peak %s | construction %s | training peak %s | from start %s | VmHWM %s = "
+                "%s at start + %s code since + %s tensors + %s comm + %s cache + %s malloc used + %s malloc free + "
+                "%s unexplained + %s elsewhere (comm buffers at most %s) "
+                "| bytes: plan_peak=%lld construction=%lld training_peak=%lld from_start=%lld vmhwm=%lld "
+                "at_start=%lld code_since=%lld tensors=%lld comm=%lld cache=%lld malloc_used=%lld malloc_free=%lld "
+                "unexplained=%lld elsewhere=%lld comm_high=%lld fixed=%lld\n",
                 run.rank, format_bytes(planned).c_str(), format_bytes(construction_peak).c_str(),
-                format_bytes(ms.peak).c_str(), format_bytes(ms.high_water).c_str(), format_bytes(hwm).c_str(),
-                (long long)planned, (long long)construction_peak, (long long)ms.peak, (long long)ms.high_water,
-                (long long)hwm);
+                format_bytes(ms.peak).c_str(), format_bytes(ms.high_water).c_str(), format_bytes(pm.vmhwm).c_str(),
+                format_bytes(pm.at_start).c_str(), format_bytes(pm.code_since).c_str(),
+                format_bytes(pm.tensors).c_str(), format_bytes(pm.comm).c_str(), format_bytes(pm.cache).c_str(),
+                format_bytes(pm.malloc_other).c_str(), format_bytes(pm.malloc_free).c_str(),
+                format_bytes(pm.unexplained).c_str(), format_bytes(pm.elsewhere).c_str(),
+                format_bytes(pm.comm_high).c_str(), (long long)planned,
+                (long long)construction_peak, (long long)ms.peak, (long long)ms.high_water, (long long)pm.vmhwm,
+                (long long)pm.at_start, (long long)pm.code_since, (long long)pm.tensors, (long long)pm.comm,
+                (long long)pm.cache, (long long)pm.malloc_other, (long long)pm.malloc_free,
+                (long long)pm.unexplained, (long long)pm.elsewhere, (long long)pm.comm_high, (long long)pm.fixed());
     std::fflush(stdout);
   }
   finish(a, run, model, popts);

@@ -36,6 +36,7 @@
 
 #include "fsdp/comm.h"
 #include "fsdp/errors.h"
+#include "fsdp/memory.h"
 #include "fsdp/param_init.h"
 #include "fsdp/strategy.h"
 
@@ -240,6 +241,7 @@ struct Ledger {
   int64_t current = 0;        // counting allocator now
   int64_t cached = 0;         // allocator cache now: freed blocks kept for reuse (not in peak/current)
   int64_t rss_peak = 0;       // the process's resident high-water mark (VmHWM; 0 where unknown)
+  memory::ProcessMemory process;  // VmHWM's parts: libtorch at start, tensors, cache, comm, malloc, the rest
   // Bytes this rank sent so far (the world's counters, its groups included;
   // since the last reset_counters()), by tier: to ranks on this host / on others.
   int64_t sent_intra_host = 0, sent_inter_host = 0;

@@ -1,6 +1,7 @@
 // fsdp-cpp: the counting CPU allocator behind the ledger.
 // defines: memory::install, memory::stats, memory::reset_peak, memory::set_limit,
-//          memory::empty_cache, memory::set_caching, memory::OutOfMemory, memory::Stats
+//          memory::empty_cache, memory::set_caching, memory::OutOfMemory, memory::Stats,
+//          memory::ProcessMemory, memory::process_memory, memory::CommBuffers
 //
 // Installed with c10::SetCPUAllocator before the model is built (by
 // fsdp::init, init.h, or by calling install() yourself; nothing installs it
@@ -38,6 +39,14 @@ struct Stats {
   int64_t cache_hits = 0;          // allocations served from the cache
   int64_t system_allocations = 0;  // allocations that went to the system (malloc)
   int64_t cache_released = 0;      // cached bytes given back (bound, limit, empty_cache)
+  // Communication buffers (CommBuffers): part of current, apart.
+  int64_t comm_current = 0;
+  int64_t comm_high = 0;  // the most at once since install
+  // What the allocator holds from the system (tensors, cache, headers,
+  // rounding) now.
+  int64_t footprint = 0;
+  // The most it has held from the system at once.
+  int64_t footprint_high = 0;
 };
 
 // Idempotent. Returns true when the counting allocator is active. Without
@@ -79,6 +88,49 @@ class OutOfMemory : public Error {
 // The process's resident high-water mark (VmHWM in /proc/self/status): what
 // the system saw, cache and every library included. 0 where unknown.
 int64_t process_peak_rss();
+
+// Allocations this thread makes while one lives count as communication
+// buffers (ProcessMemory::comm, Stats::comm_current) instead of tensors. The
+// communicators' threads hold one for their life; a program's own
+// communication thread can too.
+class CommBuffers {
+ public:
+  // This thread's allocations count as communication buffers from here.
+  CommBuffers();
+  // Until the outermost one on this thread goes.
+  ~CommBuffers();
+  CommBuffers(const CommBuffers&) = delete;
+  CommBuffers& operator=(const CommBuffers&) = delete;
+};
+
+// The process's peak resident memory (VmHWM) broken into its parts: what a
+// per-process budget must hold beside the tensors the ledger counts (fsdp
+// plan --budget-rss). The counting allocator samples the process's resident
+// size each time its own footprint (tensors + cache) reaches a new high; the
+// parts are those of the largest sample. 0s without the counting allocator.
+struct ProcessMemory {
+  int64_t vmhwm = 0;        // the process's resident high-water mark (VmHWM)
+  int64_t at_start = 0;     // resident when the counting allocator was installed: libtorch's code
+                            // and data, the C++ runtime (what fsdp::init finds)
+  int64_t code_since = 0;   // library pages (file-backed: code, read-only data) first touched after
+                            // that, at the sample: kernels first used in training
+  int64_t tensors = 0;      // bytes held by tensors at the sample, communication buffers excluded
+  int64_t comm = 0;         // communication buffers at the sample (CommBuffers)
+  int64_t cache = 0;        // the allocator's cache at the sample: freed blocks kept, headers, rounding
+  int64_t malloc_other = 0; // in use in malloc's heap besides the allocator's blocks at the sample:
+                            // libtorch's and the program's objects (autograd graph, strings, maps)
+  int64_t malloc_free = 0;  // freed memory malloc keeps at the sample (not returned to the system)
+  int64_t unexplained = 0;  // resident at the sample minus the parts above: thread stacks, other mappings
+  int64_t sample = 0;       // resident at the sample (<= vmhwm)
+  int64_t elsewhere = 0;    // vmhwm - sample: a peak reached at another moment (or between samples)
+  int64_t comm_high = 0;    // the most communication buffers held at once (not a part of the sum)
+  // VmHWM less the allocator's footprint at the sample (tensors, comm,
+  // cache): what a process holds beside what a --max-memory limit bounds.
+  int64_t fixed() const;
+  std::string str() const;  // the table the examples print, a row per part
+};
+// VmHWM now, and its parts at the largest sample (see ProcessMemory).
+ProcessMemory process_memory();
 
 // "1.50 MiB"
 std::string format_bytes(int64_t bytes);

@@ -353,6 +353,39 @@ Recommendation recommend(const std::vector<Candidate>& candidates_coarse_to_fine
                          std::optional<ShardingStrategy> only = std::nullopt);
 
 // ---------------------------------------------------------------------------
+// A process budget (fsdp plan --budget-rss): what a rank's whole process may
+// hold (its VmHWM). The tensors get what is left once the fixed part is set
+// aside: what a process holds beside the counting allocator's footprint
+// (memory::ProcessMemory::fixed: libtorch's code and data, malloc's heap,
+// thread stacks). The run passes the tensors' share to the allocator as its
+// limit (gpt --max-memory, memory::set_limit), which keeps tensors and cache
+// together inside it.
+struct ProcessBudget {
+  int64_t rss = 0;       // the whole process's budget per rank
+  int64_t at_start = 0;  // libtorch's code and data at start
+  int64_t runtime = 0;   // the rest of the fixed part: code paged in later, malloc's heap, stacks
+  bool given = false;    // the fixed part was given (--fixed: what a run printed), not estimated
+  // What the process holds beside the allocator: at_start + runtime.
+  int64_t fixed() const { return at_start + runtime; }
+  // What the tensors get, the allocator's limit: rss - fixed (0 where nothing is left).
+  int64_t tensors() const { return rss > fixed() ? rss - fixed() : 0; }
+  std::string str() const;  // the lines `fsdp plan --budget-rss` prints
+};
+// The allowance for the fixed part beyond libtorch at start, when the run's
+// own is not given: make scale (GPT 85.7 M, 8 ranks, one thread each)
+// measured 28-31 MiB (library code paged in during training 22 MiB, malloc's
+// heap under 1 MiB, stacks and the rest 3-5 MiB, VmHWM between samples 1-3
+// MiB); twice that. More threads, another model or another libtorch build
+// can need more: give a run's own with --fixed.
+constexpr int64_t kRuntimeAllowance = int64_t(64) << 20;
+// `rss`: the process budget. `fixed` > 0: the fixed part as a run measured it
+// (gpt --rank-memory prints fixed=); 0: this process's resident size
+// (`at_start`: the same libtorch, loaded) + kRuntimeAllowance.
+ProcessBudget process_budget(int64_t rss, int64_t at_start, int64_t fixed = 0);
+// This process's resident size now (VmRSS), 0 where unknown.
+int64_t resident_now();
+
+// ---------------------------------------------------------------------------
 // Bandwidth.
 
 // Sends `bytes` through a loopback TCP connection on this host and returns

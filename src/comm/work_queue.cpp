@@ -1,6 +1,8 @@
 // fsdp-cpp: the communication thread (see work_queue.h).
 #include "comm/work_queue.h"
 
+#include "fsdp/memory.h"
+
 namespace fsdp::comm {
 
 void CompletionWork::wait() {
@@ -65,6 +67,9 @@ std::exception_ptr WorkQueue::failure() const {
 }
 
 void WorkQueue::loop() {
+  // What the collectives allocate here (staging) is communication buffers
+  // in the process's memory breakdown (fsdp/memory.h).
+  memory::CommBuffers comm_buffers;
   for (;;) {
     Item item;
     {

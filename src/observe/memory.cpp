@@ -1,8 +1,9 @@
 // fsdp-cpp: the counting CPU allocator (see include/fsdp/memory.h).
 //
-// Blocks come from c10::alloc_cpu (what the default CPU allocator uses) with
-// the size in a header in front, so the deleter knows exactly what to
-// subtract; blocks of 64 KiB and more are cached for reuse (below). Counters
+// Blocks carry their size in a header in front, so the deleter knows exactly
+// what to subtract; blocks of 64 KiB and more are mapped from the system
+// directly and cached for reuse (below), smaller ones come from
+// c10::alloc_cpu (what the default CPU allocator uses). Counters
 // are atomics: the allocator is called from compute threads and the
 // communication thread.
 #include "fsdp/memory.h"
@@ -17,10 +18,15 @@
 #include <map>
 #include <unordered_map>
 #include <cmath>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 
+#include <fcntl.h>
+#include <malloc.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "fsdp/deferred.h"
 #include "fsdp/errors.h"
@@ -33,6 +39,12 @@ std::atomic<int64_t> g_peak{0};
 std::atomic<int64_t> g_high{0};  // max of current since install, never reset
 std::atomic<int64_t> g_allocs{0};
 std::atomic<int64_t> g_limit{0};
+std::atomic<int64_t> g_comm{0};        // of current: communication buffers (CommBuffers)
+std::atomic<int64_t> g_comm_high{0};
+std::atomic<int64_t> g_footprint{0};   // bytes the allocator holds from the system
+std::atomic<int64_t> g_footprint_high{0};
+std::atomic<int64_t> g_mapped{0};      // of the footprint: mapped directly, not through malloc
+thread_local int tl_comm_depth = 0;
 std::mutex g_explainer_mu;
 std::function<std::string(int64_t, const Stats&)> g_explainer;
 
@@ -44,11 +56,42 @@ constexpr size_t kHeader = 64;  // keeps the data 64-byte aligned like the defau
 struct Header {
   int64_t size;      // bytes the tensor asked for: what current/peak count
   int64_t capacity;  // bytes of data behind the header (>= size); 0: not cacheable
+  int64_t comm;      // 1: a communication buffer (allocated inside CommBuffers)
 };
+// What a block takes from the system, its header included.
+int64_t block_bytes(const Header& h) { return (h.capacity > 0 ? h.capacity : h.size) + int64_t(kHeader); }
+
+// Cacheable blocks (capacity > 0) are mapped from the system directly, not
+// taken from malloc: glibc raises its mmap threshold each time it unmaps a
+// freed block (up to 32 MiB), after which blocks of that size come from its
+// heap, and a heap block freed there stays resident. A block the cache gives
+// back to stay under the limit would then still count against the process
+// (make scale measured 64-190 MiB of such freed memory per rank). An unmapped
+// block is gone. Under AddressSanitizer they stay with malloc, which it sees.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kMapBlocks = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kMapBlocks = false;
+#else
+constexpr bool kMapBlocks = true;
+#endif
+#else
+constexpr bool kMapBlocks = true;
+#endif
+
+void system_free(char* raw, int64_t bytes, bool cacheable) {
+  g_footprint.fetch_sub(bytes, std::memory_order_relaxed);
+  if (kMapBlocks && cacheable) {
+    g_mapped.fetch_sub(bytes, std::memory_order_relaxed);
+    ::munmap(raw, static_cast<size_t>(bytes));
+  } else
+    c10::free_cpu(raw);
+}
 
 // ---------------------------------------------------------------------------
-// The cache. glibc returns large blocks (mmap'd, or the top of the heap) to the
-// kernel on free; the next allocation of the same size then faults in fresh
+// The cache. A large block given back to the kernel on free (unmapped) makes
+// the next allocation of the same size fault in fresh
 // zeroed pages, thousands per training step (every unshard, every gradient
 // buffer, every activation of a few hundred KiB). Blocks of at least
 // kCacheMin bytes are kept here instead and handed to the next request that
@@ -114,7 +157,7 @@ struct Cache {
     age_of.erase(it->second);
     cached.fetch_sub(it->first, std::memory_order_relaxed);
     released.fetch_add(it->first, std::memory_order_relaxed);
-    c10::free_cpu(it->second);
+    system_free(it->second, it->first + int64_t(kHeader), /*cacheable=*/true);
     free_by_size.erase(it);
   }
 
@@ -179,21 +222,119 @@ void release(void* data) {
   char* raw = static_cast<char*>(data) - kHeader;
   const Header h = *reinterpret_cast<Header*>(raw);
   g_current.fetch_sub(h.size, std::memory_order_relaxed);
+  if (h.comm) g_comm.fetch_sub(h.size, std::memory_order_relaxed);
   Cache& c = cache();
   if (h.capacity > 0 && c.enabled.load(std::memory_order_relaxed) && c.put(raw, h.capacity, cache_bound()))
     return;
-  c10::free_cpu(raw);
+  system_free(raw, block_bytes(h), h.capacity > 0);
 }
 
-char* system_alloc(size_t bytes) {
+// ---------------------------------------------------------------------------
+// Where the process's resident memory goes (ProcessMemory). Each time the
+// allocator's footprint passes its high by kSampleStep, the resident size
+// (/proc/self/statm: two numbers, no allocation) and malloc's totals are
+// sampled, with the allocator's own counters of that moment; the sample with
+// the most resident memory is kept. A few hundred samples in a run at most,
+// nearly all in its first step.
+constexpr int64_t kSampleStep = 1 << 20;
+
+struct Resident {
+  int64_t total = 0;  // resident bytes
+  int64_t file = 0;   // of which file-backed or shared (library code and data)
+};
+Resident read_statm() {
+  Resident r;
+  const int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return r;
+  char buf[160];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return r;
+  buf[n] = 0;
+  long long size = 0, resident = 0, shared = 0;
+  if (std::sscanf(buf, "%lld %lld %lld", &size, &resident, &shared) != 3) return r;
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  r.total = resident * page;
+  r.file = shared * page;
+  return r;
+}
+
+struct MallocTotals {
+  int64_t used = 0;  // in use, mmap'd chunks included
+  int64_t free = 0;  // freed and kept
+};
+MallocTotals read_malloc() {
+  const struct mallinfo2 m = ::mallinfo2();
+  return {static_cast<int64_t>(m.uordblks + m.hblkhd), static_cast<int64_t>(m.fordblks)};
+}
+
+struct Sample {
+  Resident resident;
+  MallocTotals malloc;
+  int64_t current = 0, comm = 0, footprint = 0, mapped = 0;
+};
+struct Samples {
+  std::mutex mu;
+  Sample start;  // at install
+  Sample best;   // the most resident
+  std::atomic<int64_t> next{0};  // footprint that triggers the next sample
+};
+Samples& samples() {
+  static Samples* s = new Samples;  // immortal, like the cache
+  return *s;
+}
+
+Sample take_sample() {
+  Sample x;
+  x.resident = read_statm();
+  x.malloc = read_malloc();
+  x.current = g_current.load(std::memory_order_relaxed);
+  x.comm = g_comm.load(std::memory_order_relaxed);
+  x.footprint = g_footprint.load(std::memory_order_relaxed);
+  x.mapped = g_mapped.load(std::memory_order_relaxed);
+  return x;
+}
+
+void note_footprint(int64_t footprint) {
+  int64_t high = g_footprint_high.load(std::memory_order_relaxed);
+  while (footprint > high && !g_footprint_high.compare_exchange_weak(high, footprint, std::memory_order_relaxed)) {
+  }
+  Samples& s = samples();
+  if (footprint < s.next.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> g(s.mu);
+  if (footprint < s.next.load(std::memory_order_relaxed)) return;
+  s.next.store(footprint + kSampleStep, std::memory_order_relaxed);
+  Sample x = take_sample();
+  if (x.resident.total >= s.best.resident.total) s.best = x;
+}
+
+char* map_block(size_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p != MAP_FAILED) return static_cast<char*>(p);
+  const int err = errno;
+  throw OutOfMemory("out of memory: the system refused " + format_bytes(static_cast<int64_t>(bytes)) + " (mmap: " +
+                    std::strerror(err) + ") with " + format_bytes(g_current.load()) +
+                    " held by tensors in this process. Expected: memory for the tensors this step needs. "
+                    "Fix: fewer ranks on this host, a smaller micro-batch, or --strategy full / activation "
+                    "checkpointing (fsdp plan shows each term).");
+}
+
+char* system_alloc(size_t bytes, bool cacheable) {
   cache().system_allocs.fetch_add(1, std::memory_order_relaxed);
+  const bool mapped = kMapBlocks && cacheable;
+  char* raw = nullptr;
   try {
-    return static_cast<char*>(c10::alloc_cpu(bytes));
-  } catch (const c10::Error&) {
+    raw = mapped ? map_block(bytes) : static_cast<char*>(c10::alloc_cpu(bytes));
+  } catch (const std::exception&) {
     // The system said no: what the cache holds is the first thing to give back.
     if (cache().trim(0) == 0) throw;
-    return static_cast<char*>(c10::alloc_cpu(bytes));  // throws c10::Error when still refused
+    // Throws again (OutOfMemory, or c10::Error from alloc_cpu) when still refused.
+    raw = mapped ? map_block(bytes) : static_cast<char*>(c10::alloc_cpu(bytes));
   }
+  if (mapped) g_mapped.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+  note_footprint(g_footprint.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed) +
+                 static_cast<int64_t>(bytes));
+  return raw;
 }
 
 class CountingAllocator final : public c10::Allocator {
@@ -208,6 +349,7 @@ class CountingAllocator final : public c10::Allocator {
     const int64_t cap = cacheable ? round_capacity(size) : 0;
     int64_t limit = g_limit.load(std::memory_order_relaxed);
     int64_t now = g_current.fetch_add(size, std::memory_order_relaxed) + size;
+    const bool comm = tl_comm_depth > 0;
     if (limit > 0) {
       // Held plus cached bytes stay within the limit: give back cached blocks
       // (oldest first) before refusing anything.
@@ -234,19 +376,26 @@ class CountingAllocator final : public c10::Allocator {
     while (now > high && !g_high.compare_exchange_weak(high, now, std::memory_order_relaxed)) {
     }
     g_allocs.fetch_add(1, std::memory_order_relaxed);
+    if (comm) {
+      const int64_t c_now = g_comm.fetch_add(size, std::memory_order_relaxed) + size;
+      int64_t c_high = g_comm_high.load(std::memory_order_relaxed);
+      while (c_now > c_high && !g_comm_high.compare_exchange_weak(c_high, c_now, std::memory_order_relaxed)) {
+      }
+    }
     char* raw = cacheable ? c.take(cap) : nullptr;
     int64_t got = cap;
     if (raw) {
       got = reinterpret_cast<Header*>(raw)->capacity;
     } else {
       try {
-        raw = system_alloc(static_cast<size_t>(cacheable ? cap : size) + kHeader);
+        raw = system_alloc(static_cast<size_t>(cacheable ? cap : size) + kHeader, cacheable);
       } catch (...) {
         g_current.fetch_sub(size, std::memory_order_relaxed);
+        if (comm) g_comm.fetch_sub(size, std::memory_order_relaxed);
         throw;
       }
     }
-    *reinterpret_cast<Header*>(raw) = Header{size, got};
+    *reinterpret_cast<Header*>(raw) = Header{size, got, comm ? 1 : 0};
     void* data = raw + kHeader;
     return c10::DataPtr(data, data, &release, cpu);
   }
@@ -288,6 +437,7 @@ bool install() {
     }
     // Priority above the default so later registrations at default priority
     // do not replace it.
+    samples().start = take_sample();
     c10::SetCPUAllocator(&alloc, /*priority=*/10);
     g_installed = true;
   });
@@ -308,6 +458,10 @@ Stats stats() {
   s.cache_hits = c.hits.load(std::memory_order_relaxed);
   s.system_allocations = c.system_allocs.load(std::memory_order_relaxed);
   s.cache_released = c.released.load(std::memory_order_relaxed);
+  s.comm_current = g_comm.load(std::memory_order_relaxed);
+  s.comm_high = g_comm_high.load(std::memory_order_relaxed);
+  s.footprint = g_footprint.load(std::memory_order_relaxed);
+  s.footprint_high = g_footprint_high.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -403,6 +557,63 @@ int64_t process_peak_rss() {
     if (std::sscanf(line, "VmHWM: %lld kB", &kib) == 1) break;
   std::fclose(f);
   return static_cast<int64_t>(kib) * 1024;
+}
+
+CommBuffers::CommBuffers() { ++tl_comm_depth; }
+CommBuffers::~CommBuffers() { --tl_comm_depth; }
+
+ProcessMemory process_memory() {
+  ProcessMemory m;
+  m.vmhwm = process_peak_rss();
+  if (!installed()) return m;
+  Sample start, best;
+  {
+    Samples& s = samples();
+    std::lock_guard<std::mutex> g(s.mu);
+    // The moment of asking counts too: the resident size may have grown
+    // without the allocator's footprint.
+    Sample now = take_sample();
+    if (now.resident.total > s.best.resident.total) s.best = now;
+    start = s.start;
+    best = s.best;
+  }
+  m.at_start = start.resident.total;
+  m.sample = best.resident.total;
+  m.code_since = std::max<int64_t>(0, best.resident.file - start.resident.file);
+  m.comm = best.comm;
+  m.tensors = best.current - best.comm;
+  m.cache = best.footprint - best.current;
+  // malloc's totals include the allocator's small blocks (those it does not
+  // map itself): the rest is everyone else's, counted from what it was at start.
+  m.malloc_other = std::max<int64_t>(0, best.malloc.used - (best.footprint - best.mapped) - start.malloc.used);
+  m.malloc_free = std::max<int64_t>(0, best.malloc.free - start.malloc.free);
+  m.unexplained = m.sample - m.at_start - m.code_since - m.tensors - m.comm - m.cache - m.malloc_other - m.malloc_free;
+  m.elsewhere = std::max<int64_t>(0, m.vmhwm - m.sample);
+  m.comm_high = g_comm_high.load(std::memory_order_relaxed);
+  return m;
+}
+
+int64_t ProcessMemory::fixed() const { return vmhwm - tensors - comm - cache; }
+
+std::string ProcessMemory::str() const {
+  std::string out = "process memory: VmHWM " + format_bytes(vmhwm) + "\n";
+  auto row = [&](const char* k, int64_t v, const char* note) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "  %-13s %12s   %s\n", k, format_bytes(v).c_str(), note);
+    out += buf;
+  };
+  row("at start", at_start, "resident when the allocator was installed: libtorch's code and data");
+  row("code since", code_since, "library pages first touched later (kernels first used)");
+  row("tensors", tensors, "held by tensors (the ledger's terms and the rest of the step's)");
+  row("comm", comm, "communication buffers (staging on the communication thread)");
+  row("cache", cache, "the allocator's cache: freed blocks kept for reuse, headers, rounding");
+  row("malloc used", malloc_other, "malloc's heap besides the allocator: objects (autograd graph, strings)");
+  row("malloc free", malloc_free, "freed memory malloc keeps instead of returning it");
+  row("unexplained", unexplained, "the rest: thread stacks, other mappings");
+  row("= sample", sample, "resident at the largest sample (taken as the allocator's footprint grew)");
+  if (elsewhere > 0) row("+ elsewhere", elsewhere, "VmHWM reached at another moment (between samples)");
+  row("(comm high)", comm_high, "the most communication buffers held at once in the run (not a part: at any moment)");
+  return out;
 }
 
 std::string format_bytes(int64_t bytes) {

@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "fsdp/errors.h"
 #include "fsdp/memory.h"
 #include "fsdp/plan.h"
@@ -296,6 +298,53 @@ Recommendation recommend(const std::vector<Candidate>& cands, int64_t A, const P
   r.table = table.str();
   r.why = why.str();
   return r;
+}
+
+// ---------------------------------------------------------------------------
+// A process budget.
+
+int64_t resident_now() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long long size = 0, resident = 0;
+  const int got = std::fscanf(f, "%lld %lld", &size, &resident);
+  std::fclose(f);
+  return got == 2 ? static_cast<int64_t>(resident) * ::sysconf(_SC_PAGESIZE) : 0;
+}
+
+ProcessBudget process_budget(int64_t rss, int64_t at_start, int64_t fixed) {
+  FSDP_USER_CHECK(rss > 0, "plan: --budget-rss must be > 0 bytes, found ", rss);
+  FSDP_USER_CHECK(fixed >= 0, "plan: --fixed must be >= 0 bytes, found ", fixed);
+  ProcessBudget p;
+  p.rss = rss;
+  if (fixed > 0) {
+    p.given = true;
+    p.at_start = std::min(at_start, fixed);
+    p.runtime = fixed - p.at_start;
+  } else {
+    p.at_start = at_start;
+    p.runtime = kRuntimeAllowance;
+  }
+  return p;
+}
+
+std::string ProcessBudget::str() const {
+  std::ostringstream os;
+  os << "process budget " << b(rss) << " per rank (VmHWM): fixed part " << b(fixed());
+  if (given)
+    os << " (given: --fixed, a run's own fixed=)";
+  else
+    os << " = libtorch at start " << b(at_start) << " (this process's resident size: the same libraries) + "
+       << b(runtime) << " allowance (code paged in later, malloc's heap, thread stacks; a run's own: --fixed)";
+  os << "\n";
+  if (tensors() > 0)
+    os << "  => tensors get " << b(tensors()) << ": run with --max-memory " << (tensors() >> 20)
+       << "MiB (the allocator's limit: tensors and its cache inside it)";
+  else
+    os << "  => nothing is left for tensors: the fixed part alone passes the budget. Fix: a larger --budget-rss "
+          "(at least "
+       << b(fixed()) << " plus the tensors)";
+  return os.str();
 }
 
 }  // namespace fsdp::plan

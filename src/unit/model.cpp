@@ -255,7 +255,8 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
   l.peak = ms.peak;
   l.current = ms.current;
   l.cached = ms.cached;
-  l.rss_peak = memory::process_peak_rss();
+  l.process = memory::process_memory();
+  l.rss_peak = l.process.vmhwm;
   const CommCounters sent = engine_->comm->counters();
   l.sent_intra_host = sent.total_bytes_intra_host();
   l.sent_inter_host = sent.total_bytes_inter_host();
@@ -283,6 +284,14 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
                                  {"P_block_unit", l.P_block_unit}, {"A", l.A}, {"A_recompute", l.A_recompute},
                                  {"predicted_rest", l.predicted_rest},
                                  {"predicted_peak", l.predicted_peak}});
+  if (l.process.at_start > 0) {
+    const memory::ProcessMemory& m = l.process;
+    trace::set_metadata("process_memory", {{"vmhwm", m.vmhwm}, {"at_start", m.at_start}, {"code_since", m.code_since},
+                                           {"tensors", m.tensors}, {"comm", m.comm}, {"cache", m.cache},
+                                           {"malloc_used", m.malloc_other}, {"malloc_free", m.malloc_free},
+                                           {"unexplained", m.unexplained}, {"sample", m.sample},
+                                           {"elsewhere", m.elsewhere}, {"comm_high", m.comm_high}});
+  }
   return l;
 }
 
@@ -311,7 +320,13 @@ std::string Ledger::str() const {
                         (A_recompute > 0 ? " + A_recomp" : "") + " = " +
                         format_bytes(predicted_peak));
   row("cached", cached, "freed blocks the allocator keeps for reuse (not in the terms above)");
-  if (rss_peak > 0) row("VmHWM", rss_peak, "the process's resident high-water mark (libraries, cache included)");
+  if (rss_peak > 0 && process.at_start > 0)
+    row("VmHWM", rss_peak,
+        "the process's resident high-water mark: " + format_bytes(process.at_start) + " at start (libtorch), " +
+            format_bytes(process.tensors + process.comm + process.cache) + " allocator (tensors, comm, cache), " +
+            format_bytes(process.fixed() - process.at_start) + " else");
+  else if (rss_peak > 0)
+    row("VmHWM", rss_peak, "the process's resident high-water mark (libraries, cache included)");
   row("sent", sent_intra_host + sent_inter_host,
       "bytes sent so far by tier: intra-host " + format_bytes(sent_intra_host) + ", inter-host " +
           format_bytes(sent_inter_host));
