@@ -564,8 +564,10 @@ CommBuffers::~CommBuffers() { --tl_comm_depth; }
 
 ProcessMemory process_memory() {
   ProcessMemory m;
-  m.vmhwm = process_peak_rss();
-  if (!installed()) return m;
+  if (!installed()) {
+    m.vmhwm = process_peak_rss();
+    return m;
+  }
   Sample start, best;
   {
     Samples& s = samples();
@@ -579,6 +581,10 @@ ProcessMemory process_memory() {
   }
   m.at_start = start.resident.total;
   m.sample = best.resident.total;
+  // Read after the samples, and never below one: the kernel's resident
+  // counters are kept per CPU and reach /proc/self/status and statm a page
+  // or so apart.
+  m.vmhwm = std::max(process_peak_rss(), m.sample);
   m.code_since = std::max<int64_t>(0, best.resident.file - start.resident.file);
   m.comm = best.comm;
   m.tensors = best.current - best.comm;
