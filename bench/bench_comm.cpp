@@ -254,7 +254,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-mib", max_mib, "largest buffer in MiB (default 64)")->check(CLI::Range(1, 1024));
   app.add_option("--rounds", rounds, "paired rounds at the largest size (default 5)")->check(CLI::Range(1, 1000));
   app.add_option("--piece-kib", piece_list,
-                 "comma-separated ring piece sizes (KiB) to compare in the paired rounds (sets FSDP_RING_PIECE_KIB)");
+                 "comma-separated ring piece sizes (KiB) to compare in the paired rounds (CommOptions::ring_piece_bytes)");
   app.add_flag("--paired-only", [&](int64_t) { max_mib = -max_mib; }, "skip the size sweep");
   CLI11_PARSE(app, argc, argv);
   const bool sweep = max_mib > 0;
@@ -300,15 +300,20 @@ int main(int argc, char** argv) {
     std::vector<double> ring, ag, rs, ag_ratio, rs_ratio;
   };
   std::vector<Paired> paired(pieces.size());
+  // One communicator per piece size (CommOptions::ring_piece_bytes), made
+  // before the rounds; "" is the one above, at the built-in size.
+  std::vector<fsdp::CommPtr> by_piece(pieces.size(), c);
+  for (size_t v = 1; n > 1 && v < pieces.size(); ++v) {
+    fsdp::CommOptions o;
+    o.ring_piece_bytes = std::stoll(pieces[v]) << 10;
+    by_piece[v] = fsdp::make_communicator_from_env(o);
+  }
   for (int round = 0; n > 1 && round < rounds; ++round) {
     for (size_t v = 0; v < pieces.size(); ++v) {
-      if (pieces[v].empty())
-        unsetenv("FSDP_RING_PIECE_KIB");
-      else
-        setenv("FSDP_RING_PIECE_KIB", pieces[v].c_str(), 1);
+      fsdp::Communicator& pc = *by_piece[v];
       double tr = ring.transfer(static_cast<size_t>(moved));
-      double ag = moved / time_calls(*c, big, [&] { c->all_gather(shard_t, full_t)->wait(); }, 2) / 1e9;
-      double rs = moved / time_calls(*c, big, [&] { c->reduce_scatter(full_t, shard_t, fsdp::ReduceOp::SUM)->wait(); }, 2) / 1e9;
+      double ag = moved / time_calls(pc, big, [&] { pc.all_gather(shard_t, full_t)->wait(); }, 2) / 1e9;
+      double rs = moved / time_calls(pc, big, [&] { pc.reduce_scatter(full_t, shard_t, fsdp::ReduceOp::SUM)->wait(); }, 2) / 1e9;
       auto& p = paired[v];
       p.ring.push_back(tr);
       p.ag.push_back(ag);
@@ -317,7 +322,7 @@ int main(int argc, char** argv) {
       p.rs_ratio.push_back(tr > 0 ? rs / tr : 0);
     }
   }
-  unsetenv("FSDP_RING_PIECE_KIB");
+  by_piece.clear();
   const double ring_gbps = median(paired[0].ring);
 
   // Transports at the largest size, in paired rounds with a memcpy of the

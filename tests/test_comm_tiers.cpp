@@ -172,7 +172,10 @@ TEST(CommTiers, DetailCheckRunsBeforeTheTiers) {
     EXPECT_TRUE(contains(e, "ranks issued different collectives at #2 in a world of 4 (cma+tcp tiers world=4")) << e;
     EXPECT_TRUE(contains(e, "rank 1: all_reduce 'blocks.1' #2 (fp32, 999 elements, SUM)   <-- differs")) << e;
   }
-  for (auto& l : lines_with(r.output, "elapsed=")) EXPECT_LT(std::stod(l.substr(l.find('=') + 1)), 2.0) << l;
+  // Long before the 20 s timeout (under half of it, whatever the machine's load).
+  auto elapsed = lines_with(r.output, "elapsed=");
+  ASSERT_EQ(elapsed.size(), 4u) << r.output;
+  for (auto& l : elapsed) EXPECT_LT(std::stod(l.substr(l.find('=') + 1)), 10.0) << l;
 }
 
 // ---------------------------------------------------------------- training

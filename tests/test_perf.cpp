@@ -12,7 +12,7 @@
 #include <random>
 #include <thread>
 
-#include "comm/reduce.h"
+#include "comm/local_sum.h"
 #include "test_util.h"
 
 namespace fsdp::testing {

@@ -29,7 +29,15 @@ int main(int argc, char** argv) {
   // The launcher keeps the default SIGPIPE (its ranks get it back anyway).
   fsdp::InitOptions init;
   init.ignore_sigpipe = false;
-  fsdp::init(init);
+  // `fsdp env` shows the environment even when a variable is wrong.
+  const bool env_command = argc >= 2 && !std::strcmp(argv[1], "env");
+  try {
+    if (!env_command) fsdp::init(init);  // reads the environment: a variable set wrong ends here, named
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fsdp: error: %s\n('fsdp env' lists every variable fsdp-cpp reads and what it allows)\n",
+                 e.what());
+    return 1;
+  }
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

@@ -33,6 +33,7 @@
 #include <optional>
 #include <thread>
 
+#include "fsdp/config.h"
 #include "fsdp/errors.h"
 #include "fsdp/watchdog.h"
 
@@ -725,9 +726,11 @@ void validate(LaunchOptions& o) {
 int launch(LaunchOptions o) {
   validate(o);
   const std::string program = resolve_program(o.argv[0]);
+  // The environment, read once (docs/CONFIG.md): the job token and how the
+  // store binds.
+  const config::EnvConfig env = config::read_env();
   install_handlers();
-  if (o.job_token.empty())
-    if (const char* t = std::getenv("FSDP_JOB_TOKEN")) o.job_token = t;
+  if (o.job_token.empty()) o.job_token = env.job_token;
   if (o.job_token.empty() && o.nnodes > 1)
     std::fprintf(stderr, "fsdp run: note: FSDP_JOB_TOKEN is not set, so this job's rendezvous keys are not "
                          "private; export the same random value on every node (see docs/RELIABILITY.md)\n");
@@ -739,7 +742,8 @@ int launch(LaunchOptions o) {
     for (int tries = 0; o.node_rank == 0; ++tries) {
       if (o.master_port == 0) port = pick_free_port();
       try {
-        store = std::make_unique<watchdog::StoreHost>(o.master_addr, port, std::chrono::seconds(60));
+        store = std::make_unique<watchdog::StoreHost>(o.master_addr, port, std::chrono::seconds(60),
+                                                      env.store_bind_all);
         break;
       } catch (const std::exception& e) {
         if (o.master_port > 0 || tries >= 5)

@@ -51,6 +51,15 @@ struct CommOptions {
   // Network interface for the Gloo device (GLOO_SOCKET_IFNAME overrides);
   // empty: the address that reaches MASTER_ADDR.
   std::string ifname;
+  // Target size of one piece of the ring collectives (docs/COMM.md): a
+  // block moves as pieces so receiving, reducing and sending overlap. 0:
+  // 1 MiB; otherwise in [4 KiB, 1 GiB] (FSDP_RING_PIECE_KIB overrides).
+  int64_t ring_piece_bytes = 0;
+  // Time between this rank's heartbeats (docs/RELIABILITY.md). 0: a fifth
+  // of the timeout, between 50 ms and 1 s; otherwise in [10 ms, 60 s]
+  // (FSDP_HEARTBEAT_INTERVAL overrides). The first communicator of the
+  // process starts the heartbeat; later ones share it.
+  std::chrono::milliseconds heartbeat_interval{0};
 };
 
 // Per collective kind: how many calls, bytes this rank sent, seconds spent

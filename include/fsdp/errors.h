@@ -37,6 +37,8 @@ class InternalError : public Error {
 
 namespace detail {
 int current_rank_for_errors();  // -1 when unknown
+// Set by make_communicator_from_env (the rank it read from RANK).
+void set_rank_for_errors(int rank);
 [[noreturn]] void internal_error(const char* file, int line, const std::string& msg);
 
 template <class... Ts>

@@ -65,6 +65,8 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/config.h"
+
 namespace fsdp {
 
 // What a rank is doing, so that a hang outside the collectives is named by
@@ -154,9 +156,26 @@ struct Record {
   nlohmann::json to_json() const;
 };
 
-// False with FSDP_FLIGHT_RECORDER=off: nothing is recorded, enqueue() returns 0.
+// What the recorder keeps (fsdp::init sets it from InitOptions; the
+// environment's FSDP_FLIGHT_RECORDER and FSDP_FLIGHT_ENTRIES override).
+struct RecorderOptions {
+  // false: nothing is recorded, enqueue() returns 0.
+  bool enabled = true;
+  // Collectives the ring keeps, in [8, 2^20].
+  int entries = 512;
+};
+// Sets the recorder. `entries` applies while nothing has been recorded yet
+// (the ring is fixed from the first record on); `enabled` at once. Throws
+// fsdp::Error for entries out of range.
+void configure(const RecorderOptions& options);
+// FSDP_FLIGHT_RECORDER, FSDP_FLIGHT_ENTRIES and FSDP_FLIGHT_DIR of `env`,
+// those that are set, override what configure() and set_default_dir()
+// chose. fsdp::init and make_communicator_from_env call it with the
+// environment they read.
+void apply_env(const config::EnvConfig& env);
+// False when recording is off: nothing is recorded, enqueue() returns 0.
 bool enabled();
-// Collectives the ring keeps (512, FSDP_FLIGHT_ENTRIES).
+// Collectives the ring keeps (512 unless configured).
 int capacity();
 
 // Recording, by the communicators. enqueue() returns a ticket (0 when

@@ -12,6 +12,8 @@
 // state", lists what the library keeps per process, and why).
 #pragma once
 
+#include "fsdp/flight.h"
+
 namespace fsdp {
 
 // What fsdp::init sets up for the process. Every part is on by default and
@@ -24,6 +26,10 @@ struct InitOptions {
   // built or those bytes are not counted. Off: the ledger's peak and current
   // read 0 and no limit applies.
   bool install_allocator = true;
+  // The counting allocator keeps freed blocks of 64 KiB and more for reuse
+  // (fsdp/memory.h; FSDP_ALLOC_CACHE=off overrides). Off: every block goes
+  // back to the system when freed.
+  bool allocator_cache = true;
   // Sets SIGPIPE to SIG_IGN when it is still SIG_DFL (a handler of the
   // program's own is kept). A peer rank that dies makes the next socket
   // write raise SIGPIPE, which would kill this rank silently; ignored, the
@@ -37,10 +43,17 @@ struct InitOptions {
   // still SIG_DFL: a handler of the program's own is kept. Off: the program
   // may call flight::dump() itself.
   bool dump_flight_on_sigusr1 = true;
+  // The flight recorder (fsdp/flight.h): whether it records, and how many
+  // collectives its ring keeps. FSDP_FLIGHT_RECORDER and
+  // FSDP_FLIGHT_ENTRIES override; the size applies only before the first
+  // collective is recorded.
+  flight::RecorderOptions flight_recorder;
 };
 
 // Idempotent: a second call applies what the first did not (an allocator
-// once installed stays installed). Thread-safe; call it from main().
+// once installed stays installed). Thread-safe; call it from main(). Reads
+// the environment (docs/CONFIG.md) and throws fsdp::Error for a variable
+// set to something not allowed, naming it.
 void init(const InitOptions& opts = {});
 
 }  // namespace fsdp

@@ -67,7 +67,8 @@ void set_limit(int64_t bytes);
 
 // Gives every cached block back to the system; returns the bytes released.
 int64_t empty_cache();
-// Caching is on by default (FSDP_ALLOC_CACHE=off at install turns it off);
+// Caching is on by default (fsdp::init turns it off for
+// InitOptions::allocator_cache = false or FSDP_ALLOC_CACHE=off);
 // turning it off empties the cache.
 void set_caching(bool on);
 // Whether freed blocks are cached for reuse.

@@ -133,14 +133,15 @@ std::string describe_place(const Entered& e);
 std::string key_base(const std::string& job_token);
 
 // The rendezvous store, served from this process (a launcher). Binds like
-// rank 0's store would (MASTER_ADDR only; see docs/RELIABILITY.md). Reads
+// rank 0's store would (MASTER_ADDR only, or every interface with
+// `bind_all`: FSDP_STORE_BIND=all; see docs/RELIABILITY.md). Reads
 // are local and bounded: 2 s, and none after one that timed out (the
 // store's daemon is blocked, e.g. by a request a cut link broke off; such a
 // daemon is left to the process's exit, never joined).
 class StoreHost {
  public:
   // Throws fsdp::Error when the port cannot be bound.
-  StoreHost(const std::string& addr, int port, std::chrono::milliseconds timeout);
+  StoreHost(const std::string& addr, int port, std::chrono::milliseconds timeout, bool bind_all = false);
   ~StoreHost();
   StoreHost(const StoreHost&) = delete;
   StoreHost& operator=(const StoreHost&) = delete;

@@ -1,6 +1,6 @@
 // fsdp-cpp checkpoints: failing together, and the per-rank steps of a save
 // that offline tools run for every rank in one process.
-// defines: agree, check_slices, write_rank_shard, commit_checkpoint, prune_checkpoints
+// defines: fail_together_at, check_slices, write_rank_shard, commit_checkpoint, prune_checkpoints
 #pragma once
 
 #include <functional>
@@ -12,10 +12,10 @@
 
 namespace fsdp::ckpt::detail {
 
-// The checkpoint wording of comm::agree (src/common/agree.h): when any rank
+// The checkpoint wording of comm::fail_together (src/common/fail_together.h): when any rank
 // reported an error every rank throws fsdp::Error: its own message, or one
 // naming the failed ranks and `consequence` ("nothing was loaded").
-void agree(Communicator& comm, const char* phase, const std::string& local_error, const std::string& consequence);
+void fail_together_at(Communicator& comm, const char* phase, const std::string& local_error, const std::string& consequence);
 
 // User-error checks of slices before anything happens (throws fsdp::Error).
 // `for_load`: data is a destination that must match the slice.

@@ -225,7 +225,7 @@ LoadResult load_sharded(Communicator& comm, const std::string& path_or_root, std
   } catch (const std::exception& e) {
     err = cat("rank ", rank, ": ", e.what());
   }
-  d::agree(comm, "loading a checkpoint (finding it)", err, consequence);
+  d::fail_together_at(comm, "loading a checkpoint (finding it)", err, consequence);
   {
     auto found = torch::full({1}, res.path.empty() ? 0.0f : 1.0f);
     comm.all_reduce(found, ReduceOp::SUM, CollectiveInfo{"checkpoint load: found"})->wait();
@@ -250,13 +250,13 @@ LoadResult load_sharded(Communicator& comm, const std::string& path_or_root, std
     // Phase 2: read and check everything into temporaries.
     err = read_checkpoint(comm, &res, model, optim, opts, &staged);
     if (!from_root) {
-      d::agree(comm, "loading a checkpoint", err, consequence);
+      d::fail_together_at(comm, "loading a checkpoint", err, consequence);
       commit(staged);
       return res;
     }
     std::string failure;
     try {
-      d::agree(comm, "loading a checkpoint", err, consequence);
+      d::fail_together_at(comm, "loading a checkpoint", err, consequence);
     } catch (const Error& e) {
       failure = e.what();
     }
@@ -336,7 +336,7 @@ int64_t load_full_safetensors(Communicator& comm, const std::string& path, std::
   } catch (const std::exception& e) {
     err = cat("rank ", rank, ": ", e.what());
   }
-  d::agree(comm, "loading a safetensors file", err, "nothing was loaded: every tensor is unchanged");
+  d::fail_together_at(comm, "loading a safetensors file", err, "nothing was loaded: every tensor is unchanged");
   commit(staged);
   return bytes;
 }

@@ -19,7 +19,7 @@
 #include "checkpoint/collective.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors.h"
-#include "common/agree.h"
+#include "common/fail_together.h"
 #include "fsdp/progress.h"
 
 namespace fsdp::ckpt {
@@ -27,8 +27,8 @@ using fsdp::detail::cat;
 
 namespace detail {
 
-void agree(Communicator& comm, const char* phase, const std::string& local_error, const std::string& consequence) {
-  fsdp::comm::agree(comm, local_error, CollectiveInfo{cat("checkpoint ", phase)}, [&](const std::vector<int>& failed) {
+void fail_together_at(Communicator& comm, const char* phase, const std::string& local_error, const std::string& consequence) {
+  fsdp::comm::fail_together(comm, local_error, CollectiveInfo{cat("checkpoint ", phase)}, [&](const std::vector<int>& failed) {
     std::string list;
     for (size_t i = 0; i < failed.size(); ++i) list += (i ? ", " : "") + std::to_string(failed[i]);
     return cat(phase, " failed on rank(s) ", list, " (see their messages); ", consequence, ".");
@@ -164,7 +164,7 @@ SaveResult save_sharded(Communicator& comm, const std::string& root, int64_t ste
   } catch (const std::exception& e) {
     err = cat("rank ", rank, ": ", e.what());
   }
-  detail::agree(comm, "saving a checkpoint (preparing)", err, consequence);
+  detail::fail_together_at(comm, "saving a checkpoint (preparing)", err, consequence);
 
   // Phase 2: every rank writes its shard in parallel.
   try {
@@ -197,7 +197,7 @@ SaveResult save_sharded(Communicator& comm, const std::string& root, int64_t ste
   } catch (const std::exception& e) {
     err = cat("rank ", rank, ": ", e.what());
   }
-  detail::agree(comm, "saving a checkpoint (writing shards)", err, consequence);
+  detail::fail_together_at(comm, "saving a checkpoint (writing shards)", err, consequence);
 
   // Phase 3: rank 0 publishes it.
   try {
@@ -207,7 +207,7 @@ SaveResult save_sharded(Communicator& comm, const std::string& root, int64_t ste
   } catch (const std::exception& e) {
     err = cat("rank 0: ", e.what());
   }
-  detail::agree(comm, "saving a checkpoint (publishing)", err, consequence);
+  detail::fail_together_at(comm, "saving a checkpoint (publishing)", err, consequence);
   if (rank != 0) res.path = detail::join_path(root, detail::step_dir_name(step));
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;

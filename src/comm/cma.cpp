@@ -12,7 +12,7 @@
 
 #include "comm/checks.h"
 #include "comm/mesh.h"
-#include "comm/reduce.h"
+#include "comm/local_sum.h"
 #include "fsdp/errors.h"
 #include "fsdp/flight.h"
 #include "fsdp/memory.h"
@@ -112,16 +112,10 @@ const std::vector<Post>& posted(const Step& s, AllToAll& x, int64_t expect, int 
   return t;
 }
 
-// Elements of one reduce piece: the ring's (chunk cut into pieces of at
-// most 1 MiB, FSDP_RING_PIECE_KIB), so the staging is never more than the
-// ring's and the planner's prediction (src/plan/plan.cpp) holds.
-int64_t piece_elems(int64_t count, int64_t es) {
-  const char* v = std::getenv("FSDP_RING_PIECE_KIB");
-  const long long kib = v ? std::atoll(v) : 0;
-  const int64_t target = std::max<int64_t>(es, kib > 0 ? int64_t(kib) << 10 : int64_t(1) << 20);
-  const int64_t pieces = std::max<int64_t>(1, (count * es + target - 1) / target);
-  return (count + pieces - 1) / pieces;
-}
+// Elements of one reduce piece: the ring's cut (common/ring_math.h, the
+// step's target), so the staging is never more than the ring's and the
+// planner's prediction (src/plan/plan.cpp) holds.
+int64_t piece_elems(const Step& s, int64_t count, int64_t es) { return ring::piece_numel(count, es, s.piece_bytes); }
 
 // Writes to `out` the reduction of elements [off, off + count) of every
 // rank's posted buffer, in the ring's order (cma.h); this rank's own
@@ -135,7 +129,7 @@ void reduce_chunk(const Step& s, const CmaPeers& p, const std::vector<Post>& t, 
   if (count == 0) return;
   const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
   const bool in_place = out == own;
-  const int64_t pe = piece_elems(count, es);
+  const int64_t pe = piece_elems(s, count, es);
   const int slots = (in_place ? 1 : 0) + (n > 2 ? 1 : 0);
   torch::Tensor staging;
   if (slots > 0) staging = torch::empty({slots * pe * es}, torch::kByte);

@@ -68,13 +68,15 @@ struct TransportChoice {
 // sequence number 0): exchanges each rank's host identity and FSDP_TRANSPORT
 // (`mode`: auto, tcp, cma), then each rank reads a random value from every
 // peer's memory. CMA when every rank is on this host and every probe read
-// the right value; else TCP. Every rank reaches the same choice. Throws
-// fsdp::Error when the ranks disagree on the mode, or when mode is cma and
-// the ranks share one host but cannot read each other (the message says
-// why and what to do); across hosts the caller decides (tiers.h). Messages
-// name the ranks by `global` and `group` (a group's name; "" for a world).
-TransportChoice choose_transport(Mesh* ctx, const std::string& mode, Clock::time_point deadline,
-                                 const std::vector<int>& global = {}, const std::string& group = "");
+// the right value (`cma` true; else `why` says what failed). Every rank
+// reaches the same facts; the communicator chooses the path from them
+// (common/collective_path.h). Throws fsdp::Error when the ranks disagree on
+// the mode. Messages name the ranks by `global` and `group` (a group's
+// name; "" for a world).
+// `host_id`: FSDP_HOST_ID ("" unset), host_identity's argument.
+TransportChoice choose_transport(Mesh* ctx, const std::string& mode, const std::string& host_id,
+                                 Clock::time_point deadline, const std::vector<int>& global = {},
+                                 const std::string& group = "");
 
 // Copies `nbytes` from address `remote` of rank q (process `pid`) to `dst`
 // in pieces of at most 4 MiB, checking the deadline between pieces. Throws
@@ -97,8 +99,9 @@ bool process_gone(pid_t pid);
 
 // What tells this host apart from others (FSDP_HOST_ID, or the host name,
 // the kernel's boot id and this process's pid and network namespaces):
-// ranks with equal identities share a host (docs/COMM.md).
-std::string host_identity();
+// ranks with equal identities share a host (docs/COMM.md). `host_id`
+// (FSDP_HOST_ID, ResolvedOptions::host_id) replaces it when not empty.
+std::string host_identity(const std::string& host_id);
 
 // Same contracts as ring_all_gather / ring_reduce_scatter / the ring
 // all_reduce of gloo_communicator.cpp; return the ring's byte counts.

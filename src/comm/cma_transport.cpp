@@ -92,8 +92,8 @@ std::string ns_of(const char* path) {
 
 }  // namespace
 
-std::string host_identity() {
-  if (const char* id = std::getenv("FSDP_HOST_ID"); id && *id) return std::string("FSDP_HOST_ID=") + id;
+std::string host_identity(const std::string& host_id) {
+  if (!host_id.empty()) return "FSDP_HOST_ID=" + host_id;
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   return detail::cat(host, " boot ", read_line("/proc/sys/kernel/random/boot_id"), " ", ns_of("/proc/self/ns/pid"),
@@ -160,8 +160,9 @@ bool process_gone(pid_t pid) {
   return memory_gone(pid);
 }
 
-TransportChoice choose_transport(Mesh* ctx, const std::string& mode, Clock::time_point deadline,
-                                 const std::vector<int>& global, const std::string& group) {
+TransportChoice choose_transport(Mesh* ctx, const std::string& mode, const std::string& host_id,
+                                 Clock::time_point deadline, const std::vector<int>& global,
+                                 const std::string& group) {
   const int n = ctx->size, r = ctx->rank;
   // Messages name global ranks; a group's name its own rank beside them.
   auto name = [&](int q) {
@@ -180,7 +181,7 @@ TransportChoice choose_transport(Mesh* ctx, const std::string& mode, Clock::time
   Hello mine;
   std::memset(&mine, 0, sizeof mine);
   std::strncpy(mine.mode, mode.c_str(), sizeof mine.mode - 1);
-  std::strncpy(mine.host, host_identity().c_str(), sizeof mine.host - 1);
+  std::strncpy(mine.host, host_identity(host_id).c_str(), sizeof mine.host - 1);
   mine.pid = getpid();
   mine.probe_addr = reinterpret_cast<uint64_t>(&probe_value);
   mine.probe_value = probe_value;
@@ -234,10 +235,8 @@ TransportChoice choose_transport(Mesh* ctx, const std::string& mode, Clock::time
     throw Error(detail::cat(name(r), where, ": choosing the transport (FSDP_TRANSPORT=", mode,
                             ") failed: a rank stopped or the network stalled: ", msg));
   }
-  // Across hosts the communicator decides (tiers or TCP, tiers.h).
-  if (!out.cma && mode == "cma" && out.one_host)
-    throw Error(detail::cat("FSDP_TRANSPORT=cma", where, ", but ", out.why,
-                            ". Use FSDP_TRANSPORT=auto (falls back to TCP) or FSDP_TRANSPORT=tcp."));
+  // The communicator chooses the path from these facts (path::choose),
+  // and refuses FSDP_TRANSPORT=cma when they do not allow it.
   return out;
 }
 

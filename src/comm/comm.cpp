@@ -1,5 +1,6 @@
 // fsdp-cpp: the communicator entry points (see include/fsdp/comm.h).
 #include "comm/backends.h"
+#include "fsdp/flight.h"
 
 namespace fsdp {
 
@@ -52,21 +53,28 @@ CommPtr Communicator::split(int color, const SplitOptions& opts) {
   if (world_size() > 1)
     throw Error(detail::cat("this communicator (", describe(), ") cannot be split into groups; "
                             "use one made by fsdp::make_communicator_from_env()"));
-  comm::ResolvedOptions o = comm::resolve_options({});
+  comm::ResolvedOptions o;  // a group of one needs only its timeout
   o.timeout = opts.timeout.count() > 0 ? opts.timeout : timeout();
   return comm::make_world_of_one(o, global_ranks().front(), opts.name);
 }
 
 // The counting allocator and SIGPIPE are fsdp::init's (init.h), not a side
 // effect of the first communicator.
+// The environment is parsed here, once (fsdp/config.h), and what it
+// says travels down as WorldEnv and ResolvedOptions.
 CommPtr make_communicator_from_env(const CommOptions& opts) {
-  comm::WorldEnv world = comm::read_world_env();
-  comm::ResolvedOptions resolved = comm::resolve_options(opts);
+  const config::EnvConfig env = config::read_env();
+  comm::WorldEnv world = comm::world_of(env);
+  comm::ResolvedOptions resolved = comm::resolve_options(opts, env);
+  flight::apply_env(env);
+  detail::set_rank_for_errors(world.rank);
   if (world.world_size == 1) return comm::make_world_of_one(resolved);
   return comm::make_gloo_communicator(world, resolved);
 }
 
-CommPtr make_local_communicator(const CommOptions& opts) { return comm::make_world_of_one(comm::resolve_options(opts)); }
+CommPtr make_local_communicator(const CommOptions& opts) {
+  return comm::make_world_of_one(comm::resolve_options(opts, config::read_env()));
+}
 
 double all_reduce_mean(Communicator& comm, double value, const CollectiveInfo& info) {
   if (comm.world_size() == 1) return value;

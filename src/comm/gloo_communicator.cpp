@@ -37,6 +37,7 @@
 #include <mutex>
 
 #include "comm/backends.h"
+#include "common/collective_path.h"
 #include "comm/checks.h"
 #include "comm/cma.h"
 #include "comm/mesh.h"
@@ -121,13 +122,13 @@ class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(const WorldEnv& world, const ResolvedOptions& opts)
       : world_(world), opts_(opts), global_(iota(world.world_size)),
-        rdv_(std::make_unique<Rendezvous>(world, opts.rendezvous_timeout, opts.job_token)),
-        watchdog_(Watchdog::acquire(world, rdv_->key_base(), opts.timeout)),
+        rdv_(std::make_unique<Rendezvous>(world, opts)),
+        watchdog_(Watchdog::acquire(world, rdv_->key_base(), opts)),
         ctx_(rdv_->connect_gloo(opts.ifname)),
-        transport_(choose_transport(ctx_.get(), opts.transport, Clock::now() + opts.rendezvous_timeout)),
+        transport_(choose_transport(ctx_.get(), opts.transport, opts.host_id, Clock::now() + opts.rendezvous_timeout)),
         host_index_(index_hosts(transport_.host)),
         queue_(std::make_unique<WorkQueue>()) {
-    compose_tiers();
+    choose_path();
     if (opts_.debug_info && world_.rank == 0)
       std::fprintf(stderr, "fsdp: FSDP_DEBUG: collectives move bytes by %s: %s\n", engine_words(), why().c_str());
   }
@@ -141,12 +142,12 @@ class GlooCommunicator final : public Communicator {
         rdv_(std::make_unique<Rendezvous>(*parent.rdv_, tag, group, global_)),
         watchdog_(parent.watchdog_),
         ctx_(rdv_->connect_gloo(opts.ifname)),
-        transport_(choose_transport(ctx_.get(), opts.transport, Clock::now() + opts.rendezvous_timeout, global_,
-                                    group_)),
+        transport_(choose_transport(ctx_.get(), opts.transport, opts.host_id,
+                                    Clock::now() + opts.rendezvous_timeout, global_, group_)),
         host_index_(index_hosts(transport_.host)),
         queue_(std::make_unique<WorkQueue>()) {
     ancestors_.push_back(parent.box_);
-    compose_tiers();
+    choose_path();
     if (opts_.debug_info && world_.rank == 0)
       std::fprintf(stderr, "fsdp: FSDP_DEBUG: group '%s' (%s) moves bytes by %s: %s\n", group_.c_str(),
                    ranks_text().c_str(), engine_words(), why().c_str());
@@ -172,7 +173,7 @@ class GlooCommunicator final : public Communicator {
       const int64_t block = input.numel() * input.element_size();
       char* out = static_cast<char*>(output.data_ptr());
       if (tiers_) return tier_all_gather(s, *tiers_, input.data_ptr(), out, block);
-      if (transport_.cma) return cma_all_gather(s, transport_.peers, input.data_ptr(), out, block);
+      if (on_cma()) return cma_all_gather(s, transport_.peers, input.data_ptr(), out, block);
       // In-place use (input is block r of output) needs no copy.
       if (block > 0 && input.data_ptr() != out + r * block) std::memmove(out + r * block, input.data_ptr(), block);
       std::vector<int64_t> offset(n), count(n, block);
@@ -191,7 +192,7 @@ class GlooCommunicator final : public Communicator {
       if (tiers_)
         return tier_reduce_scatter(s, *tiers_, input.data_ptr(), output.data_ptr(), m, input.scalar_type(),
                                    op == ReduceOp::AVG ? n : 1);
-      if (transport_.cma)
+      if (on_cma())
         return cma_reduce_scatter(s, transport_.peers, input.data_ptr(), output.data_ptr(), m,
                                   input.scalar_type(), op == ReduceOp::AVG ? n : 1);
       std::vector<int64_t> offset(n), count(n, m);
@@ -210,7 +211,7 @@ class GlooCommunicator final : public Communicator {
       if (tiers_)
         return tier_all_reduce(s, *tiers_, tensor.data_ptr(), tensor.numel(), tensor.scalar_type(),
                                op == ReduceOp::AVG ? n : 1);
-      if (transport_.cma)
+      if (on_cma())
         return cma_all_reduce(s, transport_.peers, tensor.data_ptr(), tensor.numel(), tensor.scalar_type(),
                               op == ReduceOp::AVG ? n : 1);
       const int64_t es = tensor.element_size();
@@ -259,7 +260,7 @@ class GlooCommunicator final : public Communicator {
   }
   std::chrono::milliseconds timeout() const override { return opts_.timeout; }
   std::string describe() const override {
-    const char* engine = tiers_ ? "cma+tcp tiers" : transport_.cma ? "cma+gloo" : "gloo/tcp";
+    const char* engine = tiers_ ? "cma+tcp tiers" : on_cma() ? "cma+gloo" : "gloo/tcp";
     if (group_.empty()) return detail::cat(engine, " world=", world_.world_size, " rank=", world_.rank);
     return detail::cat(engine, " group '", group_, "' of ranks ", ranks_text(), " rank=", global_[world_.rank]);
   }
@@ -337,6 +338,7 @@ class GlooCommunicator final : public Communicator {
     }
     const auto t0 = Clock::now();
     Step step{ctx_.get(), seq, t0 + opts_.timeout, progress.get()};
+    step.piece_bytes = opts_.ring_piece_bytes;
     Traffic sent;
     try {
       if (opts_.debug_detail) check_same_call(step, shape);
@@ -383,7 +385,7 @@ class GlooCommunicator final : public Communicator {
   int64_t inter_host_bytes(const CallShape& shape, int64_t bytes) const {
     const int n = world_.world_size, r = world_.rank;
     auto far = [&](int q) { return host_index_[q] != host_index_[r]; };
-    if (bytes == 0 || transport_.cma) return 0;
+    if (bytes == 0 || on_cma()) return 0;
     switch (shape.kind) {
       case CollectiveKind::BROADCAST: {
         int far_peers = 0;
@@ -400,39 +402,54 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  // Across hosts, unless FSDP_TRANSPORT=tcp or FSDP_TIERS=off: tiers when
-  // the hosts have equal numbers (> 1) of ranks and every host may use CMA.
-  // FSDP_TRANSPORT=cma: ranks sharing a host must move bytes by CMA, so a
-  // layout with same-host ranks that does not compose is an error.
-  void compose_tiers() {
-    if (transport_.cma || transport_.one_host || opts_.transport == "tcp") return;
-    if (!opts_.tiers) {
-      tiers_why_ = "FSDP_TIERS=off";
-      return;
+  // The path every collective of this communicator takes: the facts (the
+  // settings, the hosts, the transport's probe, the layout, connecting the
+  // tiers) and path::choose's answer (common/collective_path.h), the one
+  // place the decision is made. FSDP_TRANSPORT=cma that cannot be honoured
+  // is an error here, on every rank alike.
+  void choose_path() {
+    path::Facts f;
+    f.transport = opts_.transport;
+    f.tiers = opts_.tiers;
+    f.ranks = world_.world_size;
+    if (opts_.transport != "tcp") {
+      if (transport_.one_host)
+        f.cma_blocked = transport_.cma ? "" : transport_.why;
+      else
+        f.hosts_differ = transport_.why;
     }
-    auto layout = tier_layout(host_index_, global_, &tiers_why_);
-    if (layout)
-      tiers_ = connect_tiers(*rdv_, world_, ctx_.get(), *layout, global_, opts_, &tiers_why_);
-    if (tiers_ || opts_.transport != "cma") return;
-    bool shared = false;
-    for (int q = 0; q < world_.world_size; ++q)
-      for (int p = 0; p < q; ++p) shared |= host_index_[p] == host_index_[q];
-    if (!shared) return;  // one rank per host: nothing to move by CMA
-    throw Error(detail::cat("FSDP_TRANSPORT=cma", group_.empty() ? "" : " in group '" + group_ + "' (global ranks " +
-                                                                            ranks_text() + ")",
-                            ", but ", transport_.why, " and the tiers (cross-memory attach inside each host, TCP "
-                            "between) cannot compose: ", tiers_why_,
-                            ". Use FSDP_TRANSPORT=auto (falls back to TCP) or FSDP_TRANSPORT=tcp."));
+    std::optional<TierLayout> layout;
+    if (!f.hosts_differ.empty()) {
+      for (int q = 0; q < world_.world_size; ++q)
+        for (int p = 0; p < world_.world_size; ++p)
+          if (p != q && host_index_[p] == host_index_[q]) {
+            ++f.ranks_sharing_a_host;
+            break;
+          }
+      layout = tier_layout(host_index_, global_, &f.layout_blocked);
+    }
+    path_ = path::choose(f);
+    if (path_.path == path::Path::TIERS) {
+      std::string why;
+      tiers_ = connect_tiers(*rdv_, world_, ctx_.get(), *layout, global_, opts_, &why);
+      if (tiers_) {
+        path_.reason = why;
+      } else {
+        f.tiers_blocked = why;
+        path_ = path::choose(f);
+      }
+    }
+    if (!path_.refused.empty())
+      throw Error(detail::cat("FSDP_TRANSPORT=cma", group_.empty() ? "" : " in group '" + group_ + "' (global ranks " +
+                                                                              ranks_text() + ")",
+                              ", but ", path_.refused,
+                              ". Use FSDP_TRANSPORT=auto (falls back to TCP) or FSDP_TRANSPORT=tcp."));
+    trace::set_metadata(group_.empty() ? "collective_path" : "collective_path/" + group_,
+                        {{"path", path::words(path_.path)}, {"reason", path_.reason}, {"ranks", global_}});
   }
-  const char* engine_words() const {
-    return tiers_ ? "tiers (cma inside each host + gloo/tcp between hosts)"
-                  : transport_.cma ? "cma (cross-memory attach)" : "gloo/tcp";
-  }
-  std::string why() const {
-    if (tiers_) return tiers_why_;
-    if (tiers_why_.empty()) return transport_.why;
-    return detail::cat(transport_.why, "; tiers not composed: ", tiers_why_);
-  }
+  const char* engine_words() const { return path::words(path_.path); }
+  bool on_cma() const { return path_.path == path::Path::CMA; }
+  const std::string& why() const { return path_.reason; }
 
   static std::vector<int> iota(int n) {
     std::vector<int> v(n);
@@ -600,7 +617,7 @@ class GlooCommunicator final : public Communicator {
                          store_silent ? detail::cat(" (nor this rank's heartbeats for ", std::lround(store_quiet * 10) / 10.0, " s)")
                                       : std::string(),
                          ".");
-    const std::string gone = transport_.cma ? cma_gone_peers(transport_.peers, world_.rank)
+    const std::string gone = on_cma() ? cma_gone_peers(transport_.peers, world_.rank)
                              : tiers_      ? cma_gone_peers(tiers_->peers, tiers_->intra_ctx->rank, &tiers_->intra_ranks())
                                            : "";
     if (!gone.empty()) msg += detail::cat("\nRanks whose process is gone: ", gone, ".");
@@ -612,7 +629,7 @@ class GlooCommunicator final : public Communicator {
       const auto where = watchdog_->where();
       for (int q = 0; q < world_.world_size; ++q) {
         if (q == world_.rank) continue;
-        if (transport_.cma && q < static_cast<int>(transport_.peers.pid.size()))
+        if (on_cma() && q < static_cast<int>(transport_.peers.pid.size()))
           dead[q] = gone_pid(transport_.peers.pid[q]);
         else if (tiers_ && tiers_->layout.host[q] == tiers_->layout.host[world_.rank])
           dead[q] = gone_pid(tiers_->peers.pid[tiers_->layout.local[q]]);
@@ -652,7 +669,7 @@ class GlooCommunicator final : public Communicator {
                          "a rank that is legitimately slower (data loading, checkpointing) needs a "
                          "larger FSDP_TIMEOUT."
                        : "\nWhat to do: look at the first rank that failed in the launcher's output.";
-    msg += (tiers_ ? "\n(cma+tcp tiers: " : transport_.cma ? "\n(cma+gloo: " : "\n(gloo: ") + engine_error + ")";
+    msg += (tiers_ ? "\n(cma+tcp tiers: " : on_cma() ? "\n(cma+gloo: " : "\n(gloo: ") + engine_error + ")";
     if (!group_.empty())
       msg += detail::cat("\n(ranks inside the engine's message are group ranks; group '", group_,
                          "' is global ranks ", ranks_text(), " in that order)");
@@ -689,11 +706,11 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<Mesh> ctx_;
   const TransportChoice transport_;  // same on every rank (choose_transport)
   const std::vector<int> host_index_;  // host of each rank (index_hosts)
-  // Set once by compose_tiers in the constructor, then constant: the two
-  // tiers' meshes when all_gather, reduce_scatter and all_reduce compose
-  // CMA inside hosts with TCP between them; null: the flat path.
+  // Set once by choose_path in the constructor, then constant: the path
+  // every collective takes and why (the same on every rank), and for TIERS
+  // the two tiers' meshes (null otherwise).
+  path::Choice path_;
   std::unique_ptr<Tiers> tiers_;
-  std::string tiers_why_;  // why the tiers compose, or why not
 
   // Touched only on the communication thread.
   uint64_t seq_ = 0;

@@ -28,25 +28,22 @@ std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 double seconds(std::chrono::milliseconds ms) { return ms.count() / 1000.0; }
 
-bool bind_all() {
-  const char* v = std::getenv("FSDP_STORE_BIND");
-  return v && std::string(v) == "all";
-}
-
 // A store server on addr:port whose listening socket we bound (see
 // store_listen.h); TCPStore takes the socket over.
-c10d::TCPStoreOptions server_options(const std::string& addr, int port, std::chrono::milliseconds timeout) {
+c10d::TCPStoreOptions server_options(const std::string& addr, int port, std::chrono::milliseconds timeout,
+                                     bool bind_all) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(port);
   o.isServer = true;
   o.waitWorkers = false;
   o.timeout = timeout;
-  o.masterListenFd = listen_for_store(addr, port, bind_all());
+  o.masterListenFd = listen_for_store(addr, port, bind_all);
   return o;
 }
 
 // One store per master address for the life of the process (see header).
-c10::intrusive_ptr<c10d::TCPStore> shared_store(const WorldEnv& w, std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::TCPStore> shared_store(const WorldEnv& w, const ResolvedOptions& opts) {
+  const std::chrono::milliseconds timeout = opts.rendezvous_timeout;
   static std::mutex mu;
   // Immortal on purpose (never destroyed at exit), so the stores stay
   // reachable and LeakSanitizer does not report them as leaks.
@@ -57,13 +54,13 @@ c10::intrusive_ptr<c10d::TCPStore> shared_store(const WorldEnv& w, std::chrono::
   if (it != stores.end()) return it->second;
   // `fsdp run` hosts the store itself (FSDP_STORE_HOSTED=1): rank 0 is then
   // a client like the others, and the store outlives a frozen rank 0.
-  const bool server = w.rank == 0 && !store_hosted();
+  const bool server = w.rank == 0 && !opts.store_hosted;
   c10::intrusive_ptr<c10d::TCPStore> store;
   try {
     c10d::TCPStoreOptions o;
     if (server) {
       // Rank 0's listening socket binds to MASTER_ADDR, not every interface.
-      o = server_options(w.master_addr, w.master_port, timeout);
+      o = server_options(w.master_addr, w.master_port, timeout, opts.store_bind_all);
     } else {
       o.port = static_cast<uint16_t>(w.master_port);
       o.isServer = false;
@@ -154,11 +151,6 @@ std::string join_ranks(const std::vector<int>& ranks) {
 
 }  // namespace
 
-bool store_hosted() {
-  const char* v = std::getenv("FSDP_STORE_HOSTED");
-  return v && std::string(v) == "1";
-}
-
 c10::intrusive_ptr<c10d::TCPStore> connect_store_client(const WorldEnv& w, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(w.master_port);
@@ -168,9 +160,9 @@ c10::intrusive_ptr<c10d::TCPStore> connect_store_client(const WorldEnv& w, std::
   return c10::make_intrusive<c10d::TCPStore>(w.master_addr, o);
 }
 
-c10d::TCPStore* host_store(const std::string& addr, int port, std::chrono::milliseconds timeout) {
+c10d::TCPStore* host_store(const std::string& addr, int port, std::chrono::milliseconds timeout, bool bind_all) {
   try {
-    return new c10d::TCPStore(addr, server_options(addr, port, timeout));
+    return new c10d::TCPStore(addr, server_options(addr, port, timeout, bind_all));
   } catch (const std::exception& e) {
     throw Error(detail::cat("could not start the rendezvous store on ", addr, ":", port, ": ", e.what(),
                             "\nPick a free port (--master-port, or let `fsdp run` choose one)."));
@@ -179,8 +171,10 @@ c10d::TCPStore* host_store(const std::string& addr, int port, std::chrono::milli
 
 void close_hosted_store(c10d::TCPStore* store) { delete store; }
 
-Rendezvous::Rendezvous(const WorldEnv& world, std::chrono::milliseconds timeout, const std::string& job_token)
-    : world_(world), timeout_(timeout) {
+Rendezvous::Rendezvous(const WorldEnv& world, const ResolvedOptions& opts)
+    : world_(world), timeout_(opts.rendezvous_timeout) {
+  const std::string& job_token = opts.job_token;
+  const std::chrono::milliseconds timeout = timeout_;
   // Every rank creates its communicators in the same order, so the n-th
   // communicator of each process shares the prefix of generation n.
   static std::atomic<int> generation{0};
@@ -192,7 +186,7 @@ Rendezvous::Rendezvous(const WorldEnv& world, std::chrono::milliseconds timeout,
   const std::string job_id = job_token.empty() ? "none" : token_fingerprint(job_token);
   where_ = world.master_addr + ":" + std::to_string(world.master_port);
   auto deadline = Clock::now() + timeout;
-  store_ = shared_store(world, timeout);
+  store_ = shared_store(world, opts);
 
   const int n = world.world_size, r = world.rank;
   try {

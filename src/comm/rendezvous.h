@@ -49,21 +49,20 @@ namespace fsdp::comm {
 class Mesh;
 using Clock = std::chrono::steady_clock;
 
-// FSDP_STORE_HOSTED=1: the launcher serves the store; rank 0 connects as a
-// client.
-bool store_hosted();
 // A client connection of its own to the world's store (the heartbeat thread).
 c10::intrusive_ptr<c10d::TCPStore> connect_store_client(const WorldEnv& w, std::chrono::milliseconds timeout);
-// A store server on addr:port, bound like rank 0's (watchdog::StoreHost).
-c10d::TCPStore* host_store(const std::string& addr, int port, std::chrono::milliseconds timeout);
+// A store server on addr:port, bound like rank 0's (watchdog::StoreHost):
+// to addr's interface, or with `bind_all` (FSDP_STORE_BIND=all) to every one.
+c10d::TCPStore* host_store(const std::string& addr, int port, std::chrono::milliseconds timeout, bool bind_all);
 void close_hosted_store(c10d::TCPStore* store);
 
 class Rendezvous {
  public:
-  // Connects to (rank 0: starts) the store, checks that every rank agrees on
-  // the world size and waits until all have joined. Throws fsdp::Error that
-  // names the ranks that never arrived, or the disagreement.
-  Rendezvous(const WorldEnv& world, std::chrono::milliseconds timeout, const std::string& job_token = "");
+  // Connects to (rank 0: starts, unless opts.store_hosted) the store, checks
+  // that every rank agrees on the world size and waits until all have joined
+  // (opts.rendezvous_timeout; keys under opts.job_token). Throws fsdp::Error
+  // that names the ranks that never arrived, or the disagreement.
+  Rendezvous(const WorldEnv& world, const ResolvedOptions& opts);
   // A group of `parent`'s ranks (Communicator::split): the parent's store
   // and job, keys under the parent's prefix + `tag` ("s<k>/<color>/");
   // `group` is the group's own rank and size, `global` its ranks' global

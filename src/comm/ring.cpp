@@ -18,7 +18,7 @@
 #include <string>
 
 #include "comm/mesh.h"
-#include "comm/reduce.h"
+#include "comm/local_sum.h"
 #include "fsdp/errors.h"
 #include "fsdp/flight.h"
 #include "fsdp/memory.h"
@@ -160,30 +160,21 @@ constexpr int kGatherWindow = 4;  // all-gather receives posted ahead
 constexpr int kRecvSlots = 2;     // reduce-scatter receives posted ahead (staged)
 constexpr int kSendSlots = 2;     // reduce-scatter partials on their way right
 
-// Target bytes of one piece (1 MiB): big enough that Gloo's per-message
-// handshake is noise, small enough that the reduce-scatter's staging is a
-// few MiB at most. FSDP_RING_PIECE_KIB overrides it (bench_comm --piece-kib
-// compares sizes); read per call.
-int64_t piece_target_bytes() {
-  const char* v = std::getenv("FSDP_RING_PIECE_KIB");
-  long long kib = v ? std::atoll(v) : 0;
-  return kib > 0 ? int64_t(kib) << 10 : int64_t(1) << 20;
+static_assert(kRecvSlots + kSendSlots == ring::kReduceStagingSlots,
+              "the planner counts the reduce-scatter's staging as ring::kReduceStagingSlots pieces");
+
+// Pieces per block for blocks of at most `max_units` units of `unit` bytes
+// cut for the step's target (common/ring_math.h), with at most
+// `max_messages` (step, piece) slots.
+int64_t pieces_for(const Step& s, int64_t max_units, int64_t unit, int n, int64_t max_messages) {
+  return std::max<int64_t>(1, std::min<int64_t>(ring::pieces_for(max_units, unit, s.piece_bytes), max_messages / (n - 1)));
 }
 
-// Pieces per block for blocks of at most `max_units` units of `unit` bytes,
-// with at most `max_messages` (step, piece) slots.
-int64_t pieces_for(int64_t max_units, int64_t unit, int n, int64_t max_messages) {
-  const int64_t target = std::max<int64_t>(unit, piece_target_bytes());
-  int64_t p = (max_units * unit + target - 1) / target;
-  return std::max<int64_t>(1, std::min<int64_t>(p, max_messages / (n - 1)));
-}
-
-// Piece j of `count` units cut into `pieces`: [*lo, *lo + size); sizes
-// differ by at most one unit.
+// Piece j of `count` units cut into `pieces`: [*lo, *lo + size).
 int64_t piece_of(int64_t count, int64_t pieces, int64_t j, int64_t* lo) {
-  const int64_t base = count / pieces, extra = count % pieces;
-  *lo = j * base + std::min(j, extra);
-  return base + (j < extra ? 1 : 0);
+  const shard::Range r = ring::piece(count, pieces, j);
+  *lo = r.lo;
+  return r.size();
 }
 
 }  // namespace
@@ -197,7 +188,7 @@ int64_t ring_all_gather(const Step& s, void* buf, const std::vector<int64_t>& of
   // Slots stay below the next range: the reduce-scatter's, or the end of
   // the step bits for the call check's all-gather.
   const int64_t room = (step_base < kPieceSlotBase ? kPieceSlotBase : (1 << kStepBits)) - step_base;
-  const int64_t pieces = pieces_for(*std::max_element(count_bytes.begin(), count_bytes.end()), 1, n, room);
+  const int64_t pieces = pieces_for(s, *std::max_element(count_bytes.begin(), count_bytes.end()), 1, n, room);
   auto msg_slot = [&](int step, int64_t j) { return slot(s, step_base + static_cast<int>(j * (n - 1) + step)); };
   auto send_block = [&](int step) { return (r - step + n) % n; };
   auto recv_block = [&](int step) { return (r - step - 1 + 2 * n) % n; };
@@ -270,7 +261,7 @@ int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
   }
   const int64_t max_count = *std::max_element(count.begin(), count.end());
   if (max_count == 0) return 0;
-  const int64_t pieces = pieces_for(max_count, es, n, kPieceSlotBase);
+  const int64_t pieces = pieces_for(s, max_count, es, n, kPieceSlotBase);
   // Piece j of chunk c: elements [*lo, *lo + size) of the chunk.
   auto piece = [&](int c, int64_t j, int64_t* lo) { return piece_of(count[c], pieces, j, lo); };
   auto msg_slot = [&](int step, int64_t j) { return slot(s, kPieceSlotBase + static_cast<int>(j * (n - 1) + step)); };

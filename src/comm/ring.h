@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/ring_math.h"
+
 namespace fsdp::flight {
 struct Progress;
 }
@@ -44,6 +46,9 @@ struct Step {
   std::chrono::steady_clock::time_point deadline;
   flight::Progress* progress = nullptr;
   const std::vector<int>* names = nullptr;
+  // Target bytes of one piece (ResolvedOptions::ring_piece_bytes; the
+  // cutting is common/ring_math.h's).
+  int64_t piece_bytes = ring::kDefaultPieceBytes;
   int name(int q) const { return names && q >= 0 ? (*names)[q] : q; }
 };
 

@@ -97,8 +97,8 @@ std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& w
                                               intra_global);
   t->intra_ctx = t->intra_rdv->connect_gloo(opts.ifname);
   const std::string host_group = detail::cat("host tier of ranks ", ranks_text(intra_global));
-  TransportChoice c = choose_transport(t->intra_ctx.get(), "auto", Clock::now() + opts.rendezvous_timeout,
-                                       intra_global, host_group);
+  TransportChoice c = choose_transport(t->intra_ctx.get(), "auto", opts.host_id,
+                                       Clock::now() + opts.rendezvous_timeout, intra_global, host_group);
   t->inter_rdv = std::make_unique<Rendezvous>(parent, detail::cat("tier/l", s, "/"), env_of(world, inter, false),
                                               inter_global);
   t->inter_ctx = t->inter_rdv->connect_gloo(opts.ifname);

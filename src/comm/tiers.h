@@ -70,8 +70,12 @@ struct Tiers {
   // The communicator's rank of each rank of the two meshes.
   const std::vector<int>& intra_ranks() const { return layout.intra[layout.host[rank]]; }
   const std::vector<int>& inter_ranks() const { return layout.inter[layout.local[rank]]; }
-  Step intra_step(const Step& s) const { return {intra_ctx.get(), s.seq, s.deadline, s.progress, &intra_ranks()}; }
-  Step inter_step(const Step& s) const { return {inter_ctx.get(), s.seq, s.deadline, s.progress, &inter_ranks()}; }
+  Step intra_step(const Step& s) const {
+    return {intra_ctx.get(), s.seq, s.deadline, s.progress, &intra_ranks(), s.piece_bytes};
+  }
+  Step inter_step(const Step& s) const {
+    return {inter_ctx.get(), s.seq, s.deadline, s.progress, &inter_ranks(), s.piece_bytes};
+  }
   // Clean shutdown of both meshes' store keys (as a group's).
   void leave(std::chrono::milliseconds budget);
 };

@@ -227,7 +227,7 @@ struct Watchdog::State {
   bool finished = false;                          // guarded by mu: the thread returned
   std::atomic<bool> failed{false};
   int64_t beats = 0;
-  std::string identity = host_identity();
+  std::string identity;  // host_identity(), set by acquire
   std::vector<std::optional<Watchdog::Where>> where;  // guarded by mu
   bool where_done = false;                            // the thread's own
   int where_tries = 0;
@@ -389,21 +389,14 @@ std::weak_ptr<Watchdog> g_dog;  // guarded by g_mu
 }  // namespace
 
 std::shared_ptr<Watchdog> Watchdog::acquire(const WorldEnv& world, const std::string& base,
-                                            std::chrono::milliseconds collective_timeout) {
+                                            const ResolvedOptions& opts) {
   std::lock_guard<std::mutex> g(g_mu);
   if (auto d = g_dog.lock()) return d;
   auto s = std::make_shared<State>();
   s->world = world;
   s->base = base;
-  double iv = std::clamp(collective_timeout.count() / 1000.0 / 5.0, 0.05, 1.0);
-  if (const char* e = std::getenv("FSDP_HEARTBEAT_INTERVAL"); e && *e) {
-    char* end = nullptr;
-    const double v = std::strtod(e, &end);
-    if (*end != '\0' || !(v >= 0.01 && v <= 60))
-      throw Error(detail::cat("FSDP_HEARTBEAT_INTERVAL='", e,
-                              "': expected seconds between heartbeats in [0.01, 60], e.g. 1"));
-    iv = v;
-  }
+  s->identity = host_identity(opts.host_id);
+  const double iv = opts.heartbeat_interval.count() / 1000.0;
   s->interval = iv;
   flight::set_identity(world.rank, world.world_size);
   auto d = std::shared_ptr<Watchdog>(new Watchdog(s));
@@ -743,9 +736,9 @@ struct StoreHost::Impl {
   }
 };
 
-StoreHost::StoreHost(const std::string& addr, int port, std::chrono::milliseconds timeout)
+StoreHost::StoreHost(const std::string& addr, int port, std::chrono::milliseconds timeout, bool bind_all)
     : impl_(std::make_unique<Impl>()) {
-  impl_->store = comm::host_store(addr, port, timeout);
+  impl_->store = comm::host_store(addr, port, timeout, bind_all);
   impl_->addr = addr;
   impl_->port = port;
 }

@@ -26,10 +26,10 @@ namespace fsdp::comm {
 class Watchdog {
  public:
   // The process's watchdog: the running one, or a new one for this world
-  // (keys under `base`, e.g. "fsdp/<token>/"; the interval from the first
-  // caller's collective timeout).
+  // (keys under `base`, e.g. "fsdp/<token>/"; the interval and host
+  // identity from the first caller's options).
   static std::shared_ptr<Watchdog> acquire(const WorldEnv& world, const std::string& base,
-                                           std::chrono::milliseconds collective_timeout);
+                                           const ResolvedOptions& opts);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;

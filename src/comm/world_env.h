@@ -1,24 +1,19 @@
-// fsdp-cpp: where this process sits in the world, read from the environment.
-// defines: WorldEnv, read_world_env, resolve_options, ResolvedOptions
+// fsdp-cpp: where this process sits in the world, and the communicator's
+// settings, from the one parsed environment (fsdp/config.h) and the
+// program's CommOptions.
+// defines: WorldEnv, world_of, resolve_options, ResolvedOptions
 //
-// torchrun's conventions (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR, MASTER_PORT), as `fsdp run` sets them, plus the fsdp knobs:
-//   FSDP_TIMEOUT             seconds before a collective fails (default 60)
-//   FSDP_RENDEZVOUS_TIMEOUT  seconds to wait for every rank to join (default 60)
-//   GLOO_SOCKET_IFNAME       network interface for the Gloo device
-//   FSDP_DEBUG               "off" (default) or "detail": check before each
-//                            collective that every rank issues the same call
-//   FSDP_JOB_TOKEN           secret shared by the ranks of one job (set by
-//                            `fsdp run`); store keys live under it
-//   FSDP_TRANSPORT           auto (default), tcp or cma: how ranks on one host
-//                            move collective bytes (docs/COMM.md)
-//   FSDP_TIERS               on (default) or off: across hosts, compose CMA
-//                            inside each host with TCP between (comm/tiers.h)
+// The environment is parsed once per communicator made from it
+// (make_communicator_from_env); groups split from a communicator inherit
+// its ResolvedOptions and never read the environment again.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 
+#include "fsdp/config.h"
+#include "common/ring_math.h"
 #include "fsdp/comm.h"
 
 namespace fsdp::comm {
@@ -33,19 +28,27 @@ struct WorldEnv {
   bool from_env = false;  // RANK and WORLD_SIZE were both set
 };
 
-// Throws fsdp::Error naming the variable, its value and what is expected.
-WorldEnv read_world_env();
+// The world the environment describes (torchrun's conventions).
+WorldEnv world_of(const config::EnvConfig& env);
 
 struct ResolvedOptions {
-  std::chrono::milliseconds timeout;             // per collective
-  std::chrono::milliseconds rendezvous_timeout;  // joining, connecting
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};             // per collective
+  std::chrono::milliseconds rendezvous_timeout{std::chrono::seconds(60)};  // joining, connecting
   std::string ifname;
   bool debug_detail = false;  // FSDP_DEBUG=detail
   bool debug_info = false;    // FSDP_DEBUG=info or detail: one line per choice made
   std::string transport = "auto";  // FSDP_TRANSPORT: auto, tcp or cma
   bool tiers = true;          // FSDP_TIERS: compose tiers across hosts
   std::string job_token;      // FSDP_JOB_TOKEN, "" when unset
+  std::string host_id;        // FSDP_HOST_ID, "" when unset (cma.h, host_identity)
+  bool store_bind_all = false;  // FSDP_STORE_BIND=all
+  bool store_hosted = false;    // FSDP_STORE_HOSTED=1: the launcher hosts the store
+  int64_t ring_piece_bytes = ring::kDefaultPieceBytes;  // the rings' piece target
+  std::chrono::milliseconds heartbeat_interval{1000};
 };
-ResolvedOptions resolve_options(const CommOptions& opts);
+
+// The program's options with the environment's overrides applied; throws
+// fsdp::Error for an option out of range (naming the option).
+ResolvedOptions resolve_options(const CommOptions& opts, const config::EnvConfig& env);
 
 }  // namespace fsdp::comm

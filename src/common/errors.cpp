@@ -1,17 +1,17 @@
 // fsdp-cpp: internal-invariant failures (see include/fsdp/errors.h).
 #include "fsdp/errors.h"
 
-#include <cstdlib>
+#include <atomic>
 
 namespace fsdp::detail {
 
-int current_rank_for_errors() {
-  static int rank = [] {
-    const char* r = std::getenv("RANK");
-    return r ? std::atoi(r) : -1;
-  }();
-  return rank;
+namespace {
+std::atomic<int> g_rank{-1};
 }
+
+int current_rank_for_errors() { return g_rank.load(std::memory_order_relaxed); }
+
+void set_rank_for_errors(int rank) { g_rank.store(rank, std::memory_order_relaxed); }
 
 void internal_error(const char* file, int line, const std::string& msg) {
   throw InternalError(cat("fsdp-cpp internal error at ", file, ":", line, " (rank ",

@@ -24,6 +24,7 @@
 #include <mutex>
 #include <thread>
 
+#include "fsdp/config.h"
 #include "fsdp/errors.h"
 
 namespace fsdp {
@@ -94,19 +95,16 @@ struct Recorder {
   std::map<std::string, nlohmann::json> notes;
   int rank = -1, world = 0;
   std::string default_dir;
+  std::string dir_override;  // FSDP_FLIGHT_DIR
   bool on = true;
 };
 
 Recorder& rec() {
   // Immortal: the heartbeat and signal threads may record or dump while the
-  // process exits.
+  // process exits. Sized by configure() (fsdp::init, the environment).
   static Recorder* r = [] {
     auto* x = new Recorder();
-    const char* e = std::getenv("FSDP_FLIGHT_RECORDER");
-    x->on = !(e && (std::strcmp(e, "off") == 0 || std::strcmp(e, "0") == 0));
-    const char* k = std::getenv("FSDP_FLIGHT_ENTRIES");
-    long n = k ? std::atol(k) : 512;
-    x->slots.resize(static_cast<size_t>(std::clamp<long>(n, 8, 1 << 20)));
+    x->slots.resize(static_cast<size_t>(RecorderOptions{}.entries));
     return x;
   }();
   return *r;
@@ -305,10 +303,38 @@ void set_default_dir(const std::string& d) {
 }
 
 std::string dir() {
-  if (const char* e = std::getenv("FSDP_FLIGHT_DIR"); e && *e) return e;
   Recorder& r = rec();
   std::lock_guard<std::mutex> g(r.mu);
+  if (!r.dir_override.empty()) return r.dir_override;
   return r.default_dir.empty() ? "fsdp-flight" : r.default_dir;
+}
+
+void configure(const RecorderOptions& o) {
+  FSDP_USER_CHECK(o.entries >= config::kMinFlightEntries && o.entries <= config::kMaxFlightEntries,
+                  "flight::RecorderOptions::entries must be in [", config::kMinFlightEntries, ", ",
+                  config::kMaxFlightEntries, "], found ", o.entries);
+  Recorder& r = rec();
+  std::lock_guard<std::mutex> g(r.mu);
+  r.on = o.enabled;
+  // The ring is fixed once something is recorded (tickets index it).
+  if (r.next == 1) r.slots.assign(static_cast<size_t>(o.entries), Slot{});
+}
+
+void apply_env(const config::EnvConfig& env) {
+  Recorder& r = rec();
+  if (env.flight_recorder || env.flight_entries) {
+    RecorderOptions o;
+    {
+      std::lock_guard<std::mutex> g(r.mu);
+      o.enabled = r.on;
+      o.entries = static_cast<int>(r.slots.size());
+    }
+    if (env.flight_recorder) o.enabled = *env.flight_recorder;
+    if (env.flight_entries) o.entries = *env.flight_entries;
+    configure(o);
+  }
+  std::lock_guard<std::mutex> g(r.mu);
+  r.dir_override = env.flight_dir;
 }
 
 std::string dump(const std::string& reason, const std::string& where) {

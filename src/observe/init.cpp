@@ -12,7 +12,11 @@ namespace fsdp {
 void init(const InitOptions& opts) {
   static std::mutex mu;
   std::lock_guard<std::mutex> g(mu);
-  if (opts.install_allocator) memory::install();
+  const config::EnvConfig env = config::read_env();  // the one read, before any change
+  flight::configure(opts.flight_recorder);
+  flight::apply_env(env);
+  if (opts.install_allocator && memory::install() && !(opts.allocator_cache && env.alloc_cache))
+    memory::set_caching(false);
   if (opts.ignore_sigpipe) {
     struct sigaction old {};
     if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);

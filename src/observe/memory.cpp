@@ -431,10 +431,6 @@ bool install() {
   static std::once_flag once;
   std::call_once(once, [] {
     static CountingAllocator alloc;
-    if (const char* e = std::getenv("FSDP_ALLOC_CACHE")) {
-      std::string v = e;
-      if (v == "0" || v == "off" || v == "false") cache().enabled = false;
-    }
     // Priority above the default so later registrations at default priority
     // do not replace it.
     samples().start = take_sample();

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "fsdp/config.h"
 #include "fsdp/errors.h"
 #include "fsdp/memory.h"
 
@@ -20,35 +21,6 @@ namespace {
 std::mutex g_mu;
 FILE* g_open = nullptr;
 const Progress* g_owner = nullptr;
-
-enum class EnvMode { AUTO, OFF, LINES, TTY };
-
-EnvMode env_mode() {
-  const char* v = std::getenv("FSDP_PROGRESS");
-  if (!v) return EnvMode::AUTO;
-  std::string s(v);
-  for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-  if (s.empty() || s == "on" || s == "1" || s == "auto" || s == "yes" || s == "true") return EnvMode::AUTO;
-  if (s == "off" || s == "0" || s == "no" || s == "false") return EnvMode::OFF;
-  if (s == "lines") return EnvMode::LINES;
-  if (s == "tty") return EnvMode::TTY;
-  throw Error(detail::cat("FSDP_PROGRESS='", v,
-                               "': expected off (no progress), on (the default), lines (full lines even on a "
-                               "terminal) or tty (rewrite one line); unset it or pick one of these"));
-}
-
-// FSDP_PROGRESS_EVERY, or `fallback` when unset.
-double env_interval(double fallback) {
-  const char* v = std::getenv("FSDP_PROGRESS_EVERY");
-  if (!v) return fallback;
-  char* end = nullptr;
-  const double s = std::strtod(v, &end);
-  if (end == v || *end != '\0' || !std::isfinite(s) || s < 0)
-    throw Error(detail::cat("FSDP_PROGRESS_EVERY='", v,
-                                 "': expected seconds between progress lines, a number >= 0 (e.g. 5; 0: every "
-                                 "update); unset it for the default"));
-  return s;
-}
 
 std::string fixed(double v) {
   char b[32];
@@ -100,14 +72,18 @@ Progress::Progress(ProgressOptions opts) : o_(std::move(opts)) {
     };
   }
   if (!o_.out) o_.out = stdout;
-  const EnvMode mode = env_mode();
-  if (o_.interval_s < 0) o_.interval_s = env_interval(5.0);
+  // The environment, read here once (docs/CONFIG.md): FSDP_PROGRESS and
+  // FSDP_PROGRESS_EVERY.
+  const config::EnvConfig env = config::read_env();
+  using Mode = config::ProgressMode;
+  const Mode mode = env.progress;
+  if (o_.interval_s < 0) o_.interval_s = env.progress_every_s.value_or(5.0);
   if (!std::isfinite(o_.window_s) || o_.window_s <= 0) o_.window_s = 20;
-  active_ = o_.enabled && o_.rank == 0 && mode != EnvMode::OFF;
+  active_ = o_.enabled && o_.rank == 0 && mode != Mode::OFF;
   if (o_.tty >= 0)
     tty_ = o_.tty != 0;
-  else if (mode == EnvMode::LINES || mode == EnvMode::TTY)
-    tty_ = mode == EnvMode::TTY;
+  else if (mode == Mode::LINES || mode == Mode::TTY)
+    tty_ = mode == Mode::TTY;
   else
     tty_ = ::isatty(::fileno(o_.out)) == 1;
   start_ = now();

@@ -19,7 +19,9 @@
 #include <limits>
 #include <map>
 
+#include "common/traffic_math.h"
 #include "fsdp/errors.h"
+#include "fsdp/strategy.h"
 #include "fsdp/trace.h"
 
 namespace fsdp::report {
@@ -158,19 +160,25 @@ json traffic_lines(const json& meta0, int world, double pb, double rb, json& war
   for (auto& u : units) padded_total += num(u, "padded_numel", num(u, "numel"));
   double frac = world > 0 ? double(world - 1) / world : 0;
   json lines = json::object();
-  if (padded_total > 0) {
+  if (padded_total > 0 && world > 0) {
+    // The planner's formulas (common/traffic_math.h), one micro-step.
+    const auto padded = static_cast<int64_t>(padded_total);
+    const auto P = static_cast<int64_t>(pb), R = static_cast<int64_t>(rb);
+    auto bytes = [&](ShardingStrategy s, int group) {
+      return traffic::per_step(s, padded, world, group, 1, P, R);
+    };
     lines["P_bytes"] = padded_total * pb;
-    lines["full_3p"] = frac * padded_total * (2 * pb + rb);
-    lines["grad_op_2p"] = frac * padded_total * (pb + rb);
-    lines["ddp_2p"] = 2 * frac * padded_total * rb;
-    // HYBRID: the units are padded over the shard group of S; per rank
-    // (S-1)/S x 3P (ZERO2: 2P) inside it, 2 (R-1)/R x P/S across replicas.
+    lines["full_3p"] = bytes(ShardingStrategy::FULL_SHARD, world).total();
+    lines["grad_op_2p"] = bytes(ShardingStrategy::SHARD_GRAD_OP, world).total();
+    lines["ddp_2p"] = bytes(ShardingStrategy::NO_SHARD, world).total();
+    // HYBRID: the units are padded over the shard group of S.
     const int S = meta0.value("shard_group_size", world);
     const std::string strategy = meta0.value("strategy", "");
-    if (S > 0 && S < world && strategy.rfind("HYBRID_SHARD", 0) == 0) {
-      const double in = double(S - 1) / S, R = double(world) / S;
-      lines["hybrid_intra"] = in * padded_total * (strategy == "HYBRID_SHARD" ? 2 * pb + rb : pb + rb);
-      lines["hybrid_inter"] = 2 * (R - 1) / R * padded_total / S * rb;
+    if (S > 0 && S < world && world % S == 0 && strategy.rfind("HYBRID_SHARD", 0) == 0) {
+      const traffic::Bytes h = bytes(
+          strategy == "HYBRID_SHARD" ? ShardingStrategy::HYBRID_SHARD : ShardingStrategy::HYBRID_SHARD_ZERO2, S);
+      lines["hybrid_intra"] = h.all_gather + h.reduce_scatter;
+      lines["hybrid_inter"] = h.all_reduce;
     }
   } else if (meta0.contains("ledger") && num(meta0["ledger"], "P_full") > 0) {
     double P = num(meta0["ledger"], "P_full");

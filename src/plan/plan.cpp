@@ -11,7 +11,9 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
 #include "plan/names.h"
+#include "common/ring_math.h"
 #include "common/shard_math.h"
+#include "common/traffic_math.h"
 
 namespace fsdp::plan {
 
@@ -56,55 +58,24 @@ void PlanOptions::validate() const {
 }
 
 Traffic traffic(ShardingStrategy s, int64_t padded, const PlanOptions& o) {
-  // Ring collectives: each rank sends (N-1)/N of the buffer per all-gather or
-  // reduce-scatter, twice that per all-reduce. Integer math on the padded
-  // numel keeps the numbers exact (padded is a multiple of N).
-  const int64_t N = o.world, K = o.micro_steps;
-  const int64_t sent = padded / N * (N - 1);  // elements a rank sends per AG / RS
+  // Integer math on the padded numel keeps the numbers exact (common/traffic_math.h).
+  const traffic::Bytes b = traffic::per_step(s, padded, o.world, is_hybrid(s) ? o.group() : o.world, o.micro_steps,
+                                             o.param_bytes, o.reduce());
   Traffic t;
-  switch (s) {
-    case ShardingStrategy::FULL_SHARD:
-      t.all_gather = 2 * K * sent * o.param_bytes;
-      t.reduce_scatter = K * sent * o.reduce();
-      break;
-    case ShardingStrategy::SHARD_GRAD_OP:
-      t.all_gather = K * sent * o.param_bytes;
-      t.reduce_scatter = K * sent * o.reduce();
-      break;
-    case ShardingStrategy::NO_SHARD:
-      t.all_reduce = 2 * K * sent * o.reduce();
-      break;
-    case ShardingStrategy::HYBRID_SHARD:
-    case ShardingStrategy::HYBRID_SHARD_ZERO2: {
-      // padded is a multiple of S here (make_plan pads over the group).
-      PlanOptions inner = o;
-      inner.world = o.group();
-      t = traffic(s == ShardingStrategy::HYBRID_SHARD ? ShardingStrategy::FULL_SHARD : ShardingStrategy::SHARD_GRAD_OP,
-                  padded, inner);
-      const int64_t R = o.world / o.group(), shard = padded / o.group();
-      t.all_reduce = 2 * K * (R - 1) * shard / R * o.reduce();
-      break;
-    }
-  }
+  t.all_gather = b.all_gather;
+  t.reduce_scatter = b.reduce_scatter;
+  t.all_reduce = b.all_reduce;
   return t;
 }
 
-// The reduce-scatter ring's staging (src/comm/ring.cpp): with N > 2, 2
-// receive and 2 send slots of one piece each, a piece being the largest
-// shard cut into pieces of at most 1 MiB; with N = 2 every step is the last
-// and partials land straight in the output (no staging); one rank has no
-// ring.
+// The reduce-scatter ring's staging (src/comm/ring.cpp), cut as the ring
+// cuts it (common/ring_math.h) at the default piece size: the largest over
+// the units.
 static int64_t ring_staging_bytes(const std::vector<UnitPlan>& units, const PlanOptions& o) {
-  if (o.world <= 2) return 0;
-  constexpr int64_t kSlots = 2 + 2, kPiece = int64_t(1) << 20;
   int64_t staging = 0;
-  for (auto& u : units) {
-    const int64_t shard = u.shard_numel * o.reduce();
-    if (shard == 0) continue;
-    const int64_t pieces = (shard + kPiece - 1) / kPiece;
-    const int64_t slot = (u.shard_numel + pieces - 1) / pieces * o.reduce();
-    staging = std::max(staging, kSlots * slot);
-  }
+  for (auto& u : units)
+    staging = std::max(staging, ring::reduce_scatter_staging_bytes(u.shard_numel, o.reduce(), o.world,
+                                                                   ring::kDefaultPieceBytes));
   return staging;
 }
 
@@ -187,7 +158,7 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
   };
   switch (opts.strategy) {
     case ShardingStrategy::FULL_SHARD: {
-      // Two moments compete for the peak (the engine: src/unit/reduce.cpp,
+      // Two moments compete for the peak (the engine: src/unit/grad_reduce.cpp,
       // src/comm/ring.cpp):
       //  backward start: every activation alive, the root unit (the model's
       //    own parameters, here the head) and the computing unit plus the

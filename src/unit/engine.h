@@ -7,7 +7,7 @@
 //   shard      src/shard/flat_param.cpp  flat buffer, padding (shard_math.h), views
 //   all-gather src/unit/unshard.cpp      unshard / reshard, prefetch
 //   compute    src/unit/unit_call.cpp    pre/post-forward, pre-backward hooks
-//   reduce     src/unit/reduce.cpp       post-backward reduce-scatter, no_sync
+//   reduce     src/unit/grad_reduce.cpp       post-backward reduce-scatter, no_sync
 //   hybrid     src/unit/hybrid.cpp       HYBRID's groups, the replicas' all-reduce
 //   recompute  src/unit/checkpoint.cpp   activation checkpointing: forward again in backward
 //   optimizer  src/unit/model.cpp        shard grads, global-norm clipping
@@ -53,7 +53,7 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // --- Entry points of the hooks (unit_call.cpp, reduce.cpp) ---
+  // --- Entry points of the hooks (unit_call.cpp, grad_reduce.cpp) ---
   void pre_forward(Unit& u);  // fsdp::call, before the module's forward
   void post_forward(Unit& u, const std::vector<torch::Tensor>& outputs);
   void forward_failed(Unit& u);
@@ -134,7 +134,7 @@ class Engine {
   // unshard.cpp: the prefetch policy over the recorded forward order.
   int unsharded_prefetch_count() const;
   void prefetch_after(Unit& u, bool backward);
-  // reduce.cpp
+  // grad_reduce.cpp
   void post_backward(Unit& u);
   void fold_finished_reduces();      // the ones already completed
   void finish_reduces(size_t count);  // the oldest `count`, waiting

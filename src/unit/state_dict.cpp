@@ -12,7 +12,7 @@
 #include "compat/torch_compat.h"
 #include "fsdp/progress.h"
 #include "fsdp/state_dict.h"
-#include "common/agree.h"
+#include "common/fail_together.h"
 #include "common/shard_math.h"
 #include "unit/engine.h"
 #include "unit/engine_access.h"
@@ -254,8 +254,8 @@ void write_unit(ckpt::SafetensorsWriter* w, const detail::Unit& u, const torch::
 
 // Every rank learns whether rank 0's write failed, so a failed save throws
 // everywhere and nobody hangs.
-void agree(Communicator& comm, const std::string& error, const std::string& what) {
-  fsdp::comm::agree(comm, error.empty() ? std::string() : what + " failed: " + error, {what + " status"},
+void fail_together_saving(Communicator& comm, const std::string& error, const std::string& what) {
+  fsdp::comm::fail_together(comm, error.empty() ? std::string() : what + " failed: " + error, {what + " status"},
                     [&](const std::vector<int>&) { return what + " failed on rank 0"; });
 }
 
@@ -423,7 +423,7 @@ void save_full(const FullyShardedModel& model, const std::string& path) {
     } catch (const std::exception& e) {
       error = e.what();
     }
-  agree(comm, error, "saving the full state dict to '" + path + "'");
+  fail_together_saving(comm, error, "saving the full state dict to '" + path + "'");
 }
 
 void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimizer& opt, const std::string& path) {
@@ -469,7 +469,7 @@ void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimiz
     } catch (const std::exception& e) {
       error = e.what();
     }
-  agree(comm, error, "saving the full optimizer state to '" + path + "'");
+  fail_together_saving(comm, error, "saving the full optimizer state to '" + path + "'");
 }
 
 void load_full_optim(FullyShardedModel& model, torch::optim::Optimizer& opt, const std::string& path,
@@ -496,7 +496,7 @@ void load_full_optim(FullyShardedModel& model, torch::optim::Optimizer& opt, con
   } catch (const std::exception& e) {
     error = e.what();
   }
-  fsdp::comm::agree(comm, error, {"load_full_optim check"}, [&](const std::vector<int>&) {
+  fsdp::comm::fail_together(comm, error, {"load_full_optim check"}, [&](const std::vector<int>&) {
     return "loading the optimizer state from '" + path + "' failed on another rank";
   });
 

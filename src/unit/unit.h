@@ -17,7 +17,7 @@
 //   forward_failed, pre_backward       src/unit/unit_call.cpp
 //   grad_ready, join_backward,
 //   post_backward, reduce,
-//   accept_reduced, end_backward       src/unit/reduce.cpp
+//   accept_reduced, end_backward       src/unit/grad_reduce.cpp
 //   begin_recompute, end_recompute     src/unit/checkpoint.cpp
 #pragma once
 

@@ -1,11 +1,11 @@
-// fsdp-cpp: failing together (see agree.h).
-#include "common/agree.h"
+// fsdp-cpp: failing together (see fail_together.h).
+#include "common/fail_together.h"
 
 #include "fsdp/errors.h"
 
 namespace fsdp::comm {
 
-void agree(Communicator& comm, const std::string& local_error, const CollectiveInfo& info,
+void fail_together(Communicator& comm, const std::string& local_error, const CollectiveInfo& info,
            const std::function<std::string(const std::vector<int>& failed_ranks)>& others_failed) {
   const int world = comm.world_size();
   auto flags = torch::zeros({world}, torch::kFloat32);

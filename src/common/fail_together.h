@@ -1,7 +1,7 @@
 // fsdp-cpp: failing together — every rank learns which ranks failed a step,
 // so a failure on one rank throws on all of them and none waits forever in
 // the next collective.
-// defines: comm::agree
+// defines: comm::fail_together
 //
 // Used wherever a step may fail on some ranks only (a file rank 0 cannot
 // write, a checkpoint a rank cannot read): the engine's full-state files
@@ -21,7 +21,7 @@ namespace fsdp::comm {
 // every rank throws fsdp::Error: a rank that failed throws `local_error`
 // (its own message), the others throw `others_failed(failed_ranks)`.
 // `local_error` empty means this rank succeeded.
-void agree(Communicator& comm, const std::string& local_error, const CollectiveInfo& info,
+void fail_together(Communicator& comm, const std::string& local_error, const CollectiveInfo& info,
            const std::function<std::string(const std::vector<int>& failed_ranks)>& others_failed);
 
 }  // namespace fsdp::comm

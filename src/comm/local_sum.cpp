@@ -1,4 +1,4 @@
-// fsdp-cpp: local reduction kernels (see reduce.h).
+// fsdp-cpp: local reduction kernels (see local_sum.h).
 //
 // The loops work on GCC/Clang vector types (vector_size), so they are SIMD
 // whatever the optimisation level: -O2 of GCC 12 does not vectorise a plain
@@ -8,7 +8,7 @@
 // which handles the last n % W elements. bf16 is widened by a 16-bit shift
 // and rounded back to nearest-even, NaN -> 0x7FC0, exactly as c10::BFloat16.
 // dst may equal a or b: every lane loads before it stores.
-#include "comm/reduce.h"
+#include "comm/local_sum.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>

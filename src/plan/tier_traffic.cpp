@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <sstream>
 
+#include "common/collective_path.h"
 #include "common/shard_math.h"
+#include "common/traffic_math.h"
 #include "fsdp/errors.h"
 #include "fsdp/memory.h"
 #include "fsdp/plan.h"
@@ -47,13 +49,9 @@ Split split(ShardingStrategy s, const Traffic& t, const PlanOptions& o) {
     else if (S > o.world / o.hosts) x.inter += x.intra, x.intra = 0;
     return x;
   }
-  // H > 1 hosts: the collectives compose (CMA inside each host, TCP between
-  // ranks of the same local index), so every rank sends (H-1) of the (N-1)
-  // blocks of an all-gather or reduce-scatter across, and as much of an
-  // all-reduce: (H-1)/(N-1) of its traffic. (Every collective's bytes are a
-  // multiple of N-1: padded / N * (N-1) elements.)
+  // H > 1 hosts: the collectives compose in tiers (common/traffic_math.h).
   const int64_t total = t.total();
-  if (o.hosts > 1) x.inter = total / (o.world - 1) * (o.hosts - 1);
+  x.inter = traffic::inter_host_part(total, o.world, o.hosts);
   x.intra = total - x.inter;
   return x;
 }
@@ -70,6 +68,21 @@ double cost(ShardingStrategy s, const Split& x, const PlanOptions& o) {
   if (!timed(o)) return double(x.intra) + sharers * double(x.inter);
   const double t = x.intra / rate(o.intra_bandwidth, o.bandwidth);
   return x.inter > 0 ? t + sharers * x.inter / rate(o.inter_bandwidth, o.bandwidth) : t;
+}
+
+// What the planner assumes about a run's hosts (equal sizes, memory
+// readable inside each host), for path::choose.
+path::Facts path_facts(const PlanOptions& o) {
+  path::Facts f;
+  f.ranks = o.world;
+  const int per_host = o.world / o.hosts;
+  if (o.hosts > 1) {
+    f.hosts_differ = detail::cat("the ranks are on ", o.hosts, " hosts");
+    f.ranks_sharing_a_host = per_host > 1 ? o.world : 0;
+    // --hosts divides --world (validate), so the hosts are of equal size.
+    if (per_host < 2) f.layout_blocked = "every host has one rank: nothing moves inside a host";
+  }
+  return f;
 }
 
 }  // namespace
@@ -150,7 +163,8 @@ std::string tiers_str(const TierComparison& c, const PlanOptions& o) {
     os << buf;
   }
   if (!timed(o)) os << "  (times: pass --intra-bw and --inter-bw, e.g. 10GB/s and 1Gbit/s)\n";
-  os << "  (per rank; across hosts the non-hybrid collectives compose tiers: CMA inside a host, TCP between)\n";
+  const path::Choice chosen = path::choose(path_facts(o));
+  os << "  (per rank; the non-hybrid collectives take " << path::words(chosen.path) << ": " << chosen.reason << ")\n";
   return os.str();
 }
 

@@ -1,0 +1,52 @@
+// fsdp-cpp: the collective path (see collective_path.h).
+#include "common/collective_path.h"
+
+#include "fsdp/errors.h"
+
+namespace fsdp::path {
+
+const char* words(Path p) {
+  switch (p) {
+    case Path::TCP: return "gloo/tcp";
+    case Path::CMA: return "cma (cross-memory attach)";
+    case Path::TIERS: return "tiers (cma inside each host + gloo/tcp between hosts)";
+  }
+  return "?";
+}
+
+Choice choose(const Facts& f) {
+  Choice c;
+  if (f.transport == "tcp") {
+    c.reason = "FSDP_TRANSPORT=tcp";
+    return c;
+  }
+  if (f.hosts_differ.empty()) {
+    if (f.cma_blocked.empty()) {
+      c.path = Path::CMA;
+      c.reason = detail::cat("all ", f.ranks, " ranks are on this host and may read each other's memory");
+      return c;
+    }
+    c.reason = f.cma_blocked;
+    if (f.transport == "cma") c.refused = f.cma_blocked;
+    return c;
+  }
+  if (!f.tiers) {
+    c.reason = f.hosts_differ + "; tiers not composed: FSDP_TIERS=off";
+    return c;
+  }
+  const std::string& blocked = !f.layout_blocked.empty() ? f.layout_blocked : f.tiers_blocked;
+  if (blocked.empty()) {
+    c.path = Path::TIERS;
+    c.reason = "the hosts have equal numbers (> 1) of ranks: cross-memory attach inside each host, gloo/tcp "
+               "between the ranks of the same local index";
+    return c;
+  }
+  c.reason = detail::cat(f.hosts_differ, "; tiers not composed: ", blocked);
+  if (f.transport == "cma" && f.ranks_sharing_a_host > 0)
+    c.refused = detail::cat(f.hosts_differ,
+                            " and the tiers (cross-memory attach inside each host, TCP between) cannot compose: ",
+                            blocked);
+  return c;
+}
+
+}  // namespace fsdp::path

@@ -1,0 +1,64 @@
+// fsdp-cpp: which path a communicator's collectives take, decided in one
+// place and torch-free.
+// defines: path::Path, path::words, path::Facts, path::Choice, path::choose
+//
+// The communicator (src/comm/gloo_communicator.cpp) gathers the facts: the
+// settings (FSDP_TRANSPORT, FSDP_TIERS), every rank's host (exchanged), what
+// the cross-memory-attach probe found, whether the hosts' layout composes
+// tiers, and whether connecting them worked; it asks choose() and moves
+// bytes the way the answer says. The planner (src/plan/tier_traffic.cpp) asks the
+// same function with the facts it assumes (hosts of equal size, memory
+// readable inside a host), so the path it prints is the one a run takes.
+// FSDP_DEBUG=info prints the choice and its reason; the trace keeps them
+// (metadata "collective_path").
+#pragma once
+
+#include <string>
+
+namespace fsdp::path {
+
+enum class Path {
+  TCP,    // Gloo over TCP: the flat ring (ring.h)
+  CMA,    // cross-memory attach between the ranks of one host (cma.h)
+  TIERS,  // CMA inside each host, TCP between the ranks of the same local index (tiers.h)
+};
+
+// For messages: "gloo/tcp", "cma (cross-memory attach)", "tiers (...)".
+const char* words(Path p);
+
+// What is known when the path is chosen. Probes not run yet read "" (fine).
+struct Facts {
+  std::string transport = "auto";  // FSDP_TRANSPORT: auto, tcp or cma
+  bool tiers = true;               // FSDP_TIERS
+  int ranks = 1;
+  // "" when every rank is on one host; else why not (names two ranks on two hosts).
+  std::string hosts_differ;
+  // One host: why its ranks cannot read each other's memory ("" they can).
+  std::string cma_blocked;
+  // Several hosts: how many ranks share a host with another (0: one rank per host).
+  int ranks_sharing_a_host = 0;
+  // Several hosts: why the layout does not compose tiers ("" it does).
+  std::string layout_blocked;
+  // Several hosts: why connecting the tiers failed ("" it did not, or not tried).
+  std::string tiers_blocked;
+};
+
+struct Choice {
+  Path path = Path::TCP;
+  std::string reason;  // why this path (FSDP_DEBUG=info prints it)
+  // FSDP_TRANSPORT=cma cannot be honoured: why (the caller's message reads
+  // "FSDP_TRANSPORT=cma<where>, but <refused>. Use ..."); "" otherwise.
+  std::string refused;
+};
+
+// The one decision:
+//   FSDP_TRANSPORT=tcp                              -> TCP
+//   one host, memory readable                       -> CMA
+//   one host, not readable                          -> TCP (cma: refused)
+//   several hosts, FSDP_TIERS=off                   -> TCP
+//   several hosts, the layout composes and connects -> TIERS
+//   several hosts, otherwise                        -> TCP (cma with ranks
+//                                                      sharing a host: refused)
+Choice choose(const Facts& f);
+
+}  // namespace fsdp::path

@@ -1,0 +1,226 @@
+// fsdp-cpp: the environment, parsed in one place (see include/fsdp/config.h).
+#include "fsdp/config.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <initializer_list>
+
+#include "fsdp/errors.h"
+
+namespace fsdp::config {
+
+const std::vector<Variable>& variables() {
+  static const std::vector<Variable> table = {
+      {"RANK", "an integer in [0, WORLD_SIZE)", "0", "this process's rank in the world (torchrun's convention)"},
+      {"WORLD_SIZE", "an integer >= 1", "1", "ranks in the world; unset or 1: a world of one, no rendezvous"},
+      {"LOCAL_RANK", "an integer in [0, LOCAL_WORLD_SIZE)", "RANK mod LOCAL_WORLD_SIZE", "this rank's index on its host"},
+      {"LOCAL_WORLD_SIZE", "an integer in [1, WORLD_SIZE]", "WORLD_SIZE", "ranks on this host"},
+      {"MASTER_ADDR", "a host name or address", "127.0.0.1", "where rank 0 (or the launcher) hosts the rendezvous store"},
+      {"MASTER_PORT", "an integer in [1, 65535]", "29500", "the rendezvous store's port"},
+      {"FSDP_TIMEOUT", "seconds, > 0 (e.g. 30 or 2.5)", "CommOptions::timeout (60 s)",
+       "how long one collective may take before it fails naming the ranks it waited on"},
+      {"FSDP_RENDEZVOUS_TIMEOUT", "seconds, > 0", "60", "how long to wait for every rank to join"},
+      {"GLOO_SOCKET_IFNAME", "a network interface name", "CommOptions::ifname, else the route to MASTER_ADDR",
+       "the interface the TCP links use"},
+      {"FSDP_DEBUG", "off, info or detail", "off",
+       "info: one line per choice made (transport, tiers); detail: also check before each collective that every "
+       "rank issues the same call"},
+      {"FSDP_TRANSPORT", "auto, tcp or cma", "auto", "how ranks on one host move collective bytes (docs/COMM.md)"},
+      {"FSDP_TIERS", "on or off", "on", "across hosts: cross-memory attach inside each host, TCP between"},
+      {"FSDP_JOB_TOKEN", "16 to 128 of [A-Za-z0-9_-]", "none", "the secret shared by the ranks of one job (`fsdp run` sets it)"},
+      {"FSDP_HOST_ID", "any text", "host name, boot id and namespaces",
+       "which ranks count as one host (tests run two hosts on one machine)"},
+      {"FSDP_STORE_BIND", "all", "MASTER_ADDR's interface",
+       "all: the rendezvous store listens on every interface"},
+      {"FSDP_STORE_HOSTED", "1", "rank 0 hosts the store", "1: the launcher hosts the store (`fsdp run` sets it)"},
+      {"FSDP_RING_PIECE_KIB", "an integer in [4, 1048576]", "CommOptions::ring_piece_bytes (1024)",
+       "the ring's piece size in KiB"},
+      {"FSDP_HEARTBEAT_INTERVAL", "seconds in [0.01, 60]", "CommOptions::heartbeat_interval (timeout / 5, 0.05 to 1)",
+       "seconds between a rank's heartbeats"},
+      {"FSDP_FLIGHT_RECORDER", "on or off", "InitOptions::flight_recorder (on)",
+       "record each collective in the flight recorder"},
+      {"FSDP_FLIGHT_ENTRIES", "an integer in [8, 1048576]", "InitOptions::flight_entries (512)",
+       "collectives the flight recorder keeps"},
+      {"FSDP_FLIGHT_DIR", "a directory", "fsdp-flight (or the program's flight::set_default_dir)",
+       "where flight-recorder dumps go"},
+      {"FSDP_ALLOC_CACHE", "on or off", "on", "the counting allocator keeps freed blocks for reuse"},
+      {"FSDP_PROGRESS", "on, off, lines or tty", "on", "progress lines on rank 0 (lines: full lines; tty: one line)"},
+      {"FSDP_PROGRESS_EVERY", "seconds, >= 0", "ProgressOptions::interval_s (5)",
+       "seconds between progress lines off a terminal; 0: every update"},
+  };
+  return table;
+}
+
+namespace {
+
+std::string lower(const char* v) {
+  std::string s(v);
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// "NAME='value' is not <what>; expected <allowed>; unset it for the default".
+// An empty `what`: "NAME='value': expected <allowed>; ...".
+[[noreturn]] void bad(const char* name, const char* value, const std::string& what, const std::string& allowed) {
+  throw Error(detail::cat(name, "='", value, "'", what.empty() ? ":" : " is not " + what + ";", " expected ", allowed,
+                          "; unset it for the default"));
+}
+
+class Reader {
+ public:
+  explicit Reader(const Lookup& lookup) : lookup_(lookup) {}
+
+  // The value, or null when unset or empty.
+  const char* raw(const char* name) const {
+    const char* v = lookup_(name);
+    return (v && *v) ? v : nullptr;
+  }
+
+  std::optional<int64_t> integer(const char* name, int64_t lo, int64_t hi, const char* what) const {
+    const char* v = raw(name);
+    if (!v) return std::nullopt;
+    char* end = nullptr;
+    errno = 0;
+    const long long x = std::strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) bad(name, v, "an integer in range", detail::cat(what, ", an integer in [", lo, ", ", hi, "]"));
+    return x;
+  }
+
+  // Seconds as milliseconds, in (0, max_s] (lo_s: the least allowed).
+  std::optional<double> seconds(const char* name, double lo_s, bool lo_open, double hi_s, const char* what) const {
+    const char* v = raw(name);
+    if (!v) return std::nullopt;
+    char* end = nullptr;
+    const double s = std::strtod(v, &end);
+    const bool ok = end != v && !*end && std::isfinite(s) && (lo_open ? s > lo_s : s >= lo_s) && s <= hi_s;
+    if (!ok)
+      bad(name, v, "a number of seconds in range",
+          detail::cat(what, " in ", lo_open ? "(" : "[", lo_s, ", ", hi_s, "] (e.g. 30 or 2.5)"));
+    return s;
+  }
+
+  // on/off switch: on, 1, yes, true / off, 0, no, false. `what`: what on
+  // and off mean, for the message.
+  bool on_off(const char* name, bool fallback, const std::string& what) const {
+    const char* v = raw(name);
+    if (!v) return fallback;
+    const std::string s = lower(v);
+    for (const char* t : {"on", "1", "yes", "true"})
+      if (s == t) return true;
+    for (const char* f : {"off", "0", "no", "false"})
+      if (s == f) return false;
+    bad(name, v, "known", detail::cat("on or off (", what, ")"));
+  }
+
+  // One of `choices` (lower-cased), or `fallback` when unset.
+  // `what`/`allowed` as bad() takes them.
+  std::string choice(const char* name, std::initializer_list<const char*> choices, const char* fallback,
+                     const std::string& what, const std::string& allowed) const {
+    const char* v = raw(name);
+    if (!v) return fallback;
+    const std::string s = lower(v);
+    for (const char* c : choices)
+      if (s == c) return s;
+    bad(name, v, what, allowed);
+  }
+
+ private:
+  const Lookup& lookup_;
+};
+
+std::optional<int64_t> ms(std::optional<double> s) {
+  if (!s) return std::nullopt;
+  return static_cast<int64_t>(std::llround(*s * 1000));
+}
+
+}  // namespace
+
+EnvConfig parse_env(const Lookup& lookup) {
+  const Reader r(lookup);
+  EnvConfig c;
+  constexpr int64_t kMaxRanks = 1 << 20;
+  // The world.
+  c.world_from_env = r.raw("RANK") && r.raw("WORLD_SIZE");
+  const char* launch = "start ranks with `fsdp run` or set it correctly";
+  c.world_size = static_cast<int>(r.integer("WORLD_SIZE", 1, kMaxRanks, "the number of ranks").value_or(1));
+  c.rank = static_cast<int>(r.integer("RANK", 0, kMaxRanks, "this process's rank").value_or(0));
+  if (c.rank >= c.world_size)
+    throw Error(detail::cat("RANK=", c.rank, " is not below WORLD_SIZE=", c.world_size,
+                            ": every rank must be in [0, WORLD_SIZE); ", launch));
+  c.local_world_size = static_cast<int>(
+      r.integer("LOCAL_WORLD_SIZE", 1, c.world_size, "the ranks on this host").value_or(c.world_from_env ? c.world_size : 1));
+  c.local_rank = static_cast<int>(
+      r.integer("LOCAL_RANK", 0, kMaxRanks, "this rank's index on its host").value_or(c.rank % c.local_world_size));
+  if (c.local_rank >= c.local_world_size)
+    throw Error(detail::cat("LOCAL_RANK=", c.local_rank, " is not below LOCAL_WORLD_SIZE=", c.local_world_size,
+                            "; ", launch));
+  if (const char* a = r.raw("MASTER_ADDR")) c.master_addr = a;
+  c.master_port = static_cast<int>(r.integer("MASTER_PORT", 1, 65535, "the store's port").value_or(c.master_port));
+
+  // The communicator.
+  constexpr double kWeek = 86400.0 * 7;
+  c.timeout_ms = ms(r.seconds("FSDP_TIMEOUT", 0, true, kWeek, "seconds a collective may take"));
+  c.rendezvous_timeout_ms = ms(r.seconds("FSDP_RENDEZVOUS_TIMEOUT", 0, true, kWeek, "seconds to wait for every rank"));
+  if (const char* i = r.raw("GLOO_SOCKET_IFNAME")) c.ifname = i;
+  const std::string debug = r.choice("FSDP_DEBUG", {"off", "0", "info", "detail"}, "off", "a known level",
+                                     "off or detail (detail checks that every rank issues the same collective; info "
+                                     "prints one line per choice made)");
+  c.debug_info = debug == "info" || debug == "detail";
+  c.debug_detail = debug == "detail";
+  c.transport = r.choice("FSDP_TRANSPORT", {"auto", "tcp", "cma"}, "auto", "a known transport",
+                         "auto (the default: cma when every rank is on this host and may read its "
+                         "peers' memory, else tcp), tcp (Gloo over TCP) or cma (cross-memory attach between ranks of "
+                         "one host)");
+  c.tiers = r.on_off("FSDP_TIERS", true,
+                     "on, the default: across hosts, cross-memory attach inside each host and TCP between; off: TCP "
+                     "for everything across hosts");
+  if (const char* t = r.raw("FSDP_JOB_TOKEN")) {
+    const std::string tok = t;
+    bool ok = tok.size() >= 16 && tok.size() <= 128;
+    for (char ch : tok) ok &= std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_';
+    if (!ok)
+      throw Error(detail::cat("FSDP_JOB_TOKEN has ", tok.size(),
+                              " characters; expected 16 to 128 of [A-Za-z0-9_-] (e.g. `openssl rand -hex 16`), "
+                              "the same on every node of the job"));
+    c.job_token = tok;
+  }
+  if (const char* h = r.raw("FSDP_HOST_ID")) c.host_id = h;
+  c.store_bind_all = r.choice("FSDP_STORE_BIND", {"all"}, "", "known",
+                              "all (the store listens on every interface)") == "all";
+  c.store_hosted = r.choice("FSDP_STORE_HOSTED", {"0", "1"}, "0", "known",
+                            "1 (the launcher hosts the store; `fsdp run` sets it) or 0") == "1";
+  if (auto kib = r.integer("FSDP_RING_PIECE_KIB", kMinRingPieceBytes >> 10, kMaxRingPieceBytes >> 10,
+                           "the ring's piece size in KiB"))
+    c.ring_piece_bytes = *kib << 10;
+  c.heartbeat_interval_ms = ms(r.seconds("FSDP_HEARTBEAT_INTERVAL", kMinHeartbeatMs / 1000.0, false,
+                                         kMaxHeartbeatMs / 1000.0, "seconds between heartbeats"));
+
+  // The process.
+  if (r.raw("FSDP_FLIGHT_RECORDER"))
+    c.flight_recorder = r.on_off("FSDP_FLIGHT_RECORDER", true, "record each collective in the flight recorder");
+  if (auto n = r.integer("FSDP_FLIGHT_ENTRIES", kMinFlightEntries, kMaxFlightEntries, "collectives the recorder keeps"))
+    c.flight_entries = static_cast<int>(*n);
+  if (const char* d = r.raw("FSDP_FLIGHT_DIR")) c.flight_dir = d;
+  c.alloc_cache = r.on_off("FSDP_ALLOC_CACHE", true, "the counting allocator's cache of freed blocks");
+
+  // Progress lines.
+  const std::string p = r.choice("FSDP_PROGRESS", {"on", "1", "auto", "yes", "true", "off", "0", "no", "false", "lines", "tty"},
+                                 "on", "",
+                                 "off (no progress), on (the default), lines (full lines even on a terminal) or tty "
+                                 "(rewrite one line)");
+  c.progress = (p == "off" || p == "0" || p == "no" || p == "false") ? ProgressMode::OFF
+               : p == "lines"                                        ? ProgressMode::LINES
+               : p == "tty"                                          ? ProgressMode::TTY
+                                                                     : ProgressMode::AUTO;
+  c.progress_every_s = r.seconds("FSDP_PROGRESS_EVERY", 0, false, kWeek,
+                                 "seconds between progress lines, a number >= 0 (0: every update)");
+  return c;
+}
+
+EnvConfig read_env() {
+  return parse_env([](const char* name) -> const char* { return std::getenv(name); });
+}
+
+}  // namespace fsdp::config

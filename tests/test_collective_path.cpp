@@ -1,0 +1,101 @@
+// The one decision of which path collectives take (common/collective_path.h):
+// every branch, as the communicator and the planner ask it.
+#include <gtest/gtest.h>
+
+#include "common/collective_path.h"
+#include "common/ring_math.h"
+#include "common/traffic_math.h"
+
+using fsdp::path::choose;
+using fsdp::path::Facts;
+using fsdp::path::Path;
+
+namespace {
+Facts several_hosts() {
+  Facts f;
+  f.ranks = 4;
+  f.hosts_differ = "the ranks are not all on one host (rank 0 on 'a', rank 2 on 'b')";
+  f.ranks_sharing_a_host = 4;
+  return f;
+}
+}  // namespace
+
+TEST(CollectivePath, EveryBranchAndItsReason) {
+  Facts tcp;
+  tcp.transport = "tcp";
+  tcp.ranks = 3;
+  EXPECT_EQ(choose(tcp).path, Path::TCP);
+  EXPECT_EQ(choose(tcp).reason, "FSDP_TRANSPORT=tcp");
+
+  Facts one;
+  one.ranks = 3;
+  EXPECT_EQ(choose(one).path, Path::CMA);
+  EXPECT_EQ(choose(one).reason, "all 3 ranks are on this host and may read each other's memory");
+
+  Facts blocked = one;
+  blocked.cma_blocked = "rank 1 cannot read rank 0's memory (EPERM)";
+  EXPECT_EQ(choose(blocked).path, Path::TCP);
+  EXPECT_EQ(choose(blocked).reason, blocked.cma_blocked);
+  EXPECT_TRUE(choose(blocked).refused.empty()) << "auto falls back to TCP";
+  blocked.transport = "cma";
+  EXPECT_EQ(choose(blocked).refused, blocked.cma_blocked);
+
+  Facts tiers = several_hosts();
+  EXPECT_EQ(choose(tiers).path, Path::TIERS);
+  Facts off = several_hosts();
+  off.tiers = false;
+  off.transport = "cma";
+  EXPECT_EQ(choose(off).path, Path::TCP);
+  EXPECT_EQ(choose(off).reason, off.hosts_differ + "; tiers not composed: FSDP_TIERS=off");
+  EXPECT_TRUE(choose(off).refused.empty()) << "FSDP_TIERS=off is the user's own choice";
+
+  Facts uneven = several_hosts();
+  uneven.layout_blocked = "the hosts have different numbers of ranks (...)";
+  EXPECT_EQ(choose(uneven).path, Path::TCP);
+  EXPECT_EQ(choose(uneven).reason, uneven.hosts_differ + "; tiers not composed: " + uneven.layout_blocked);
+  uneven.transport = "cma";
+  EXPECT_NE(choose(uneven).refused.find("cannot compose: the hosts have different numbers"), std::string::npos);
+
+  Facts failed = several_hosts();
+  failed.tiers_blocked = "the ranks on the host of rank 2 cannot use cross-memory attach";
+  EXPECT_EQ(choose(failed).path, Path::TCP);
+  failed.transport = "cma";
+  failed.ranks_sharing_a_host = 0;  // a replica group: one rank per host, nothing to move by CMA
+  EXPECT_TRUE(choose(failed).refused.empty());
+}
+
+// The rings' pieces and the bytes per step, as the collectives and the
+// planner both compute them.
+TEST(CollectivePath, RingPiecesAndTrafficAreOneArithmetic) {
+  using namespace fsdp;
+  EXPECT_EQ(ring::pieces_for(0, 4, ring::kDefaultPieceBytes), 1);
+  EXPECT_EQ(ring::pieces_for(1 << 20, 4, ring::kDefaultPieceBytes), 4);       // 4 MiB in 1 MiB pieces
+  EXPECT_EQ(ring::pieces_for(1000, 4, 4096), 1);
+  EXPECT_EQ(ring::pieces_for(1025, 4, 4096), 2);
+  EXPECT_EQ(ring::pieces_for(3, 8, 1), 3);  // a piece is at least one element
+  int64_t covered = 0;
+  for (int64_t j = 0; j < 7; ++j) {
+    const shard::Range r = ring::piece(100, 7, j);
+    EXPECT_EQ(r.lo, covered);
+    EXPECT_TRUE(r.size() == 14 || r.size() == 15) << j;
+    covered = r.hi;
+  }
+  EXPECT_EQ(covered, 100);
+  EXPECT_EQ(ring::reduce_scatter_staging_bytes(1 << 20, 4, 2, ring::kDefaultPieceBytes), 0) << "N = 2: no staging";
+  EXPECT_EQ(ring::reduce_scatter_staging_bytes(1 << 20, 4, 3, ring::kDefaultPieceBytes), 4 * (1 << 20));
+  EXPECT_EQ(ring::reduce_scatter_staging_bytes(1000, 4, 3, ring::kDefaultPieceBytes), 4 * 4000);
+
+  const int64_t P = 1200;  // padded elements, fp32
+  const auto full = traffic::per_step(ShardingStrategy::FULL_SHARD, P, 4, 4, 1, 4, 4);
+  EXPECT_EQ(full.all_gather, 2 * 900 * 4);
+  EXPECT_EQ(full.reduce_scatter, 900 * 4);
+  EXPECT_EQ(full.total(), 3 * 900 * 4) << "3P (N-1)/N";
+  EXPECT_EQ(traffic::per_step(ShardingStrategy::SHARD_GRAD_OP, P, 4, 4, 2, 2, 4).total(), 2 * (900 * 2 + 900 * 4));
+  EXPECT_EQ(traffic::per_step(ShardingStrategy::NO_SHARD, P, 4, 4, 1, 4, 4).all_reduce, 2 * 900 * 4);
+  // HYBRID over S = 2 of N = 4: 3P (S-1)/S inside, 2 (R-1)/R P/S across.
+  const auto h = traffic::per_step(ShardingStrategy::HYBRID_SHARD, P, 4, 2, 1, 4, 4);
+  EXPECT_EQ(h.all_gather + h.reduce_scatter, 3 * 600 * 4);
+  EXPECT_EQ(h.all_reduce, 2 * 600 / 2 * 4);
+  EXPECT_EQ(traffic::inter_host_part(3 * 900 * 4, 4, 2), 3 * 900 * 4 / 3);
+  EXPECT_EQ(traffic::inter_host_part(100, 4, 1), 0);
+}
