@@ -249,6 +249,11 @@ TEST(Config, ABadVariableStopsEveryEdgeWithOneMessage) {
   auto rank = run_ranks(2, "comm_hello", {}, {"FSDP_FLIGHT_ENTRIES=3"});
   EXPECT_NE(rank.exit_code, 0) << rank.output;
   EXPECT_TRUE(contains(rank.output, msg)) << rank.output;
+  for (const char* program : {"gpt", "tiny"}) {
+    auto direct = run_command({bin_path(program)}, {"FSDP_FLIGHT_ENTRIES=3"});
+    EXPECT_EQ(direct.exit_code, 1) << program << ": " << direct.output;
+    EXPECT_TRUE(contains(direct.output, std::string(program) + ": error: " + msg)) << direct.output;
+  }
   auto env = run_command({bin_path("fsdp"), "env"}, {"FSDP_FLIGHT_ENTRIES=3", "FSDP_TIERS=off"});
   EXPECT_EQ(env.exit_code, 1) << env.output;
   EXPECT_TRUE(contains(env.output, "not valid: " + msg)) << env.output;

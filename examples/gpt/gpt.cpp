@@ -180,7 +180,12 @@ bool parse_args(int argc, char** argv, Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  fsdp::init();  // the counting allocator (ledger, --max-memory) and SIGPIPE, before any tensor
+  try {
+    fsdp::init();  // the counting allocator (ledger, --max-memory) and SIGPIPE, before any tensor
+  } catch (const std::exception& e) {  // an environment variable set wrong (docs/CONFIG.md)
+    std::fprintf(stderr, "gpt: error: %s\n", e.what());
+    return 1;
+  }
   Args a;
   try {
     if (!parse_args(argc, argv, a)) return 0;

@@ -39,7 +39,12 @@ struct TinyModelImpl : torch::nn::Module {
 TORCH_MODULE(TinyModel);
 
 int main(int argc, char** argv) {
-  fsdp::init();  // the counting allocator (ledger, --max-memory) and SIGPIPE, before any tensor
+  try {
+    fsdp::init();  // the counting allocator (ledger, --max-memory) and SIGPIPE, before any tensor
+  } catch (const std::exception& e) {  // an environment variable set wrong (docs/CONFIG.md)
+    std::fprintf(stderr, "tiny: error: %s\n", e.what());
+    return 1;
+  }
   CLI::App app{"the FSDP guide's demo: TinyModel trained with Adam and gradient accumulation"};
   std::string strategy = "full", save = "fsdp_model.safetensors", ckpt_dir, trace_dir, max_memory;
   int epochs = 3, accum = 4, micro_bs = 64, ckpt_every = 0;
