@@ -140,17 +140,23 @@ ASAN_ENV := ASAN_OPTIONS=detect_container_overflow=0:abort_on_error=1:strict_ini
 # costliest part) and run the plain build's fsdp_tests with them as the ranks
 # (FSDP_TEST_BIN_DIR); in-process tests then run uninstrumented.
 # ASAN_FILTER: the tests the quick run takes (a gtest filter; default all).
-# ASAN_SKIP: tests whose timing cannot hold under the sanitizers' slowdown,
-# skipped there by name; the run prints how many and which.
+# ASAN_SKIP: tests that cannot hold under the sanitizers, skipped there by
+# name; the run prints how many and which:
+#  - CommFailure.TimeoutNamesCollectiveAndMissingRank bounds the whole
+#    diagnosis of a 2 s timeout at 4 s; instrumented ranks took 7 s.
+#  - ProcessMemory.EveryRanksPeakIsBrokenIntoItsPartsAndThePlannersBudgetHolds
+#    holds every rank's VmHWM to 256 MiB; ASan's shadow memory and
+#    quarantine alone take more (the planner, instrumented, finds its own
+#    resident size over the budget).
 ASAN_QUICK ?=
 ASAN_FILTER ?= *
-ASAN_SKIP ?=
+ASAN_SKIP ?= CommFailure.TimeoutNamesCollectiveAndMissingRank:ProcessMemory.EveryRanksPeakIsBrokenIntoItsPartsAndThePlannersBudgetHolds
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DFSDP_PYTHON=$(TORCH_PYTHON) -DFSDP_SANITIZE=ON -DFSDP_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 ifeq ($(ASAN_QUICK),1)
 	nice -n 15 cmake --build $(ASAN_BUILD) -j $(JOBS) --target fsdp fsdp_test_worker tiny gpt
 	$(MAKE) build
-	@echo "test-asan: skipped under the sanitizers (their timing cannot hold): $(words $(subst :, ,$(ASAN_SKIP))) test(s)$(if $(ASAN_SKIP),: $(ASAN_SKIP))"
+	@echo "test-asan: skipped under the sanitizers (timing or memory bounds they cannot hold; see ASAN_SKIP): $(words $(subst :, ,$(ASAN_SKIP))) test(s)$(if $(ASAN_SKIP),: $(ASAN_SKIP))"
 	$(ASAN_ENV) FSDP_TEST_BIN_DIR=$(CURDIR)/$(ASAN_BUILD)/bin $(BUILD)/bin/fsdp_tests --gtest_filter='$(ASAN_FILTER)$(if $(ASAN_SKIP),-$(ASAN_SKIP))'
 else
 	nice -n 15 cmake --build $(ASAN_BUILD) -j $(JOBS) --target $(ASAN_TARGETS)
