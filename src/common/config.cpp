@@ -88,7 +88,7 @@ class Reader {
     return x;
   }
 
-  // Seconds as milliseconds, in (0, max_s] (lo_s: the least allowed).
+  // Seconds in [lo_s, hi_s] ((lo_s, hi_s] when lo_open); callers convert to ms.
   std::optional<double> seconds(const char* name, double lo_s, bool lo_open, double hi_s, const char* what) const {
     const char* v = raw(name);
     if (!v) return std::nullopt;
