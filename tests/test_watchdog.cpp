@@ -24,6 +24,7 @@
 #include <sstream>
 #include <thread>
 
+#include "comm/store_host.h"
 #include "fsdp/watchdog.h"
 #include "test_util.h"
 

@@ -25,22 +25,25 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <deque>
-#include <fstream>
-#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
 
 #include "fsdp/config.h"
 #include "fsdp/errors.h"
+#include "comm/store_host.h"
+#include "common/proc_state.h"
 #include "fsdp/watchdog.h"
+#include "launch_diagnosis.h"
 
 extern char** environ;
 
 namespace fsdp::tools {
 namespace {
+
+using diagnosis::rank_list;
+using diagnosis::signal_name;
 
 using Clock = std::chrono::steady_clock;
 constexpr int kMaxLocalRanks = 1024;  // also checked by fsdp run's -n
@@ -66,11 +69,6 @@ void install_handlers() {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGUSR1}) sigaction(sig, &sa, nullptr);
-}
-
-std::string signal_name(int sig) {
-  const char* abbrev = sigabbrev_np(sig);
-  return abbrev ? detail::cat("SIG", abbrev, " (", sig, ")") : detail::cat("signal ", sig);
 }
 
 // The program as execv() needs it: a path, searched in PATH like a shell.
@@ -164,49 +162,6 @@ double wall_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string clock_time(double wall) {
-  std::time_t t = static_cast<std::time_t>(wall);
-  std::tm tm{};
-  localtime_r(&t, &tm);
-  char b[16];
-  std::strftime(b, sizeof b, "%H:%M:%S", &tm);
-  return b;
-}
-
-std::string seconds_text(double s) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f s", s);
-  return b;
-}
-
-// /proc/<pid>/stat's state letter ('?' when unreadable).
-char proc_state(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(f, line)) return '?';
-  const auto close = line.rfind(')');
-  if (close == std::string::npos || close + 2 >= line.size()) return '?';
-  return line[close + 2];
-}
-
-std::string state_text(char c, int stop_signal) {
-  switch (c) {
-    case 'R': return "running";
-    case 'S': return "sleeping";
-    case 'D': return "in uninterruptible sleep (disk or driver)";
-    case 'T': return stop_signal ? "stopped (" + std::string("SIG") + sigabbrev_np(stop_signal) + ")" : "stopped";
-    case 't': return "stopped by a debugger (tracing stop)";
-    case 'Z': return "exited (zombie)";
-    default: return "unknown";
-  }
-}
-
-std::string rank_list(const std::vector<int>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return (v.size() == 1 ? "rank " : "ranks ") + s;
-}
-
 class Attempt {
  public:
   Attempt(const LaunchOptions& o, const std::string& program, int port, int restart, std::string token,
@@ -256,7 +211,7 @@ class Attempt {
       if (state == SETTLING) {
         bool others_done = true;
         for (auto& r : ranks_)
-          if (r.running && !r.stop_signal && proc_state(r.pid) != 'T') others_done = false;
+          if (r.running && !r.stop_signal && proc::read_state(r.pid) != proc::State::Stopped) others_done = false;
         if (others_done || Clock::now() > settle_until) {
           reap();
           bool asked = investigate();
@@ -486,160 +441,50 @@ class Attempt {
     std::fflush(stderr);
   }
 
-  // Who caused the failure, and how we know: prints the cause line (or
-  // keeps it for the final message) and returns whether a stopped culprit
-  // was asked to dump its flight recorder first.
+  // Who caused the failure, and how we know (launch_diagnosis.h): prints
+  // the cause line (or keeps it for the final message) and returns whether
+  // the culprit was asked to dump its flight recorder first.
   bool investigate() {
-    const double now = wall_now();
-    const int world = o_.nproc * o_.nnodes;
-    const Rank& first = ranks_[out_.failed];
-    // Verdicts of the ranks that failed in a collective (any node).
-    std::map<int, watchdog::Verdict> verdicts;
-    if (store_)
-      for (int q = 0; q < world; ++q)
-        if (auto v = store_->verdict(base_, q)) verdicts[q] = *v;
-    auto local_of = [&](int global) -> Rank* {
-      for (auto& r : ranks_)
-        if (r.global == global) return &r;
-      return nullptr;
-    };
-    auto waiting_for = [&](int culprit, bool* timed_out) {
-      std::vector<int> who;
-      *timed_out = false;
-      for (auto& [q, v] : verdicts)
-        if (q != culprit && std::find(v.culprits.begin(), v.culprits.end(), culprit) != v.culprits.end()) {
-          who.push_back(q);
-          *timed_out |= v.timed_out;
-        }
-      if (who.empty())
-        for (auto& r : ranks_)
-          if (r.global != culprit && !r.running && !(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) &&
-              !r.signaled_by_us)
-            who.push_back(r.global);
-      return who;
-    };
-    auto place = [&](int q) -> std::string {
-      if (!store_) return "";
-      auto h = store_->heartbeat(base_, q);
-      auto e = store_->entered(base_, q);
-      // The collective entered after the last heartbeat is the newer news
-      // (entries are written as they happen; a frozen rank's last beat may
-      // be up to an interval older).
-      if (e && e->seq > 0 && (!h || e->time >= h->time)) return "in " + watchdog::describe_place(*e);
-      if (h && h->seq > 0) return "in " + watchdog::describe_place(*h);
-      if (h) return "in " + watchdog::describe_place(*h) + (e && e->seq > 0 ? ", last entered " + watchdog::describe_place(*e) : "");
-      return "";
-    };
-    auto who_text = [&](int culprit, const char* verb_timed, const char* verb_failed) {
-      bool timed = false;
-      auto who = waiting_for(culprit, &timed);
-      if (who.empty()) return std::string();
-      return "; " + rank_list(who) + (timed ? verb_timed : verb_failed);
-    };
-
-    // 1. A local rank killed by a signal we did not send.
-    if (WIFSIGNALED(first.status)) {
-      const int sig = WTERMSIG(first.status);
-      std::string pl = place(first.global);
-      out_.culprit = first.global;
-      out_.cause = detail::cat("rank ", first.global, " (local rank ", first.local, ", pid ", first.pid,
-                               ") was killed by signal ", signal_name(sig),
-                               sig == SIGKILL ? " (the kernel's out-of-memory killer sends SIGKILL too)" : "",
-                               " at ", clock_time(first.exited_at), pl.empty() ? "" : " — " + pl,
-                               who_text(first.global, " timed out waiting for it", " failed after it"));
-      return false;
+    diagnosis::Evidence ev;
+    ev.now = wall_now();
+    ev.world = o_.nproc * o_.nnodes;
+    ev.first = out_.failed;
+    for (const Rank& r : ranks_) {
+      diagnosis::RankFacts f;
+      f.local = r.local;
+      f.global = r.global;
+      f.pid = r.pid;
+      f.running = r.running;
+      f.status = r.status;
+      f.stop_signal = r.stop_signal;
+      f.stopped_at = r.stopped_at;
+      f.exited_at = r.exited_at;
+      f.signaled_by_us = r.signaled_by_us;
+      if (r.running) f.state = proc::read_state(r.pid);
+      ev.local.push_back(f);
     }
-    // 2. A local rank that is stopped.
-    for (auto& r : ranks_) {
-      if (!r.running) continue;
-      const char st = proc_state(r.pid);
-      if (st != 'T' && st != 't' && !r.stop_signal) continue;
-      auto h = store_ ? store_->heartbeat(base_, r.global) : std::nullopt;
-      const double since = h ? h->time : r.stopped_at;
-      std::string pl = place(r.global);
-      out_.culprit = r.global;
-      out_.cause = detail::cat("rank ", r.global, " (pid ", r.pid, ") stopped responding at ",
-                               clock_time(since > 0 ? since : now), " — ",
-                               h ? "no heartbeat for " + seconds_text(now - h->time) + ", " : std::string(),
-                               "process state: ", state_text(st == '?' ? 'T' : st, r.stop_signal),
-                               pl.empty() ? "" : " — " + pl,
-                               who_text(r.global, " timed out waiting for it", " failed after it"), ".");
+    // The verdicts of the ranks that failed in a collective (any node), and
+    // the heartbeats and entered collectives of the ranks they concern.
+    if (store_) {
+      for (int q = 0; q < ev.world; ++q)
+        if (auto v = store_->verdict(base_, q)) ev.verdicts[q] = *v;
+      for (int q : diagnosis::ranks_to_read(ev))
+        ev.records[q] = {store_->heartbeat(base_, q), store_->entered(base_, q)};
+    }
+    const diagnosis::Finding f = diagnosis::decide(ev);
+    if (f.kind == diagnosis::Finding::Kind::None) return false;
+    out_.culprit = f.culprit;
+    out_.cause = diagnosis::cause_text(ev, f);
+    if (f.print_now) {
       std::fprintf(stderr, "fsdp run: %s\n", out_.cause.c_str());
       std::fflush(stderr);
       out_.cause_printed = true;
-      // Continued once to dump its flight recorder, then stopped with the others.
-      if (h && h->dumps_on_signal) {
-        kill(r.pid, SIGUSR1);
-        kill(r.pid, SIGCONT);
-        return true;
-      }
-      return false;
     }
-    // 3. The rank the verdicts name (any node), described by its heartbeat.
-    std::map<int, int> named;
-    for (auto& [q, v] : verdicts)
-      for (int c : v.culprits) named[c]++;
-    int culprit = -1;
-    for (auto& [c, n] : named)
-      if (culprit < 0 || n > named[culprit]) culprit = c;
-    if (culprit >= 0) {
-      auto h = store_ ? store_->heartbeat(base_, culprit) : std::nullopt;
-      Rank* local = local_of(culprit);
-      std::string who = local ? detail::cat("rank ", culprit, " (pid ", local->pid, ")")
-                              : h ? detail::cat("rank ", culprit, " (pid ", h->pid, " on ", h->host, ")")
-                                  : detail::cat("rank ", culprit);
-      std::string state;
-      if (local) {
-        if (!local->running)
-          state = detail::cat(", process ", WIFSIGNALED(local->status) ? "killed by " + signal_name(WTERMSIG(local->status))
-                                                                       : detail::cat("exited with code ", WEXITSTATUS(local->status)));
-        else
-          state = ", process state: " + state_text(proc_state(local->pid), local->stop_signal);
-      }
-      std::string pl = place(culprit);
-      const double silent_after = h ? 3 * h->interval : 3;
-      bool desync = false, dead = false;
-      const watchdog::Verdict* theirs = nullptr;
-      for (auto& [q, v] : verdicts) {
-        if (std::find(v.culprits.begin(), v.culprits.end(), culprit) == v.culprits.end()) continue;
-        theirs = &v;
-        desync |= std::find(v.desync.begin(), v.desync.end(), culprit) != v.desync.end();
-        dead |= std::find(v.dead.begin(), v.dead.end(), culprit) != v.dead.end();
-      }
-      bool timed = false;
-      const auto waiting = waiting_for(culprit, &timed);
-      if (desync) {
-        out_.cause = detail::cat(who, " issued a different collective", pl.empty() ? "" : " — " + pl, " — while ",
-                                 rank_list(waiting), " waited in ", theirs->kind,
-                                 theirs->unit.empty() ? "" : " '" + theirs->unit + "'", " #", theirs->seq,
-                                 " (a desync: every rank must issue the same collectives in the same order)", state,
-                                 ".");
-      } else if (dead) {
-        out_.cause = detail::cat(who, " is dead (its process is gone)", state, pl.empty() ? "" : " — " + pl,
-                                 who_text(culprit, " timed out waiting for it", " failed after it"), ".");
-      } else if (h && now - h->time <= silent_after && !h->left) {
-        out_.cause = detail::cat(who, " is alive but elsewhere — heartbeat ", seconds_text(now - h->time), " ago",
-                                 state, pl.empty() ? "" : " — " + pl,
-                                 who_text(culprit, " timed out waiting for it", " failed waiting for it"), ".");
-      } else {
-        out_.cause = detail::cat(who, " stopped responding", h ? " at " + clock_time(h->time) : std::string(), " — ",
-                                 h ? "no heartbeat for " + seconds_text(now - h->time) : std::string("no heartbeat"),
-                                 state, pl.empty() ? "" : " — " + pl,
-                                 who_text(culprit, " timed out waiting for it", " failed waiting for it"), ".");
-      }
-      out_.culprit = culprit;
-      std::fprintf(stderr, "fsdp run: %s\n", out_.cause.c_str());
-      std::fflush(stderr);
-      out_.cause_printed = true;
-      // A live local culprit (a busy loop) is stopped with the others;
-      // it dumps first when it can.
-      if (local && local->running && h && h->dumps_on_signal) {
-        kill(local->pid, SIGUSR1);
-        return true;
-      }
-      return false;
-    }
-    return false;
+    if (!f.ask_dump) return false;
+    const pid_t pid = ranks_[f.local].pid;
+    kill(pid, SIGUSR1);
+    if (f.continue_first) kill(pid, SIGCONT);
+    return true;
   }
 
   // SIGTERM to every rank; a stopped one cannot act on it, so it gets SIGKILL.
@@ -648,7 +493,7 @@ class Attempt {
       if (r.running) r.signaled_by_us = true;
     signal_all(SIGTERM);
     for (auto& r : ranks_)
-      if (r.running && (r.stop_signal || proc_state(r.pid) == 'T')) kill(-r.pid, SIGKILL);
+      if (r.running && (r.stop_signal || proc::read_state(r.pid) == proc::State::Stopped)) kill(-r.pid, SIGKILL);
     *kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int>(o_.grace_s * 1000));
   }
 

@@ -2,7 +2,7 @@
 // needs to read them.
 //
 // defines: watchdog::Heartbeat, watchdog::Entered, watchdog::Verdict,
-//          watchdog::describe_place, watchdog::key_base, watchdog::StoreHost
+//          watchdog::describe_place, watchdog::key_base
 //
 // Every rank of a job with two or more ranks publishes a heartbeat through the
 // rendezvous store (key "<base>hb/<rank>") from a thread of its own, every
@@ -27,16 +27,15 @@
 // slow ones. It also writes its verdict to "<base>verdict/<rank>", which
 // `fsdp run` reads to name the cause of a stopped job.
 //
-// Launchers: `fsdp run` hosts the store itself (StoreHost; the ranks get
+// Launchers: `fsdp run` hosts the store itself (the ranks get
 // FSDP_STORE_HOSTED=1 and connect to it as clients), so the heartbeats stay
-// readable when rank 0 is the rank that froze.
+// readable when rank 0 is the rank that froze; it reads these records
+// there to name the cause of a stopped job.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
-#include <chrono>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -131,35 +130,5 @@ std::string describe_place(const Entered& e);
 
 // The prefix of every key of a job: "fsdp/<token>/" ("fsdp/" without one).
 std::string key_base(const std::string& job_token);
-
-// The rendezvous store, served from this process (a launcher). Binds like
-// rank 0's store would (MASTER_ADDR only, or every interface with
-// `bind_all`: FSDP_STORE_BIND=all; see docs/RELIABILITY.md). Reads
-// are local and bounded: 2 s, and none after one that timed out (the
-// store's daemon is blocked, e.g. by a request a cut link broke off; such a
-// daemon is left to the process's exit, never joined).
-class StoreHost {
- public:
-  // Throws fsdp::Error when the port cannot be bound.
-  StoreHost(const std::string& addr, int port, std::chrono::milliseconds timeout, bool bind_all = false);
-  ~StoreHost();
-  StoreHost(const StoreHost&) = delete;
-  StoreHost& operator=(const StoreHost&) = delete;
-
-  // The port it serves.
-  int port() const;
-  bool answering() const;  // false once a read timed out
-  std::optional<std::string> get(const std::string& key);  // nullopt: absent or unreadable
-  // The rank's last heartbeat; nullopt when there is none or it is unreadable.
-  std::optional<Heartbeat> heartbeat(const std::string& base, int rank);
-  // The newest collective the rank entered over its communicators.
-  std::optional<Entered> entered(const std::string& base, int rank);
-  // The rank's verdict on a failed collective; nullopt when it wrote none.
-  std::optional<Verdict> verdict(const std::string& base, int rank);
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
 
 }  // namespace fsdp::watchdog

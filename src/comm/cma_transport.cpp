@@ -23,6 +23,7 @@
 
 #include "comm/cma.h"
 #include "comm/mesh.h"
+#include "common/proc_state.h"
 #include "fsdp/errors.h"
 #include "fsdp/flight.h"
 
@@ -151,12 +152,7 @@ std::string cma_gone_peers(const CmaPeers& p, int self, const std::vector<int>* 
 
 bool process_gone(pid_t pid) {
   if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(f, line)) return true;
-  const auto close = line.rfind(')');
-  if (close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'Z' || line[close + 2] == 'X'))
-    return true;
+  if (proc::is_gone(proc::read_state(pid))) return true;
   return memory_gone(pid);
 }
 

@@ -44,6 +44,8 @@
 #include "comm/rendezvous.h"
 #include "comm/ring.h"
 #include "comm/tiers.h"
+#include "comm/diagnosis.h"
+#include "comm/heartbeat.h"
 #include "comm/watchdog.h"
 #include "comm/work_queue.h"
 #include "fsdp/errors.h"
@@ -637,19 +639,29 @@ class GlooCommunicator final : public Communicator {
           dead[q] = gone_pid(static_cast<pid_t>(where[q]->pid));
       }
     }
-    // Heartbeats: who is silent, elsewhere, slow or stuck.
-    Classified c;
+    // Heartbeats: who is silent, elsewhere, slow or stuck (comm/diagnosis.h).
+    Evidence ev;
+    ev.self = world_.rank;
+    ev.world = world_.world_size;
+    ev.comm = rdv_->generation();
+    ev.seq = seq;
+    ev.what = what;
+    ev.kind = to_string(shape.kind);
+    ev.unit = shape.label;
+    ev.step = current_step();
+    ev.phase = to_string(current_phase());
+    ev.now = wall_now();
+    ev.silent_after = watchdog_->silent_after();
+    ev.store_reachable = readings.has_value();
     if (readings) {
-      c = classify(world_.rank, world_.world_size, rdv_->generation(), seq, what, to_string(shape.kind), shape.label,
-                   readings->beats, readings->entered, true, wall_now(), watchdog_->silent_after(), watchdog_->where(),
-                   watchdog_->identity(), dead);
-    } else {
-      std::vector<std::optional<watchdog::Heartbeat>> none(world_.world_size);
-      std::vector<std::optional<watchdog::Entered>> none_e(world_.world_size);
-      c = classify(world_.rank, world_.world_size, rdv_->generation(), seq, what, to_string(shape.kind), shape.label,
-                   none, none_e, false, wall_now(), watchdog_->silent_after(), watchdog_->where(),
-                   watchdog_->identity(), dead);
+      ev.beats = readings->beats;
+      ev.entered = readings->entered;
     }
+    ev.gone = dead;
+    ev.where = watchdog_->where();
+    ev.my_identity = watchdog_->identity();
+    if (!readings) ev.local_state = local_process_states(ev.where, ev.my_identity);
+    Classified c = comm::diagnose(ev);
     c.verdict.timed_out = timed_out;
     const int waited = progress.peer.load(std::memory_order_relaxed);
     if (waited >= 0) c.verdict.waited_on.push_back(waited);

@@ -17,7 +17,7 @@
 
 #include "comm/mesh.h"
 #include "comm/store_listen.h"
-#include "comm/watchdog.h"
+#include "comm/heartbeat.h"
 #include "fsdp/errors.h"
 
 namespace fsdp::comm {
@@ -151,13 +151,18 @@ std::string join_ranks(const std::vector<int>& ranks) {
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::TCPStore> connect_store_client(const WorldEnv& w, std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::TCPStore> connect_store_client(const std::string& addr, int port,
+                                                        std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions o;
-  o.port = static_cast<uint16_t>(w.master_port);
+  o.port = static_cast<uint16_t>(port);
   o.isServer = false;
   o.waitWorkers = false;
   o.timeout = timeout;
-  return c10::make_intrusive<c10d::TCPStore>(w.master_addr, o);
+  return c10::make_intrusive<c10d::TCPStore>(addr, o);
+}
+
+c10::intrusive_ptr<c10d::TCPStore> connect_store_client(const WorldEnv& w, std::chrono::milliseconds timeout) {
+  return connect_store_client(w.master_addr, w.master_port, timeout);
 }
 
 c10d::TCPStore* host_store(const std::string& addr, int port, std::chrono::milliseconds timeout, bool bind_all) {

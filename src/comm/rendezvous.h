@@ -51,6 +51,9 @@ using Clock = std::chrono::steady_clock;
 
 // A client connection of its own to the world's store (the heartbeat thread).
 c10::intrusive_ptr<c10d::TCPStore> connect_store_client(const WorldEnv& w, std::chrono::milliseconds timeout);
+// A client connection to the store at addr:port (the launcher's reader).
+c10::intrusive_ptr<c10d::TCPStore> connect_store_client(const std::string& addr, int port,
+                                                        std::chrono::milliseconds timeout);
 // A store server on addr:port, bound like rank 0's (watchdog::StoreHost):
 // to addr's interface, or with `bind_all` (FSDP_STORE_BIND=all) to every one.
 c10d::TCPStore* host_store(const std::string& addr, int port, std::chrono::milliseconds timeout, bool bind_all);

@@ -1,0 +1,221 @@
+// Reading a failure, in three steps kept apart: the evidence, the decision
+// (no words), and the words. The rank's reading of a failed collective
+// (comm/diagnosis.h), the launcher's naming of the rank that stopped a job
+// (tools/launch_diagnosis.h), and the one /proc reader both use
+// (common/proc_state.h). The end-to-end wording is tested by
+// test_watchdog.cpp and test_launcher.cpp with real ranks.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "comm/diagnosis.h"
+#include "common/proc_state.h"
+#include "launch_diagnosis.h"
+
+using fsdp::comm::Evidence;
+using fsdp::comm::RankReading;
+using fsdp::watchdog::Entered;
+using fsdp::watchdog::Heartbeat;
+namespace proc = fsdp::proc;
+namespace diagnosis = fsdp::tools::diagnosis;
+
+namespace {
+
+Heartbeat beat(int rank, double time, uint64_t seq = 0) {
+  Heartbeat h;
+  h.rank = rank;
+  h.pid = 1000 + rank;
+  h.host = "h";
+  h.time = time;
+  h.interval = 1;
+  h.step = 3;
+  h.phase = "forward";
+  h.seq = seq;
+  if (seq) {
+    h.kind = "all_gather";
+    h.unit = "blocks.1";
+  }
+  return h;
+}
+
+Evidence four_ranks() {
+  Evidence ev;
+  ev.self = 0;
+  ev.world = 4;
+  ev.comm = 0;
+  ev.seq = 7;
+  ev.what = "all_gather 'blocks.1' (fp32, 10 elements, 40 B)";
+  ev.kind = "all_gather";
+  ev.unit = "blocks.1";
+  ev.now = 100;
+  ev.silent_after = 3;
+  ev.beats.resize(4);
+  ev.entered.resize(4);
+  return ev;
+}
+
+}  // namespace
+
+TEST(ProcState, OneReaderOneAnswerPerState) {
+  const auto self = proc::read_state(getpid());
+  EXPECT_TRUE(self == proc::State::Running || self == proc::State::Sleeping) << proc::describe(self);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    for (;;) pause();
+  }
+  int status = 0;
+  kill(child, SIGSTOP);
+  ASSERT_EQ(waitpid(child, &status, WUNTRACED), child);
+  EXPECT_EQ(proc::read_state(child), proc::State::Stopped);
+  EXPECT_TRUE(proc::is_stopped(proc::read_state(child)));
+  EXPECT_EQ(proc::describe(proc::State::Stopped, SIGSTOP), "stopped (SIGSTOP)");
+  kill(child, SIGKILL);
+  // Killed, not yet reaped: a zombie, which counts as gone.
+  auto state = proc::read_state(child);
+  for (int i = 0; i < 200 && state != proc::State::Zombie; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    state = proc::read_state(child);
+  }
+  EXPECT_EQ(state, proc::State::Zombie);
+  EXPECT_TRUE(proc::is_gone(state));
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_EQ(proc::read_state(child), proc::State::Gone);  // reaped: no /proc entry
+  // The state is the letter after the last ')': a command name may hold both.
+  EXPECT_EQ(proc::parse_stat_line("42 (a) b) T) S 1 2 3"), proc::State::Sleeping);
+  EXPECT_EQ(proc::parse_stat_line("42 (x) t 1"), proc::State::TracingStop);
+  EXPECT_EQ(proc::parse_stat_line("garbage"), proc::State::Unreadable);
+  EXPECT_EQ(proc::read_state(0), proc::State::Unreadable);
+}
+
+TEST(Diagnosis, TheDecisionIsMadeWithoutWordsAndWordedApart) {
+  Evidence ev = four_ranks();
+  // Rank 1: in this collective, bytes moved a moment ago (slow). Rank 2: no
+  // heartbeat at all (silent). Rank 3: alive outside any collective.
+  Heartbeat h1 = beat(1, 99.5, 7);
+  h1.moved = 99.8;
+  h1.recv_done = 10;
+  h1.recv_total = 40;
+  ev.beats[1] = h1;
+  ev.beats[3] = beat(3, 99.6);
+  const auto d = fsdp::comm::decide(ev);
+  ASSERT_EQ(d.ranks.size(), 3u);
+  EXPECT_EQ(d.ranks[0].is, RankReading::Is::Slow);
+  EXPECT_EQ(d.ranks[1].is, RankReading::Is::NoBeat);
+  EXPECT_EQ(d.ranks[2].is, RankReading::Is::Elsewhere);
+  EXPECT_EQ(d.ranks[2].place, RankReading::Place::Outside);
+  EXPECT_EQ(d.verdict.silent, std::vector<int>{2});
+  EXPECT_EQ(d.verdict.slow, std::vector<int>{1});
+  EXPECT_EQ(d.verdict.elsewhere, std::vector<int>{3});
+  EXPECT_EQ(d.verdict.culprits, std::vector<int>{2});  // silent first
+  EXPECT_TRUE(d.verdict.summary.empty()) << "the decision carries no words";
+  const auto x = fsdp::comm::explain(ev, d);
+  EXPECT_NE(x.lines.find("rank 2: SILENT, no heartbeat at all; entered no collective yet"), std::string::npos)
+      << x.lines;
+  EXPECT_EQ(x.summary, "rank 2 is silent: it never published a heartbeat; entered no collective yet.");
+
+  // Without the silent rank the one elsewhere is the cause; a rank whose
+  // entered collective at #7 is another one is a desync.
+  ev.beats[2] = beat(2, 99.7, 7);
+  ev.beats[2]->comm = 1;  // its heartbeat: another communicator's #7
+  Entered e;
+  e.comm = 0;
+  e.seq = 7;
+  e.time = 99.9;
+  e.what = "reduce_scatter 'blocks.1' (fp32, 10 elements, 40 B)";
+  ev.entered[2] = e;
+  const auto c = fsdp::comm::diagnose(ev);
+  EXPECT_EQ(c.verdict.elsewhere, (std::vector<int>{2, 3}));
+  EXPECT_EQ(c.verdict.desync, std::vector<int>{2});
+  EXPECT_EQ(c.verdict.culprits, (std::vector<int>{2, 3}));
+  EXPECT_NE(c.verdict.summary.find("rank 2 is elsewhere: alive; it entered #7 as reduce_scatter"), std::string::npos)
+      << c.verdict.summary;
+
+  // The store did not answer: this host's ranks by their /proc, the others
+  // cut off.
+  Evidence off = four_ranks();
+  off.store_reachable = false;
+  off.beats.clear();
+  off.entered.clear();
+  off.my_identity = "me";
+  off.where.resize(4);
+  off.where[1] = fsdp::comm::Watchdog::Where{"h", "me", 1001};
+  off.where[2] = fsdp::comm::Watchdog::Where{"far-host", "other", 2002};
+  off.local_state.resize(4);
+  off.local_state[1] = proc::State::Stopped;
+  const auto o = fsdp::comm::decide(off);
+  EXPECT_EQ(o.ranks[0].is, RankReading::Is::HereStopped);
+  EXPECT_EQ(o.ranks[1].is, RankReading::Is::Far);
+  EXPECT_EQ(o.ranks[2].is, RankReading::Is::Unknown);
+  EXPECT_EQ(o.verdict.silent, (std::vector<int>{1, 2}));
+  const auto ox = fsdp::comm::explain(off, o);
+  EXPECT_NE(ox.lines.find("rank 1: SILENT, its process (pid 1001) is stopped"), std::string::npos) << ox.lines;
+  EXPECT_NE(ox.summary.find("rank 2 on 'far-host' is silent: cut off"), std::string::npos) << ox.summary;
+}
+
+TEST(LaunchDiagnosis, TheFindingIsDecidedBeforeItIsWorded) {
+  diagnosis::Evidence ev;
+  ev.now = 1000;
+  ev.world = 4;
+  diagnosis::RankFacts r0, r1;
+  r0.local = 0, r0.global = 0, r0.pid = 500, r0.running = true, r0.state = proc::State::Stopped;
+  r0.stop_signal = SIGSTOP;
+  r1.local = 1, r1.global = 1, r1.pid = 501, r1.running = false, r1.status = 1 << 8;  // exited with code 1
+  ev.local = {r0, r1};
+  ev.first = 1;
+  Heartbeat h0 = beat(0, 990);
+  h0.dumps_on_signal = true;
+  ev.records[0].beat = h0;
+  // A stopped local rank: named, and continued once to dump first.
+  auto f = diagnosis::decide(ev);
+  EXPECT_EQ(f.kind, diagnosis::Finding::Kind::Stopped);
+  EXPECT_EQ(f.culprit, 0);
+  EXPECT_TRUE(f.ask_dump);
+  EXPECT_TRUE(f.continue_first);
+  EXPECT_EQ(f.waiting, std::vector<int>{1});  // failed on its own, no verdict
+  const std::string text = diagnosis::cause_text(ev, f);
+  EXPECT_NE(text.find("rank 0 (pid 500) stopped responding at "), std::string::npos) << text;
+  EXPECT_NE(text.find("no heartbeat for 10.0 s, process state: stopped (SIGSTOP)"), std::string::npos) << text;
+  EXPECT_NE(text.find("; rank 1 failed after it."), std::string::npos) << text;
+
+  // No stopped rank: the verdicts name a rank of another node, as a desync.
+  ev.local[0].state = proc::State::Sleeping;
+  ev.local[0].stop_signal = 0;
+  fsdp::watchdog::Verdict v;
+  v.rank = 1;
+  v.seq = 9;
+  v.kind = "all_gather";
+  v.timed_out = true;
+  v.culprits = {3};
+  v.elsewhere = {3};
+  v.desync = {3};
+  ev.verdicts[1] = v;
+  ev.records[3].beat = beat(3, 999.5, 9);
+  ev.records[3].beat->host = "node-b";
+  f = diagnosis::decide(ev);
+  EXPECT_EQ(f.kind, diagnosis::Finding::Kind::Named);
+  EXPECT_EQ(f.named, diagnosis::Finding::Named::Desync);
+  EXPECT_EQ(f.culprit, 3);
+  EXPECT_EQ(f.local, -1);
+  EXPECT_EQ(f.judge, 1);
+  EXPECT_FALSE(f.ask_dump);  // not this node's
+  EXPECT_EQ(diagnosis::cause_text(ev, f),
+            "rank 3 (pid 1003 on node-b) issued a different collective — in all_gather 'blocks.1' #9 (step 3, "
+            "forward) — while rank 1 waited in all_gather #9 (a desync: every rank must issue the same collectives "
+            "in the same order).");
+
+  // A rank killed by a signal answers for itself.
+  ev.local[1].status = SIGKILL;  // WIFSIGNALED
+  ev.local[1].exited_at = 1000;
+  f = diagnosis::decide(ev);
+  EXPECT_EQ(f.kind, diagnosis::Finding::Kind::Killed);
+  EXPECT_EQ(f.culprit, 1);
+  EXPECT_FALSE(f.print_now);
+  EXPECT_NE(diagnosis::cause_text(ev, f).find("rank 1 (local rank 1, pid 501) was killed by signal SIGKILL (9)"),
+            std::string::npos);
+}
