@@ -17,9 +17,10 @@
 // The library never calls exit(); every failure is an exception.
 #pragma once
 
-#include <sstream>
 #include <stdexcept>
 #include <string>
+
+#include "fsdp/detail/errors.h"
 
 namespace fsdp {
 
@@ -34,20 +35,6 @@ class InternalError : public Error {
  public:
   using Error::Error;
 };
-
-namespace detail {
-int current_rank_for_errors();  // -1 when unknown
-// Set by make_communicator_from_env (the rank it read from RANK).
-void set_rank_for_errors(int rank);
-[[noreturn]] void internal_error(const char* file, int line, const std::string& msg);
-
-template <class... Ts>
-std::string cat(const Ts&... xs) {
-  std::ostringstream os;
-  (os << ... << xs);
-  return os.str();
-}
-}  // namespace detail
 
 }  // namespace fsdp
 

@@ -96,6 +96,8 @@
 #include <cstdint>
 #include <string>
 
+#include "fsdp/detail/trace.h"
+
 // The trace recorder: what every thread of a rank did, and when.
 // Written as Chrome trace JSON; the file format is in trace.h.
 namespace fsdp::trace {
@@ -108,10 +110,6 @@ struct Options {
   // fsdp::memory::stats() when the counting allocator is installed.
   bool sample_memory = true;
 };
-
-namespace detail {
-extern std::atomic<bool> g_enabled;
-}
 
 // Starts recording for this process (rank). Creates DIR. Throws fsdp::Error
 // when DIR cannot be created or a trace is already running.
