@@ -15,7 +15,7 @@
 //   FULL_SHARD | SHARD_GRAD_OP | NO_SHARD
 //     x prefetch off | on      on = backward_prefetch BACKWARD_PRE + forward_prefetch
 //     x fp32 | bf16            bf16 = mixed_precision.param_dtype
-//     x ac off | on            on = FsdpOptions::checkpoint on every block
+//     x ac off | on            on = FsdpOptions::recompute on every block
 //                              (--ac off,on: activation checkpointing's cost
 //                              in step time and what it saves in peak)
 //
@@ -227,7 +227,7 @@ Measured run_variant(const fsdp::CommPtr& comm, const Settings& s, const Variant
     o.forward_prefetch = true;
   }
   if (v.bf16) o.mixed_precision.param_dtype = torch::kBFloat16;
-  if (v.ac) o.checkpoint = fsdp::CheckpointPolicy::module_type<gpt::BlockImpl>("Block");
+  if (v.ac) o.recompute = fsdp::RecomputePolicy::module_type<gpt::BlockImpl>("Block");
   auto model = fsdp::fully_shard(net, comm, o);
   std::vector<size_t> dims;
   for (auto& sh : model->named_shards()) dims.push_back(sh.full_shape.size());

@@ -1,4 +1,5 @@
-// Activation checkpointing (FsdpOptions::checkpoint, src/unit/checkpoint.cpp):
+// Activation checkpointing, i.e. recomputation (FsdpOptions::recompute,
+// src/unit/recompute.cpp):
 // the same training with and without it, bit for bit, across strategies x
 // {plain, no_sync, bf16} x prefetch, with dropout, tied weights, tensor and
 // non-tensor arguments through fsdp::call, a Sequential's child and a
@@ -99,10 +100,10 @@ TEST(AcMisuse, ForeignLeafIsExplained) {
   FSDP_IN_RANKS(1);
   auto comm = make_communicator_from_env();
   FsdpOptions o;
-  o.checkpoint = CheckpointPolicy::module_type<LeakyImpl>("Leaky");
+  o.recompute = RecomputePolicy::module_type<LeakyImpl>("Leaky");
   Holder net;
   auto model = fully_shard(net, comm, o);
-  ASSERT_EQ(model->checkpointed(), std::vector<std::string>{"leaky"});
+  ASSERT_EQ(model->recomputed(), std::vector<std::string>{"leaky"});
   auto loss = model.forward(torch::ones({2, 4}));
   try {
     loss.backward();
@@ -119,13 +120,13 @@ TEST(AcMisuse, EveryMustBePositive) {
   FSDP_IN_RANKS(1);
   auto comm = make_communicator_from_env();
   FsdpOptions o;
-  o.checkpoint = CheckpointPolicy::every_kth<LeakyImpl>(0, "Leaky");
+  o.recompute = RecomputePolicy::every_kth<LeakyImpl>(0, "Leaky");
   Holder net;
   try {
     fully_shard(net, comm, o);
     FAIL() << "expected an fsdp::Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("checkpoint.every must be >= 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("recompute.every must be >= 1"), std::string::npos) << e.what();
   }
 }
 
@@ -137,9 +138,9 @@ TEST(AcPolicy, EveryKthAndNoGrad) {
   torch::nn::Sequential seq;
   for (int i = 0; i < 5; ++i) seq->push_back(torch::nn::Linear(3, 3));
   FsdpOptions o;
-  o.checkpoint = CheckpointPolicy::every_kth<torch::nn::LinearImpl>(2, "Linear");
+  o.recompute = RecomputePolicy::every_kth<torch::nn::LinearImpl>(2, "Linear");
   auto model = fully_shard(seq, comm, o);
-  EXPECT_EQ(model->checkpointed(), (std::vector<std::string>{"0", "2", "4"}));
+  EXPECT_EQ(model->recomputed(), (std::vector<std::string>{"0", "2", "4"}));
   torch::NoGradGuard ng;
   auto y = model.forward(torch::ones({2, 3}));
   EXPECT_FALSE(y.requires_grad());
@@ -158,7 +159,7 @@ TEST(AcPolicy, AutogradGradWithRespectToTheInput) {
                               torch::nn::Linear(6, 2));
     FsdpOptions o;
     o.wrap = WrapPolicy::module_type<torch::nn::LinearImpl>("Linear");
-    if (ac) o.checkpoint = CheckpointPolicy::module_type<torch::nn::LinearImpl>("Linear");
+    if (ac) o.recompute = RecomputePolicy::module_type<torch::nn::LinearImpl>("Linear");
     auto model = fully_shard(seq, comm, o);
     auto x = torch::randn({3, 6}).requires_grad_(true);
     auto y = model.forward(x).pow(2).sum();
@@ -166,6 +167,75 @@ TEST(AcPolicy, AutogradGradWithRespectToTheInput) {
   }
   EXPECT_TRUE(torch::equal(dx[0], dx[1]));
 }
+
+// FsdpOptions::checkpoint and CheckpointPolicy, the former names of
+// FsdpOptions::recompute and RecomputePolicy, still work for one release:
+// the old field alone selects and recomputes the same modules, with the
+// same gradients; both fields set to different policies is one clear error,
+// raised before the model is touched (it can be wrapped right after).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+TEST(AcPolicy, DeprecatedCheckpointFieldStillHonoured) {
+  FSDP_IN_RANKS(1);
+  auto comm = make_communicator_from_env();
+  auto make_seq = [] {
+    torch::manual_seed(11);
+    torch::nn::Sequential seq;
+    for (int i = 0; i < 5; ++i) seq->push_back(torch::nn::Linear(3, 3));
+    return seq;
+  };
+  std::vector<std::vector<std::string>> selected;
+  std::vector<torch::Tensor> dx;
+  for (bool old_field : {false, true}) {
+    auto seq = make_seq();
+    FsdpOptions o;
+    if (old_field)
+      o.checkpoint = CheckpointPolicy::every_kth<torch::nn::LinearImpl>(2, "Linear");
+    else
+      o.recompute = RecomputePolicy::every_kth<torch::nn::LinearImpl>(2, "Linear");
+    auto model = fully_shard(seq, comm, o);
+    selected.push_back(model->recomputed());
+    EXPECT_EQ(model->checkpointed(), model->recomputed());
+    EXPECT_EQ(model->options().recompute.every, 2);  // the old field, adopted
+    auto x = torch::randn({2, 3}).requires_grad_(true);
+    auto y = model.forward(x).pow(2).sum();
+    dx.push_back(torch::autograd::grad({y}, {x})[0]);
+  }
+  EXPECT_EQ(selected[0], (std::vector<std::string>{"0", "2", "4"}));
+  EXPECT_EQ(selected[1], selected[0]);
+  EXPECT_TRUE(torch::equal(dx[0], dx[1]));
+
+  // Both set to the same policy: no conflict.
+  {
+    auto seq = make_seq();
+    FsdpOptions o;
+    o.recompute = RecomputePolicy::every_kth<torch::nn::LinearImpl>(2, "Linear");
+    o.checkpoint = o.recompute;
+    EXPECT_EQ(fully_shard(seq, comm, o)->recomputed(), (std::vector<std::string>{"0", "2", "4"}));
+  }
+  // Both set, to different policies: the error names both fields and the fix.
+  auto seq = make_seq();
+  FsdpOptions o;
+  o.recompute = RecomputePolicy::every_kth<torch::nn::LinearImpl>(2, "Linear");
+  o.checkpoint = CheckpointPolicy::module_type<torch::nn::LinearImpl>("Linear");
+  EXPECT_THROW(o.validate(), Error);
+  try {
+    fully_shard(seq, comm, o);
+    FAIL() << "expected an fsdp::Error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("FsdpOptions.checkpoint (deprecated: renamed FsdpOptions.recompute)"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("different policies"), std::string::npos) << what;
+    EXPECT_NE(what.find("'every 2th Linear'"), std::string::npos) << what;
+    EXPECT_NE(what.find("'every Linear'"), std::string::npos) << what;
+    EXPECT_NE(what.find("Fix: set FsdpOptions.recompute"), std::string::npos) << what;
+  }
+  // Validated before anything was registered: the same module wraps now.
+  o.checkpoint = RecomputePolicy::none();
+  EXPECT_EQ(fully_shard(seq, comm, o)->recomputed(), (std::vector<std::string>{"0", "2", "4"}));
+}
+#pragma GCC diagnostic pop
 
 }  // namespace
 }  // namespace fsdp::testing

@@ -58,16 +58,16 @@ TEST(Construction, AFailedWrapLeavesNothingBehind) {
   Net net;
   FsdpOptions bad;
   bad.wrap = WrapPolicy::module_type<BlockImpl>("Block");
-  bad.checkpoint = CheckpointPolicy::every_kth<BlockImpl>(0, "Block");
+  bad.recompute = RecomputePolicy::every_kth<BlockImpl>(0, "Block");
   try {
     fully_shard(net, comm, bad);
     FAIL() << "every = 0 was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("FsdpOptions.checkpoint.every must be >= 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("FsdpOptions.recompute.every must be >= 1"), std::string::npos) << e.what();
   }
   FsdpOptions good;
   good.wrap = WrapPolicy::module_type<BlockImpl>("Block");
-  good.checkpoint = CheckpointPolicy::module_type<BlockImpl>("Block");
+  good.recompute = RecomputePolicy::module_type<BlockImpl>("Block");
   auto model = fully_shard(net, comm, good);
   torch::optim::SGD opt(model->parameters(), 0.1);
   auto x = torch::randn({4, 7}), y = torch::randn({4, 5});

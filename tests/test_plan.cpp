@@ -115,11 +115,11 @@ TEST(Plan, LedgerAndTrafficExactForTwoRanks) {
 // becomes a moment of its own; --ac parses.
 TEST(Plan, ActivationCheckpointingKeepsInputsAndAddsTheRecomputeMoment) {
   GptShape s;  // L=6 d=256 T=128 B=8 V=256 h=4
-  EXPECT_EQ(gpt::checkpoint_every("none"), 0);
-  EXPECT_EQ(gpt::checkpoint_every("block"), 1);
-  EXPECT_EQ(gpt::checkpoint_every("every:3"), 3);
+  EXPECT_EQ(gpt::recompute_every("none"), 0);
+  EXPECT_EQ(gpt::recompute_every("block"), 1);
+  EXPECT_EQ(gpt::recompute_every("every:3"), 3);
   for (const char* bad : {"every:0", "every:", "every:x", "blocks", "every:-1", "every:99999999"})
-    EXPECT_THROW(gpt::checkpoint_every(bad), fsdp::UsageError) << bad;
+    EXPECT_THROW(gpt::recompute_every(bad), fsdp::UsageError) << bad;
   const auto none = gpt_activations(s, 4), all = gpt_activations(s, 4, "block"), half = gpt_activations(s, 4, "every:2");
   const int64_t BTd = 8 * 128 * 256 * 4;
   EXPECT_EQ(none.checkpointed, 0);

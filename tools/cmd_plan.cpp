@@ -166,7 +166,7 @@ int cmd_plan(int argc, char** argv) {
     if (!chosen && budget <= 0)
       throw fsdp::UsageError("--strategy auto needs --budget (e.g. --budget 2GiB) or --budget-rss to decide.");
     gpt_units(s, wrap);  // checks --wrap
-    gpt::checkpoint_every(ac);  // checks --ac
+    gpt::recompute_every(ac);  // checks --ac
     if (!compute_text.empty()) o.compute_seconds = gpt_flops(s, ac, micro_steps) / parse_flop_rate(compute_text);
   } catch (const fsdp::UsageError&) {
     throw;

@@ -158,7 +158,7 @@ bool parse_args(int argc, char** argv, Args& a) {
       usage_error("--wrap '" + a.wrap + "': expected size:N with N a positive parameter count, e.g. size:100000");
   }
   try {
-    gpt::checkpoint_every(a.ac);
+    gpt::recompute_every(a.ac);
   } catch (const fsdp::Error& e) {
     usage_error(e.what());
   }

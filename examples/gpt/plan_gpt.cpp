@@ -107,7 +107,7 @@ std::vector<UnitSpec> gpt_units(const GptShape& s, const std::string& wrap) {
   throw fsdp::UsageError("--wrap: expected block|none|size:N, found '" + wrap + "'");
 }
 
-int checkpoint_every(const std::string& ac) {
+int recompute_every(const std::string& ac) {
   if (ac == "none") return 0;
   if (ac == "block") return 1;
   if (ac.rfind("every:", 0) == 0) {
@@ -121,14 +121,14 @@ int checkpoint_every(const std::string& ac) {
 }
 
 namespace {
-bool is_checkpointed(int64_t block, int every) { return every > 0 && block % every == 0; }
+bool is_recomputed(int64_t block, int every) { return every > 0 && block % every == 0; }
 }  // namespace
 
 int64_t gpt_released(const GptShape& s, const std::string& wrap, int act_bytes, const std::string& ac) {
   const ActivationEstimate e = gpt_activations(s, act_bytes, ac);
   if (wrap == "none") return e.total;
   if (wrap == "block") {
-    const bool last_ckpt = s.layers > 0 && is_checkpointed(s.layers - 1, checkpoint_every(ac));
+    const bool last_ckpt = s.layers > 0 && is_recomputed(s.layers - 1, recompute_every(ac));
     return (last_ckpt ? e.saved_per_checkpointed : e.per_block) + e.head;
   }
   return e.head;  // size-based: the last unit is a Linear of the last block
@@ -169,16 +169,16 @@ ActivationEstimate gpt_activations(const GptShape& s, int a, const std::string& 
   // When backward starts: nll_loss's and log_softmax's gradients [B*T,V].
   e.backward_transient = 2 * BT * V * 4;
   e.total = s.layers * e.per_block + e.head + embed + e.backward_transient;
-  const int every = checkpoint_every(ac);
+  const int every = recompute_every(ac);
   if (every == 0 || s.layers == 0) return e;
-  // Activation checkpointing (src/unit/checkpoint.cpp): a checkpointed block
+  // Activation checkpointing (src/unit/recompute.cpp): a checkpointed block
   // keeps its input and the CPU generator's state (mt19937: 5056 bytes).
   constexpr int64_t kRngState = 5056;
   e.saved_per_checkpointed = BTd * a + kRngState;
   int64_t kept = 0, kept_to_first = 0;  // every block's; the blocks up to the first to recompute
   const int64_t first = (s.layers - 1) / every * every;  // the last checkpointed block in forward
   for (int64_t i = 0; i < s.layers; ++i) {
-    const bool c = is_checkpointed(i, every);
+    const bool c = is_recomputed(i, every);
     e.checkpointed += c;
     kept += c ? e.saved_per_checkpointed : e.per_block;
     if (i <= first) kept_to_first += c ? e.saved_per_checkpointed : e.per_block;
@@ -197,7 +197,7 @@ ActivationEstimate gpt_activations(const GptShape& s, int a, const std::string& 
 
 fsdp::plan::Recompute gpt_recompute(const GptShape& s, const std::string& wrap, int a, const std::string& ac) {
   const ActivationEstimate e = gpt_activations(s, a, ac);
-  const int every = checkpoint_every(ac);
+  const int every = recompute_every(ac);
   if (e.checkpointed == 0) return {};
   if (wrap != "none") {
     // The first recompute is the last checkpointed block; what the next
@@ -206,7 +206,7 @@ fsdp::plan::Recompute gpt_recompute(const GptShape& s, const std::string& wrap, 
     if (first < every) return {e.at_recompute, -1, -1};
     int64_t released = 0;
     for (int64_t i = first - every + 1; i <= first; ++i)
-      released += is_checkpointed(i, every) ? e.saved_per_checkpointed : e.per_block;
+      released += is_recomputed(i, every) ? e.saved_per_checkpointed : e.per_block;
     return {e.at_recompute, -1, released};
   }
   // One unit: every gradient stays until its reduce at the end, so the
@@ -217,12 +217,12 @@ fsdp::plan::Recompute gpt_recompute(const GptShape& s, const std::string& wrap, 
   fsdp::plan::Recompute best;
   int64_t kept_below = 0;  // blocks before j: what they kept
   for (int64_t j = 0; j < s.layers; ++j) {
-    if (is_checkpointed(j, every)) {
+    if (is_recomputed(j, every)) {
       const int64_t act = kept_below + e.saved_per_checkpointed + e.during_recompute;
       const int64_t grads = (head_numel + (s.layers - 1 - j) * block_numel) * a;
       if (act + grads > best.activation_bytes + best.grad_bytes) best = {act, grads, -1};
     }
-    kept_below += is_checkpointed(j, every) ? e.saved_per_checkpointed : e.per_block;
+    kept_below += is_recomputed(j, every) ? e.saved_per_checkpointed : e.per_block;
   }
   return best;
 }

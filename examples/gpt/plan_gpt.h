@@ -1,7 +1,7 @@
 // GPT-mini for the planner: its units and activations from its flags, so
 // `fsdp plan --model gpt` and the trainer's --plan need no model built.
 //
-// defines: gpt::GptShape, gpt::gpt_units, gpt::ActivationEstimate, gpt::checkpoint_every,
+// defines: gpt::GptShape, gpt::gpt_units, gpt::ActivationEstimate, gpt::recompute_every,
 //          gpt::gpt_activations, gpt::gpt_recompute, gpt::gpt_candidates, gpt::gpt_released,
 //          gpt::gpt_flops
 //
@@ -65,7 +65,7 @@ struct ActivationEstimate {
 };
 // --ac: none -> 0, block -> 1, every:K -> K (the 1st, the K+1-th, ... block
 // recompute). Throws fsdp::UsageError for anything else.
-int checkpoint_every(const std::string& ac);
+int recompute_every(const std::string& ac);
 ActivationEstimate gpt_activations(const GptShape& s, int act_bytes = 4, const std::string& ac = "none");
 
 // The worst recompute of backward (make_plan's Recompute) for a wrapping:

@@ -257,8 +257,8 @@ fsdp::FsdpOptions fsdp_options(const Args& a) {
   if (a.dtype == "bf16") fopts.mixed_precision.param_dtype = torch::kBFloat16;
   fopts.shard_group_size = a.shard_group;
   // --ac: blocks recompute their forward in backward (each is called through fsdp::call).
-  if (const int every = gpt::checkpoint_every(a.ac))
-    fopts.checkpoint = fsdp::CheckpointPolicy::every_kth<gpt::BlockImpl>(every, "Block");
+  if (const int every = gpt::recompute_every(a.ac))
+    fopts.recompute = fsdp::RecomputePolicy::every_kth<gpt::BlockImpl>(every, "Block");
   if (a.prefetch) {
     fopts.backward_prefetch = fsdp::BackwardPrefetch::BACKWARD_PRE;
     fopts.forward_prefetch = true;
@@ -399,10 +399,10 @@ void print_run(const Args& a, const Run& run, const Data& d, const fsdp::FsdpOpt
   if (model->replica_group())
     std::printf("hybrid: shard groups of %d ranks, %d replicas (gradients all-reduced across them)\n",
                 model->shard_group()->world_size(), model->replica_group()->world_size());
-  const auto ckpt = model->checkpointed();
-  if (!ckpt.empty())
+  const auto recomputed = model->recomputed();
+  if (!recomputed.empty())
     std::printf("activation checkpointing (--ac %s): %zu of %lld blocks recompute their forward in backward\n",
-                a.ac.c_str(), ckpt.size(), (long long)a.cfg.layers);
+                a.ac.c_str(), recomputed.size(), (long long)a.cfg.layers);
   std::printf("%s\n", model->describe_units().c_str());
   std::fflush(stdout);
 }

@@ -1,8 +1,9 @@
 // fsdp-cpp: the public FSDP API.
 //
 // defines: to_string(ShardingStrategy), parse_strategy, BackwardPrefetch, MixedPrecision, WrapPolicy,
-//          CheckpointPolicy, FsdpOptions, UnitInfo, NamedShard, Ledger, FullyShardedModel,
-//          Sharded<M>, fully_shard(), call(), verify_optimizer()
+//          RecomputePolicy (CheckpointPolicy, deprecated), FsdpOptions, UnitInfo, NamedShard, Ledger,
+//          FullyShardedModel, Sharded<M>, fully_shard(), call(), verify_optimizer()
+// (the templates behind call() are in fsdp/detail/routing.h and fsdp/detail/recompute.h)
 //
 //   auto comm  = fsdp::make_communicator_from_env();
 //   auto model = fsdp::fully_shard(net, comm, opts);     // net: any module holder
@@ -35,6 +36,8 @@
 #include <vector>
 
 #include "fsdp/comm.h"
+#include "fsdp/detail/recompute.h"
+#include "fsdp/detail/routing.h"
 #include "fsdp/errors.h"
 #include "fsdp/memory.h"
 #include "fsdp/param_init.h"
@@ -101,11 +104,13 @@ struct WrapPolicy {
 // Which modules recompute their forward in backward instead of keeping
 // their activations.
 //
-// Activation checkpointing (docs/DESIGN.md#activation-checkpointing): the
-// selected modules keep only their inputs (and the CPU generator's state)
-// from forward; their forward runs again in backward, right before autograd
-// differentiates it, and their activations live only for that moment. The
-// gradients are the same, bit for bit (torch.utils.checkpoint's semantics
+// Activation recomputation, also called activation checkpointing
+// (docs/DESIGN.md#activation-checkpointing; not to be confused with the
+// checkpoint files of fsdp/checkpoint.h): the selected modules keep only
+// their inputs (and the CPU generator's state) from forward; their forward
+// runs again in backward, right before autograd differentiates it, and
+// their activations live only for that moment. The gradients are the same,
+// bit for bit (torch.utils.checkpoint's semantics
 // with use_reentrant=False: each parameter's gradient reaches its
 // accumulator once, through the forward's graph, and torch::autograd::grad
 // works too; the CPU generator is restored, so dropout draws the same
@@ -115,42 +120,44 @@ struct WrapPolicy {
 // all-gather for recompute and backward together.
 //
 // `fn` is asked once per module of the tree (pre-order, the root excluded);
-// of the modules it accepts, every `every`-th is checkpointed: the 1st, the
+// of the modules it accepts, every `every`-th is recomputed: the 1st, the
 // (every+1)-th, ... (every = 1: all of them).
-struct CheckpointPolicy {
+struct RecomputePolicy {
   // Asked per module: (its path, the module) -> whether it is a candidate.
   using Fn = std::function<bool(const std::string& name, const torch::nn::Module& m)>;
-  Fn fn;                    // empty: no activation checkpointing
+  Fn fn;                    // empty: no recomputation
   int every = 1;            // >= 1
   // Names the policy in messages and the unit table.
   std::string description = "none";
 
-  // Whether any module may be checkpointed (fn is set).
+  // Whether any module may be recomputed (fn is set).
   bool enabled() const { return static_cast<bool>(fn); }
-  // No activation checkpointing.
-  static CheckpointPolicy none() { return {}; }
+  // No recomputation.
+  static RecomputePolicy none() { return {}; }
   // Every module `fn` accepts; `description` names the policy in messages.
-  static CheckpointPolicy predicate(Fn fn, std::string description = "custom predicate") {
-    return CheckpointPolicy{std::move(fn), 1, std::move(description)};
+  static RecomputePolicy predicate(Fn fn, std::string description = "custom predicate") {
+    return RecomputePolicy{std::move(fn), 1, std::move(description)};
   }
   // Every module of type Impl (e.g. each transformer block).
   template <class Impl>
-  static CheckpointPolicy module_type(std::string type_name = "module type") {
+  static RecomputePolicy module_type(std::string type_name = "module type") {
     return predicate([](const std::string&, const torch::nn::Module& m) { return dynamic_cast<const Impl*>(&m) != nullptr; },
                      "every " + type_name);
   }
   // Every k-th module of type Impl: the 1st, the (k+1)-th, ... (k = 1: all).
   template <class Impl>
-  static CheckpointPolicy every_kth(int k, std::string type_name = "module type") {
-    CheckpointPolicy p = module_type<Impl>(type_name);
+  static RecomputePolicy every_kth(int k, std::string type_name = "module type") {
+    RecomputePolicy p = module_type<Impl>(type_name);
     p.every = k;
     p.description = k == 1 ? "every " + type_name : "every " + std::to_string(k) + "th " + type_name;
     return p;
   }
 };
+// The former name of RecomputePolicy, kept for one release.
+using CheckpointPolicy [[deprecated("renamed fsdp::RecomputePolicy")]] = RecomputePolicy;
 
 // How fully_shard wraps a model. The defaults: FULL_SHARD, the whole model
-// one unit, fp32 throughout, no prefetch, no activation checkpointing.
+// one unit, fp32 throughout, no prefetch, no recomputation.
 struct FsdpOptions {
   // What is sharded and what is replicated (fsdp/strategy.h).
   ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
@@ -184,11 +191,35 @@ struct FsdpOptions {
   // --nnodes`). 0: the communicator's local_world_size() (the ranks of one
   // host). Must divide the world size; ignored by the other strategies.
   int shard_group_size = 0;
-  // Modules whose forward is recomputed in backward (activation checkpointing).
-  CheckpointPolicy checkpoint = CheckpointPolicy::none();
+  // Modules whose forward is recomputed in backward (activation
+  // checkpointing).
+  RecomputePolicy recompute = RecomputePolicy::none();
+  // The former name of `recompute`, kept for one release and still honoured:
+  // used when it is set and `recompute` is not; setting both to different
+  // policies is an error (fully_shard and validate() throw fsdp::Error).
+  // Two policies are the same when their `every`, their `description` and
+  // the type of their `fn` agree (a std::function cannot be compared).
+  [[deprecated("renamed FsdpOptions::recompute")]] RecomputePolicy checkpoint = RecomputePolicy::none();
 
   // Throws fsdp::Error naming the bad field.
   void validate() const;
+
+  // The special members copy the deprecated field too, without a warning
+  // for the code that copies options.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  // The defaults above.
+  FsdpOptions() = default;
+  // Copies every field.
+  FsdpOptions(const FsdpOptions&) = default;
+  // Moves every field.
+  FsdpOptions(FsdpOptions&&) = default;
+  // Copies every field.
+  FsdpOptions& operator=(const FsdpOptions&) = default;
+  // Moves every field.
+  FsdpOptions& operator=(FsdpOptions&&) = default;
+  ~FsdpOptions() = default;
+#pragma GCC diagnostic pop
 };
 
 // One unit of a wrapped model: the original parameters flattened into one
@@ -258,7 +289,7 @@ class Span;
 namespace detail {
 class Engine;        // src/unit/engine.h
 class Unit;          // src/unit/unit.h
-class EngineAccess;  // src/unit/engine_access.h: the checkpoint code's view
+class EngineAccess;  // src/unit/engine_access.h: the state-dict code's view
 }  // namespace detail
 
 // The engine of one wrapped model: owns the units, their flat buffers, the
@@ -315,8 +346,12 @@ class FullyShardedModel {
   // The units, the root first.
   std::vector<UnitInfo> units() const;
   std::string describe_units() const;  // a table: unit, #params, bytes, shard
-  // The modules whose forward is recomputed in backward (FsdpOptions::checkpoint), by path.
-  std::vector<std::string> checkpointed() const;
+  // The modules whose forward is recomputed in backward (FsdpOptions::recompute), by path.
+  std::vector<std::string> recomputed() const;
+  // The former name of recomputed(), kept for one release.
+  [[deprecated("renamed FullyShardedModel::recomputed")]] std::vector<std::string> checkpointed() const {
+    return recomputed();
+  }
 
   // Measured ledger; pass the optimizer to count its state O.
   Ledger ledger(const torch::optim::Optimizer* opt = nullptr) const;
@@ -352,192 +387,6 @@ class FullyShardedModel {
 // FSDP frees between steps: it would train nothing).
 void verify_optimizer(const FullyShardedModel& model, const torch::optim::Optimizer& opt);
 
-// ---------------------------------------------------------------------------
-// Routing calls through units.
-namespace detail {
-std::shared_ptr<torch::nn::Module> as_module(const std::shared_ptr<torch::nn::Module>& m);
-template <class M>
-torch::nn::Module* raw_module(const M& m) {
-  if constexpr (std::is_base_of_v<torch::nn::Module, std::remove_cv_t<std::remove_reference_t<decltype(*m)>>>)
-    return const_cast<torch::nn::Module*>(static_cast<const torch::nn::Module*>(&*m));
-  else
-    return nullptr;
-}
-template <class M, class = void>
-struct is_module_holder : std::false_type {};
-template <class M>
-struct is_module_holder<M, std::void_t<decltype(std::declval<const M&>().ptr())>> : std::true_type {};
-
-template <class M>
-std::shared_ptr<torch::nn::Module> shared_module(const M& m) {
-  if constexpr (is_module_holder<M>::value)
-    return m.ptr();
-  else
-    return m;
-}
-
-// Unit owning module `m` (nullptr when m is not a unit root).
-Unit* unit_of(const torch::nn::Module* m);
-
-// --- Activation checkpointing (src/unit/checkpoint.cpp) ---
-// A module selected by FsdpOptions::checkpoint.
-struct CheckpointSite;
-// The site of `m` when m is selected and its call is to be checkpointed now
-// (grad mode on); nullptr otherwise.
-CheckpointSite* checkpoint_site(const torch::nn::Module* m);
-// The module's forward on `inputs` (its tensor arguments, in order), as one
-// function of tensors to tensors.
-using RegionFn = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>;
-// Runs fn(inputs) without keeping its activations; backward runs it again.
-std::vector<torch::Tensor> run_checkpointed(CheckpointSite& site, RegionFn fn, std::vector<torch::Tensor> inputs);
-[[noreturn]] void checkpoint_unsupported(const CheckpointSite& site, const char* why);
-
-template <class T>
-inline constexpr bool is_tensor_v = std::is_same_v<std::decay_t<T>, torch::Tensor>;
-// Arguments a checkpointed forward takes: tensors (saved for the recompute)
-// and copyable values without tensors inside (copied into it).
-template <class T>
-struct holds_tensors : std::false_type {};
-template <>
-struct holds_tensors<c10::optional<torch::Tensor>> : std::true_type {};
-template <>
-struct holds_tensors<std::vector<torch::Tensor>> : std::true_type {};
-template <>
-struct holds_tensors<torch::TensorList> : std::true_type {};
-template <class T>
-inline constexpr bool ckpt_arg_ok_v =
-    is_tensor_v<T> || (!holds_tensors<std::decay_t<T>>::value && std::is_copy_constructible_v<std::decay_t<T>>);
-// What the recompute passes for each argument.
-template <class T>
-using ckpt_arg_t = std::conditional_t<is_tensor_v<T>, const torch::Tensor&, std::decay_t<T>&>;
-struct ckpt_none {};
-template <class T>
-using ckpt_kept_t = std::conditional_t<is_tensor_v<T>, ckpt_none, std::decay_t<T>>;
-template <class T>
-ckpt_kept_t<T> ckpt_keep(const T& x) {
-  if constexpr (is_tensor_v<T>)
-    return {};
-  else
-    return x;
-}
-// Outputs a checkpointed forward may return: a tensor, a vector or a tuple of tensors.
-template <class R>
-struct ckpt_out : std::false_type {};
-template <>
-struct ckpt_out<torch::Tensor> : std::true_type {
-  static std::vector<torch::Tensor> to_list(torch::Tensor t) { return {std::move(t)}; }
-  static torch::Tensor from_list(std::vector<torch::Tensor> v) { return std::move(v.at(0)); }
-};
-template <>
-struct ckpt_out<std::vector<torch::Tensor>> : std::true_type {
-  static std::vector<torch::Tensor> to_list(std::vector<torch::Tensor> v) { return v; }
-  static std::vector<torch::Tensor> from_list(std::vector<torch::Tensor> v) { return v; }
-};
-template <class... Ts>
-struct ckpt_out<std::tuple<Ts...>> : std::bool_constant<(std::is_same_v<Ts, torch::Tensor> && ...)> {
-  static std::vector<torch::Tensor> to_list(const std::tuple<Ts...>& t) {
-    return std::apply([](const auto&... x) { return std::vector<torch::Tensor>{x...}; }, t);
-  }
-  static std::tuple<Ts...> from_list(std::vector<torch::Tensor> v) {
-    return from_list(v, std::index_sequence_for<Ts...>{});
-  }
-  template <size_t... I>
-  static std::tuple<Ts...> from_list(std::vector<torch::Tensor>& v, std::index_sequence<I...>) {
-    return std::tuple<Ts...>(std::move(v.at(I))...);
-  }
-};
-// Position of each argument among the tensor arguments (-1: not a tensor).
-template <class... As>
-constexpr std::array<int, sizeof...(As)> ckpt_slots() {
-  constexpr bool tensor[] = {is_tensor_v<As>..., false};
-  std::array<int, sizeof...(As)> out{};
-  int k = 0;
-  for (size_t i = 0; i < sizeof...(As); ++i) out[i] = tensor[i] ? k++ : -1;
-  return out;
-}
-template <class A, int S, class K>
-decltype(auto) ckpt_pick(K& kept, const std::vector<torch::Tensor>& in) {
-  if constexpr (is_tensor_v<A>)
-    return static_cast<const torch::Tensor&>(in.at(S));
-  else
-    return static_cast<K&>(kept);
-}
-template <class Void, class M, class... As>
-struct ckpt_callable : std::false_type {};
-template <class M, class... As>
-struct ckpt_callable<std::void_t<decltype(std::declval<M&>()->forward(std::declval<ckpt_arg_t<As>>()...))>, M,
-                     As...> : std::true_type {};
-template <class... As, class M, class Kept, size_t... I>
-auto ckpt_invoke(M& module, Kept& kept, const std::vector<torch::Tensor>& in, std::index_sequence<I...>) {
-  constexpr auto slots = ckpt_slots<As...>();
-  return module->forward(ckpt_pick<As, slots[I]>(std::get<I>(kept), in)...);
-}
-
-// module->forward(args...) with its activations recomputed in backward.
-template <class M, class... Args>
-auto checkpointed(CheckpointSite& site, M module, Args&&... args)
-    -> std::decay_t<decltype(module->forward(std::forward<Args>(args)...))> {
-  using R = std::decay_t<decltype(module->forward(std::forward<Args>(args)...))>;
-  if constexpr (!ckpt_out<R>::value) {
-    checkpoint_unsupported(site, "its forward returns something other than a tensor, a vector or a tuple of tensors");
-  } else if constexpr (!(ckpt_arg_ok_v<Args> && ...) || !ckpt_callable<void, M, Args...>::value) {
-    checkpoint_unsupported(site,
-                           "its forward takes an argument that is neither a tensor nor a copyable value "
-                           "without tensors inside (e.g. an optional or a vector of tensors)");
-  } else {
-    std::vector<torch::Tensor> tensors;
-    auto add = [&](const auto& a) {
-      if constexpr (is_tensor_v<decltype(a)>) tensors.push_back(a);
-    };
-    (add(args), ...);
-    auto kept = std::make_shared<std::tuple<ckpt_kept_t<Args>...>>(ckpt_keep(args)...);
-    RegionFn fn = [module, kept](const std::vector<torch::Tensor>& in) mutable {
-      return ckpt_out<R>::to_list(ckpt_invoke<Args...>(module, *kept, in, std::index_sequence_for<Args...>{}));
-    };
-    return ckpt_out<R>::from_list(run_checkpointed(site, std::move(fn), std::move(tensors)));
-  }
-}
-
-// Pre-forward (unshard, state checks) and post-forward (reshard, register
-// pre-backward hooks on the outputs) of one unit call; restores state when
-// the forward throws, and explains use of freed parameters.
-class UnitCall {
- public:
-  explicit UnitCall(Unit* u);
-  ~UnitCall();
-  void finish(const std::vector<torch::Tensor>& outputs);
-  [[noreturn]] void rethrow(const std::exception_ptr& e);
-  // Casts floating tensors to the unit's param dtype (mixed precision).
-  torch::Tensor cast_input(const torch::Tensor& t) const;
-
- private:
-  Unit* u_;
-  bool finished_ = false;
-  std::unique_ptr<trace::Span> span_;  // "forward" of this unit when tracing
-};
-
-inline void collect(std::vector<torch::Tensor>& out, const torch::Tensor& t) { out.push_back(t); }
-inline void collect(std::vector<torch::Tensor>& out, const std::vector<torch::Tensor>& v) {
-  out.insert(out.end(), v.begin(), v.end());
-}
-template <class... Ts>
-void collect(std::vector<torch::Tensor>& out, const std::tuple<Ts...>& t) {
-  std::apply([&](const auto&... x) { (collect(out, x), ...); }, t);
-}
-template <class T>
-void collect(std::vector<torch::Tensor>&, const T&) {}  // non-tensor outputs: no hooks
-
-template <class T>
-decltype(auto) cast_arg(UnitCall& c, T&& x) {
-  if constexpr (std::is_same_v<std::decay_t<T>, torch::Tensor>)
-    return c.cast_input(x);
-  else
-    return std::forward<T>(x);
-}
-
-torch::nn::AnyValue run_sequential(torch::nn::SequentialImpl& seq, std::vector<torch::nn::AnyValue> inputs);
-}  // namespace detail
-
 // Runs module->forward(args...) through its unit when it is one; a plain call
 // otherwise (so model code reads the same with and without FSDP).
 template <class M, class... Args>
@@ -551,9 +400,9 @@ auto call(M module, Args&&... args) {  // M: a module holder or (shared) pointer
   } else {
     torch::nn::Module* raw = detail::raw_module(module);
     detail::Unit* u = detail::unit_of(raw);
-    detail::CheckpointSite* ck = detail::checkpoint_site(raw);  // FsdpOptions::checkpoint
+    detail::RecomputeSite* ck = detail::recompute_site(raw);  // FsdpOptions::recompute
     auto run = [&](auto&&... a) -> std::decay_t<decltype(module->forward(std::forward<decltype(a)>(a)...))> {
-      if (ck) return detail::checkpointed(*ck, module, std::forward<decltype(a)>(a)...);
+      if (ck) return detail::call_recomputed(*ck, module, std::forward<decltype(a)>(a)...);
       return module->forward(std::forward<decltype(a)>(a)...);
     };
     if (!u) return run(std::forward<Args>(args)...);

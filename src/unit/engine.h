@@ -7,9 +7,9 @@
 //   shard      src/shard/flat_param.cpp  flat buffer, padding (shard_math.h), views
 //   all-gather src/unit/unshard.cpp      unshard / reshard, prefetch
 //   compute    src/unit/unit_call.cpp    pre/post-forward, pre-backward hooks
-//   reduce     src/unit/grad_reduce.cpp       post-backward reduce-scatter, no_sync
+//   reduce     src/unit/grad_reduce.cpp  post-backward reduce-scatter, no_sync
 //   hybrid     src/unit/hybrid.cpp       HYBRID's groups, the replicas' all-reduce
-//   recompute  src/unit/checkpoint.cpp   activation checkpointing: forward again in backward
+//   recompute  src/unit/recompute.cpp    activation recomputation: forward again in backward
 //   optimizer  src/unit/model.cpp        shard grads, global-norm clipping
 //   observe    src/unit/model.cpp        the ledger, measured
 //   checkpoint src/unit/state_dict.cpp   shards <-> checkpoints (through engine_access.h)
@@ -31,18 +31,19 @@
 
 namespace fsdp::detail {
 
-// A module selected by FsdpOptions::checkpoint (src/unit/checkpoint.cpp).
-struct CheckpointSite {
+// A module selected by FsdpOptions::recompute (src/unit/recompute.cpp).
+// Made by Engine::build_recompute_sites; its fields never change after.
+struct RecomputeSite {
   Engine* engine = nullptr;
   torch::nn::Module* module = nullptr;
-  std::string name;      // module path ("" never: the root is not checkpointed)
+  std::string name;      // module path ("" never: the root is not recomputed)
   // The unit whose parameters its forward computes on: its own when it is a
   // unit's root, else the enclosing one. Its recompute runs while this unit
   // is unsharded for backward.
   Unit* unit = nullptr;
   // Its parameters that require grad, distinct: inputs of the recompute's
   // autograd node, so their gradients reach their accumulators once, as
-  // without checkpointing.
+  // without recomputation.
   std::vector<torch::Tensor> params;
 };
 
@@ -60,24 +61,31 @@ class Engine {
   void pre_backward(Unit& u);   // tensor hook on the unit's outputs (and a recompute's start)
   void on_grad_ready(Unit& u);  // accumulator post-hook of each parameter
   void end_of_backward();       // autograd engine's final callback
-  // Activation checkpointing (checkpoint.cpp): the recompute of `s`'s forward
+  // Activation recomputation (recompute.cpp): the recompute of `s`'s forward
   // in backward. begin: its unit is (made) BACKWARD and unsharded, nothing
   // is gathered again; while it runs, units called inside it keep their
   // parameters for the backward that follows at once and prefetch nothing.
-  void begin_recompute(CheckpointSite& s);
-  void end_recompute(CheckpointSite& s);
+  void begin_recompute(RecomputeSite& s);
+  void end_recompute(RecomputeSite& s);
   // Waits for every pending reduction and folds it into the shard grads.
   void wait_pending();
 
   // --- Constant after construction ---
-  std::shared_ptr<torch::nn::Module> root;
-  CommPtr comm;          // the world it was wrapped on: buffers, state dicts, checkpoints
+  const std::shared_ptr<torch::nn::Module> root;
+  const CommPtr comm;  // the world it was wrapped on: buffers, state dicts, checkpoint files
+  // The options, the deprecated FsdpOptions::checkpoint already folded into
+  // `recompute` (adopt_deprecated_checkpoint, src/wrap/wrap.h).
+  const FsdpOptions opts;
+  // Set once in the constructor (make_groups, build_units,
+  // build_recompute_sites), before the engine is registered anywhere;
+  // never changed after.
   CommPtr shard_comm;    // the units' collectives: comm, or HYBRID's shard group
   CommPtr replica_comm;  // HYBRID: the ranks holding this rank's shard; null otherwise
-  FsdpOptions opts;
   std::vector<std::unique_ptr<Unit>> units;  // pre-order; units[0] is the root
   // Names of the unwrapped model, in named_parameters() order.
   std::vector<std::pair<std::string, ParamSlot*>> named_slots;
+  // The modules whose forward is recomputed in backward, in pre-order.
+  std::vector<std::unique_ptr<RecomputeSite>> recompute_sites;
 
   // --- Protected by the caller's thread ---
   std::vector<Unit*> forward_order;  // recorded in the first forward
@@ -88,15 +96,14 @@ class Engine {
   int depth = 0;  // nesting of unit calls on this thread
   int64_t root_forward_start_bytes = 0;
   int64_t activation_bytes = 0;  // measured A of the last root forward
-  // Activation checkpointing.
-  std::vector<std::unique_ptr<CheckpointSite>> checkpoint_sites;
+  // Activation recomputation.
   int recompute_depth = 0;       // recomputes running on this thread (nested ones count)
-  // Checkpointed forwards running (grad mode off, their backward comes with
-  // the recompute): units called inside one are treated as having a
-  // backward to come (SHARD_GRAD_OP keeps them gathered for it).
-  int checkpoint_forward_depth = 0;
+  // First forwards of recomputed modules running (grad mode off, their
+  // backward comes with the recompute): units called inside one are treated
+  // as having a backward to come (SHARD_GRAD_OP keeps them gathered for it).
+  int recompute_forward_depth = 0;
   int64_t recompute_bytes = 0;   // the most one recompute's forward added (measured)
-  int64_t checkpointed_calls = 0;
+  int64_t recomputed_calls = 0;  // calls of selected modules that ran recomputable
   bool warned_unrouted = false;
 
   Unit& root_unit() { return *units.front(); }
@@ -120,15 +127,15 @@ class Engine {
   // wrap.cpp: the module tree -> units (describe_wrap, then materialise).
   void build_units();
  public:
-  // checkpoint.cpp: FsdpOptions::checkpoint -> sites (after the units
+  // recompute.cpp: FsdpOptions::recompute -> sites (after the units
   // exist); then entered in (removed from) the process's table of sites
   // that fsdp::call looks modules up in.
-  void build_checkpoint_sites();
-  void register_checkpoints();
-  void unregister_checkpoints();
-  // A training forward ran no checkpointed call although the policy selected
+  void build_recompute_sites();
+  void register_recompute_sites();
+  void unregister_recompute_sites();
+  // A training forward ran no recomputed call although the policy selected
   // modules: warns once (they were not called through fsdp::call).
-  void check_checkpoints_routed();
+  void check_recompute_routed();
 
  private:
   // unshard.cpp: the prefetch policy over the recorded forward order.
@@ -141,7 +148,7 @@ class Engine {
   void publish_trace_metadata() const;  // model.cpp: the unit table for the report
 
   // The engine's entries in the process's tables (units by module for
-  // fsdp::call, checkpoint sites, the OOM explainer). Made by the last line
+  // fsdp::call, recompute sites, the OOM explainer). Made by the last line
   // of the constructor, once nothing can throw any more, and declared last
   // so it is destroyed first: a construction that fails leaves no entry
   // behind, and a destroyed engine none either.

@@ -1,4 +1,4 @@
-// fsdp-cpp: what the checkpoint code reads of a wrapped model's engine.
+// fsdp-cpp: what the state-dict code reads of a wrapped model's engine.
 // defines: EngineAccess, gather_flat
 //
 // The public API (include/fsdp/fully_shard.h) hands out no engine internals.
@@ -6,7 +6,9 @@
 // checkpoint layer and the tools) needs more than it: each unit's layout
 // (which [lo, hi) of which parameter this rank holds, the master shard) and a
 // gather of a unit's flat buffer. This is that interface, and all of it:
-// read-only, except that wait_pending() completes the reductions in flight.
+// read-only (const units and slots), except finish_pending_reductions(),
+// which writes: it completes the reductions in flight into the shard
+// gradients.
 #pragma once
 
 #include <memory>
@@ -21,16 +23,17 @@ class EngineAccess {
  public:
   explicit EngineAccess(const FullyShardedModel& m);  // m outlives this
 
-  // Units in pre-order, the root first; their layout and shards.
-  const std::vector<std::unique_ptr<Unit>>& units() const;
+  // Units in pre-order, the root first; their layout and shards, read-only.
+  std::vector<const Unit*> units() const;
   // Distinct parameter slots in the unwrapped model's named_parameters()
   // order (a tied parameter once, under its canonical name).
   std::vector<const ParamSlot*> slots() const;
-  // Blocks until every reduction in flight landed in the shard gradients.
-  void wait_pending() const;
+  // Writes: blocks until every reduction in flight landed in the shard
+  // gradients (Engine::wait_pending), so what is read next is final.
+  void finish_pending_reductions() const;
 
  private:
-  Engine* engine_;
+  Engine* const engine_;
 };
 
 // Unit u's flat buffer [padded] assembled from every rank's `shard_flat`

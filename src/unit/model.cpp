@@ -9,6 +9,7 @@
 #include "fsdp/memory.h"
 #include "unit/engine.h"
 #include "unit/engine_access.h"
+#include "wrap/wrap.h"
 
 namespace fsdp {
 namespace detail {
@@ -17,7 +18,7 @@ std::string explain_oom(const Engine& st, int64_t requested, const memory::Stats
 std::vector<std::pair<InitTarget, torch::Tensor>> init_targets(torch::nn::Module& root, bool buffers);  // param_init.cpp
 
 Engine::Engine(std::shared_ptr<torch::nn::Module> root_, CommPtr comm_, FsdpOptions opts_)
-    : root(std::move(root_)), comm(std::move(comm_)), opts(std::move(opts_)) {
+    : root(std::move(root_)), comm(std::move(comm_)), opts(adopt_deprecated_checkpoint(std::move(opts_))) {
   FSDP_USER_CHECK(root, "fully_shard: the module is null");
   FSDP_USER_CHECK(comm, "fully_shard: the communicator is null (use fsdp::make_communicator_from_env())");
   opts.validate();
@@ -55,7 +56,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> root_, CommPtr comm_, FsdpOpti
     if (opts.mixed_precision.buffer_dtype && t.is_floating_point())
       t.set_data(t.to(*opts.mixed_precision.buffer_dtype));
   }
-  build_checkpoint_sites();  // FsdpOptions::checkpoint (checkpoint.cpp)
+  build_recompute_sites();  // FsdpOptions::recompute (recompute.cpp)
   publish_trace_metadata();
   // The ledger's peak is about training: forget the wrap-time transients
   // (the original parameters, the broadcast buffers).
@@ -65,13 +66,13 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> root_, CommPtr comm_, FsdpOpti
 
 Engine::Registration::Registration(Engine& engine) : e(engine) {
   for (auto& u : e.units) register_unit(u->module, u.get());
-  e.register_checkpoints();
+  e.register_recompute_sites();
   memory::set_oom_explainer([&eng = e](int64_t n, const memory::Stats& s) { return explain_oom(eng, n, s); });
 }
 
 Engine::Registration::~Registration() {
   memory::set_oom_explainer(nullptr);
-  e.unregister_checkpoints();
+  e.unregister_recompute_sites();
   for (auto& u : e.units) unregister_unit(u->module);
 }
 
@@ -355,7 +356,12 @@ std::vector<std::pair<std::string, torch::Tensor>> FullyShardedModel::full_state
 namespace detail {
 
 EngineAccess::EngineAccess(const FullyShardedModel& m) : engine_(m.engine_.get()) {}
-const std::vector<std::unique_ptr<Unit>>& EngineAccess::units() const { return engine_->units; }
+std::vector<const Unit*> EngineAccess::units() const {
+  std::vector<const Unit*> out;
+  out.reserve(engine_->units.size());
+  for (auto& u : engine_->units) out.push_back(u.get());
+  return out;
+}
 std::vector<const ParamSlot*> EngineAccess::slots() const {
   std::vector<const ParamSlot*> out;
   std::unordered_set<const ParamSlot*> seen;
@@ -363,7 +369,7 @@ std::vector<const ParamSlot*> EngineAccess::slots() const {
     if (seen.insert(slot).second) out.push_back(slot);
   return out;
 }
-void EngineAccess::wait_pending() const { engine_->wait_pending(); }
+void EngineAccess::finish_pending_reductions() const { engine_->wait_pending(); }
 
 }  // namespace detail
 

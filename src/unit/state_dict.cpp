@@ -389,7 +389,7 @@ torch::Tensor gather_flat(const Unit& u, const torch::Tensor& shard_flat, int to
 
 void save_full(const FullyShardedModel& model, const std::string& path) {
   const EngineAccess engine(model);
-  engine.wait_pending();
+  engine.finish_pending_reductions();
   Communicator& comm = *model.comm();
   trace::Span span("checkpoint_save_full", "ckpt");
   std::vector<ckpt::TensorSpec> specs;
@@ -428,7 +428,7 @@ void save_full(const FullyShardedModel& model, const std::string& path) {
 
 void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimizer& opt, const std::string& path) {
   const EngineAccess engine(model);
-  engine.wait_pending();
+  engine.finish_pending_reductions();
   Communicator& comm = *model.comm();
   trace::Span span("checkpoint_save_full_optim", "ckpt");
   const OptKind k = kind_of(&opt);

@@ -18,7 +18,7 @@
 //   grad_ready, join_backward,
 //   post_backward, reduce,
 //   accept_reduced, end_backward       src/unit/grad_reduce.cpp
-//   begin_recompute, end_recompute     src/unit/checkpoint.cpp
+//   begin_recompute, end_recompute     src/unit/recompute.cpp
 #pragma once
 
 #include <torch/csrc/autograd/variable.h>
@@ -28,6 +28,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/comm.h"
@@ -94,13 +95,23 @@ struct PendingReduce {
 
 class Unit {
  public:
-  // --- Constant after construction (src/wrap/wrap.cpp, init_flat_param) ---
-  int index = 0;
-  std::string name;  // module path; "" for the root
-  torch::nn::Module* module = nullptr;
-  Unit* parent = nullptr;    // enclosing unit (nullptr for the root)
-  Engine* owner = nullptr;   // outlives the unit
-  Communicator* comm = nullptr;  // the owner's
+  // Its place in the model (src/wrap/wrap.cpp); the parameters and the
+  // layout come next (wrap.cpp, init_flat_param).
+  Unit(int index, std::string name, torch::nn::Module* module, Unit* parent, Engine* owner, Communicator* comm)
+      : index(index), name(std::move(name)), module(module), parent(parent), owner(owner), comm(comm) {}
+  Unit(const Unit&) = delete;
+  Unit& operator=(const Unit&) = delete;
+
+  // --- Constant: given to the constructor ---
+  const int index;
+  const std::string name;  // module path; "" for the root
+  torch::nn::Module* const module;
+  Unit* const parent;    // enclosing unit (nullptr for the root)
+  Engine* const owner;   // outlives the unit
+  Communicator* const comm;  // the owner's shard group
+
+  // --- Set while the engine is constructed (src/wrap/wrap.cpp,
+  // init_flat_param); constant after ---
   std::vector<ParamSlot> params;
   // The flat layout (shard::flat_layout): padded / shard sizes and where this
   // rank's shard starts in the padded buffer.
@@ -154,7 +165,7 @@ class Unit {
   void pre_forward();
   // FORWARD -> FORWARD_DONE (will_backward) or IDLE: reshards when the
   // strategy frees parameters after forward or no backward will come.
-  // `in_recompute`: the call is part of a checkpointed module's recompute
+  // `in_recompute`: the call is part of a recomputed module's recompute
   // in backward, whose backward follows at once: the parameters stay.
   void post_forward(bool will_backward, bool in_recompute = false);
   // Any state -> IDLE, resharded: the forward threw. Runs while the
@@ -194,7 +205,7 @@ class Unit {
   // IDLE | BACKWARD_DONE -> IDLE, resharded: the end-of-backward callback.
   void end_backward();
 
-  // Activation checkpointing: a checkpointed module computing on this unit's
+  // Activation recomputation: a recomputed module computing on this unit's
   // parameters runs its forward again in backward. BACKWARD and UNSHARDED
   // (pre_backward's all-gather, which the recompute shares with the
   // backward) -> the same, recomputing; nested recomputes count. While it

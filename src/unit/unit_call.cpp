@@ -116,11 +116,11 @@ void Engine::post_forward(Unit& u, const std::vector<torch::Tensor>& outputs) {
   bool will_backward = false;
   for (auto& t : outputs) will_backward = will_backward || (t.defined() && t.requires_grad());
   will_backward = will_backward && grad_mode;
-  // Inside a checkpointed module's forward (grad mode off) the backward
+  // Inside a recomputed module's forward (grad mode off) the backward
   // still comes, after the recompute: the unit's parameters and state are
   // left as for a forward with grad (FULL_SHARD reshards, SHARD_GRAD_OP
   // keeps them for the recompute and its backward), only no hook is due.
-  u.post_forward(will_backward || checkpoint_forward_depth > 0, recompute_depth > 0);
+  u.post_forward(will_backward || recompute_forward_depth > 0, recompute_depth > 0);
   if (will_backward) {
     Unit* up = &u;
     for (auto& t : outputs)
@@ -131,7 +131,7 @@ void Engine::post_forward(Unit& u, const std::vector<torch::Tensor>& outputs) {
     // sampling forwards (no grad) keep nothing and do not count.
     if (will_backward) {
       activation_bytes = memory::stats().current - root_forward_start_bytes;
-      check_checkpoints_routed();
+      check_recompute_routed();
     }
     forward_order_final = true;
   }
@@ -206,25 +206,25 @@ void UnitCall::rethrow(const std::exception_ptr& e) {
 }
 
 // Sequential containers: route each child through its unit (and its
-// checkpoint, FsdpOptions::checkpoint).
+// recompute, FsdpOptions::recompute).
 namespace {
 
-torch::Tensor single_tensor_output(torch::nn::AnyValue v, const CheckpointSite& site) {
+torch::Tensor single_tensor_output(torch::nn::AnyValue v, const RecomputeSite& site) {
   if (auto* t = v.try_get<torch::Tensor>()) return *t;
-  checkpoint_unsupported(site, "as a Sequential (child), its forward must return one tensor");
+  recompute_unsupported(site, "as a Sequential (child), its forward must return one tensor");
 }
 
-// `call(in)` checkpointed when `site` is set and grad mode is on; a
-// checkpointed call takes and returns one tensor.
+// `call(in)` recomputed when `site` is set and grad mode is on; a
+// recomputed call takes and returns one tensor.
 template <class Call>
-torch::nn::AnyValue maybe_checkpointed(CheckpointSite* site, torch::nn::AnyValue in, size_t extra_inputs, Call call) {
+torch::nn::AnyValue maybe_recomputed(RecomputeSite* site, torch::nn::AnyValue in, size_t extra_inputs, Call call) {
   if (!site) return call(std::move(in));
   auto* t = in.try_get<torch::Tensor>();
-  if (!t || extra_inputs > 0) checkpoint_unsupported(*site, "as a Sequential (child), it must take one tensor");
+  if (!t || extra_inputs > 0) recompute_unsupported(*site, "as a Sequential (child), it must take one tensor");
   RegionFn fn = [site, call](const std::vector<torch::Tensor>& x) mutable {
     return std::vector<torch::Tensor>{single_tensor_output(call(torch::nn::AnyValue(x.at(0))), *site)};
   };
-  return torch::nn::AnyValue(run_checkpointed(*site, std::move(fn), {*t}).at(0));
+  return torch::nn::AnyValue(run_recomputed(*site, std::move(fn), {*t}).at(0));
 }
 
 torch::nn::AnyValue run_children(torch::nn::SequentialImpl& seq, std::vector<torch::nn::AnyValue> inputs) {
@@ -247,10 +247,10 @@ torch::nn::AnyValue run_children(torch::nn::SequentialImpl& seq, std::vector<tor
       in.push_back(std::move(v));
       v = run_sequential(*nested, std::move(in));
     } else {
-      CheckpointSite* site = checkpoint_site(cm);
+      RecomputeSite* site = recompute_site(cm);
       torch::nn::AnyModule module = child;  // shares the module: the recompute calls it again
       auto forward = [&](torch::nn::AnyValue in) {
-        return site ? maybe_checkpointed(site, std::move(in), extra,
+        return site ? maybe_recomputed(site, std::move(in), extra,
                                          [module](torch::nn::AnyValue x) mutable { return module.any_forward(std::move(x)); })
                     : call_child(std::move(in));
       };
@@ -278,7 +278,7 @@ torch::nn::AnyValue run_children(torch::nn::SequentialImpl& seq, std::vector<tor
 
 torch::nn::AnyValue run_sequential(torch::nn::SequentialImpl& seq, std::vector<torch::nn::AnyValue> inputs) {
   Unit* self = unit_of(&seq);
-  CheckpointSite* site = checkpoint_site(&seq);
+  RecomputeSite* site = recompute_site(&seq);
   std::unique_ptr<UnitCall> frame;
   if (self) frame = std::make_unique<UnitCall>(self);
   try {
@@ -290,7 +290,7 @@ torch::nn::AnyValue run_sequential(torch::nn::SequentialImpl& seq, std::vector<t
       std::shared_ptr<torch::nn::Module> keep = seq.shared_from_this();  // the recompute runs it again
       auto* raw = &seq;
       const size_t extra = inputs.size() - 1;
-      return maybe_checkpointed(site, std::move(inputs[0]), extra, [keep, raw](torch::nn::AnyValue x) {
+      return maybe_recomputed(site, std::move(inputs[0]), extra, [keep, raw](torch::nn::AnyValue x) {
         std::vector<torch::nn::AnyValue> in;
         in.push_back(std::move(x));
         return run_children(*raw, std::move(in));

@@ -80,8 +80,8 @@ void Unit::wait_for_unshard() {
 
 void Unit::reshard() {
   if (empty() || keeps_unsharded || state_ == UnitState::SHARDED) return;
-  // A checkpointed module is recomputing on these parameters and its
-  // backward needs them next (checkpoint.cpp).
+  // A recomputed module is recomputing on these parameters and its
+  // backward needs them next (recompute.cpp).
   if (recompute_depth_ > 0) illegal(__FILE__, __LINE__, "reshard", "UNSHARDED, recomputing", "not recomputing");
   wait_for_unshard();  // the comm thread may still be writing into `full`
   compat::free_storage(full);

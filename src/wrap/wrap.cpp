@@ -60,10 +60,51 @@ void FsdpOptions::validate() const {
   if (shard_group_size < 0)
     throw Error("FsdpOptions.shard_group_size must be >= 0 (0: the ranks of one host), found " +
                 std::to_string(shard_group_size));
-  if (checkpoint.enabled() && checkpoint.every < 1)
-    throw Error("FsdpOptions.checkpoint.every must be >= 1 (checkpoint every k-th selected module), found " +
-                std::to_string(checkpoint.every));
+  const RecomputePolicy recompute_policy = detail::adopt_deprecated_checkpoint(*this).recompute;
+  if (recompute_policy.enabled() && recompute_policy.every < 1)
+    throw Error("FsdpOptions.recompute.every must be >= 1 (recompute every k-th selected module), found " +
+                std::to_string(recompute_policy.every));
 }
+
+namespace detail {
+namespace {
+
+// Whether `p` differs from RecomputePolicy::none().
+bool is_set(const RecomputePolicy& p) {
+  return p.enabled() || p.every != 1 || p.description != RecomputePolicy::none().description;
+}
+
+// Whether two policies select the same modules, as far as can be told: a
+// std::function cannot be compared, so its target's type stands for it.
+bool same_policy(const RecomputePolicy& a, const RecomputePolicy& b) {
+  return a.every == b.every && a.description == b.description && a.fn.target_type() == b.fn.target_type();
+}
+
+std::string describe(const RecomputePolicy& p) {
+  return "'" + p.description + "' (every " + std::to_string(p.every) + (p.enabled() ? "" : ", no predicate") + ")";
+}
+
+}  // namespace
+
+FsdpOptions adopt_deprecated_checkpoint(FsdpOptions o) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  RecomputePolicy& old = o.checkpoint;  // renamed FsdpOptions::recompute; honoured for one release
+#pragma GCC diagnostic pop
+  if (is_set(old)) {
+    if (!is_set(o.recompute))
+      o.recompute = old;
+    else if (!same_policy(old, o.recompute))
+      throw Error("FsdpOptions.checkpoint (deprecated: renamed FsdpOptions.recompute) and FsdpOptions.recompute "
+                  "are both set, to different policies: checkpoint = " + describe(old) + ", recompute = " +
+                  describe(o.recompute) + ". Expected: the policy in FsdpOptions.recompute only. Fix: set "
+                  "FsdpOptions.recompute and leave FsdpOptions.checkpoint at its default.");
+  }
+  old = RecomputePolicy::none();
+  return o;
+}
+
+}  // namespace detail
 
 namespace detail {
 namespace {
@@ -232,13 +273,9 @@ void check_not_wrapped(torch::nn::Module& root) {
 // the flat buffer (offsets; padding comes with the shard, init_flat_param).
 std::unique_ptr<Unit> materialise(const UnitDesc& d, int index, Engine* owner,
                                   const std::vector<std::unique_ptr<Unit>>& earlier) {
-  auto u = std::make_unique<Unit>();
-  u->index = index;
-  u->name = d.name;
-  u->module = d.module;
-  u->owner = owner;
-  u->comm = owner->shard_comm.get();  // HYBRID: the shard group
-  if (d.parent >= 0) u->parent = earlier[d.parent].get();
+  Unit* parent = d.parent >= 0 ? earlier[d.parent].get() : nullptr;
+  auto u = std::make_unique<Unit>(index, d.name, d.module, parent, owner,
+                                  owner->shard_comm.get());  // HYBRID: the shard group
   for (auto& p : d.params) {
     ParamSlot s;
     s.name = p.name;

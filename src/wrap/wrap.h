@@ -48,4 +48,10 @@ struct WrapDescription {
 // does (owners in sibling units) this throws fsdp::Error naming them.
 WrapDescription describe_wrap(torch::nn::Module& root, const WrapPolicy& policy);
 
+// `o` with the deprecated FsdpOptions::checkpoint folded into
+// FsdpOptions::recompute (which it replaces when only it is set) and reset
+// to its default. Throws fsdp::Error when both are set to different
+// policies. The one place the library reads the deprecated field.
+FsdpOptions adopt_deprecated_checkpoint(FsdpOptions o);
+
 }  // namespace fsdp::detail

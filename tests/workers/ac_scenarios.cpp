@@ -3,7 +3,7 @@
 //
 // ac_parity STRATEGY MODE DTYPE PREFETCH: every rank trains the same model
 // twice in one process, first without activation checkpointing, then with
-// FsdpOptions::checkpoint on every block (units) and on a Sequential's child
+// FsdpOptions::recompute on every block (units) and on a Sequential's child
 // (inside the root unit), from the same seeds, and compares bit for bit:
 // the loss of every micro-step, the gradient shards of every step (after
 // backward, before clipping), the parameters at the end. It also compares
@@ -105,7 +105,7 @@ FsdpOptions options(const std::string& strategy, const std::string& dtype, const
     o.forward_prefetch = true;
   }
   if (ac)
-    o.checkpoint = CheckpointPolicy::predicate(
+    o.recompute = RecomputePolicy::predicate(
         [](const std::string& name, const torch::nn::Module& m) {
           return dynamic_cast<const AcBlockImpl*>(&m) != nullptr || name == "stage" || name == "tail.0";
         },
@@ -119,7 +119,7 @@ struct Run {
   std::vector<std::pair<std::string, torch::Tensor>> params;  // the end
   std::vector<CommCounters> comm;         // every step
   int64_t A = 0, A_recompute = 0;
-  std::vector<std::string> checkpointed;
+  std::vector<std::string> recomputed;
 };
 
 Run train(const CommPtr& comm, const FsdpOptions& o, int K, int steps) {
@@ -130,7 +130,7 @@ Run train(const CommPtr& comm, const FsdpOptions& o, int K, int steps) {
   auto model = fully_shard(net, comm, o);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(2e-3).weight_decay(0.1));
   Run run;
-  run.checkpointed = model->checkpointed();
+  run.recomputed = model->recomputed();
   for (int step = 0; step < steps; ++step) {
     // The same stream in both runs: data, then every dropout mask.
     torch::manual_seed(100 + step);
@@ -207,7 +207,7 @@ FSDP_SCENARIO(ac_parity) {
   const int64_t ag_expected = int64_t(K) * per_micro;  // counted also at N = 1
   const int64_t ag_calls = ac.comm.back()[CollectiveKind::ALL_GATHER].calls;
   std::string names;
-  for (auto& n : ac.checkpointed) names += (names.empty() ? "" : ",") + n;
+  for (auto& n : ac.recomputed) names += (names.empty() ? "" : ",") + n;
   std::printf("ACPARITY strategy=%s mode=%s dtype=%s prefetch=%s N=%d loss_equal=%d grads_equal=%d params_equal=%d "
               "comm_equal=%d ag_calls=%lld ag_expected=%lld a_plain=%lld a_ac=%lld a_recompute=%lld checkpointed=%s\n",
               strategy.c_str(), mode.c_str(), dtype.c_str(), prefetch.c_str(), N, loss_equal, grads_equal, params_equal,

@@ -100,8 +100,8 @@ FSDP_SCENARIO(plan_measure) {
         o.backward_prefetch = fsdp::BackwardPrefetch::BACKWARD_PRE;
         o.forward_prefetch = true;
       }
-      if (const int every = gpt::checkpoint_every(c.ac))
-        o.checkpoint = fsdp::CheckpointPolicy::every_kth<gpt::BlockImpl>(every, "Block");
+      if (const int every = gpt::recompute_every(c.ac))
+        o.recompute = fsdp::RecomputePolicy::every_kth<gpt::BlockImpl>(every, "Block");
       auto model = fsdp::fully_shard(net.ptr(), comm, o);
       // build/bin/gpt's optimizer: AdamW, decay on 2-D weights only.
       std::vector<torch::Tensor> decay, no_decay;

@@ -1,6 +1,8 @@
-// fsdp-cpp: activation checkpointing — a module's forward again in backward.
+// fsdp-cpp: activation recomputation (also called activation checkpointing;
+// not the checkpoint files of src/checkpoint/) — a module's forward again in
+// backward.
 //
-// A checkpointed call (fsdp::call on a module FsdpOptions::checkpoint
+// A recomputed call (fsdp::call on a module FsdpOptions::recompute
 // selected, with grad mode on) becomes one autograd node, RecomputeNode:
 //
 //   forward:  the module's forward runs without recording a graph (no
@@ -16,13 +18,13 @@
 //             the inputs and the parameters, so nothing accumulates inside:
 //             the gradients leave through the node's edges and every
 //             parameter's accumulator (and FSDP's post-hook on it) runs once
-//             per backward, as without checkpointing. The generator is put
+//             per backward, as without recomputation. The generator is put
 //             back afterwards (torch.random.fork_rng).
 //
 // The same kernels on the same values give the same bits: the recomputed
 // forward equals the first one, its graph is the one autograd would have
 // kept, and each gradient is the same sum in the same order (a parameter
-// used both inside and outside one checkpointed call is the exception:
+// used both inside and outside one recomputed call is the exception:
 // its contributions from inside are summed first; with two uses the order
 // cannot matter, docs/DESIGN.md).
 //
@@ -30,11 +32,11 @@
 // so the recompute reuses pre_backward's all-gather (one all-gather for
 // recompute and backward: the redundant second one of pytorch#105635 cannot
 // happen), and the unit refuses to reshard until end_recompute. Units called
-// inside a checkpointed module: in its first forward (grad mode off) they
+// inside a recomputed module: in its first forward (grad mode off) they
 // end FORWARD_DONE as after a forward with grad (SHARD_GRAD_OP keeps them
 // gathered for the recompute); in the recompute they keep their parameters
 // after their forward (their backward follows at once) and prefetch nothing
-// forward. So every unit is gathered as often as without checkpointing.
+// forward. So every unit is gathered as often as without recomputation.
 #include <unordered_map>
 #include <unordered_set>
 
@@ -44,9 +46,9 @@
 
 namespace fsdp {
 
-std::vector<std::string> FullyShardedModel::checkpointed() const {
+std::vector<std::string> FullyShardedModel::recomputed() const {
   std::vector<std::string> out;
-  for (auto& s : engine_->checkpoint_sites) out.push_back(s->name);
+  for (auto& s : engine_->recompute_sites) out.push_back(s->name);
   return out;
 }
 
@@ -54,8 +56,8 @@ namespace detail {
 namespace {
 
 std::mutex g_sites_mu;
-std::unordered_map<const torch::nn::Module*, CheckpointSite*>& sites() {
-  static std::unordered_map<const torch::nn::Module*, CheckpointSite*> m;
+std::unordered_map<const torch::nn::Module*, RecomputeSite*>& sites() {
+  static std::unordered_map<const torch::nn::Module*, RecomputeSite*> m;
   return m;
 }
 
@@ -77,8 +79,8 @@ void Unit::end_recompute() {
 
 // --- The engine's side ---
 
-void Engine::build_checkpoint_sites() {
-  const CheckpointPolicy& p = opts.checkpoint;
+void Engine::build_recompute_sites() {
+  const RecomputePolicy& p = opts.recompute;
   if (!p.enabled()) return;
   std::unordered_map<const torch::nn::Module*, Unit*> unit_at;
   for (auto& u : units) unit_at[u->module] = u.get();
@@ -91,7 +93,7 @@ void Engine::build_checkpoint_sites() {
     auto it = unit_at.find(&m);
     Unit* here = it != unit_at.end() ? it->second : in;
     if (&m != root.get() && p.fn(path, m) && matched++ % p.every == 0) {
-      auto s = std::make_unique<CheckpointSite>();
+      auto s = std::make_unique<RecomputeSite>();
       s->engine = this;
       s->module = &m;
       s->name = path;
@@ -99,7 +101,7 @@ void Engine::build_checkpoint_sites() {
       std::unordered_set<const c10::TensorImpl*> distinct;
       for (auto& t : m.parameters(/*recurse=*/true))
         if (t.requires_grad() && distinct.insert(t.unsafeGetTensorImpl()).second) s->params.push_back(t);
-      checkpoint_sites.push_back(std::move(s));
+      recompute_sites.push_back(std::move(s));
     }
     for (const auto& kv : m.named_children()) {
       if (seen.count(kv.value().get())) continue;
@@ -109,30 +111,30 @@ void Engine::build_checkpoint_sites() {
   walk(*root, "", &root_unit());
 }
 
-void Engine::register_checkpoints() {
+void Engine::register_recompute_sites() {
   std::lock_guard<std::mutex> g(g_sites_mu);
-  for (auto& s : checkpoint_sites) sites()[s->module] = s.get();
+  for (auto& s : recompute_sites) sites()[s->module] = s.get();
 }
 
-void Engine::unregister_checkpoints() {
+void Engine::unregister_recompute_sites() {
   std::lock_guard<std::mutex> g(g_sites_mu);
-  for (auto& s : checkpoint_sites) {
+  for (auto& s : recompute_sites) {
     auto it = sites().find(s->module);
     if (it != sites().end() && it->second == s.get()) sites().erase(it);
   }
 }
 
-void Engine::check_checkpoints_routed() {
-  if (warned_unrouted || checkpoint_sites.empty() || checkpointed_calls > 0) return;
+void Engine::check_recompute_routed() {
+  if (warned_unrouted || recompute_sites.empty() || recomputed_calls > 0) return;
   warned_unrouted = true;
   std::fprintf(stderr,
-               "fsdp: warning: FsdpOptions.checkpoint (%s) selected %zu module(s) (e.g. '%s') but this training "
-               "forward checkpointed none: a checkpointed module must be called through fsdp::call(module, x) "
+               "fsdp: warning: FsdpOptions.recompute (%s) selected %zu module(s) (e.g. '%s') but this training "
+               "forward recomputed none: a recomputed module must be called through fsdp::call(module, x) "
                "(or be a child of a Sequential); called as module->forward(x) it keeps its activations.\n",
-               opts.checkpoint.description.c_str(), checkpoint_sites.size(), checkpoint_sites.front()->name.c_str());
+               opts.recompute.description.c_str(), recompute_sites.size(), recompute_sites.front()->name.c_str());
 }
 
-void Engine::begin_recompute(CheckpointSite& s) {
+void Engine::begin_recompute(RecomputeSite& s) {
   Unit& u = *s.unit;
   // The outer backward's end-of-backward callback, queued in the outer graph
   // task (the recompute's backward is a nested one).
@@ -148,16 +150,16 @@ void Engine::begin_recompute(CheckpointSite& s) {
   ++recompute_depth;
 }
 
-void Engine::end_recompute(CheckpointSite& s) {
+void Engine::end_recompute(RecomputeSite& s) {
   --recompute_depth;
   s.unit->end_recompute();
 }
 
 namespace {
 
-// What a checkpointed call keeps for its recompute (the node's saved data).
+// What a recomputed call keeps for its recompute (the node's saved data).
 struct RecomputeState : torch::CustomClassHolder {
-  CheckpointSite* site = nullptr;
+  RecomputeSite* site = nullptr;
   RegionFn fn;
   torch::Tensor rng;  // the CPU generator's state before the forward
   size_t n_inputs = 0;
@@ -165,10 +167,10 @@ struct RecomputeState : torch::CustomClassHolder {
 
 // Restores the generator and the engine's recompute state, also on errors.
 struct RecomputeScope {
-  CheckpointSite& site;
+  RecomputeSite& site;
   torch::Tensor rng_after;
   bool begun = false;
-  RecomputeScope(CheckpointSite& s, const torch::Tensor& rng_before) : site(s) {
+  RecomputeScope(RecomputeSite& s, const torch::Tensor& rng_before) : site(s) {
     rng_after = compat::cpu_rng_state();
     site.engine->begin_recompute(site);
     begun = true;
@@ -180,7 +182,7 @@ struct RecomputeScope {
   }
 };
 
-std::string leaf_names(const CheckpointSite& site, const std::vector<torch::Tensor>& leaves) {
+std::string leaf_names(const RecomputeSite& site, const std::vector<torch::Tensor>& leaves) {
   std::unordered_map<const c10::TensorImpl*, std::string> names;
   for (auto& kv : site.engine->root->named_parameters(true)) names.emplace(kv.value().unsafeGetTensorImpl(), kv.key());
   std::string out;
@@ -202,15 +204,15 @@ struct RecomputeNode : torch::autograd::Function<RecomputeNode> {
     st->n_inputs = inputs.size();
     ctx->save_for_backward(inputs.vec());
     Engine& engine = *st->site->engine;
-    ++engine.checkpoint_forward_depth;
+    ++engine.recompute_forward_depth;
     std::vector<torch::Tensor> out;
     try {
       out = st->fn(inputs.vec());  // grad mode is off here: no graph, no activations
     } catch (...) {
-      --engine.checkpoint_forward_depth;
+      --engine.recompute_forward_depth;
       throw;
     }
-    --engine.checkpoint_forward_depth;
+    --engine.recompute_forward_depth;
     for (auto& o : out) {
       // A view (of an input, say) cannot take this node as its grad_fn: a copy can.
       bool is_input = false;
@@ -223,7 +225,7 @@ struct RecomputeNode : torch::autograd::Function<RecomputeNode> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto st = c10::static_intrusive_pointer_cast<RecomputeState>(ctx->saved_data.at("fsdp_recompute").toCapsule());
-    CheckpointSite& site = *st->site;
+    RecomputeSite& site = *st->site;
     const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
     const size_t n_in = st->n_inputs, n_par = site.params.size();
     variable_list result(1 + n_in + n_par);  // [the state (no gradient), inputs..., params...]
@@ -270,10 +272,10 @@ struct RecomputeNode : torch::autograd::Function<RecomputeNode> {
     if (!foreign.empty())
       throw Error("activation checkpointing of '" + site.name + "': its forward uses " + leaf_names(site, foreign) +
                   ", which require grad but are not its parameters or tensor arguments, so their gradients "
-                  "could not leave the recompute. Expected: a checkpointed module computes on its own "
+                  "could not leave the recompute. Expected: a recomputed module computes on its own "
                   "(registered) parameters and its tensor arguments. Fix: register the tensor in the module "
                   "(register_parameter / register_module), pass it as a tensor argument, or exclude the module "
-                  "from FsdpOptions::checkpoint.");
+                  "from FsdpOptions::recompute.");
     std::vector<torch::Tensor> want;
     std::vector<size_t> where;  // index into result
     for (size_t i = 0; i < n_in; ++i)
@@ -290,7 +292,7 @@ struct RecomputeNode : torch::autograd::Function<RecomputeNode> {
 
 }  // namespace
 
-CheckpointSite* checkpoint_site(const torch::nn::Module* m) {
+RecomputeSite* recompute_site(const torch::nn::Module* m) {
   if (!m || !torch::GradMode::is_enabled()) return nullptr;
   std::lock_guard<std::mutex> g(g_sites_mu);
   if (sites().empty()) return nullptr;
@@ -298,13 +300,13 @@ CheckpointSite* checkpoint_site(const torch::nn::Module* m) {
   return it == sites().end() ? nullptr : it->second;
 }
 
-void checkpoint_unsupported(const CheckpointSite& site, const char* why) {
+void recompute_unsupported(const RecomputeSite& site, const char* why) {
   throw Error("activation checkpointing of '" + site.name + "': " + why +
-              ". Fix: exclude the module from FsdpOptions::checkpoint or checkpoint a module around it.");
+              ". Fix: exclude the module from FsdpOptions::recompute or recompute a module around it.");
 }
 
-std::vector<torch::Tensor> run_checkpointed(CheckpointSite& site, RegionFn fn, std::vector<torch::Tensor> inputs) {
-  ++site.engine->checkpointed_calls;
+std::vector<torch::Tensor> run_recomputed(RecomputeSite& site, RegionFn fn, std::vector<torch::Tensor> inputs) {
+  ++site.engine->recomputed_calls;
   auto st = c10::make_intrusive<RecomputeState>();
   st->site = &site;
   st->fn = std::move(fn);
