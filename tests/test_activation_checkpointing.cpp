@@ -173,9 +173,17 @@ TEST(AcPolicy, AutogradGradWithRespectToTheInput) {
 // the old field alone selects and recomputes the same modules, with the
 // same gradients; both fields set to different policies is one clear error,
 // raised before the model is touched (it can be wrapped right after).
+// Keeping the old field keeps FsdpOptions an aggregate (designated
+// initializers), and copying options does not warn.
+static_assert(std::is_aggregate_v<FsdpOptions>, "FsdpOptions takes designated initializers");
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 TEST(AcPolicy, DeprecatedCheckpointFieldStillHonoured) {
+  {
+    const FsdpOptions designated{.strategy = ShardingStrategy::NO_SHARD, .shard_group_size = 0};
+    const FsdpOptions copy = designated;
+    EXPECT_EQ(copy.strategy, ShardingStrategy::NO_SHARD);
+  }
   FSDP_IN_RANKS(1);
   auto comm = make_communicator_from_env();
   auto make_seq = [] {

@@ -156,6 +156,18 @@ struct RecomputePolicy {
 // The former name of RecomputePolicy, kept for one release.
 using CheckpointPolicy [[deprecated("renamed fsdp::RecomputePolicy")]] = RecomputePolicy;
 
+// The type of the deprecated FsdpOptions::checkpoint: a RecomputePolicy
+// whose setting warns, while options that hold it copy without a warning
+// (FsdpOptions stays an aggregate: designated initializers work).
+struct DeprecatedRecomputePolicy : RecomputePolicy {
+  // Unset: no recomputation.
+  DeprecatedRecomputePolicy() = default;
+  // Setting it warns: the field is renamed FsdpOptions::recompute.
+  [[deprecated("FsdpOptions::checkpoint is renamed FsdpOptions::recompute")]] DeprecatedRecomputePolicy(
+      RecomputePolicy p)
+      : RecomputePolicy(std::move(p)) {}
+};
+
 // How fully_shard wraps a model. The defaults: FULL_SHARD, the whole model
 // one unit, fp32 throughout, no prefetch, no recomputation.
 struct FsdpOptions {
@@ -199,27 +211,11 @@ struct FsdpOptions {
   // policies is an error (fully_shard and validate() throw fsdp::Error).
   // Two policies are the same when their `every`, their `description` and
   // the type of their `fn` agree (a std::function cannot be compared).
-  [[deprecated("renamed FsdpOptions::recompute")]] RecomputePolicy checkpoint = RecomputePolicy::none();
+  // Setting it warns (-Wdeprecated-declarations); copying options does not.
+  DeprecatedRecomputePolicy checkpoint;
 
   // Throws fsdp::Error naming the bad field.
   void validate() const;
-
-  // The special members copy the deprecated field too, without a warning
-  // for the code that copies options.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-  // The defaults above.
-  FsdpOptions() = default;
-  // Copies every field.
-  FsdpOptions(const FsdpOptions&) = default;
-  // Moves every field.
-  FsdpOptions(FsdpOptions&&) = default;
-  // Copies every field.
-  FsdpOptions& operator=(const FsdpOptions&) = default;
-  // Moves every field.
-  FsdpOptions& operator=(FsdpOptions&&) = default;
-  ~FsdpOptions() = default;
-#pragma GCC diagnostic pop
 };
 
 // One unit of a wrapped model: the original parameters flattened into one

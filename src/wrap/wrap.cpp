@@ -87,10 +87,7 @@ std::string describe(const RecomputePolicy& p) {
 }  // namespace
 
 FsdpOptions adopt_deprecated_checkpoint(FsdpOptions o) {
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
   RecomputePolicy& old = o.checkpoint;  // renamed FsdpOptions::recompute; honoured for one release
-#pragma GCC diagnostic pop
   if (is_set(old)) {
     if (!is_set(o.recompute))
       o.recompute = old;
