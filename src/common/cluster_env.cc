@@ -1,0 +1,361 @@
+// fsdp-cpp: recognising the launcher (see cluster_env.h).
+#include "common/cluster_env.h"
+
+#include <cctype>
+#include <cstdint>
+#include <optional>
+
+#include "fsdp/errors.h"
+
+namespace fsdp::config {
+namespace {
+
+constexpr int64_t kMaxRanks = 1 << 20;
+
+// Reads one launcher's variables, remembering each one it read.
+class Vars {
+ public:
+  Vars(const LaunchLookup& lookup, const char* launcher) : lookup_(lookup), launcher_(launcher) {}
+
+  const char* raw(const char* name) const { return lookup_(name); }
+  bool has(const char* name) const { return raw(name) != nullptr; }
+
+  std::optional<std::string> text(const char* name) {
+    const char* v = raw(name);
+    if (!v) return std::nullopt;
+    seen_.push_back(std::string(name) + "=" + v);
+    return std::string(v);
+  }
+
+  // An integer in [lo, hi]; nullopt when unset.
+  std::optional<int64_t> integer(const char* name, int64_t lo, int64_t hi) {
+    auto v = text(name);
+    if (!v) return std::nullopt;
+    size_t used = 0;
+    int64_t x = 0;
+    bool ok = !v->empty();
+    try {
+      x = std::stoll(*v, &used);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    if (!ok || used != v->size() || x < lo || x > hi)
+      throw Error(detail::cat(name, "='", *v, "' is not an integer in [", lo, ", ", hi, "]; ", launcher_,
+                              " sets it: start the program with ", launcher_, " or unset it"));
+    return x;
+  }
+
+  // Every one of `names` set, or none: else one error naming the missing ones.
+  void all_or_none(std::initializer_list<const char*> names) const {
+    std::string set, missing;
+    for (const char* n : names) {
+      std::string& list = has(n) ? set : missing;
+      list += (list.empty() ? "" : ", ") + std::string(n);
+    }
+    if (!set.empty() && !missing.empty())
+      throw Error(detail::cat("partial ", launcher_, " variables: ", set, " set but ", missing,
+                              " not; a process started by ", launcher_, " has all of them (unset the others, or "
+                              "start it with ", launcher_, ")"));
+  }
+
+  [[noreturn]] void contradiction(const std::string& what) const {
+    std::string vars;
+    for (auto& s : seen_) vars += (vars.empty() ? "" : ", ") + s;
+    throw Error(detail::cat(launcher_, "'s variables contradict each other: ", what, " (", vars,
+                            "); start the program with ", launcher_, " or unset them"));
+  }
+
+  std::vector<std::string> seen() const { return seen_; }
+
+ private:
+  const LaunchLookup& lookup_;
+  const char* launcher_;
+  std::vector<std::string> seen_;
+};
+
+// MASTER_ADDR/MASTER_PORT override what the launcher derives.
+void master_override(Vars& v, Launch& l) {
+  if (auto a = v.text("MASTER_ADDR")) l.master_addr = *a;
+  if (auto p = v.integer("MASTER_PORT", 1, 65535)) l.master_port = static_cast<int>(*p);
+}
+
+void check_ranks(Vars& v, const Launch& l) {
+  if (l.rank >= l.world_size) v.contradiction(detail::cat("rank ", l.rank, " is not below the world size ", l.world_size));
+  if (l.local_rank >= l.local_world_size)
+    v.contradiction(detail::cat("local rank ", l.local_rank, " is not below the ranks on this host, ", l.local_world_size));
+  if (l.local_world_size > l.world_size)
+    v.contradiction(detail::cat(l.local_world_size, " ranks on this host but ", l.world_size, " in the world"));
+  if (l.node_rank >= l.nnodes)
+    v.contradiction(detail::cat("node ", l.node_rank, " is not below the number of nodes, ", l.nnodes));
+}
+
+Launch torchrun(const LaunchLookup& lookup) {
+  Vars v(lookup, "torchrun");
+  v.all_or_none({"RANK", "WORLD_SIZE"});
+  Launch l;
+  l.launcher = "torchrun";
+  l.world_size = static_cast<int>(*v.integer("WORLD_SIZE", 1, kMaxRanks));
+  l.rank = static_cast<int>(*v.integer("RANK", 0, kMaxRanks));
+  l.local_world_size = static_cast<int>(v.integer("LOCAL_WORLD_SIZE", 1, kMaxRanks).value_or(l.world_size));
+  l.local_rank = static_cast<int>(v.integer("LOCAL_RANK", 0, kMaxRanks).value_or(l.rank % l.local_world_size));
+  l.nnodes = (l.world_size + l.local_world_size - 1) / l.local_world_size;
+  l.node_rank = static_cast<int>(v.integer("GROUP_RANK", 0, kMaxRanks).value_or(l.rank / l.local_world_size));
+  master_override(v, l);
+  check_ranks(v, l);
+  l.variables = v.seen();
+  return l;
+}
+
+Launch slurm(const LaunchLookup& lookup) {
+  Vars v(lookup, "Slurm (srun)");
+  v.all_or_none({"SLURM_PROCID", "SLURM_NTASKS"});
+  Launch l;
+  l.launcher = "slurm";
+  l.world_size = static_cast<int>(*v.integer("SLURM_NTASKS", 1, kMaxRanks));
+  l.rank = static_cast<int>(*v.integer("SLURM_PROCID", 0, kMaxRanks));
+  l.local_rank = static_cast<int>(v.integer("SLURM_LOCALID", 0, kMaxRanks).value_or(0));
+  l.node_rank = static_cast<int>(v.integer("SLURM_NODEID", 0, kMaxRanks).value_or(0));
+  l.nnodes = static_cast<int>(v.integer("SLURM_NNODES", 1, kMaxRanks).value_or(1));
+  if (auto per = v.text("SLURM_TASKS_PER_NODE")) {
+    std::vector<int> tasks;
+    try {
+      tasks = expand_tasks_per_node(*per);
+    } catch (const Error& e) {
+      v.contradiction(e.what());
+    }
+    if (static_cast<int>(tasks.size()) != l.nnodes)
+      v.contradiction(detail::cat("SLURM_TASKS_PER_NODE names ", tasks.size(), " nodes, SLURM_NNODES ", l.nnodes));
+    int64_t sum = 0;
+    for (int t : tasks) sum += t;
+    if (sum != l.world_size)
+      v.contradiction(detail::cat("SLURM_TASKS_PER_NODE adds up to ", sum, " tasks, SLURM_NTASKS is ", l.world_size));
+    if (l.node_rank < static_cast<int>(tasks.size())) l.local_world_size = tasks[l.node_rank];
+  } else {
+    l.local_world_size = l.nnodes == 1 ? l.world_size : 1;
+  }
+  // The first host of the job's (or step's) list runs task 0 (srun's
+  // default block distribution).
+  std::optional<std::string> list = v.text("SLURM_STEP_NODELIST");
+  if (!list) list = v.text("SLURM_JOB_NODELIST");
+  if (list) {
+    std::vector<std::string> hosts;
+    try {
+      hosts = expand_nodelist(*list);
+    } catch (const Error& e) {
+      v.contradiction(e.what());
+    }
+    if (!hosts.empty()) l.master_addr = hosts.front();
+  } else if (l.nnodes > 1) {
+    v.contradiction("several nodes but no SLURM_JOB_NODELIST to find the first one");
+  }
+  if (auto id = v.text("SLURM_JOB_ID")) l.master_port = derived_port(*id);
+  master_override(v, l);
+  check_ranks(v, l);
+  l.variables = v.seen();
+  return l;
+}
+
+// Open MPI and PMI: no host for rank 0 is named; one host needs none.
+Launch mpi(const LaunchLookup& lookup, const char* name, const char* launcher, const char* rank, const char* size,
+           const char* local_rank, const char* local_size, std::initializer_list<const char*> job_ids) {
+  Vars v(lookup, launcher);
+  v.all_or_none({rank, size});
+  Launch l;
+  l.launcher = name;
+  l.world_size = static_cast<int>(*v.integer(size, 1, kMaxRanks));
+  l.rank = static_cast<int>(*v.integer(rank, 0, kMaxRanks));
+  l.local_world_size = static_cast<int>(v.integer(local_size, 1, kMaxRanks).value_or(l.world_size));
+  l.local_rank = static_cast<int>(v.integer(local_rank, 0, kMaxRanks).value_or(l.rank % l.local_world_size));
+  l.nnodes = (l.world_size + l.local_world_size - 1) / l.local_world_size;
+  l.node_rank = l.rank / l.local_world_size;
+  for (const char* id : job_ids)
+    if (auto j = v.text(id)) {
+      l.master_port = derived_port(*j);
+      break;
+    }
+  const bool addr_given = v.has("MASTER_ADDR");
+  master_override(v, l);
+  if (l.nnodes > 1 && !addr_given)
+    throw Error(detail::cat(launcher, " started ", l.world_size, " ranks on ", l.nnodes, " hosts (", size, "=",
+                            l.world_size, ", ", local_size, "=", l.local_world_size, ") but names no host for rank "
+                            "0: export MASTER_ADDR=<rank 0's host> (and MASTER_PORT) to every rank, e.g. mpirun -x "
+                            "MASTER_ADDR=..."));
+  check_ranks(v, l);
+  l.variables = v.seen();
+  return l;
+}
+
+Launch kubeflow(const LaunchLookup& lookup) {
+  Vars v(lookup, "Kubeflow's PyTorchJob");
+  v.all_or_none({"PET_NNODES", "PET_NODE_RANK"});
+  Launch l;
+  l.launcher = "kubeflow";
+  // PET_NNODES may be elastic, "MIN:MAX"; a fixed size is "N" or "N:N".
+  std::string nn = *v.text("PET_NNODES");
+  const auto colon = nn.find(':');
+  if (colon != std::string::npos) {
+    if (nn.substr(0, colon) != nn.substr(colon + 1))
+      v.contradiction("PET_NNODES is a range (elastic); start `fsdp run --nnodes MIN:MAX` in each pod");
+    nn = nn.substr(0, colon);
+  }
+  try {
+    size_t used = 0;
+    l.nnodes = std::stoi(nn, &used);
+    if (used != nn.size() || l.nnodes < 1) throw std::invalid_argument("");
+  } catch (const std::exception&) {
+    v.contradiction("PET_NNODES is not a number of nodes");
+  }
+  l.node_rank = static_cast<int>(*v.integer("PET_NODE_RANK", 0, kMaxRanks));
+  l.local_world_size = static_cast<int>(v.integer("PET_NPROC_PER_NODE", 1, kMaxRanks).value_or(1));
+  if (l.local_world_size > 1)
+    throw Error(detail::cat("Kubeflow's PyTorchJob asks for ", l.local_world_size, " processes per pod "
+                            "(PET_NPROC_PER_NODE) and its RANK counts pods, not processes: start the program with "
+                            "`fsdp run` in each pod (it reads PET_NNODES, PET_NODE_RANK and PET_NPROC_PER_NODE)"));
+  l.world_size = l.nnodes;
+  l.rank = l.node_rank;
+  master_override(v, l);
+  check_ranks(v, l);
+  l.variables = v.seen();
+  return l;
+}
+
+}  // namespace
+
+std::string Launch::describe() const {
+  if (launcher.empty()) return "launcher: none (one process: no launcher's variables are set)";
+  std::string vars;
+  for (auto& s : variables) vars += (vars.empty() ? "" : " ") + s;
+  return detail::cat("launcher: ", launcher, " (", vars, "): rank ", rank, " of ", world_size, ", local rank ",
+                     local_rank, " of ", local_world_size, ", node ", node_rank, " of ", nnodes, ", store at ",
+                     master_addr, ":", master_port);
+}
+
+Launch detect_launch(const LaunchLookup& lookup) {
+  auto has = [&](const char* n) { return lookup(n) != nullptr; };
+  // Kubeflow sets RANK and WORLD_SIZE per pod; torchrun and `fsdp run` set
+  // LOCAL_RANK too. RANK without LOCAL_RANK beside PET_*: the pod's.
+  const bool pet = has("PET_NNODES") || has("PET_NODE_RANK");
+  if ((has("RANK") || has("WORLD_SIZE")) && (!pet || has("LOCAL_RANK"))) return torchrun(lookup);
+  // Slurm's, inside an srun step only: a batch script's own shell has
+  // SLURM_PROCID and SLURM_NTASKS (the allocation's) but no step, and a
+  // program it runs directly is one process.
+  if ((has("SLURM_PROCID") || has("SLURM_NTASKS")) && (has("SLURM_STEP_ID") || has("SLURM_STEPID")))
+    return slurm(lookup);
+  if (has("OMPI_COMM_WORLD_RANK") || has("OMPI_COMM_WORLD_SIZE"))
+    return mpi(lookup, "openmpi", "Open MPI (mpirun)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+               "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+               {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid"});
+  if (has("PMI_RANK") || has("PMI_SIZE"))
+    return mpi(lookup, "pmi", "PMI (MPICH's or Intel MPI's mpirun)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
+               "MPI_LOCALNRANKS", {"PMI_KVSNAME", "PMIX_NAMESPACE"});
+  if (pet) return kubeflow(lookup);
+  Launch none;
+  if (const char* a = lookup("MASTER_ADDR")) none.master_addr = a;
+  return none;
+}
+
+std::vector<std::string> expand_nodelist(const std::string& list) {
+  auto bad = [&](const std::string& why) -> Error {
+    return Error(detail::cat("Slurm's node list '", list, "' is malformed (", why, "); expected e.g. node[01-04,07],gpu5"));
+  };
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i < list.size()) {
+    // One entry: a prefix, then optionally [ranges], up to a top-level comma.
+    std::string prefix;
+    while (i < list.size() && list[i] != ',' && list[i] != '[') prefix += list[i++];
+    if (i < list.size() && list[i] == '[') {
+      const size_t close = list.find(']', i);
+      if (close == std::string::npos) throw bad("an unclosed '['");
+      const std::string ranges = list.substr(i + 1, close - i - 1);
+      i = close + 1;
+      std::string suffix;
+      while (i < list.size() && list[i] != ',') suffix += list[i++];
+      if (suffix.find('[') != std::string::npos) throw bad("more than one bracket in an entry");
+      size_t r = 0;
+      while (r <= ranges.size()) {
+        size_t end = ranges.find(',', r);
+        if (end == std::string::npos) end = ranges.size();
+        const std::string part = ranges.substr(r, end - r);
+        const size_t dash = part.find('-');
+        const std::string lo = part.substr(0, dash), hi = dash == std::string::npos ? lo : part.substr(dash + 1);
+        auto digits = [](const std::string& s) {
+          if (s.empty() || s.size() > 9) return false;
+          for (char c : s)
+            if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+          return true;
+        };
+        if (!digits(lo) || !digits(hi)) throw bad("'" + part + "' is not a number or a range of numbers");
+        const long a = std::stol(lo), b = std::stol(hi);
+        if (b < a) throw bad("the range '" + part + "' runs backwards");
+        if (b - a > 100000) throw bad("the range '" + part + "' is too long");
+        for (long x = a; x <= b; ++x) {
+          std::string n = std::to_string(x);
+          if (n.size() < lo.size()) n.insert(0, lo.size() - n.size(), '0');  // node01: the padding kept
+          out.push_back(prefix + n + suffix);
+        }
+        r = end + 1;
+      }
+    } else if (prefix.empty()) {
+      throw bad("an empty entry");
+    } else {
+      out.push_back(prefix);
+    }
+    if (i < list.size() && list[i] == ',') {
+      ++i;
+      if (i == list.size()) throw bad("a trailing comma");
+    }
+  }
+  if (out.empty()) throw bad("no host");
+  return out;
+}
+
+std::vector<int> expand_tasks_per_node(const std::string& spec) {
+  auto bad = [&]() {
+    return Error(detail::cat("Slurm's tasks per node '", spec, "' is malformed; expected e.g. 4(x2),3"));
+  };
+  std::vector<int> out;
+  size_t i = 0;
+  while (i < spec.size()) {
+    size_t used = 0;
+    int n = 0, times = 1;
+    try {
+      n = std::stoi(spec.substr(i), &used);
+    } catch (const std::exception&) {
+      throw bad();
+    }
+    if (n < 1) throw bad();
+    i += used;
+    if (spec.compare(i, 2, "(x") == 0) {
+      i += 2;
+      try {
+        times = std::stoi(spec.substr(i), &used);
+      } catch (const std::exception&) {
+        throw bad();
+      }
+      i += used;
+      if (times < 1 || times > (1 << 20) || i >= spec.size() || spec[i] != ')') throw bad();
+      ++i;
+    }
+    out.insert(out.end(), times, n);
+    if (i < spec.size()) {
+      if (spec[i] != ',' || i + 1 == spec.size()) throw bad();
+      ++i;
+    }
+  }
+  if (out.empty()) throw bad();
+  return out;
+}
+
+int derived_port(const std::string& job_id) {
+  // FNV-1a over the id, so non-numeric ids (PMIx namespaces) spread too; a
+  // numeric Slurm id maps to 20000 + id mod 20000, consecutive ids apart.
+  bool numeric = !job_id.empty() && job_id.size() < 18;
+  for (char c : job_id) numeric &= std::isdigit(static_cast<unsigned char>(c)) != 0;
+  if (numeric) return 20000 + static_cast<int>(std::stoll(job_id) % 20000);
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : job_id) h = (h ^ c) * 1099511628211ull;
+  return 20000 + static_cast<int>(h % 20000);
+}
+
+}  // namespace fsdp::config
