@@ -196,6 +196,32 @@ TEST(Plan, OptimizerDtypeAndStrategyChangeTheLedger) {
   EXPECT_THROW(make_plan(u, 0, o), fsdp::Error);
 }
 
+// A background checkpoint's snapshot (CheckpointOptions::async) is a term
+// of its own: this rank's P + O, on top of the peak; NO_SHARD's ranks each
+// hold 1/N of the replica's.
+TEST(Plan, ABackgroundCheckpointCountsItsSnapshot) {
+  const std::vector<UnitSpec> u = {{"", 1000}, {"a", 3000}};
+  for (auto strategy : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD,
+                        ShardingStrategy::HYBRID_SHARD}) {
+    auto o = opts(4, strategy);
+    if (strategy == ShardingStrategy::HYBRID_SHARD) o.shard_group = 2;
+    const Plan sync = make_plan(u, 100, o);
+    o.async_checkpoint = true;
+    const Plan bg = make_plan(u, 100, o);
+    EXPECT_EQ(sync.C, 0) << fsdp::to_string(strategy);
+    const int64_t expected = strategy == ShardingStrategy::NO_SHARD ? (sync.P + sync.O) / 4 : sync.P + sync.O;
+    EXPECT_EQ(bg.C, expected) << fsdp::to_string(strategy);
+    EXPECT_GT(bg.C, 0) << fsdp::to_string(strategy);
+    EXPECT_EQ(bg.peak, sync.peak + bg.C) << fsdp::to_string(strategy);
+    EXPECT_NE(bg.str().find("C  checkpoint snapshot"), std::string::npos) << bg.str();
+    EXPECT_EQ(nlohmann::json::parse(bg.to_json()).at("C").get<int64_t>(), bg.C);
+  }
+  // FULL_SHARD at N = 4, Adam: P = 4000 / 4 x 4 B, O = 2P.
+  auto o = opts(4);
+  o.async_checkpoint = true;
+  EXPECT_EQ(make_plan(u, 0, o).C, 3 * 1000 * 4);
+}
+
 // The row of one (strategy, wrapping) among what recommend() weighed.
 const CandidateFit& row(const Recommendation& r, ShardingStrategy s, const std::string& wrap) {
   for (auto& f : r.candidates)

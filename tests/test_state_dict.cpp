@@ -278,6 +278,85 @@ TEST(StateDict, LoadFullOptimRejectsTheWrongFileAndLeavesTheOptimizer) {
   fs::remove_all(d);
 }
 
+// --- Background saves (CheckpointOptions::async) ---------------------------------
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  EXPECT_TRUE(f.good()) << path;
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// The snapshot is what is written: two more steps change every shard while a
+// throttled background write goes on, and the checkpoint is byte for byte the
+// synchronous one, and resumes bitwise. N = 3 (uneven shards).
+TEST(StateDict, ABackgroundSaveWritesTheSnapshotWhileTrainingChangesTheShards) {
+  auto d = tmpdir("async");
+  run_ok(3, {"straight", "10", d + "/unused", d + "/straight.safetensors"});
+  run_ok(3, {"first", "10", d + "/sync", ""});
+  auto r = run_ranks(3, "core_resume", {"first_async", "10", d + "/async", ""});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(lines_with(r.output, "OVERLAPPED 1").size(), 3u) << "the steps should end before the write\n" << r.output;
+  const auto committed = lines_with(r.output, "COMMITTED " + d + "/async/step-000005 bytes=");
+  ASSERT_EQ(committed.size(), 3u) << r.output;
+  for (auto& line : committed) EXPECT_EQ(line.find(" C=0"), std::string::npos) << "the ledger's C: " << line;
+  int files = 0;
+  for (auto& e : fs::directory_iterator(d + "/sync/step-000005")) {
+    const std::string name = e.path().filename().string();
+    EXPECT_EQ(file_bytes(e.path().string()), file_bytes(d + "/async/step-000005/" + name)) << name;
+    ++files;
+  }
+  EXPECT_EQ(files, 4) << "metadata.json and three shard files";
+  EXPECT_TRUE(ckpt::verify_checkpoint(d + "/async/step-000005").empty());
+  run_ok(3, {"second", "10", d + "/async", d + "/resumed.safetensors"});
+  bool bitwise = false;
+  max_rel_diff(d + "/straight.safetensors", d + "/resumed.safetensors", &bitwise);
+  EXPECT_TRUE(bitwise) << "10 straight steps != 5 + background save + load + 5";
+  fs::remove_all(d);
+}
+
+// One save at a time: a save after a background one finds it committed; a
+// background save that fails says so to whoever waits, on every rank, and
+// one nobody waited for is printed when the model goes.
+TEST(StateDict, BackgroundSavesGoOneAtATimeAndTheirErrorsReachTheCaller) {
+  auto d = tmpdir("async-order");
+  auto r = run_ranks(2, "core_async_order", {d});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(lines_with(r.output, "WAITED").size(), 2u) << r.output;
+  EXPECT_EQ(lines_with(r.output, "NONE").size(), 2u) << r.output;
+  EXPECT_EQ(lines_with(r.output, "RETURNED in_background=1").size(), 2u) << r.output;
+  const auto errors = lines_with(r.output, "ERROR the background save of " + d + "/not-a-dir/ck/step-000003 failed: ");
+  ASSERT_EQ(errors.size(), 2u) << r.output;
+  for (auto& e : errors) EXPECT_NE(e.find("the previous checkpoint is intact"), std::string::npos) << e;
+  EXPECT_EQ(lines_with(r.output, "fsdp: the background save of " + d +
+                                      "/not-a-dir/ck/step-000004 failed and nobody waited for it: ").size(),
+            2u)
+      << r.output;
+  fs::remove_all(d);
+}
+
+// A rank killed in the middle of its background write: the previous
+// checkpoint stays `latest` and whole, the next run resumes from it, and its
+// next save clears what the killed one left.
+TEST(StateDict, AKillDuringABackgroundWriteLeavesThePreviousCheckpoint) {
+  auto d = tmpdir("async-kill");
+  auto r = run_ranks(2, "core_async_kill", {d + "/ck"});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  ASSERT_EQ(lines_with(r.output, "[rank 1] KILLING rank 1 while " + d + "/ck/.tmp-step-000002/rank-00001-of-00002.safetensors.tmp is partial").size(), 1u)
+      << r.output;
+  EXPECT_EQ(lines_with(r.output, "NOT KILLED").size(), 0u) << r.output;
+  EXPECT_TRUE(fs::exists(d + "/ck/.tmp-step-000002")) << "the interrupted write";
+  EXPECT_FALSE(fs::exists(d + "/ck/step-000002"));
+  EXPECT_EQ(ckpt::resolve_checkpoint(d + "/ck"), d + "/ck/step-000001");
+  EXPECT_TRUE(ckpt::verify_checkpoint(d + "/ck/step-000001").empty());
+  auto resumed = run_ranks(2, "core_resume", {"second", "4", d + "/ck", d + "/out.safetensors"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(lines_with(resumed.output, "RESUMED step=1 from world 2").size(), 2u) << resumed.output;
+  run_ok(2, {"first", "4", d + "/ck", ""});  // saves step 2 again
+  EXPECT_FALSE(fs::exists(d + "/ck/.tmp-step-000002")) << "a later save clears the leftovers";
+  EXPECT_EQ(ckpt::resolve_checkpoint(d + "/ck"), d + "/ck/step-000002");
+  fs::remove_all(d);
+}
+
 TEST(StateDict, OomNamesTheLedgerTerm) {
   torch::manual_seed(3);
   Net net(7, 64, 5, 2);

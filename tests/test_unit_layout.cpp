@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/strategy_names.h"
@@ -17,6 +18,8 @@
 #include "fsdp/fully_shard.h"
 #include "plan/names.h"
 #include "common/shard_math.h"
+#include "unit/engine.h"
+#include "unit/engine_access.h"
 #include "unit/unit.h"
 #include "wrap/wrap.h"
 
@@ -324,5 +327,124 @@ TEST(UnitTransitions, RecomputeNeedsTheBackwardGatherAndForbidsResharding) {
   u->reshard();
   EXPECT_EQ(u->state(), fsdp::detail::UnitState::SHARDED);
 }
+
+// --- What construction fixes is constant (#23) ---------------------------------
+
+// A group of N ranks seen from `rank`, that communicates nothing: a unit's
+// constructor must need its size and rank, and no collective.
+class SizeOnlyGroup : public Communicator {
+ public:
+  SizeOnlyGroup(int world, int rank) : world_(world), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  int local_rank() const override { return rank_; }
+  int local_world_size() const override { return world_; }
+  WorkPtr all_gather(const torch::Tensor&, torch::Tensor, const CollectiveInfo&) override { return none("all_gather"); }
+  WorkPtr reduce_scatter(const torch::Tensor&, torch::Tensor, ReduceOp, const CollectiveInfo&) override {
+    return none("reduce_scatter");
+  }
+  WorkPtr all_reduce(torch::Tensor, ReduceOp, const CollectiveInfo&) override { return none("all_reduce"); }
+  WorkPtr broadcast(torch::Tensor, int, const CollectiveInfo&) override { return none("broadcast"); }
+  WorkPtr barrier(const CollectiveInfo&) override { return none("barrier"); }
+  WorkPtr gather(const torch::Tensor&, torch::Tensor, int, const CollectiveInfo&) override { return none("gather"); }
+  CommCounters counters() const override { return {}; }
+  void reset_counters() override {}
+  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(1); }
+  std::string describe() const override { return "size-only"; }
+
+ private:
+  [[noreturn]] static WorkPtr none(const char* what) {
+    throw std::logic_error(std::string("a unit's constructor communicated: ") + what);
+  }
+  int world_, rank_;
+};
+
+std::vector<fsdp::detail::ParamSlot> slots_of(const std::vector<torch::Tensor>& ts) {
+  std::vector<fsdp::detail::ParamSlot> out;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    fsdp::detail::ParamSlot s;
+    s.name = "p" + std::to_string(i);
+    s.param = ts[i];
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+TEST(UnitLayout, TheConstructorFixesTheLayoutWithoutCommunicating) {
+  using fsdp::detail::Unit;
+  // N = 3, rank 1; uneven sizes, one tensor smaller than N, one frozen.
+  SizeOnlyGroup group(3, 1);
+  const std::vector<torch::Tensor> ts = {torch::zeros({5}).requires_grad_(), torch::zeros({1}),
+                                         torch::zeros({2, 2}).requires_grad_()};
+  FsdpOptions full;  // FULL_SHARD
+  Unit u(0, "", nullptr, nullptr, nullptr, &group, slots_of(ts), full);
+  EXPECT_EQ(u.numel, 10);
+  EXPECT_EQ(u.padded_numel, 12);
+  EXPECT_EQ(u.shard_numel, 4);
+  EXPECT_EQ(u.shard_begin, 4);  // rank 1 holds flat[4, 8)
+  EXPECT_EQ(u.n_grad_params, 2);
+  EXPECT_TRUE(u.reshard_after_forward);
+  EXPECT_FALSE(u.keeps_unsharded);
+  EXPECT_FALSE(u.aliased);
+  EXPECT_EQ(u.param_dtype, torch::kFloat32);
+  EXPECT_EQ(u.reduce_dtype, torch::kFloat32);
+  ASSERT_EQ(u.params().size(), 3u);
+  const std::vector<int64_t> offsets = {0, 5, 6}, lo = {4, 0, 0}, hi = {5, 1, 2};
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& s = u.params()[i];
+    EXPECT_EQ(s.offset, offsets[i]) << s.name;
+    EXPECT_EQ(s.numel, ts[i].numel()) << s.name;
+    EXPECT_EQ(s.shape, ts[i].sizes().vec()) << s.name;
+    EXPECT_EQ(s.lo, lo[i]) << s.name;
+    EXPECT_EQ(s.hi, hi[i]) << s.name;
+    EXPECT_EQ(s.requires_grad, ts[i].requires_grad()) << s.name;
+    EXPECT_FALSE(s.shard_view.defined()) << s.name << ": views are init_flat_param's";
+  }
+  EXPECT_EQ(u.state(), fsdp::detail::UnitState::SHARDED);
+
+  FsdpOptions none;
+  none.strategy = ShardingStrategy::NO_SHARD;
+  none.mixed_precision.param_dtype = torch::kBFloat16;
+  Unit n(0, "", nullptr, nullptr, nullptr, &group, slots_of(ts), none);
+  EXPECT_EQ(n.padded_numel, 10);  // no padding: every rank holds the whole
+  EXPECT_EQ(n.shard_numel, 10);
+  EXPECT_EQ(n.shard_begin, 0);
+  EXPECT_TRUE(n.keeps_unsharded);
+  EXPECT_FALSE(n.aliased);  // bf16 parameters: full is a copy of the fp32 shard
+  EXPECT_EQ(n.param_dtype, torch::kBFloat16);
+  EXPECT_EQ(n.reduce_dtype, torch::kBFloat16);  // defaults to param_dtype
+  EXPECT_FALSE(n.reshard_after_forward);
+}
+
+// Fields that never change after construction cannot be assigned: a unit's
+// place and layout, an engine's groups, units, names and recompute sites,
+// and everything the state-dict code reads.
+template <class T>
+constexpr bool const_ref = std::is_const_v<std::remove_reference_t<T>>;
+using fsdp::detail::Engine;
+using fsdp::detail::EngineAccess;
+using fsdp::detail::RecomputeSite;
+using fsdp::detail::Unit;
+static_assert(std::is_const_v<decltype(Unit::index)> && std::is_const_v<decltype(Unit::name)> &&
+              std::is_const_v<decltype(Unit::module)> && std::is_const_v<decltype(Unit::parent)> &&
+              std::is_const_v<decltype(Unit::owner)> && std::is_const_v<decltype(Unit::comm)>);
+static_assert(std::is_const_v<decltype(Unit::numel)> && std::is_const_v<decltype(Unit::padded_numel)> &&
+              std::is_const_v<decltype(Unit::shard_numel)> && std::is_const_v<decltype(Unit::shard_begin)> &&
+              std::is_const_v<decltype(Unit::param_dtype)> && std::is_const_v<decltype(Unit::reduce_dtype)> &&
+              std::is_const_v<decltype(Unit::reshard_after_forward)> &&
+              std::is_const_v<decltype(Unit::keeps_unsharded)> && std::is_const_v<decltype(Unit::aliased)> &&
+              std::is_const_v<decltype(Unit::n_grad_params)>);
+static_assert(const_ref<decltype(std::declval<Unit&>().params())>, "params() is read-only");
+static_assert(std::is_const_v<decltype(Engine::root)> && std::is_const_v<decltype(Engine::comm)> &&
+              std::is_const_v<decltype(Engine::opts)> && std::is_const_v<decltype(Engine::shard_comm)> &&
+              std::is_const_v<decltype(Engine::replica_comm)> && std::is_const_v<decltype(Engine::units)> &&
+              std::is_const_v<decltype(Engine::named_slots)> && std::is_const_v<decltype(Engine::recompute_sites)>);
+static_assert(std::is_const_v<std::remove_pointer_t<decltype(Engine::named_slots)::value_type::second_type>>);
+static_assert(std::is_const_v<decltype(RecomputeSite::engine)> && std::is_const_v<decltype(RecomputeSite::module)> &&
+              std::is_const_v<decltype(RecomputeSite::name)> && std::is_const_v<decltype(RecomputeSite::unit)> &&
+              std::is_const_v<decltype(RecomputeSite::params)>);
+static_assert(std::is_same_v<decltype(std::declval<EngineAccess&>().units()), std::vector<const Unit*>> &&
+              std::is_same_v<decltype(std::declval<EngineAccess&>().slots()),
+                             std::vector<const fsdp::detail::ParamSlot*>>);
 
 }  // namespace

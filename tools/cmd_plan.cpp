@@ -31,7 +31,7 @@ int cmd_plan(int argc, char** argv) {
   std::string budget_text, budget_rss_text, fixed_text, bandwidth_text, intra_text, inter_text, compute_text;
   GptShape s;
   int world = 2, micro_steps = 1, prefetch = 0, hosts = 1, shard_group = 0;
-  bool as_json = false, measure = false;
+  bool as_json = false, measure = false, save_async = false;
   CLI::App app{"Predict per-rank memory (P, G, O, P_block, A, peak) and traffic per step for a model, "
                "and recommend a strategy under a memory budget (the FSDP guide's ledger and decision tree)",
                "fsdp plan"};
@@ -64,6 +64,8 @@ int cmd_plan(int argc, char** argv) {
   app.add_option("--micro-steps", micro_steps, "gradient accumulation steps per optimizer step")
       ->capture_default_str()
       ->check(fsdp::cli::integer(1, 1 << 20));
+  app.add_flag("--save-async", save_async,
+               "checkpoints saved in the background: count their snapshot (C = P + O of a rank) in the peak");
   app.add_option("--prefetch", prefetch, "units all-gathered ahead of the computing one")
       ->capture_default_str()
       ->check(fsdp::cli::integer(0, 10000));
@@ -117,6 +119,7 @@ int cmd_plan(int argc, char** argv) {
     o.optimizer = parse_optimizer(optimizer);
     o.micro_steps = micro_steps;
     o.prefetch = prefetch;
+    o.async_checkpoint = save_async;
     if (!bandwidth_text.empty()) parse_bandwidth(bandwidth_text);  // checked here, used below
     o.hosts = hosts;
     o.shard_group = shard_group;

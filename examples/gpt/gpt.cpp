@@ -99,6 +99,8 @@ bool parse_args(int argc, char** argv, Args& a) {
   app.add_option("--save", a.save, "write the full weights at the end (.safetensors)");
   app.add_option("--ckpt-dir", a.ckpt_dir, "sharded checkpoints folder (step-NNNNNN dirs and a `latest` pointer)");
   app.add_option("--ckpt-every", a.ckpt_every, "save a sharded checkpoint every N steps (0 = only at the end when --ckpt-dir)")->check(fsdp::cli::integer(0, kMaxSteps));
+  app.add_flag("--save-async", a.save_async,
+               "save checkpoints in the background: training goes on while a snapshot of the shards is written");
   app.add_flag("--resume", a.resume, "continue from the latest checkpoint in --ckpt-dir when there is one (start fresh otherwise)");
   app.add_option("--trace", a.trace, "record a Chrome trace per rank into DIR (then: fsdp report DIR -o report.html)");
   app.add_option("--max-memory", a.max_memory,

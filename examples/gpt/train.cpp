@@ -211,6 +211,8 @@ Run start_run(const Args& a) {
   run.lead = run.rank == 0;
   if (int th = a.threads ? a.threads : default_threads(*run.comm)) torch::set_num_threads(th);
   if (a.resume && a.ckpt_dir.empty()) throw fsdp::UsageError("--resume needs --ckpt-dir DIR (where to look)");
+  if (a.save_async && a.ckpt_dir.empty())
+    throw fsdp::UsageError("--save-async needs --ckpt-dir DIR (where the checkpoints go)");
   if (!a.trace.empty()) fsdp::trace::start(a.trace, run.rank, run.N);
   // Flight recorder dumps (a failed collective, SIGUSR1) go next to the
   // checkpoints unless FSDP_FLIGHT_DIR / fsdp run --flight-dir says.
@@ -313,6 +315,7 @@ fsdp::plan::Plan gpt_plan(const Args& a, int N, fsdp::ShardingStrategy strategy,
   po.optimizer = fsdp::plan::Optimizer::ADAM;
   po.micro_steps = static_cast<int>(a.accum);
   po.prefetch = a.prefetch ? 1 : 0;
+  po.async_checkpoint = a.save_async;
   const int act_bytes = po.param_bytes;
   return fsdp::plan::make_plan(units, gpt::gpt_activations(shape, act_bytes, a.ac).total, po,
                                gpt::gpt_released(shape, a.wrap, act_bytes, a.ac),
@@ -593,11 +596,29 @@ int train(const Args& a) {
 
   // The training loop.
   const int64_t first_step = resume(a, run, model, *opt);
+  // The previous background save (--save-async), committed: reported once.
+  auto committed = [&] {
+    const std::optional<fsdp::ckpt::SaveResult> w = fsdp::wait_for_checkpoint(*model);
+    if (w && run.lead)
+      fsdp::progress::clear_line(), std::printf("checkpoint %s committed (%.2f s in the background)\n",
+                                                w->path.c_str(), w->seconds),
+          std::fflush(stdout);
+  };
   auto checkpoint = [&](int64_t done) {
     fsdp::PhaseScope phase(fsdp::Phase::CHECKPOINT);
+    committed();
+    fsdp::CheckpointOptions co;
+    co.async = a.save_async;
     auto r = fsdp::save_checkpoint(*model, opt.get(), a.ckpt_dir, done,
-                                   {{"step", done}, {"seed", a.seed}, {"shuffle", a.shuffle}, {"world", run.N}});
-    if (run.lead) fsdp::progress::clear_line(), std::printf("checkpoint %s (%.2f s)\n", r.path.c_str(), r.seconds), std::fflush(stdout);
+                                   {{"step", done}, {"seed", a.seed}, {"shuffle", a.shuffle}, {"world", run.N}}, co);
+    if (!run.lead) return;
+    fsdp::progress::clear_line();
+    if (r.in_background)
+      std::printf("checkpoint %s in the background (training blocked %.3f s; snapshot %s)\n", r.path.c_str(),
+                  r.seconds, fsdp::memory::format_bytes(r.snapshot_bytes).c_str());
+    else
+      std::printf("checkpoint %s (%.2f s)\n", r.path.c_str(), r.seconds);
+    std::fflush(stdout);
   };
   // Progress on rank 0 (fsdp/progress.h): steps, ETA, loss, tokens/s.
   fsdp::ProgressOptions popts;
@@ -650,6 +671,7 @@ int train(const Args& a) {
     std::printf("%s\n", stragglers->summary().c_str()), std::fflush(stdout);
   if (data.eval_on) validate(a.steps);
   if (!a.ckpt_dir.empty() && first_step < a.steps) checkpoint(a.steps);
+  committed();  // the last one is on disk before the run reports
   const double seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
 
   print_ledger(run, model, *opt, plan, a.steps - first_step, seconds, train_bytes, train_inter_bytes, tokens_per_step);

@@ -41,6 +41,7 @@ struct Args {
   // accepted now, wired by later issues (checkpoints, trace)
   std::string ckpt_dir, trace;
   bool resume = false;
+  bool save_async = false;  // checkpoints written in the background (CheckpointOptions::async)
   bool prefetch = true;  // as PyTorch FSDP (BACKWARD_PRE by default); --no-prefetch turns it off
   std::string ac = "none";  // activation checkpointing: none | block | every:K
   bool plan = false;  // print the planner's ledger before step 1, compare at the end

@@ -4,6 +4,7 @@
 // defines: ckpt::Slice, ckpt::TensorSpec, ckpt::shard_range,
 //          ckpt::SafetensorsWriter, ckpt::SafetensorsReader (range reads),
 //          ckpt::SaveOptions, ckpt::SaveResult, ckpt::save_sharded,
+//          ckpt::BackgroundSave,
 //          ckpt::LoadOptions, ckpt::LoadResult, ckpt::load_sharded,
 //          ckpt::resolve_checkpoint, ckpt::write_full_safetensors,
 //          ckpt::load_full_safetensors, ckpt::CheckpointInfo, ckpt::read_info
@@ -190,14 +191,25 @@ struct SaveOptions {
   std::string strategy = "unknown";
   // fsync files and directories (off only for tests of speed; never in training).
   bool fsync = true;
+  // Each rank writes at most this many bytes per second (0: as fast as the
+  // disk allows), so that a background save shares the disk and the memory
+  // bandwidth with training.
+  int64_t max_write_bytes_per_second = 0;
 };
 
 // Where save_sharded wrote, and how much.
 struct SaveResult {
   std::string path;       // root/step-000010
   int64_t bytes_written = 0;  // by this rank
-  // Wall time of the save on this rank.
+  // Wall time of the save on this rank. A background save: the time the
+  // caller was blocked (the snapshot); BackgroundSave::wait returns the
+  // write's own.
   double seconds = 0;
+  // Written by a BackgroundSave (CheckpointOptions::async): when the call
+  // returned, `path` was not committed yet.
+  bool in_background = false;
+  // A background save: the bytes of this rank's in-memory snapshot.
+  int64_t snapshot_bytes = 0;
 };
 
 // Collective: every rank calls it with the slices it holds. Each rank writes
@@ -211,6 +223,47 @@ struct SaveResult {
 SaveResult save_sharded(Communicator& comm, const std::string& root, int64_t step,
                         const std::vector<Slice>& model, const std::vector<Slice>& optim,
                         const nlohmann::json& train_state, const SaveOptions& opts = {});
+
+// One save_sharded running on a thread of its own, from a snapshot.
+//
+// The constructor copies every slice's data into memory (the snapshot) on
+// the calling thread and returns; the thread then writes, checksums and
+// commits the copies exactly as save_sharded does, over `comm`, and frees
+// them. A kill at any point leaves the previous checkpoint and `latest`
+// intact (save_sharded's promise). `comm` must carry nothing else while the
+// save runs: its collectives are not ordered against the caller's (split
+// one from the training communicator; fsdp::save_checkpoint does).
+class BackgroundSave {
+ public:
+  // Collective over `comm` (on the thread): every rank starts one with its
+  // own slices, in the same order as its other saves.
+  BackgroundSave(CommPtr comm, std::string root, int64_t step, const std::vector<Slice>& model,
+                 const std::vector<Slice>& optim, nlohmann::json train_state, SaveOptions opts = {});
+  // Waits for the thread; an error that wait() never returned is printed
+  // to stderr (the checkpoint was not written; the previous one is intact).
+  ~BackgroundSave();
+  BackgroundSave(const BackgroundSave&) = delete;
+  BackgroundSave& operator=(const BackgroundSave&) = delete;
+
+  // The step being saved.
+  int64_t step() const;
+  // Where it is committed: root/step-<step>.
+  const std::string& path() const;
+  // Bytes the snapshot holds now: all of it until the write finished, 0 after.
+  int64_t held_bytes() const;
+  // Bytes the snapshot took (what the caller's call copied).
+  int64_t snapshot_bytes() const;
+  // Whether the thread is done (wait() returns at once).
+  bool finished() const;
+  // Blocks until the checkpoint is committed and returns save_sharded's
+  // result; rethrows its error (fsdp::Error naming the step). Once: a second
+  // call throws.
+  SaveResult wait();
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
 
 // How strict a load is.
 struct LoadOptions {

@@ -264,6 +264,8 @@ struct Ledger {
   int64_t A = 0;              // activation bytes of the last forward (measured)
   int64_t A_recompute = 0;    // the most one recompute (activation checkpointing) added in backward (measured;
                               // with units inside the checkpointed module, their gathered parameters too)
+  int64_t C = 0;              // snapshot of the last background checkpoint save (CheckpointOptions::async),
+                              // held while it writes, beside training's terms (measured)
   int64_t peak = 0;           // counting allocator peak since reset (0 without it: fsdp::init)
   int64_t current = 0;        // counting allocator now
   int64_t cached = 0;         // allocator cache now: freed blocks kept for reuse (not in peak/current)
@@ -275,7 +277,7 @@ struct Ledger {
   int shard_group_size = 0;   // ranks a unit is sharded over (HYBRID: S; else N)
   // Predictions from the guide's formulas with this run's sizes.
   int64_t predicted_rest = 0;  // (P+G+O)/N (+ replicas for NO_SHARD / SHARD_GRAD_OP params)
-  int64_t predicted_peak = 0;  // P/N + G/N + O/N + P_block (+ prefetched units) + A (+ A_recompute)
+  int64_t predicted_peak = 0;  // P/N + G/N + O/N + P_block (+ prefetched units) + A (+ A_recompute) (+ C)
   std::string str() const;     // the table printed by the examples
 };
 

@@ -106,6 +106,10 @@ struct PlanOptions {
   // Compute time per optimizer step (every micro-step, forward and backward)
   // in seconds: what the collectives can hide behind (comm_cost); 0: unknown.
   double compute_seconds = 0;
+  // Checkpoints saved in the background (CheckpointOptions::async): their
+  // snapshot, this rank's parameter shards and optimizer state, is held
+  // while training goes on (Plan::C).
+  bool async_checkpoint = false;
   // The shard group's size S: shard_group, else the ranks of one host.
   int group() const { return shard_group > 0 ? shard_group : world / hosts; }
   // Throws fsdp::Error naming the field.
@@ -155,7 +159,10 @@ struct Plan {
   int64_t A_start = 0;      // activations when backward starts (what forward kept)
   int64_t A_recompute = 0;  // activations during the worst recompute (activation checkpointing; 0: none)
   int64_t recompute_grad = 0;  // gradients alive beside them (beyond the units gathered)
-  // The predicted peak: rest + working set + A, at peak_at.
+  // A background checkpoint's snapshot (options.async_checkpoint): this
+  // rank's fp32 parameter shards and optimizer state; 0 otherwise.
+  int64_t C = 0;
+  // The predicted peak: rest + working set + A (+ C), at peak_at.
   int64_t peak = 0;
   Traffic traffic;                                  // for options.strategy
   Traffic full_shard, shard_grad_op, no_shard;      // all three, for comparison

@@ -1,7 +1,7 @@
 // fsdp-cpp: checkpoints of a wrapped model — the engine side of src/checkpoint.
 //
-// defines: CheckpointOptions, save_checkpoint, load_checkpoint, save_full, load_full,
-//          save_full_optim, load_full_optim, model_slices
+// defines: CheckpointOptions, save_checkpoint, wait_for_checkpoint, load_checkpoint,
+//          save_full, load_full, save_full_optim, load_full_optim, model_slices
 //
 // Sharded checkpoints (for training): every rank writes its own shards of the
 // parameters and of the optimizer state; they load at any world size and
@@ -11,6 +11,8 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+
+#include <optional>
 
 #include "fsdp/checkpoint.h"
 #include "fsdp/fully_shard.h"
@@ -23,9 +25,22 @@ struct CheckpointOptions {
   // fsync files and directories, so a crash leaves the last checkpoint
   // whole; off only in tests of speed.
   bool fsync = true;
+  // Save in the background (as PyTorch DCP's async_save): the call copies
+  // this rank's shards of the parameters and of the optimizer state, and
+  // `train_state`, into memory (the snapshot, the ledger's term C) and
+  // returns; a thread writes, checksums and commits them exactly as a
+  // synchronous save does, over a communicator of its own (split from the
+  // model's at the first such save). The model's next save_checkpoint or
+  // load_checkpoint, wait_for_checkpoint and the model's destruction wait
+  // for it first.
+  bool async = false;
+  // Each rank writes at most this many bytes per second (0: no limit).
+  int64_t max_write_bytes_per_second = 0;
 };
 
-// Collective. Writes root/step-<step> and moves root/latest to it. The
+// Collective. Writes root/step-<step> and moves root/latest to it (with
+// opts.async, in the background: the call returns once the snapshot is
+// taken, with in_background set and `seconds` the time it blocked). The
 // optimizer (may be null) must be built on model.parameters(); AdamW, Adam
 // and SGD state is saved per original parameter (exp_avg, exp_avg_sq, step;
 // momentum_buffer). `train_state` is stored as given (step, data position,
@@ -33,6 +48,13 @@ struct CheckpointOptions {
 ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::Optimizer* opt,
                                  const std::string& root, int64_t step, const nlohmann::json& train_state,
                                  const CheckpointOptions& opts = {});
+
+// Waits for the model's background save (CheckpointOptions::async) and
+// returns what it wrote: its SaveResult (seconds: the write's own), or
+// nothing when no background save was started since the last wait.
+// Rethrows its error (fsdp::Error naming the checkpoint; the previous one is
+// intact). Every rank's save fails or succeeds together.
+std::optional<ckpt::SaveResult> wait_for_checkpoint(FullyShardedModel& model);
 
 // Collective. `path_or_root`: a checkpoint directory or a root with `latest`.
 // Returns found=false (and changes nothing) when the root holds no checkpoint

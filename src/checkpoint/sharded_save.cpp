@@ -13,8 +13,10 @@
 // metadata.json is only ever written into a directory that has every shard.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <set>
+#include <thread>
 
 #include "checkpoint/collective.h"
 #include "checkpoint/file_io.h"
@@ -153,6 +155,9 @@ SaveResult save_sharded(Communicator& comm, const std::string& root, int64_t ste
   try {
     if (step < 0) throw Error(cat("save_sharded: step ", step, " expected >= 0."));
     if (opts.keep_last < 0) throw Error(cat("SaveOptions::keep_last ", opts.keep_last, " expected >= 0 (0: keep all)."));
+    if (opts.max_write_bytes_per_second < 0)
+      throw Error(cat("SaveOptions::max_write_bytes_per_second ", opts.max_write_bytes_per_second,
+                      " expected >= 0 (0: no limit)."));
     detail::check_slices(detail::kModel, model, false);
     detail::check_slices(detail::kOptim, optim, false);
     if (rank == 0) {
@@ -184,12 +189,29 @@ SaveResult save_sharded(Communicator& comm, const std::string& root, int64_t ste
     for (auto* s : src) po.total += (s->hi - s->lo) * int64_t(c10::elementSize(s->dtype));
     Progress prog(po);
     int64_t written = 0;
+    const auto began = std::chrono::steady_clock::now();
+    // SaveOptions::max_write_bytes_per_second: parts of at most a chunk,
+    // each written no earlier than the rate allows.
+    auto pace = [&] {
+      if (opts.max_write_bytes_per_second <= 0) return;
+      std::this_thread::sleep_until(began + std::chrono::duration<double>(double(written) /
+                                                                          double(opts.max_write_bytes_per_second)));
+    };
     auto idx = detail::write_rank_shard(
         tmp_dir, rank, world, std::move(entries),
         [&](size_t i, SafetensorsWriter& w) {
-          w.write(src[i]->data);
-          written += (src[i]->hi - src[i]->lo) * int64_t(c10::elementSize(src[i]->dtype));
-          prog.update(written);
+          const int64_t es = int64_t(c10::elementSize(src[i]->dtype)), n = src[i]->hi - src[i]->lo;
+          const int64_t part = opts.max_write_bytes_per_second > 0
+                                   ? std::max<int64_t>(1, SafetensorsWriter::kChunkBytes / es)
+                                   : n;
+          const torch::Tensor flat = src[i]->data.reshape(-1);
+          for (int64_t lo = 0; lo < n; lo += part) {
+            pace();
+            const int64_t len = std::min(part, n - lo);
+            w.write(len == n ? src[i]->data : flat.narrow(0, lo, len));
+            written += len * es;
+            prog.update(written);
+          }
         },
         opts.fsync);
     prog.finish();

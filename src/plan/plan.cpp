@@ -216,7 +216,10 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
     case ShardingStrategy::HYBRID_SHARD_ZERO2:
       break;  // planned above, as their inner strategy at world size S
   }
-  p.peak = p.rest + p.working + p.A;
+  // A background save writes each byte once: NO_SHARD's ranks each save
+  // 1/N of the replica (src/unit/state_dict.cpp).
+  if (opts.async_checkpoint) p.C = no_shard ? (p.P + p.O + N - 1) / N : p.P + p.O;
+  p.peak = p.rest + p.working + p.A + p.C;
   p.full_shard = traffic(ShardingStrategy::FULL_SHARD, p.padded_numel, opts);
   p.shard_grad_op = traffic(ShardingStrategy::SHARD_GRAD_OP, p.padded_numel, opts);
   p.no_shard = traffic(ShardingStrategy::NO_SHARD, p.padded_numel, opts);
@@ -280,7 +283,8 @@ std::string Plan::str() const {
              A_recompute > 0 ? "at the " + peak_at + " (activation checkpointing: " + b(A_start) +
                                    " kept by forward, " + b(A_recompute) + " during the worst recompute)"
                              : "");
-  os << line("predicted peak", b(peak), "rest + working + A");
+  if (C > 0) os << line("C  checkpoint snapshot", b(C), "P + O of this rank, held while a background save writes");
+  os << line("predicted peak", b(peak), C > 0 ? "rest + working + A + C" : "rest + working + A");
   os << "\ntraffic per step, bytes sent per rank (N = " << o.world << ")\n";
   auto tl = [&](const char* name, const Traffic& t, const char* formula) {
     std::string note = formula;
@@ -351,6 +355,7 @@ std::string Plan::to_json() const {
           {"A_start", A_start},
           {"A_recompute", A_recompute},
           {"recompute_grad", recompute_grad},
+          {"C", C},
           {"peak", peak},
           {"traffic", tj(traffic)},
           {"traffic_by_strategy",

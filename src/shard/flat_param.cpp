@@ -27,25 +27,66 @@ torch::Tensor alias(const torch::Tensor& base, int64_t offset, c10::IntArrayRef 
   return t;
 }
 
+namespace {
+int64_t total_numel(const std::vector<ParamSlot>& slots) {
+  int64_t n = 0;
+  for (auto& s : slots) n += s.param.numel();
+  return n;
+}
+int count_grad_params(const std::vector<ParamSlot>& slots) {
+  int n = 0;
+  for (auto& s : slots) n += s.param.requires_grad() ? 1 : 0;
+  return n;
+}
+bool is_no_shard(const FsdpOptions& o) { return o.strategy == ShardingStrategy::NO_SHARD; }
+shard::FlatLayout layout_of(const std::vector<ParamSlot>& slots, const Communicator& group, const FsdpOptions& o) {
+  return shard::flat_layout(total_numel(slots), group.world_size(), group.rank(), is_no_shard(o));
+}
+torch::ScalarType param_dtype_of(const FsdpOptions& o) {
+  return o.mixed_precision.param_dtype.value_or(torch::kFloat32);
+}
+}  // namespace
+
+Unit::Unit(int index, std::string name, torch::nn::Module* module, Unit* parent, Engine* owner, Communicator* comm,
+           std::vector<ParamSlot> slots, const FsdpOptions& opts)
+    : index(index),
+      name(std::move(name)),
+      module(module),
+      parent(parent),
+      owner(owner),
+      comm(comm),
+      numel(total_numel(slots)),
+      padded_numel(layout_of(slots, *comm, opts).padded_numel),
+      shard_numel(layout_of(slots, *comm, opts).shard_numel),
+      shard_begin(layout_of(slots, *comm, opts).shard_begin),
+      param_dtype(param_dtype_of(opts)),
+      reduce_dtype(opts.mixed_precision.reduce_dtype.value_or(param_dtype_of(opts))),
+      reshard_after_forward(opts.strategy == ShardingStrategy::FULL_SHARD ||
+                            opts.strategy == ShardingStrategy::HYBRID_SHARD),
+      keeps_unsharded(is_no_shard(opts)),
+      aliased(is_no_shard(opts) && param_dtype_of(opts) == torch::kFloat32),
+      n_grad_params(count_grad_params(slots)),
+      params_(std::move(slots)) {
+  // Back to back in the flat buffer; this rank's [lo, hi) of each.
+  int64_t offset = 0;
+  for (auto& s : params_) {
+    s.shape = s.param.sizes().vec();
+    s.numel = s.param.numel();
+    s.offset = offset;
+    s.requires_grad = s.param.requires_grad();
+    offset += s.numel;
+    const shard::Range r = shard::param_range(s.offset, s.numel, shard_begin, shard_numel);
+    s.lo = r.lo;
+    s.hi = r.hi;
+  }
+}
+
 void Unit::init_flat_param(const FsdpOptions& opts, const InitTargetOf& target_of) {
   torch::NoGradGuard ng;
-  const int N = comm->world_size();
-  const bool no_shard = opts.strategy == ShardingStrategy::NO_SHARD;
-  param_dtype = opts.mixed_precision.param_dtype.value_or(torch::kFloat32);
-  reduce_dtype = opts.mixed_precision.reduce_dtype.value_or(param_dtype);
-  reshard_after_forward =
-      opts.strategy == ShardingStrategy::FULL_SHARD || opts.strategy == ShardingStrategy::HYBRID_SHARD;
-  keeps_unsharded = no_shard;
-  aliased = no_shard && param_dtype == torch::kFloat32;
-  const shard::FlatLayout layout = shard::flat_layout(numel, N, comm->rank(), no_shard);
-  padded_numel = layout.padded_numel;
-  shard_numel = layout.shard_numel;
-  shard_begin = layout.shard_begin;
-
   if (opts.param_init) {
     init_shard_from(opts.param_init, target_of);
   } else {
-    for (auto& s : params)
+    for (auto& s : params_)
       if (is_deferred(s.param))
         throw Error("parameter '" + s.name + "' was built under fsdp::DeferredInit (it has no values yet), but "
                     "FsdpOptions::param_init is empty. Expected: a ParamInit that gives every parameter its "
@@ -53,25 +94,23 @@ void Unit::init_flat_param(const FsdpOptions& opts, const InitTargetOf& target_o
                     "or build the model without DeferredInit.");
     // Rank 0's values, everywhere (sync_module_states): one broadcast per unit.
     auto flat = torch::zeros({padded_numel}, torch::kFloat32);
-    for (auto& s : params) flat.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape(-1));
+    for (auto& s : params_) flat.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape(-1));
     // Over the whole world (owner->comm): HYBRID's replicas start equal too.
     if (opts.sync_module_states && owner->world() > 1 && numel > 0)
       owner->comm->broadcast(flat, 0, {"sync_module_states " + display_name()})->wait();
-    shard = no_shard ? flat : flat.narrow(0, shard_begin, shard_numel).clone();
+    shard = keeps_unsharded ? flat : flat.narrow(0, shard_begin, shard_numel).clone();
   }
   full = aliased ? shard : torch::empty({padded_numel}, param_dtype);
   // NO_SHARD keeps the unsharded copy (shard is the whole flat buffer); the
   // sharded strategies free `full` below, so its values do not matter.
   if (!aliased && keeps_unsharded) full.copy_(shard);
 
-  for (auto& s : params) {
+  for (auto& s : params_) {
     // set_data keeps the parameter's TensorImpl (modules hold it as a member)
     // but points it at `full`; a dtype change here drops the accumulator, so
     // the accumulator is taken only afterwards.
     s.param.set_data(alias(full, s.offset, s.shape));
-    const shard::Range r = shard::param_range(s.offset, s.numel, shard_begin, shard_numel);
-    s.lo = r.lo;
-    s.hi = r.hi;
+    const shard::Range r{s.lo, s.hi};  // laid out by the constructor
     s.shard_view = r.empty() ? alias(shard, 0, {0}) : alias(shard, s.offset + r.lo - shard_begin, {r.size()});
     s.shard_view.requires_grad_(s.requires_grad);
     if (s.requires_grad) {
@@ -101,9 +140,9 @@ void Unit::init_shard_from(const ParamInit& init, const InitTargetOf& target_of)
   uint64_t sum = 0;  // integer sums of the values' bits (mod 2^64): the same on every rank that agrees
   // One buffer of the largest parameter's size holds each full value in turn.
   int64_t largest = 0;
-  for (auto& s : params) largest = std::max(largest, s.numel);
+  for (auto& s : params_) largest = std::max(largest, s.numel);
   torch::Tensor buffer = torch::empty({largest}, torch::kFloat32);
-  for (auto& s : params) {
+  for (auto& s : params_) {
     const InitTarget target = target_of(s);
     torch::Tensor value = buffer.narrow(0, 0, s.numel).view(s.shape);
     init(target, value);

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/checkpoint.h"
 #include "unit/unit.h"
 
 namespace fsdp::detail {
@@ -34,18 +35,20 @@ namespace fsdp::detail {
 // A module selected by FsdpOptions::recompute (src/unit/recompute.cpp).
 // Made by Engine::build_recompute_sites; its fields never change after.
 struct RecomputeSite {
-  Engine* engine = nullptr;
-  torch::nn::Module* module = nullptr;
-  std::string name;      // module path ("" never: the root is not recomputed)
+  Engine* const engine;
+  torch::nn::Module* const module;
+  const std::string name;  // module path ("" never: the root is not recomputed)
   // The unit whose parameters its forward computes on: its own when it is a
   // unit's root, else the enclosing one. Its recompute runs while this unit
   // is unsharded for backward.
-  Unit* unit = nullptr;
+  Unit* const unit;
   // Its parameters that require grad, distinct: inputs of the recompute's
   // autograd node, so their gradients reach their accumulators once, as
   // without recomputation.
-  std::vector<torch::Tensor> params;
+  const std::vector<torch::Tensor> params;
 };
+
+struct WrapDescription;  // src/wrap/wrap.h
 
 class Engine {
  public:
@@ -70,22 +73,23 @@ class Engine {
   // Waits for every pending reduction and folds it into the shard grads.
   void wait_pending();
 
-  // --- Constant after construction ---
+  // --- Constant: made by the constructor's initializers, in this order,
+  // before the engine is registered anywhere ---
   const std::shared_ptr<torch::nn::Module> root;
   const CommPtr comm;  // the world it was wrapped on: buffers, state dicts, checkpoint files
-  // The options, the deprecated FsdpOptions::checkpoint already folded into
-  // `recompute` (adopt_deprecated_checkpoint, src/wrap/wrap.h).
+  // The options, validated, the deprecated FsdpOptions::checkpoint already
+  // folded into `recompute` (adopt_deprecated_checkpoint, src/wrap/wrap.h).
   const FsdpOptions opts;
-  // Set once in the constructor (make_groups, build_units,
-  // build_recompute_sites), before the engine is registered anywhere;
-  // never changed after.
-  CommPtr shard_comm;    // the units' collectives: comm, or HYBRID's shard group
-  CommPtr replica_comm;  // HYBRID: the ranks holding this rank's shard; null otherwise
-  std::vector<std::unique_ptr<Unit>> units;  // pre-order; units[0] is the root
-  // Names of the unwrapped model, in named_parameters() order.
-  std::vector<std::pair<std::string, ParamSlot*>> named_slots;
-  // The modules whose forward is recomputed in backward, in pre-order.
-  std::vector<std::unique_ptr<RecomputeSite>> recompute_sites;
+  const CommPtr shard_comm;    // the units' collectives: comm, or HYBRID's shard group (make_groups)
+  const CommPtr replica_comm;  // HYBRID: the ranks holding this rank's shard; null otherwise
+  // Pre-order; units[0] is the root (build_units). The set is fixed; each
+  // unit's state is its own.
+  const std::vector<std::unique_ptr<Unit>> units;
+  // Names of the unwrapped model, in named_parameters() order (name_slots).
+  const std::vector<std::pair<std::string, const ParamSlot*>> named_slots;
+  // The modules whose forward is recomputed in backward, in pre-order
+  // (build_recompute_sites).
+  const std::vector<std::unique_ptr<RecomputeSite>> recompute_sites;
 
   // --- Protected by the caller's thread ---
   std::vector<Unit*> forward_order;  // recorded in the first forward
@@ -106,6 +110,14 @@ class Engine {
   int64_t recomputed_calls = 0;  // calls of selected modules that ran recomputable
   bool warned_unrouted = false;
 
+  // --- Background checkpoints (state_dict.cpp, CheckpointOptions::async) ---
+  // Split from `comm` at the first background save; carries only those.
+  CommPtr checkpoint_comm;
+  // The newest background save, until it is waited for (the next save or
+  // load, wait_for_checkpoint, or this engine's destruction).
+  std::unique_ptr<ckpt::BackgroundSave> background_save;
+  int64_t snapshot_bytes = 0;  // the last background save's snapshot: the ledger's C
+
   Unit& root_unit() { return *units.front(); }
   int world() const { return comm->world_size(); }
   int rank() const { return comm->rank(); }
@@ -121,16 +133,8 @@ class Engine {
   // Waits for it (issuing the all-reduce first, HYBRID); rethrows its error.
   void wait_reduce(PendingReduce& p);
 
- private:
-  // hybrid.cpp: shard_comm and replica_comm (before build_units).
-  void make_groups();
-  // wrap.cpp: the module tree -> units (describe_wrap, then materialise).
-  void build_units();
- public:
-  // recompute.cpp: FsdpOptions::recompute -> sites (after the units
-  // exist); then entered in (removed from) the process's table of sites
-  // that fsdp::call looks modules up in.
-  void build_recompute_sites();
+  // recompute.cpp: entered in (removed from) the process's table of sites
+  // that fsdp::call looks modules up in (Registration).
   void register_recompute_sites();
   void unregister_recompute_sites();
   // A training forward ran no recomputed call although the policy selected
@@ -138,6 +142,25 @@ class Engine {
   void check_recompute_routed();
 
  private:
+  // The constructor's arguments checked and validated (model.cpp), the
+  // groups made and the wrap described: what the constant members are
+  // initialised from.
+  struct Checked;
+  static Checked check(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FsdpOptions opts);
+  explicit Engine(Checked c);
+  struct Groups {
+    CommPtr shard, replica;
+  };
+  // hybrid.cpp: shard_comm and replica_comm (HYBRID splits the world).
+  static Groups make_groups(const CommPtr& comm, const FsdpOptions& opts);
+  // wrap.cpp: the described units, materialised (after the groups).
+  std::vector<std::unique_ptr<Unit>> build_units(const WrapDescription& d);
+  // wrap.cpp: named_parameters() order -> the slots of `built`.
+  static std::vector<std::pair<std::string, const ParamSlot*>> name_slots(
+      const WrapDescription& d, const std::vector<std::unique_ptr<Unit>>& built);
+  // recompute.cpp: FsdpOptions::recompute -> sites (after the units).
+  std::vector<std::unique_ptr<RecomputeSite>> build_recompute_sites();
+
   // unshard.cpp: the prefetch policy over the recorded forward order.
   int unsharded_prefetch_count() const;
   void prefetch_after(Unit& u, bool backward);

@@ -8,13 +8,14 @@
 // gather of a unit's flat buffer. This is that interface, and all of it:
 // read-only (const units and slots), except finish_pending_reductions(),
 // which writes: it completes the reductions in flight into the shard
-// gradients.
+// gradients, and the three that keep the model's background checkpoint.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "fsdp/checkpoint.h"
 #include "unit/unit.h"
 
 namespace fsdp::detail {
@@ -31,6 +32,17 @@ class EngineAccess {
   // Writes: blocks until every reduction in flight landed in the shard
   // gradients (Engine::wait_pending), so what is read next is final.
   void finish_pending_reductions() const;
+
+  // Writes: the model's background saves (CheckpointOptions::async).
+  // The communicator they run over: split from the model's at the first
+  // call, which is then collective.
+  CommPtr checkpoint_comm() const;
+  // Hands over the model's background save (null when none); the engine
+  // forgets it, so the caller waits for it.
+  std::unique_ptr<ckpt::BackgroundSave> take_background_save() const;
+  // The engine keeps `s` until it is taken or the engine is destroyed
+  // (which waits for it). None may be kept already.
+  void keep_background_save(std::unique_ptr<ckpt::BackgroundSave> s) const;
 
  private:
   Engine* const engine_;

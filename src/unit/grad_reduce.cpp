@@ -38,7 +38,7 @@ void Unit::collect_into_full_grad() {
     AllocPurpose purpose("unsharded gradients", *this);
     full_grad = torch::zeros({padded_numel}, param_dtype);
   }
-  for (auto& s : params) {
+  for (auto& s : params_) {
     if (!s.requires_grad) continue;
     auto g = s.param.grad();
     if (g.defined() && g.data_ptr() == static_cast<char*>(full_grad.data_ptr()) +
@@ -67,8 +67,8 @@ torch::Tensor Unit::flat_grads_for_reduce() {
     AllocPurpose purpose("unsharded gradients", *this);
     flat = torch::empty({padded_numel}, reduce_dtype);
     std::vector<const ParamSlot*> by_offset;
-    by_offset.reserve(params.size());
-    for (auto& s : params) by_offset.push_back(&s);
+    by_offset.reserve(params_.size());
+    for (auto& s : params_) by_offset.push_back(&s);
     std::stable_sort(by_offset.begin(), by_offset.end(),
                      [](const ParamSlot* a, const ParamSlot* b) { return a->offset < b->offset; });
     int64_t covered = 0;  // [0, covered) is written
@@ -85,7 +85,7 @@ torch::Tensor Unit::flat_grads_for_reduce() {
     }
     if (covered < padded_numel) flat.narrow(0, covered, padded_numel - covered).zero_();
   }
-  for (auto& s : params)
+  for (auto& s : params_)
     if (s.requires_grad) s.param.mutable_grad().reset();
   full_grad = torch::Tensor();  // the reduce holds the flat buffer until it completes
   return flat;
@@ -145,7 +145,7 @@ PendingReduce Unit::reduce(torch::Tensor grads) {
 namespace {
 bool views_alias(const Unit& u) {
   if (!u.shard_grad.defined()) return false;
-  for (auto& s : u.params) {
+  for (auto& s : u.params()) {
     if (!s.requires_grad) continue;
     const auto& g = s.shard_view.grad();
     if (!g.defined() || g.storage().unsafeGetStorageImpl() != u.shard_grad.storage().unsafeGetStorageImpl())
@@ -166,7 +166,7 @@ void Unit::accept_reduced(const torch::Tensor& output) {
     // First gradient since the optimizer reset them (zero_grad with
     // set_to_none, or none yet): adopt the reduced buffer.
     shard_grad = g;
-    for (auto& s : params) {
+    for (auto& s : params_) {
       if (!s.requires_grad) continue;
       const int64_t off = s.hi > s.lo ? s.offset + s.lo - shard_begin : 0;
       s.shard_view.mutable_grad() = alias(shard_grad, off, {s.hi - s.lo});

@@ -20,9 +20,8 @@
 
 namespace fsdp::detail {
 
-void Engine::make_groups() {
-  shard_comm = comm;
-  if (!is_hybrid(opts.strategy)) return;
+Engine::Groups Engine::make_groups(const CommPtr& comm, const FsdpOptions& opts) {
+  if (!is_hybrid(opts.strategy)) return {comm, nullptr};
   const int n = comm->world_size(), r = comm->rank();
   const int s = opts.shard_group_size > 0 ? opts.shard_group_size : comm->local_world_size();
   if (s < 1 || n % s != 0)
@@ -32,8 +31,9 @@ void Engine::make_groups() {
         " for a world of ", n, ". Fix: set FsdpOptions.shard_group_size (gpt: --shard-group S) to a divisor of ",
         n, ", e.g. the ranks of one host"));
   // Every rank splits in the same order: shard groups first.
-  shard_comm = comm->split(r / s, {"shard " + std::to_string(r / s), std::chrono::milliseconds(0)});
-  replica_comm = comm->split(r % s, {"replica " + std::to_string(r % s), std::chrono::milliseconds(0)});
+  CommPtr shard = comm->split(r / s, {"shard " + std::to_string(r / s), std::chrono::milliseconds(0)});
+  CommPtr replica = comm->split(r % s, {"replica " + std::to_string(r % s), std::chrono::milliseconds(0)});
+  return {std::move(shard), std::move(replica)};
 }
 
 int Engine::shard_rank_of(int world_rank) const {

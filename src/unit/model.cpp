@@ -17,13 +17,39 @@ namespace detail {
 std::string explain_oom(const Engine& st, int64_t requested, const memory::Stats& s);  // oom.cpp
 std::vector<std::pair<InitTarget, torch::Tensor>> init_targets(torch::nn::Module& root, bool buffers);  // param_init.cpp
 
-Engine::Engine(std::shared_ptr<torch::nn::Module> root_, CommPtr comm_, FsdpOptions opts_)
-    : root(std::move(root_)), comm(std::move(comm_)), opts(adopt_deprecated_checkpoint(std::move(opts_))) {
+struct Engine::Checked {
+  std::shared_ptr<torch::nn::Module> root;
+  CommPtr comm;
+  FsdpOptions opts;
+  Groups groups;
+  WrapDescription wrap;
+};
+
+Engine::Checked Engine::check(std::shared_ptr<torch::nn::Module> root, CommPtr comm, FsdpOptions opts) {
   FSDP_USER_CHECK(root, "fully_shard: the module is null");
   FSDP_USER_CHECK(comm, "fully_shard: the communicator is null (use fsdp::make_communicator_from_env())");
+  opts = adopt_deprecated_checkpoint(std::move(opts));
   opts.validate();
-  make_groups();
-  build_units();
+  Groups groups = make_groups(comm, opts);
+  WrapDescription wrap = describe_new_wrap(*root, opts.wrap);
+  return {std::move(root), std::move(comm), std::move(opts), std::move(groups), std::move(wrap)};
+}
+
+Engine::Engine(std::shared_ptr<torch::nn::Module> root_, CommPtr comm_, FsdpOptions opts_)
+    : Engine(check(std::move(root_), std::move(comm_), std::move(opts_))) {}
+
+// The constant members, in their order: each initializer may read the ones
+// above it (build_units reads opts and shard_comm; build_recompute_sites the
+// units). The body then fills the units' tensors and the buffers.
+Engine::Engine(Checked c)
+    : root(std::move(c.root)),
+      comm(std::move(c.comm)),
+      opts(std::move(c.opts)),
+      shard_comm(std::move(c.groups.shard)),
+      replica_comm(std::move(c.groups.replica)),
+      units(build_units(c.wrap)),
+      named_slots(name_slots(c.wrap, units)),
+      recompute_sites(build_recompute_sites()) {
   // What a ParamInit sees for each slot: its canonical name, its module.
   std::unordered_map<std::string, InitTarget> targets;
   if (opts.param_init)
@@ -56,7 +82,6 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> root_, CommPtr comm_, FsdpOpti
     if (opts.mixed_precision.buffer_dtype && t.is_floating_point())
       t.set_data(t.to(*opts.mixed_precision.buffer_dtype));
   }
-  build_recompute_sites();  // FsdpOptions::recompute (recompute.cpp)
   publish_trace_metadata();
   // The ledger's peak is about training: forget the wrap-time transients
   // (the original parameters, the broadcast buffers).
@@ -80,7 +105,7 @@ void Engine::publish_trace_metadata() const {
   nlohmann::json us = nlohmann::json::array();
   for (auto& u : units) {
     nlohmann::json ps = nlohmann::json::array();
-    for (auto& s : u->params) ps.push_back({{"name", s.name}, {"shape", s.shape}, {"offset", s.offset}, {"numel", s.numel}});
+    for (auto& s : u->params()) ps.push_back({{"name", s.name}, {"shape", s.shape}, {"offset", s.offset}, {"numel", s.numel}});
     const int64_t pb = static_cast<int64_t>(c10::elementSize(u->param_dtype));
     us.push_back({{"index", u->index}, {"name", u->name}, {"numel", u->numel}, {"padded_numel", u->padded_numel},
                   {"shard_numel", u->shard_numel}, {"unsharded_bytes", u->padded_numel * pb},
@@ -126,7 +151,7 @@ std::vector<NamedShard> FullyShardedModel::named_shards() const {
     if (!seen.insert(slot).second) continue;
     int unit = 0;
     for (auto& u : engine_->units)
-      if (&u->params.front() <= slot && slot <= &u->params.back()) unit = u->index;
+      if (&u->params().front() <= slot && slot <= &u->params().back()) unit = u->index;
     out.push_back({slot->name, slot->shape, slot->lo, slot->hi, unit, slot->shard_view});
   }
   return out;
@@ -187,7 +212,7 @@ std::vector<UnitInfo> FullyShardedModel::units() const {
     UnitInfo i;
     i.index = u->index;
     i.name = u->name;
-    for (auto& s : u->params) i.param_names.push_back(s.name);
+    for (auto& s : u->params()) i.param_names.push_back(s.name);
     i.numel = u->numel;
     i.padded_numel = u->padded_numel;
     i.shard_numel = u->shard_numel;
@@ -248,10 +273,11 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
       l.P_block_unit = u->display_name();
     }
     if (opt)
-      for (auto& s : u->params) l.O += optimizer_state_bytes(*opt, s.shard_view);
+      for (auto& s : u->params()) l.O += optimizer_state_bytes(*opt, s.shard_view);
   }
   l.A = engine_->activation_bytes;
   l.A_recompute = engine_->recompute_bytes;
+  l.C = engine_->snapshot_bytes;
   auto ms = memory::stats();
   l.peak = ms.peak;
   l.current = ms.current;
@@ -270,7 +296,7 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
   if (engine_->opts.strategy == ShardingStrategy::NO_SHARD) {
     l.predicted_rest = l.P + l.G + l.O;
     // + the unsharded gradient buffer being filled and reduced.
-    l.predicted_peak = l.predicted_rest + l.P_block + l.A + l.A_recompute;
+    l.predicted_peak = l.predicted_rest + l.P_block + l.A + l.A_recompute + l.C;
   } else {
     l.predicted_rest = static_cast<int64_t>(padded_bytes * (2.0 + o_ratio)) / N;
     const int in_flight = (engine_->opts.forward_prefetch || engine_->opts.backward_prefetch != BackwardPrefetch::NONE)
@@ -279,10 +305,11 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
     // Resting state + the units unsharded at once + the unsharded gradient
     // of the unit in backward (same size as its parameters) + activations.
     // (+ one recompute's activations with activation checkpointing.)
-    l.predicted_peak = l.predicted_rest + (in_flight + 1) * l.P_block + l.A + l.A_recompute;
+    // (+ a background checkpoint's snapshot, held while training goes on.)
+    l.predicted_peak = l.predicted_rest + (in_flight + 1) * l.P_block + l.A + l.A_recompute + l.C;
   }
   trace::set_metadata("ledger", {{"P_full", l.P_full}, {"P", l.P}, {"G", l.G}, {"O", l.O}, {"P_block", l.P_block},
-                                 {"P_block_unit", l.P_block_unit}, {"A", l.A}, {"A_recompute", l.A_recompute},
+                                 {"P_block_unit", l.P_block_unit}, {"A", l.A}, {"A_recompute", l.A_recompute}, {"C", l.C},
                                  {"predicted_rest", l.predicted_rest},
                                  {"predicted_peak", l.predicted_peak}});
   if (l.process.at_start > 0) {
@@ -317,8 +344,9 @@ std::string Ledger::str() const {
   row("P_block", P_block, "largest unit unsharded: '" + P_block_unit + "'");
   row("A", A, "activations of the last forward (measured)");
   if (A_recompute > 0) row("A_recomp", A_recompute, "activations of one recompute in backward (activation checkpointing)");
+  if (C > 0) row("C", C, "snapshot of the last background checkpoint save, held while it writes");
   row("peak", peak, "measured peak (counting allocator) | guide: (P+G+O)/" + div + " + P_block (+ its grad) + A" +
-                        (A_recompute > 0 ? " + A_recomp" : "") + " = " +
+                        (A_recompute > 0 ? " + A_recomp" : "") + (C > 0 ? " + C" : "") + " = " +
                         format_bytes(predicted_peak));
   row("cached", cached, "freed blocks the allocator keeps for reuse (not in the terms above)");
   if (rss_peak > 0 && process.at_start > 0)
@@ -344,7 +372,7 @@ std::vector<std::pair<std::string, torch::Tensor>> FullyShardedModel::full_state
     if (u->empty()) continue;
     torch::Tensor full = detail::gather_flat(*u, u->shard, to_rank, "full_state");
     if (keep)
-      for (auto& s : u->params) values[&s] = full.narrow(0, s.offset, s.numel).view(s.shape).clone();
+      for (auto& s : u->params()) values[&s] = full.narrow(0, s.offset, s.numel).view(s.shape).clone();
   }
   std::vector<std::pair<std::string, torch::Tensor>> out;
   if (!keep) return out;
@@ -370,6 +398,22 @@ std::vector<const ParamSlot*> EngineAccess::slots() const {
   return out;
 }
 void EngineAccess::finish_pending_reductions() const { engine_->wait_pending(); }
+
+CommPtr EngineAccess::checkpoint_comm() const {
+  if (!engine_->checkpoint_comm)
+    engine_->checkpoint_comm = engine_->comm->split(0, {"checkpoint", std::chrono::milliseconds(0)});
+  return engine_->checkpoint_comm;
+}
+
+std::unique_ptr<ckpt::BackgroundSave> EngineAccess::take_background_save() const {
+  return std::move(engine_->background_save);
+}
+
+void EngineAccess::keep_background_save(std::unique_ptr<ckpt::BackgroundSave> s) const {
+  FSDP_CHECK(!engine_->background_save, "a background save is kept already");
+  engine_->snapshot_bytes = s->snapshot_bytes();
+  engine_->background_save = std::move(s);
+}
 
 }  // namespace detail
 

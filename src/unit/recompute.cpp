@@ -79,9 +79,10 @@ void Unit::end_recompute() {
 
 // --- The engine's side ---
 
-void Engine::build_recompute_sites() {
+std::vector<std::unique_ptr<RecomputeSite>> Engine::build_recompute_sites() {
+  std::vector<std::unique_ptr<RecomputeSite>> built;
   const RecomputePolicy& p = opts.recompute;
-  if (!p.enabled()) return;
+  if (!p.enabled()) return built;
   std::unordered_map<const torch::nn::Module*, Unit*> unit_at;
   for (auto& u : units) unit_at[u->module] = u.get();
   std::unordered_set<const torch::nn::Module*> seen;
@@ -93,22 +94,19 @@ void Engine::build_recompute_sites() {
     auto it = unit_at.find(&m);
     Unit* here = it != unit_at.end() ? it->second : in;
     if (&m != root.get() && p.fn(path, m) && matched++ % p.every == 0) {
-      auto s = std::make_unique<RecomputeSite>();
-      s->engine = this;
-      s->module = &m;
-      s->name = path;
-      s->unit = here;
+      std::vector<torch::Tensor> params;
       std::unordered_set<const c10::TensorImpl*> distinct;
       for (auto& t : m.parameters(/*recurse=*/true))
-        if (t.requires_grad() && distinct.insert(t.unsafeGetTensorImpl()).second) s->params.push_back(t);
-      recompute_sites.push_back(std::move(s));
+        if (t.requires_grad() && distinct.insert(t.unsafeGetTensorImpl()).second) params.push_back(t);
+      built.push_back(std::unique_ptr<RecomputeSite>(new RecomputeSite{this, &m, path, here, std::move(params)}));
     }
     for (const auto& kv : m.named_children()) {
       if (seen.count(kv.value().get())) continue;
       walk(*kv.value(), path.empty() ? kv.key() : path + "." + kv.key(), here);
     }
   };
-  walk(*root, "", &root_unit());
+  walk(*root, "", units.front().get());
+  return built;
 }
 
 void Engine::register_recompute_sites() {

@@ -4,6 +4,7 @@
 // A shard view is elements [lo, hi) of its flattened original parameter, the
 // exact notion of ckpt::Slice, so every strategy saves and loads the same
 // way and resharding N -> M is the checkpoint layer's interval overlap.
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <unordered_map>
@@ -136,7 +137,7 @@ const torch::optim::OptimizerParamState* find_state(const torch::optim::Optimize
 // ([shard_numel], zeros where no state exists), ready for gather_flat.
 torch::Tensor optim_flat(const detail::Unit& u, const torch::optim::Optimizer& opt, OptKind k, const std::string& f) {
   auto flat = torch::zeros({u.shard_numel}, torch::kFloat32);
-  for (auto& s : u.params) {
+  for (auto& s : u.params()) {
     if (s.hi <= s.lo) continue;
     torch::Tensor t = state_tensor(find_state(&opt, s), k, f);
     if (t.defined()) flat.narrow(0, s.offset + s.lo - u.shard_begin, s.hi - s.lo).copy_(t.detach().reshape(-1));
@@ -234,14 +235,14 @@ std::unique_ptr<Progress> save_progress(int rank, const std::string& path,
 }
 
 // Rank 0 writes unit u's parameters from their gathered flat buffer, in
-// u.params order (with_aliases: once more under each tied name, as the model
+// u.params() order (with_aliases: once more under each tied name, as the model
 // file lists them), and reports the bytes; a write error is kept for the
 // agreement.
 void write_unit(ckpt::SafetensorsWriter* w, const detail::Unit& u, const torch::Tensor& full, bool with_aliases,
                 int64_t& written, Progress& progress, std::string& error) {
   if (!w || !error.empty()) return;
   try {
-    for (auto& s : u.params)
+    for (auto& s : u.params())
       for (size_t i = 0; i <= (with_aliases ? s.aliases.size() : 0); ++i) {
         w->write(full.narrow(0, s.offset, s.numel));
         written += s.numel * 4;
@@ -273,11 +274,20 @@ std::vector<ckpt::Slice> model_slices(const FullyShardedModel& m) {
   return out;
 }
 
+std::optional<ckpt::SaveResult> wait_for_checkpoint(FullyShardedModel& model) {
+  std::unique_ptr<ckpt::BackgroundSave> s = EngineAccess(model).take_background_save();
+  if (!s) return std::nullopt;
+  trace::Span span("checkpoint_wait", "ckpt", {{"step", s->step()}});
+  return s->wait();
+}
+
 ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::Optimizer* opt,
                                  const std::string& root, int64_t step, const nlohmann::json& train_state,
                                  const CheckpointOptions& copts) {
+  const auto began = std::chrono::steady_clock::now();
   model.wait_pending();
-  trace::Span span("checkpoint_save", "ckpt", {{"step", step}});
+  wait_for_checkpoint(model);  // one save at a time: the previous one first (its error, here)
+  trace::Span span("checkpoint_save", "ckpt", {{"step", step}, {"async", copts.async}});
   const OptKind k = kind_of(opt);
   const bool ams = amsgrad_of(opt, k);
   const bool no_shard = model.options().strategy == ShardingStrategy::NO_SHARD;
@@ -305,16 +315,28 @@ ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::O
   ckpt::SaveOptions so;
   so.keep_last = copts.keep_last;
   so.fsync = copts.fsync;
+  so.max_write_bytes_per_second = copts.max_write_bytes_per_second;
   so.strategy = to_string(model.options().strategy);
   if (model.replica_group())
     so.strategy += detail::cat(" (shard groups of ", model.shard_group()->world_size(), " x ",
                                model.replica_group()->world_size(), " replicas; replica group 0 wrote the shards)");
-  return ckpt::save_sharded(*model.comm(), root, step, model_slices(model), optim, ts, so);
+  if (!copts.async) return ckpt::save_sharded(*model.comm(), root, step, model_slices(model), optim, ts, so);
+  const EngineAccess access(model);
+  auto bg = std::make_unique<ckpt::BackgroundSave>(access.checkpoint_comm(), root, step, model_slices(model), optim,
+                                                   std::move(ts), so);
+  ckpt::SaveResult r;
+  r.path = bg->path();
+  r.in_background = true;
+  r.snapshot_bytes = bg->snapshot_bytes();
+  access.keep_background_save(std::move(bg));
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  return r;
 }
 
 ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimizer* opt,
                                  const std::string& path_or_root, const ckpt::LoadOptions& lopts) {
   model.wait_pending();
+  wait_for_checkpoint(model);  // a background save is committed (or failed, here) before anything is read
   // A checkpoint root that was never created is "no checkpoint yet": a
   // (re)started job with --resume starts fresh instead of failing.
   if (!std::filesystem::exists(path_or_root)) {
@@ -394,7 +416,7 @@ void save_full(const FullyShardedModel& model, const std::string& path) {
   trace::Span span("checkpoint_save_full", "ckpt");
   std::vector<ckpt::TensorSpec> specs;
   for (auto& u : engine.units())
-    for (auto& s : u->params) {
+    for (auto& s : u->params()) {
       specs.push_back({s.name, s.shape, torch::kFloat32});
       for (auto& a : s.aliases) specs.push_back({a, s.shape, torch::kFloat32});
     }
@@ -443,7 +465,7 @@ void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimiz
   std::vector<ckpt::TensorSpec> specs;
   for (auto& u : engine.units())
     for (auto& f : fields)
-      for (auto& s : u->params) specs.push_back({s.name + "." + f, s.shape, torch::kFloat32});
+      for (auto& s : u->params()) specs.push_back({s.name + "." + f, s.shape, torch::kFloat32});
   for (auto* s : all) specs.push_back({s->name + ".step", {}, torch::kLong});
 
   std::string error;

@@ -95,10 +95,12 @@ struct PendingReduce {
 
 class Unit {
  public:
-  // Its place in the model (src/wrap/wrap.cpp); the parameters and the
-  // layout come next (wrap.cpp, init_flat_param).
-  Unit(int index, std::string name, torch::nn::Module* module, Unit* parent, Engine* owner, Communicator* comm)
-      : index(index), name(std::move(name)), module(module), parent(parent), owner(owner), comm(comm) {}
+  // Its place in the model (src/wrap/wrap.cpp), its parameters (each
+  // slot's name, aliases and param; the constructor lays them out back to
+  // back) and the options: everything below that is const is fixed here
+  // (src/shard/flat_param.cpp). The tensors come with init_flat_param.
+  Unit(int index, std::string name, torch::nn::Module* module, Unit* parent, Engine* owner, Communicator* comm,
+       std::vector<ParamSlot> slots, const FsdpOptions& opts);
   Unit(const Unit&) = delete;
   Unit& operator=(const Unit&) = delete;
 
@@ -110,18 +112,21 @@ class Unit {
   Engine* const owner;   // outlives the unit
   Communicator* const comm;  // the owner's shard group
 
-  // --- Set while the engine is constructed (src/wrap/wrap.cpp,
-  // init_flat_param); constant after ---
-  std::vector<ParamSlot> params;
-  // The flat layout (shard::flat_layout): padded / shard sizes and where this
-  // rank's shard starts in the padded buffer.
-  int64_t numel = 0, padded_numel = 0, shard_numel = 0, shard_begin = 0;
-  torch::ScalarType param_dtype = torch::kFloat32;
-  torch::ScalarType reduce_dtype = torch::kFloat32;
-  bool reshard_after_forward = true;  // FULL_SHARD
-  bool keeps_unsharded = false;       // NO_SHARD: `full` always resident
-  bool aliased = false;               // NO_SHARD in fp32: full and shard are one tensor
-  int n_grad_params = 0;
+  // --- Constant: the flat layout, fixed by the constructor from the
+  // parameters, the options and the shard group (shard::flat_layout) ---
+  const int64_t numel;         // the parameters' elements, back to back
+  const int64_t padded_numel;  // numel rounded up to a multiple of the group (NO_SHARD: numel)
+  const int64_t shard_numel;   // this rank's share of padded_numel
+  const int64_t shard_begin;   // where this rank's shard starts in the padded buffer
+  const torch::ScalarType param_dtype;
+  const torch::ScalarType reduce_dtype;
+  const bool reshard_after_forward;  // FULL_SHARD, HYBRID_SHARD
+  const bool keeps_unsharded;        // NO_SHARD: `full` always resident
+  const bool aliased;                // NO_SHARD in fp32: full and shard are one tensor
+  const int n_grad_params;           // parameters that require grad
+  // The parameters in flat-buffer order, read-only: the layout is the
+  // constructor's, the views and hooks init_flat_param's.
+  const std::vector<ParamSlot>& params() const { return params_; }
 
   // --- Tensors (docs/DESIGN.md#vocabulary) ---
   torch::Tensor shard;       // fp32 [S]: the master shard, optimizer-owned through shard_views
@@ -223,6 +228,9 @@ class Unit {
   void init_shard_from(const ParamInit& init, const InitTargetOf& target_of);
   torch::Tensor flat_grads_for_reduce();
 
+  // Written by the constructor (layout) and init_flat_param (shard views,
+  // accumulators) only.
+  std::vector<ParamSlot> params_;
   // --- Protected by the caller's thread ---
   UnitState state_ = UnitState::SHARDED;
   TrainingState training_ = TrainingState::IDLE;

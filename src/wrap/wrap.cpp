@@ -249,7 +249,8 @@ WrapDescription describe_wrap(torch::nn::Module& root, const WrapPolicy& policy)
   return out;
 }
 
-// --- build_units's stages: check, describe, materialise ---
+// --- A new engine's units: check and describe (describe_new_wrap), then
+// materialise (Engine::build_units) ---
 
 namespace {
 
@@ -266,36 +267,44 @@ void check_not_wrapped(torch::nn::Module& root) {
                   "and let the wrap policy choose the units inside it");
 }
 
-// One Unit per description, its parameter slots laid out back to back in
-// the flat buffer (offsets; padding comes with the shard, init_flat_param).
+// One Unit per description; the constructor lays its parameter slots out
+// back to back in the flat buffer (offsets; padding comes with the shard).
 std::unique_ptr<Unit> materialise(const UnitDesc& d, int index, Engine* owner,
                                   const std::vector<std::unique_ptr<Unit>>& earlier) {
   Unit* parent = d.parent >= 0 ? earlier[d.parent].get() : nullptr;
-  auto u = std::make_unique<Unit>(index, d.name, d.module, parent, owner,
-                                  owner->shard_comm.get());  // HYBRID: the shard group
+  std::vector<ParamSlot> slots;
+  slots.reserve(d.params.size());
   for (auto& p : d.params) {
     ParamSlot s;
     s.name = p.name;
     s.aliases = p.aliases;
     s.param = p.tensor;
-    s.shape = s.param.sizes().vec();
-    s.numel = s.param.numel();
-    s.offset = u->numel;
-    s.requires_grad = s.param.requires_grad();
-    u->numel += s.numel;
-    if (s.requires_grad) ++u->n_grad_params;
-    u->params.push_back(std::move(s));
+    slots.push_back(std::move(s));
   }
-  return u;
+  return std::make_unique<Unit>(index, d.name, d.module, parent, owner,
+                                owner->shard_comm.get(),  // HYBRID: the shard group
+                                std::move(slots), owner->opts);
 }
 
 }  // namespace
 
-void Engine::build_units() {
-  check_not_wrapped(*root);
-  const WrapDescription d = describe_wrap(*root, opts.wrap);
-  for (size_t i = 0; i < d.units.size(); ++i) units.push_back(materialise(d.units[i], static_cast<int>(i), this, units));
-  for (auto& n : d.named) named_slots.emplace_back(n.name, &units[n.unit]->params[n.param]);
+WrapDescription describe_new_wrap(torch::nn::Module& root, const WrapPolicy& policy) {
+  check_not_wrapped(root);
+  return describe_wrap(root, policy);
+}
+
+std::vector<std::unique_ptr<Unit>> Engine::build_units(const WrapDescription& d) {
+  std::vector<std::unique_ptr<Unit>> built;
+  for (size_t i = 0; i < d.units.size(); ++i) built.push_back(materialise(d.units[i], static_cast<int>(i), this, built));
+  return built;
+}
+
+std::vector<std::pair<std::string, const ParamSlot*>> Engine::name_slots(
+    const WrapDescription& d, const std::vector<std::unique_ptr<Unit>>& built) {
+  std::vector<std::pair<std::string, const ParamSlot*>> named;
+  named.reserve(d.named.size());
+  for (auto& n : d.named) named.emplace_back(n.name, &built[n.unit]->params()[n.param]);
+  return named;
 }
 
 }  // namespace detail

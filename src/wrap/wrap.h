@@ -48,6 +48,11 @@ struct WrapDescription {
 // does (owners in sibling units) this throws fsdp::Error naming them.
 WrapDescription describe_wrap(torch::nn::Module& root, const WrapPolicy& policy);
 
+// describe_wrap, after checking that no module of the tree is already part
+// of a wrapped model (fsdp::Error naming it otherwise): what a new engine is
+// built from.
+WrapDescription describe_new_wrap(torch::nn::Module& root, const WrapPolicy& policy);
+
 // `o` with the deprecated FsdpOptions::checkpoint folded into
 // FsdpOptions::recompute (which it replaces when only it is set) and reset
 // to its default. Throws fsdp::Error when both are set to different

@@ -4,6 +4,9 @@
 // core_resume PHASE STEPS CKPT_DIR OUT [STRATEGY [SHARD_GROUP]]
 //   straight:    train STEPS steps, save_full(OUT)
 //   first:       train STEPS/2 steps, save_checkpoint(CKPT_DIR)
+//   first_async: the same save in the background (throttled), while two
+//                more steps change every shard; prints OVERLAPPED (the
+//                steps ended before the write did) and COMMITTED
 //   second:      load_checkpoint(CKPT_DIR), train to STEPS, save_full(OUT)
 //   full_first:  train STEPS/2 steps, save_full + save_full_optim into CKPT_DIR
 //   full_second: load_full + load_full_optim from CKPT_DIR, train to STEPS,
@@ -11,9 +14,12 @@
 // The global batch of step s is seeded by s and split over ranks, so any
 // world size trains the same model (up to summation order).
 #include <algorithm>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <thread>
 
 #include "../core_model.h"
 #include "fsdp/fsdp.h"
@@ -54,7 +60,7 @@ FSDP_SCENARIO(core_resume) {
   auto model = fully_shard(net, comm, o);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   int start = 0, end = steps;
-  if (phase == "first" || phase == "full_first") end = steps / 2;
+  if (phase == "first" || phase == "first_async" || phase == "full_first") end = steps / 2;
   if (phase == "full_second") {
     load_full(*model, dir + "/model.safetensors");
     load_full_optim(*model, opt, dir + "/optim.safetensors");
@@ -69,6 +75,21 @@ FSDP_SCENARIO(core_resume) {
   for (int s = start; s < end; ++s) train_step(model, opt, s, N, r);
   if (phase == "first") {
     save_checkpoint(*model, &opt, dir, end, {{"step", end}});
+  } else if (phase == "first_async") {
+    CheckpointOptions co;
+    co.async = true;
+    co.max_write_bytes_per_second = 2000;  // this model's shards: about a second
+    auto res = save_checkpoint(*model, &opt, dir, end, {{"step", end}}, co);
+    const auto returned = std::chrono::steady_clock::now();
+    FSDP_USER_CHECK(res.in_background && res.snapshot_bytes > 0, "expected a background save with a snapshot");
+    // Every shard and every optimizer state changes while the copy is written.
+    for (int s = end; s < end + 2; ++s) train_step(model, opt, s, N, r);
+    const double trained = std::chrono::duration<double>(std::chrono::steady_clock::now() - returned).count();
+    auto w = wait_for_checkpoint(*model);
+    FSDP_USER_CHECK(w && w->bytes_written > 0, "expected the background save's result");
+    const bool overlapped = trained < w->seconds;  // the steps ended while the write went on
+    std::printf("OVERLAPPED %d\nCOMMITTED %s bytes=%lld C=%lld\n", int(overlapped), w->path.c_str(),
+                (long long)w->bytes_written, (long long)model->ledger(&opt).C);
   } else if (phase == "full_first") {
     if (r == 0) std::filesystem::create_directories(dir);
     save_full(*model, dir + "/model.safetensors");
@@ -77,6 +98,87 @@ FSDP_SCENARIO(core_resume) {
     save_full(*model, out);
   std::printf("DONE phase=%s N=%d\n", phase.c_str(), N);
   return 0;
+}
+
+// core_async_order DIR: background saves one at a time, and their errors.
+// Prints WAITED when a save that follows a background one finds it
+// committed; ERROR <message> for a background save that could not write;
+// NONE when there is nothing to wait for. The model is then destroyed with a
+// failed save nobody waited for (its destructor prints it).
+FSDP_SCENARIO(core_async_order) {
+  const std::string dir = args.at(0);
+  auto comm = make_communicator_from_env();
+  const int N = comm->world_size(), r = comm->rank();
+  torch::manual_seed(7);
+  Net net;
+  FsdpOptions o;
+  o.wrap = WrapPolicy::module_type<BlockImpl>("Block");
+  auto model = fully_shard(net, comm, o);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  train_step(model, opt, 0, N, r);
+  CheckpointOptions slow;
+  slow.async = true;
+  slow.max_write_bytes_per_second = 2000;
+  save_checkpoint(*model, &opt, dir + "/ck", 1, {{"step", 1}}, slow);
+  save_checkpoint(*model, &opt, dir + "/ck", 2, {{"step", 2}});  // synchronous: waits for step 1 first
+  namespace fs = std::filesystem;
+  if (fs::exists(dir + "/ck/step-000001/metadata.json") && ckpt::resolve_checkpoint(dir + "/ck") == dir + "/ck/step-000002")
+    std::printf("WAITED\n");
+  if (!wait_for_checkpoint(*model)) std::printf("NONE\n");
+  // A root below a regular file: the background save fails (rank 0 cannot
+  // make the folder), on every rank, after the call returned.
+  if (r == 0) std::fclose(std::fopen((dir + "/not-a-dir").c_str(), "w"));
+  comm->barrier()->wait();
+  CheckpointOptions bg;
+  bg.async = true;
+  auto res = save_checkpoint(*model, &opt, dir + "/not-a-dir/ck", 3, {{"step", 3}}, bg);
+  std::printf("RETURNED in_background=%d\n", int(res.in_background));
+  try {
+    wait_for_checkpoint(*model);
+    std::printf("NO ERROR (unexpected)\n");
+  } catch (const fsdp::Error& e) {
+    std::printf("ERROR %s\n", e.what());
+  }
+  save_checkpoint(*model, &opt, dir + "/not-a-dir/ck", 4, {{"step", 4}}, bg);  // fails too; nobody waits
+  std::fflush(stdout);
+  return 0;
+}
+
+// core_async_kill DIR: a rank killed while its background write is under
+// way. Saves step 1 (committed), then step 2 in the background, slowly;
+// rank 1 kills itself once its shard file of step 2 has begun.
+FSDP_SCENARIO(core_async_kill) {
+  const std::string dir = args.at(0);
+  auto comm = make_communicator_from_env();
+  const int N = comm->world_size(), r = comm->rank();
+  torch::manual_seed(7);
+  Net net;
+  FsdpOptions o;
+  o.wrap = WrapPolicy::module_type<BlockImpl>("Block");
+  auto model = fully_shard(net, comm, o);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  train_step(model, opt, 0, N, r);
+  save_checkpoint(*model, &opt, dir, 1, {{"step", 1}});
+  train_step(model, opt, 1, N, r);
+  CheckpointOptions slow;
+  slow.async = true;
+  slow.max_write_bytes_per_second = 500;
+  save_checkpoint(*model, &opt, dir, 2, {{"step", 2}}, slow);
+  char name[96];
+  std::snprintf(name, sizeof name, "/.tmp-step-000002/rank-%05d-of-%05d.safetensors.tmp", r, N);
+  const std::string partial = dir + name;
+  for (int i = 0; i < 2000; ++i) {
+    std::error_code ec;
+    if (r == 1 && std::filesystem::file_size(partial, ec) > 0 && !ec) {
+      std::printf("KILLING rank 1 while %s is partial\n", partial.c_str());
+      std::fflush(stdout);
+      std::raise(SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  wait_for_checkpoint(*model);  // rank 0: fails once rank 1 is gone (or is killed by the launcher first)
+  std::printf("NOT KILLED (unexpected)\n");
+  return 1;
 }
 
 // core_full_memory DIR: what gathering the full state costs each rank. Prints
