@@ -596,6 +596,7 @@ int train(const Args& a) {
 
   // The training loop.
   const int64_t first_step = resume(a, run, model, *opt);
+  if (a.save_async) fsdp::prepare_background_saves(*model);  // not inside the first save
   // The previous background save (--save-async), committed: reported once.
   auto committed = [&] {
     const std::optional<fsdp::ckpt::SaveResult> w = fsdp::wait_for_checkpoint(*model);

@@ -229,7 +229,8 @@ SaveResult save_sharded(Communicator& comm, const std::string& root, int64_t ste
 // The constructor copies every slice's data into memory (the snapshot) on
 // the calling thread and returns; the thread then writes, checksums and
 // commits the copies exactly as save_sharded does, over `comm`, and frees
-// them. A kill at any point leaves the previous checkpoint and `latest`
+// them. The thread runs at the lowest priority (its own nice 19): where
+// training fills the cores, it takes the cycles training leaves. A kill at any point leaves the previous checkpoint and `latest`
 // intact (save_sharded's promise). `comm` must carry nothing else while the
 // save runs: its collectives are not ordered against the caller's (split
 // one from the training communicator; fsdp::save_checkpoint does).

@@ -1,6 +1,6 @@
 // fsdp-cpp: checkpoints of a wrapped model — the engine side of src/checkpoint.
 //
-// defines: CheckpointOptions, save_checkpoint, wait_for_checkpoint, load_checkpoint,
+// defines: CheckpointOptions, save_checkpoint, prepare_background_saves, wait_for_checkpoint, load_checkpoint,
 //          save_full, load_full, save_full_optim, load_full_optim, model_slices
 //
 // Sharded checkpoints (for training): every rank writes its own shards of the
@@ -48,6 +48,12 @@ struct CheckpointOptions {
 ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::Optimizer* opt,
                                  const std::string& root, int64_t step, const nlohmann::json& train_state,
                                  const CheckpointOptions& opts = {});
+
+// Collective: makes the communicator background saves run over now (a
+// split of the model's: a rendezvous and connections), so that the first
+// save with CheckpointOptions::async blocks no longer than the others.
+// Optional: that save makes it otherwise.
+void prepare_background_saves(FullyShardedModel& model);
 
 // Waits for the model's background save (CheckpointOptions::async) and
 // returns what it wrote: its SaveResult (seconds: the write's own), or

@@ -5,6 +5,10 @@
 // save_sharded over the copies, on a communicator nobody else uses, then
 // freeing the copies. What a kill leaves behind is save_sharded's story
 // (sharded_save.cpp): the previous checkpoint and `latest`, intact.
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -35,6 +39,9 @@ struct BackgroundSave::State {
   std::thread thread;
 
   void run() {
+    // The cycles training leaves: on a host whose cores training fills, the
+    // write yields to it (this thread's own priority; nothing else changes).
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
     try {
       result = save_sharded(*comm, root, step, model, optim, train_state, opts);
     } catch (...) {

@@ -274,6 +274,8 @@ std::vector<ckpt::Slice> model_slices(const FullyShardedModel& m) {
   return out;
 }
 
+void prepare_background_saves(FullyShardedModel& model) { EngineAccess(model).checkpoint_comm(); }
+
 std::optional<ckpt::SaveResult> wait_for_checkpoint(FullyShardedModel& model) {
   std::unique_ptr<ckpt::BackgroundSave> s = EngineAccess(model).take_background_save();
   if (!s) return std::nullopt;

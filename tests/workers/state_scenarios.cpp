@@ -115,6 +115,7 @@ FSDP_SCENARIO(core_async_order) {
   o.wrap = WrapPolicy::module_type<BlockImpl>("Block");
   auto model = fully_shard(net, comm, o);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  prepare_background_saves(*model);
   train_step(model, opt, 0, N, r);
   CheckpointOptions slow;
   slow.async = true;
