@@ -1,5 +1,4 @@
-// fsdp-cpp (work in progress, #24 §1: cluster_env.cc is compiled only with
-// -DFSDP_WIP_EXT=cc; nothing calls it yet): which launcher started this
+// fsdp-cpp (#24 §1; nothing calls it yet): which launcher started this
 // process, and where it sits —
 // torchrun's variables, Slurm's, Open MPI's, PMI's, or Kubeflow's
 // PyTorchJob's, recognised with no flags. Torch-free.

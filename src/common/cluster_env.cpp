@@ -89,17 +89,28 @@ void check_ranks(Vars& v, const Launch& l) {
     v.contradiction(detail::cat("node ", l.node_rank, " is not below the number of nodes, ", l.nnodes));
 }
 
+// The launcher's rank and world size (both, or an error naming the missing
+// one); with `local_rank`/`local_size` (null: the caller reads its own), the
+// host's ranks too (all of the world when unset), the host's index and the
+// number of hosts following from them.
+void read_ranks(Vars& v, Launch& l, const char* rank, const char* size, const char* local_rank = nullptr,
+                const char* local_size = nullptr) {
+  v.all_or_none({rank, size});
+  l.world_size = static_cast<int>(*v.integer(size, 1, kMaxRanks));
+  l.rank = static_cast<int>(*v.integer(rank, 0, kMaxRanks));
+  if (!local_rank) return;
+  l.local_world_size = static_cast<int>(v.integer(local_size, 1, kMaxRanks).value_or(l.world_size));
+  l.local_rank = static_cast<int>(v.integer(local_rank, 0, kMaxRanks).value_or(l.rank % l.local_world_size));
+  l.nnodes = (l.world_size + l.local_world_size - 1) / l.local_world_size;
+  l.node_rank = l.rank / l.local_world_size;
+}
+
 Launch torchrun(const LaunchLookup& lookup) {
   Vars v(lookup, "torchrun");
-  v.all_or_none({"RANK", "WORLD_SIZE"});
   Launch l;
   l.launcher = "torchrun";
-  l.world_size = static_cast<int>(*v.integer("WORLD_SIZE", 1, kMaxRanks));
-  l.rank = static_cast<int>(*v.integer("RANK", 0, kMaxRanks));
-  l.local_world_size = static_cast<int>(v.integer("LOCAL_WORLD_SIZE", 1, kMaxRanks).value_or(l.world_size));
-  l.local_rank = static_cast<int>(v.integer("LOCAL_RANK", 0, kMaxRanks).value_or(l.rank % l.local_world_size));
-  l.nnodes = (l.world_size + l.local_world_size - 1) / l.local_world_size;
-  l.node_rank = static_cast<int>(v.integer("GROUP_RANK", 0, kMaxRanks).value_or(l.rank / l.local_world_size));
+  read_ranks(v, l, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+  l.node_rank = static_cast<int>(v.integer("GROUP_RANK", 0, kMaxRanks).value_or(l.node_rank));
   master_override(v, l);
   check_ranks(v, l);
   l.variables = v.seen();
@@ -108,11 +119,9 @@ Launch torchrun(const LaunchLookup& lookup) {
 
 Launch slurm(const LaunchLookup& lookup) {
   Vars v(lookup, "Slurm (srun)");
-  v.all_or_none({"SLURM_PROCID", "SLURM_NTASKS"});
   Launch l;
   l.launcher = "slurm";
-  l.world_size = static_cast<int>(*v.integer("SLURM_NTASKS", 1, kMaxRanks));
-  l.rank = static_cast<int>(*v.integer("SLURM_PROCID", 0, kMaxRanks));
+  read_ranks(v, l, "SLURM_PROCID", "SLURM_NTASKS");
   l.local_rank = static_cast<int>(v.integer("SLURM_LOCALID", 0, kMaxRanks).value_or(0));
   l.node_rank = static_cast<int>(v.integer("SLURM_NODEID", 0, kMaxRanks).value_or(0));
   l.nnodes = static_cast<int>(v.integer("SLURM_NNODES", 1, kMaxRanks).value_or(1));
@@ -159,15 +168,9 @@ Launch slurm(const LaunchLookup& lookup) {
 Launch mpi(const LaunchLookup& lookup, const char* name, const char* launcher, const char* rank, const char* size,
            const char* local_rank, const char* local_size, std::initializer_list<const char*> job_ids) {
   Vars v(lookup, launcher);
-  v.all_or_none({rank, size});
   Launch l;
   l.launcher = name;
-  l.world_size = static_cast<int>(*v.integer(size, 1, kMaxRanks));
-  l.rank = static_cast<int>(*v.integer(rank, 0, kMaxRanks));
-  l.local_world_size = static_cast<int>(v.integer(local_size, 1, kMaxRanks).value_or(l.world_size));
-  l.local_rank = static_cast<int>(v.integer(local_rank, 0, kMaxRanks).value_or(l.rank % l.local_world_size));
-  l.nnodes = (l.world_size + l.local_world_size - 1) / l.local_world_size;
-  l.node_rank = l.rank / l.local_world_size;
+  read_ranks(v, l, rank, size, local_rank, local_size);
   for (const char* id : job_ids)
     if (auto j = v.text(id)) {
       l.master_port = derived_port(*j);
