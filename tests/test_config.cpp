@@ -10,6 +10,8 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <tuple>
+#include <vector>
 
 #include "fsdp/comm.h"
 #include "fsdp/config.h"
@@ -141,10 +143,49 @@ TEST(Config, EveryVariableSetWrongIsOneErrorNamingIt) {
   // The ring piece size names its unit and bounds.
   EXPECT_TRUE(contains(error_of({{"FSDP_RING_PIECE_KIB", "1"}}), "an integer in [4, 1048576]"));
   covered.insert("FSDP_JOB_TOKEN");
+  // The launchers' variables, each set wrong beside the others its launcher
+  // sets (alone they would not be that launcher's).
+  using Env = std::map<std::string, std::string>;
+  const Env step = {{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NNODES", "1"}};
+  const Env ompi = {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}};
+  const Env pmi = {{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}};
+  const Env pod = {{"PET_NNODES", "2"}, {"PET_NODE_RANK", "0"}};
+  const std::vector<std::tuple<std::string, std::string, Env>> beside = {
+      {"GROUP_RANK", "x", {{"RANK", "0"}, {"WORLD_SIZE", "2"}}},
+      {"SLURM_PROCID", "x", step},
+      {"SLURM_NTASKS", "0", step},
+      {"SLURM_LOCALID", "-1", step},
+      {"SLURM_NODEID", "x", step},
+      {"SLURM_NNODES", "0", step},
+      {"SLURM_TASKS_PER_NODE", "4(x", step},
+      {"SLURM_STEP_NODELIST", "n[1-", step},
+      {"SLURM_JOB_NODELIST", "n[1-", step},
+      {"OMPI_COMM_WORLD_RANK", "x", ompi},
+      {"OMPI_COMM_WORLD_SIZE", "0", ompi},
+      {"OMPI_COMM_WORLD_LOCAL_RANK", "x", ompi},
+      {"OMPI_COMM_WORLD_LOCAL_SIZE", "0", ompi},
+      {"PMI_RANK", "x", pmi},
+      {"PMI_SIZE", "0", pmi},
+      {"MPI_LOCALRANKID", "x", pmi},
+      {"MPI_LOCALNRANKS", "0", pmi},
+      {"PET_NNODES", "x", pod},
+      {"PET_NODE_RANK", "x", pod},
+      {"PET_NPROC_PER_NODE", "0", pod},
+  };
+  for (auto [name, value, env] : beside) {
+    env[name] = value;
+    const std::string e = error_of(env);
+    EXPECT_TRUE(contains(e, name + "='" + value + "'")) << name << ": " << e;
+    EXPECT_TRUE(contains(e, "expected")) << name << ": " << e;
+    covered.insert(name);
+  }
   // Every variable that takes a restricted value is covered above; the rest
   // take any text (an address, an interface, an id, a directory).
   for (const auto& v : fsdp::config::variables()) {
-    const std::set<std::string> free_text = {"MASTER_ADDR", "GLOO_SOCKET_IFNAME", "FSDP_HOST_ID", "FSDP_FLIGHT_DIR"};
+    const std::set<std::string> free_text = {"MASTER_ADDR",     "GLOO_SOCKET_IFNAME", "FSDP_HOST_ID",
+                                             "FSDP_FLIGHT_DIR", "SLURM_STEP_ID",      "SLURM_STEPID",
+                                             "SLURM_JOB_ID",    "PMIX_NAMESPACE",     "OMPI_MCA_ess_base_jobid",
+                                             "OMPI_MCA_orte_ess_jobid", "PMI_KVSNAME"};
     EXPECT_TRUE(covered.count(v.name) || free_text.count(v.name)) << v.name << " has no bad-value case here";
   }
 }
@@ -170,7 +211,7 @@ TEST(Config, TheDocsTableAndTheSourcesNameEveryVariable) {
   std::set<std::string> table;
   for (const auto& v : fsdp::config::variables()) table.insert(v.name);
   const std::regex literal("\"([^\"\\\\]|\\\\.)*\"");
-  const std::regex var("FSDP_[A-Z][A-Z0-9_]*[A-Z0-9]");
+  const std::regex var("(FSDP|SLURM|OMPI_COMM_WORLD|PMI|PET)_[A-Z][A-Z0-9_]*[A-Z0-9]");
   std::set<std::string> mentioned;
   size_t files = 0;
   for (const auto& dir : {"src", "include/fsdp"}) {
@@ -193,8 +234,10 @@ TEST(Config, TheDocsTableAndTheSourcesNameEveryVariable) {
   // The table's own strings (src/common/config.cpp) name all 17 FSDP_* variables.
   EXPECT_GE(mentioned.size(), 17u);
   for (const auto& m : mentioned) EXPECT_TRUE(table.count(m)) << m << " is named in src/ but not in the table";
-  // Read: config.cpp names each variable of the table in a string.
-  const std::string cfg = slurp(source_path("src/common/config.cpp"));
+  // Read: config.cpp names each variable of the table in a string, in the
+  // table and where parse_env reads it (the launchers' variables: in
+  // cluster_env.cpp, the reader parse_env calls).
+  const std::string cfg = slurp(source_path("src/common/config.cpp")) + slurp(source_path("src/common/cluster_env.cpp"));
   for (const auto& t : table) {
     size_t n = 0;
     for (size_t p = cfg.find("\"" + t + "\""); p != std::string::npos; p = cfg.find("\"" + t + "\"", p + 1)) ++n;

@@ -44,6 +44,15 @@ std::string torch_python() {
 
 std::string source_path(const std::string& rel) { return std::string(FSDP_SOURCE_DIR) + "/" + rel; }
 
+void exec_or_exit(const std::vector<std::string>& argv) {
+  std::vector<char*> a;
+  for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+  a.push_back(nullptr);
+  execv(a[0], a.data());
+  std::fprintf(stderr, "exec %s: %s\n", a[0], std::strerror(errno));
+  _exit(127);
+}
+
 ProcResult run_command(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                        double timeout_s) {
   ProcResult r;
@@ -58,12 +67,7 @@ ProcResult run_command(const std::vector<std::string>& argv, const std::vector<s
     close(fds[1]);
     setpgid(0, 0);
     for (auto& kv : env) putenv(strdup(kv.c_str()));
-    std::vector<char*> a;
-    for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-    a.push_back(nullptr);
-    execv(a[0], a.data());
-    std::fprintf(stderr, "exec %s: %s\n", a[0], std::strerror(errno));
-    _exit(127);
+    exec_or_exit(argv);
   }
   close(fds[1]);
   char buf[65536];

@@ -1,5 +1,5 @@
 // fsdp-cpp tests: start ranks as processes and collect what they print.
-// defines: ProcResult, run_command, run_ranks, run_two_nodes, run_two_launchers, run_launcher_pair, free_port, run_in_ranks,
+// defines: ProcResult, exec_or_exit, run_command, run_ranks, run_two_nodes, run_two_launchers, run_launcher_pair, free_port, run_in_ranks,
 //          FSDP_IN_RANKS, bin_path, lines_with, Fields, parse_kv
 #pragma once
 
@@ -21,6 +21,10 @@ std::string source_path(const std::string& rel);
 // The Python of the torch this build links (the project's environment,
 // `make deps`), for the cross-checks; $FSDP_PYTHON overrides it.
 std::string torch_python();
+
+// In a forked child: execs `argv` (no shell); if that fails, says why on
+// stderr and exits 127.
+[[noreturn]] void exec_or_exit(const std::vector<std::string>& argv);
 
 // Runs `argv` (no shell), with extra "K=V" environment entries, killing it
 // after timeout_s. Captures stdout+stderr.

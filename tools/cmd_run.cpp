@@ -2,16 +2,66 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "cli_checks.h"
 #include "usage.h"
 #include "command.h"
+#include "common/cluster_env.h"
 #include "fsdp/errors.h"
 #include "launcher.h"
 
 namespace fsdp::tools {
 namespace {
+
+// Which of the node's flags the user gave.
+struct Given {
+  bool nnodes, node_rank, master_addr, master_port;
+};
+
+// Inside a Slurm step (one task per node) or a Kubeflow pod, the node's
+// place comes from the cluster's variables (common/cluster_env.h) where no
+// flag says it: --master-addr and --master-port win; --nnodes, --node-rank
+// and -n must agree with them. Says which launcher placed it.
+void place_node(LaunchOptions& o, const Given& given) {
+  config::NodeLaunch n;
+  try {
+    n = config::detect_node_launch([](const char* name) -> const char* {
+      const char* v = std::getenv(name);  // the `fsdp` command is an edge; unset or empty: not said
+      return v && *v ? v : nullptr;
+    });
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  if (n.launcher.empty()) return;
+  const bool slurm = n.launcher == "slurm";
+  const char* by = slurm ? "Slurm (this srun step)" : "Kubeflow (this PyTorchJob's pod)";
+  auto agree = [&](bool flag, int& value, int cluster, const char* name, const char* var, const std::string& fix) {
+    if (!flag) {
+      value = cluster;
+    } else if (value != cluster) {
+      throw UsageError(detail::cat(name, " ", value, " contradicts ", var, "=", cluster, " set by ", by, ": ", fix));
+    }
+  };
+  auto drop = [](const char* name, const char* var) {
+    return detail::cat("drop ", name, " (fsdp run reads ", var, ", which the cluster sets for each node)");
+  };
+  agree(given.nnodes, o.nnodes, n.nnodes, "--nnodes", slurm ? "SLURM_NNODES" : "PET_NNODES",
+        drop("--nnodes", slurm ? "SLURM_NNODES" : "PET_NNODES"));
+  agree(given.node_rank, o.node_rank, n.node_rank, "--node-rank", slurm ? "SLURM_NODEID" : "PET_NODE_RANK",
+        drop("--node-rank", slurm ? "SLURM_NODEID" : "PET_NODE_RANK"));
+  if (n.nproc_per_node)
+    agree(true, o.nproc, n.nproc_per_node, "-n", "PET_NPROC_PER_NODE",
+          detail::cat("pass -n ", n.nproc_per_node, " (the PyTorchJob's nprocPerNode), or set nprocPerNode to ",
+                      o.nproc));
+  // One node picks its own free port, as without a cluster.
+  if (n.nnodes > 1) {
+    if (!given.master_addr && !n.master_addr.empty()) o.master_addr = n.master_addr;
+    if (!given.master_port && n.master_port) o.master_port = n.master_port;
+  }
+  std::fprintf(stderr, "fsdp run: launcher: %s\n", n.describe().c_str());
+}
 
 int cmd_run(int argc, char** argv) {
   // Everything after the first "--" is the program's, never ours.
@@ -30,11 +80,17 @@ int cmd_run(int argc, char** argv) {
   app.add_option("-n,--nproc-per-node", o.nproc, "ranks to start on this node")
       ->required()
       ->check(cli::integer());  // the range: launch() (-n must be at least 1 ...)
-  app.add_option("--nnodes", o.nnodes, "nodes in the job (default 1)")->check(cli::integer());
-  app.add_option("--node-rank", o.node_rank, "this node's index in [0, nnodes) (default 0)")
+  app.add_option("--nnodes", o.nnodes, "nodes in the job (default 1; in a Slurm step or a Kubeflow pod: the cluster's)")
+      ->check(cli::integer());
+  app.add_option("--node-rank", o.node_rank,
+                 "this node's index in [0, nnodes) (default 0; in a Slurm step or a Kubeflow pod: the cluster's)")
       ->check(cli::integer());  // range checked by launch()
-  app.add_option("--master-addr", o.master_addr, "host of rank 0 (default 127.0.0.1)");
-  app.add_option("--master-port", o.master_port, "port of the rendezvous store (default: a free port)")
+  app.add_option("--master-addr", o.master_addr,
+                 "host of rank 0 (default 127.0.0.1; on several nodes of a Slurm step: the first host of its list; "
+                 "in a Kubeflow pod: MASTER_ADDR)");
+  app.add_option("--master-port", o.master_port,
+                 "port of the rendezvous store (default: a free port; on several nodes of a Slurm step: 20000 + job "
+                 "id mod 20000; in a Kubeflow pod: MASTER_PORT)")
       ->check(cli::integer(1, 65535));
   app.add_option("--threads", o.threads, "threads per rank (default: cores / ranks)")
       ->check(cli::integer(1, 4096));
@@ -67,6 +123,8 @@ int cmd_run(int argc, char** argv) {
   }
   if (o.argv.empty()) o.argv = extra;
   try {
+    place_node(o, {app.count("--nnodes") > 0, app.count("--node-rank") > 0, app.count("--master-addr") > 0,
+                   app.count("--master-port") > 0});
     return launch(std::move(o));
   } catch (const UsageError& e) {
     std::fprintf(stderr, "fsdp run: error: %s\n", e.what());

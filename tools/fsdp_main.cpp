@@ -29,10 +29,15 @@ int main(int argc, char** argv) {
   // The launcher keeps the default SIGPIPE (its ranks get it back anyway).
   fsdp::InitOptions init;
   init.ignore_sigpipe = false;
-  // `fsdp env` shows the environment even when a variable is wrong.
+  // `fsdp env` shows the environment even when a variable is wrong. `fsdp
+  // run` is no rank: it reads the environment itself, the cluster's
+  // variables placing its node (inside a Kubeflow pod of several processes
+  // they would not place a rank), and needs nothing of init.
   const bool env_command = argc >= 2 && !std::strcmp(argv[1], "env");
+  const bool run_command = argc >= 2 && !std::strcmp(argv[1], "run");
   try {
-    if (!env_command) fsdp::init(init);  // reads the environment: a variable set wrong ends here, named
+    // Reads the environment: a variable set wrong ends here, named.
+    if (!env_command && !run_command) fsdp::init(init);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fsdp: error: %s\n('fsdp env' lists every variable fsdp-cpp reads and what it allows)\n",
                  e.what());

@@ -33,6 +33,7 @@
 #include "fsdp/config.h"
 #include "fsdp/errors.h"
 #include "comm/store_host.h"
+#include "common/cluster_env.h"
 #include "common/proc_state.h"
 #include "fsdp/watchdog.h"
 #include "launch_diagnosis.h"
@@ -573,7 +574,10 @@ int launch(LaunchOptions o) {
   const std::string program = resolve_program(o.argv[0]);
   // The environment, read once (docs/CONFIG.md): the job token and how the
   // store binds.
-  const config::EnvConfig env = config::read_env();
+  // Without the cluster launchers' variables: they place this node (fsdp
+  // run's place_node), not a rank.
+  const config::EnvConfig env = config::parse_env(config::without_cluster_variables(
+      [](const char* name) -> const char* { return std::getenv(name); }));
   install_handlers();
   if (o.job_token.empty()) o.job_token = env.job_token;
   if (o.job_token.empty() && o.nnodes > 1)

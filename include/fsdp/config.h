@@ -49,14 +49,17 @@ enum class ProgressMode {
 
 // What the environment says, typed; unset optionals: the program's choice.
 struct EnvConfig {
-  // --- Where this process sits (torchrun's conventions, as `fsdp run` sets them)
-  int rank = 0;                           // RANK
-  int world_size = 1;                     // WORLD_SIZE
-  int local_rank = 0;                     // LOCAL_RANK
-  int local_world_size = 1;               // LOCAL_WORLD_SIZE
-  std::string master_addr = "127.0.0.1";  // MASTER_ADDR
-  int master_port = 29500;                // MASTER_PORT
-  bool world_from_env = false;  // RANK and WORLD_SIZE were both set
+  // --- Where this process sits: torchrun's variables (as `fsdp run` sets
+  // them), else Slurm's (in an srun step), Open MPI's, PMI's or Kubeflow's
+  int rank = 0;                           // RANK (or SLURM_PROCID, OMPI_COMM_WORLD_RANK, ...)
+  int world_size = 1;                     // WORLD_SIZE (or SLURM_NTASKS, ...)
+  int local_rank = 0;                     // LOCAL_RANK (or SLURM_LOCALID, ...)
+  int local_world_size = 1;               // LOCAL_WORLD_SIZE (or from SLURM_TASKS_PER_NODE, ...)
+  std::string master_addr = "127.0.0.1";  // MASTER_ADDR (or SLURM_JOB_NODELIST's first host)
+  int master_port = 29500;                // MASTER_PORT (or derived from SLURM_JOB_ID, ...)
+  bool world_from_env = false;  // a launcher's rank and world size were both set
+  std::string launcher;  // whose variables: torchrun, slurm, openmpi, pmi, kubeflow; "" none
+  std::string launch;    // "launcher: slurm (SLURM_PROCID=1 ...): rank 1 of 4, ...": each rank's first log line
 
   // --- The communicator
   std::optional<int64_t> timeout_ms;             // FSDP_TIMEOUT

@@ -1,5 +1,9 @@
 // fsdp-cpp: the communicator entry points (see include/fsdp/comm.h).
 #include "comm/backends.h"
+
+#include <atomic>
+#include <cstdio>
+
 #include "fsdp/flight.h"
 
 namespace fsdp {
@@ -62,8 +66,12 @@ CommPtr Communicator::split(int color, const SplitOptions& opts) {
 // effect of the first communicator.
 // The environment is parsed here, once (fsdp/config.h), and what it
 // says travels down as WorldEnv and ResolvedOptions.
+// Each rank's log starts with which launcher placed it and from which
+// variables (once per process, before the rendezvous can fail or hang).
 CommPtr make_communicator_from_env(const CommOptions& opts) {
   const config::EnvConfig env = config::read_env();
+  static std::atomic<bool> said{false};
+  if (!env.launcher.empty() && !said.exchange(true)) std::fprintf(stderr, "fsdp: %s\n", env.launch.c_str());
   comm::WorldEnv world = comm::world_of(env);
   comm::ResolvedOptions resolved = comm::resolve_options(opts, env);
   flight::apply_env(env);

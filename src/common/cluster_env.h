@@ -1,10 +1,10 @@
-// fsdp-cpp (work in progress, #24 §1: cluster_env.cc is compiled only with
-// -DFSDP_WIP_EXT=cc; nothing calls it yet): which launcher started this
-// process, and where it sits —
+// fsdp-cpp: which launcher started this process, and where it sits —
 // torchrun's variables, Slurm's, Open MPI's, PMI's, or Kubeflow's
 // PyTorchJob's, recognised with no flags. Torch-free.
-// defines: config::Launch, config::detect_launch, config::expand_nodelist,
-//          config::expand_tasks_per_node, config::derived_port
+// defines: config::Launch, config::detect_launch, config::NodeLaunch,
+//          config::detect_node_launch, config::without_cluster_variables,
+//          config::expand_nodelist, config::expand_tasks_per_node,
+//          config::derived_port
 //
 // In this order (the first whose variables are present wins; a launcher
 // started under another, e.g. `fsdp run` inside an `srun` step, sets
@@ -25,6 +25,11 @@
 // names no host for rank 0: across hosts under mpirun, MASTER_ADDR is
 // required. Partial or contradictory variables are one fsdp::Error naming
 // them.
+//
+// config::parse_env (fsdp/config.h) places the rank with detect_launch
+// where torchrun's RANK and WORLD_SIZE are not set (torchrun's it reads as
+// it always did), and make_communicator_from_env prints describe() as each
+// rank's first log line; `fsdp run` places its node with detect_node_launch.
 #pragma once
 
 #include <functional>
@@ -62,6 +67,39 @@ using LaunchLookup = std::function<const char*(const char* name)>;
 // Throws fsdp::Error naming the variables when they are partial or
 // contradict each other.
 Launch detect_launch(const LaunchLookup& lookup);
+
+// Where one `fsdp run` (one per node or pod, starting that node's ranks)
+// sits when the cluster started it: inside an srun step with one task per
+// node (SLURM_NODEID, SLURM_NNODES, the first host of SLURM_JOB_NODELIST, a
+// port from SLURM_JOB_ID), or in a Kubeflow PyTorchJob's pod (PET_NNODES,
+// PET_NODE_RANK, PET_NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT).
+struct NodeLaunch {
+  // "slurm" or "kubeflow"; "" when neither: the flags (or their defaults) say.
+  std::string launcher;
+  // The variables it was read from, "NAME=value" each.
+  std::vector<std::string> variables;
+  // The nodes of the job, and this one's index.
+  int nnodes = 1, node_rank = 0;
+  // Ranks per node the cluster asked for (PET_NPROC_PER_NODE); 0: not said.
+  int nproc_per_node = 0;
+  // Node 0's host and the store's port.
+  std::string master_addr;
+  // The store's port; 0: not said.
+  int master_port = 0;
+
+  // "slurm (SLURM_NODEID=1 SLURM_NNODES=2 ...): node 1 of 2, store at node01:23456".
+  std::string describe() const;
+};
+
+// The node's place from `lookup`'s variables (Slurm's inside a step, then
+// Kubeflow's). Throws fsdp::Error naming them when they are partial, or when
+// the step runs more than one task per node.
+NodeLaunch detect_node_launch(const LaunchLookup& lookup);
+
+// `lookup` without the cluster launchers' variables (Slurm's, MPI's,
+// Kubeflow's): what `fsdp run`, which places its node with
+// detect_node_launch, parses its own settings from.
+LaunchLookup without_cluster_variables(const LaunchLookup& lookup);
 
 // Slurm's compressed host list: "node[01-04,07],gpu5" -> node01, node02,
 // node03, node04, node07, gpu5 (zero padding kept). Throws fsdp::Error

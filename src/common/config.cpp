@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <initializer_list>
 
+#include "common/cluster_env.h"
 #include "fsdp/errors.h"
 
 namespace fsdp::config {
@@ -19,6 +20,39 @@ const std::vector<Variable>& variables() {
       {"LOCAL_WORLD_SIZE", "an integer in [1, WORLD_SIZE]", "WORLD_SIZE", "ranks on this host"},
       {"MASTER_ADDR", "a host name or address", "127.0.0.1", "where rank 0 (or the launcher) hosts the rendezvous store"},
       {"MASTER_PORT", "an integer in [1, 65535]", "29500", "the rendezvous store's port"},
+      {"GROUP_RANK", "an integer in [0, nodes)", "RANK / LOCAL_WORLD_SIZE", "this rank's node (torchrun's convention)"},
+      // Slurm's (inside an srun step), then Open MPI's, PMI's and Kubeflow's,
+      // when torchrun's RANK and WORLD_SIZE are not set (common/cluster_env.h).
+      {"SLURM_STEP_ID", "any (only whether it is set counts)", "not inside an srun step",
+       "set inside an srun step: Slurm's variables place the rank"},
+      {"SLURM_STEPID", "any (only whether it is set counts)", "SLURM_STEP_ID", "the same, as older Slurm names it"},
+      {"SLURM_PROCID", "an integer in [0, SLURM_NTASKS)", "none", "Slurm: this task's rank"},
+      {"SLURM_NTASKS", "an integer >= 1", "none", "Slurm: the tasks of the step (the world size)"},
+      {"SLURM_LOCALID", "an integer", "0", "Slurm: this task's index on its node"},
+      {"SLURM_NODEID", "an integer in [0, SLURM_NNODES)", "0", "Slurm: this node's index in the step"},
+      {"SLURM_NNODES", "an integer >= 1", "1", "Slurm: the nodes of the step"},
+      {"SLURM_TASKS_PER_NODE", "e.g. 4(x2),3", "one task per node (all on one node when SLURM_NNODES=1)",
+       "Slurm: tasks on each node (this node's count is LOCAL_WORLD_SIZE)"},
+      {"SLURM_STEP_NODELIST", "a Slurm host list, e.g. node[01-04,07]", "SLURM_JOB_NODELIST",
+       "Slurm: the step's hosts; the first hosts the store"},
+      {"SLURM_JOB_NODELIST", "a Slurm host list", "127.0.0.1", "Slurm: the job's hosts; the first hosts the store"},
+      {"SLURM_JOB_ID", "the job's id", "29500", "Slurm: the store's port is 20000 + id mod 20000"},
+      {"OMPI_COMM_WORLD_RANK", "an integer in [0, OMPI_COMM_WORLD_SIZE)", "none", "Open MPI (mpirun): this rank"},
+      {"OMPI_COMM_WORLD_SIZE", "an integer >= 1", "none", "Open MPI: the world size"},
+      {"OMPI_COMM_WORLD_LOCAL_RANK", "an integer", "rank mod local size", "Open MPI: this rank's index on its host"},
+      {"OMPI_COMM_WORLD_LOCAL_SIZE", "an integer >= 1", "the world size", "Open MPI: ranks on this host"},
+      {"PMIX_NAMESPACE", "the job's namespace", "29500", "Open MPI 5 (PMIx): the store's port is derived from it"},
+      {"OMPI_MCA_ess_base_jobid", "the job's id", "29500", "Open MPI 4: the store's port is derived from it"},
+      {"OMPI_MCA_orte_ess_jobid", "the job's id", "29500", "Open MPI 3: the store's port is derived from it"},
+      {"PMI_RANK", "an integer in [0, PMI_SIZE)", "none", "PMI (MPICH's, Intel MPI's mpirun): this rank"},
+      {"PMI_SIZE", "an integer >= 1", "none", "PMI: the world size"},
+      {"MPI_LOCALRANKID", "an integer", "rank mod local size", "PMI: this rank's index on its host"},
+      {"MPI_LOCALNRANKS", "an integer >= 1", "the world size", "PMI: ranks on this host"},
+      {"PMI_KVSNAME", "the job's name", "29500", "PMI: the store's port is derived from it"},
+      {"PET_NNODES", "N or N:N", "none", "Kubeflow's PyTorchJob: pods in the job (`fsdp run` in a pod: --nnodes)"},
+      {"PET_NODE_RANK", "an integer in [0, PET_NNODES)", "none", "Kubeflow: this pod's index (`fsdp run`: --node-rank)"},
+      {"PET_NPROC_PER_NODE", "an integer >= 1", "1",
+       "Kubeflow: processes per pod; more than 1 needs `fsdp run` in each pod (its -n)"},
       {"FSDP_TIMEOUT", "seconds, > 0 (e.g. 30 or 2.5)", "CommOptions::timeout (60 s)",
        "how long one collective may take before it fails naming the ranks it waited on"},
       {"FSDP_RENDEZVOUS_TIMEOUT", "seconds, > 0", "60", "how long to wait for every rank to join"},
@@ -135,13 +169,10 @@ std::optional<int64_t> ms(std::optional<double> s) {
   return static_cast<int64_t>(std::llround(*s * 1000));
 }
 
-}  // namespace
-
-EnvConfig parse_env(const Lookup& lookup) {
-  const Reader r(lookup);
-  EnvConfig c;
+// torchrun's variables, as `fsdp run` sets them (and their defaults when
+// no launcher's are set: a world of one).
+void read_torchrun(const Reader& r, EnvConfig& c) {
   constexpr int64_t kMaxRanks = 1 << 20;
-  // The world.
   c.world_from_env = r.raw("RANK") && r.raw("WORLD_SIZE");
   const char* launch = "start ranks with `fsdp run` or set it correctly";
   c.world_size = static_cast<int>(r.integer("WORLD_SIZE", 1, kMaxRanks, "the number of ranks").value_or(1));
@@ -158,6 +189,39 @@ EnvConfig parse_env(const Lookup& lookup) {
                             "; ", launch));
   if (const char* a = r.raw("MASTER_ADDR")) c.master_addr = a;
   c.master_port = static_cast<int>(r.integer("MASTER_PORT", 1, 65535, "the store's port").value_or(c.master_port));
+}
+
+}  // namespace
+
+EnvConfig parse_env(const Lookup& lookup) {
+  const Reader r(lookup);
+  EnvConfig c;
+  // The world: torchrun's variables first (what `fsdp run` sets), read as
+  // they always were; else Slurm's, Open MPI's, PMI's or Kubeflow's
+  // (common/cluster_env.h). Kubeflow sets RANK and WORLD_SIZE per pod:
+  // beside PET_* without LOCAL_RANK they are the pod's, read as Kubeflow's.
+  const Lookup set = [&](const char* name) { return r.raw(name); };
+  const bool pod = (r.raw("PET_NNODES") || r.raw("PET_NODE_RANK")) && !r.raw("LOCAL_RANK");
+  const bool torchrun = (r.raw("RANK") || r.raw("WORLD_SIZE")) && !pod;
+  const Launch l = torchrun ? Launch{} : detect_launch(set);
+  if (l.launcher.empty()) {
+    read_torchrun(r, c);
+    if (c.world_from_env) {  // GROUP_RANK too, and the first log line's words
+      const Launch t = detect_launch(set);
+      c.launcher = t.launcher;
+      c.launch = t.describe();
+    }
+  } else {
+    c.rank = l.rank;
+    c.world_size = l.world_size;
+    c.local_rank = l.local_rank;
+    c.local_world_size = l.local_world_size;
+    c.master_addr = l.master_addr;
+    c.master_port = l.master_port;
+    c.world_from_env = true;
+    c.launcher = l.launcher;
+    c.launch = l.describe();
+  }
 
   // The communicator.
   constexpr double kWeek = 86400.0 * 7;

@@ -40,9 +40,14 @@ class Vars {
       ok = false;
     }
     if (!ok || used != v->size() || x < lo || x > hi)
-      throw Error(detail::cat(name, "='", *v, "' is not an integer in [", lo, ", ", hi, "]; ", launcher_,
-                              " sets it: start the program with ", launcher_, " or unset it"));
+      malformed(name, *v, detail::cat("is not an integer in range; expected an integer in [", lo, ", ", hi, "]"));
     return x;
+  }
+
+  // "NAME='value' <what>, as <launcher> sets it: ..."; `what` says what was expected.
+  [[noreturn]] void malformed(const char* name, const std::string& value, const std::string& what) const {
+    throw Error(detail::cat(name, "='", value, "' ", what, ", as ", launcher_, " sets it; start the program with ",
+                            launcher_, " or unset it"));
   }
 
   // Every one of `names` set, or none: else one error naming the missing ones.
@@ -74,9 +79,9 @@ class Vars {
 };
 
 // MASTER_ADDR/MASTER_PORT override what the launcher derives.
-void master_override(Vars& v, Launch& l) {
-  if (auto a = v.text("MASTER_ADDR")) l.master_addr = *a;
-  if (auto p = v.integer("MASTER_PORT", 1, 65535)) l.master_port = static_cast<int>(*p);
+void master_override(Vars& v, std::string& addr, int& port) {
+  if (auto a = v.text("MASTER_ADDR")) addr = *a;
+  if (auto p = v.integer("MASTER_PORT", 1, 65535)) port = static_cast<int>(*p);
 }
 
 void check_ranks(Vars& v, const Launch& l) {
@@ -89,30 +94,60 @@ void check_ranks(Vars& v, const Launch& l) {
     v.contradiction(detail::cat("node ", l.node_rank, " is not below the number of nodes, ", l.nnodes));
 }
 
+// The launcher's rank and world size (both, or an error naming the missing
+// one); with `local_rank`/`local_size` (null: the caller reads its own), the
+// host's ranks too (all of the world when unset), the host's index and the
+// number of hosts following from them.
+void read_ranks(Vars& v, Launch& l, const char* rank, const char* size, const char* local_rank = nullptr,
+                const char* local_size = nullptr) {
+  v.all_or_none({rank, size});
+  l.world_size = static_cast<int>(*v.integer(size, 1, kMaxRanks));
+  l.rank = static_cast<int>(*v.integer(rank, 0, kMaxRanks));
+  if (!local_rank) return;
+  l.local_world_size = static_cast<int>(v.integer(local_size, 1, kMaxRanks).value_or(l.world_size));
+  l.local_rank = static_cast<int>(v.integer(local_rank, 0, kMaxRanks).value_or(l.rank % l.local_world_size));
+  l.nnodes = (l.world_size + l.local_world_size - 1) / l.local_world_size;
+  l.node_rank = l.rank / l.local_world_size;
+}
+
 Launch torchrun(const LaunchLookup& lookup) {
   Vars v(lookup, "torchrun");
-  v.all_or_none({"RANK", "WORLD_SIZE"});
   Launch l;
   l.launcher = "torchrun";
-  l.world_size = static_cast<int>(*v.integer("WORLD_SIZE", 1, kMaxRanks));
-  l.rank = static_cast<int>(*v.integer("RANK", 0, kMaxRanks));
-  l.local_world_size = static_cast<int>(v.integer("LOCAL_WORLD_SIZE", 1, kMaxRanks).value_or(l.world_size));
-  l.local_rank = static_cast<int>(v.integer("LOCAL_RANK", 0, kMaxRanks).value_or(l.rank % l.local_world_size));
-  l.nnodes = (l.world_size + l.local_world_size - 1) / l.local_world_size;
-  l.node_rank = static_cast<int>(v.integer("GROUP_RANK", 0, kMaxRanks).value_or(l.rank / l.local_world_size));
-  master_override(v, l);
+  read_ranks(v, l, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+  l.node_rank = static_cast<int>(v.integer("GROUP_RANK", 0, kMaxRanks).value_or(l.node_rank));
+  master_override(v, l.master_addr, l.master_port);
   check_ranks(v, l);
   l.variables = v.seen();
   return l;
 }
 
+// Where Slurm's task 0 (or node 0) runs: the first host of the step's (or
+// job's) list (srun's default block distribution); the port from the job's
+// id. Unchanged when not said.
+void slurm_store(Vars& v, int nnodes, std::string& addr, int& port) {
+  const char* name = "SLURM_STEP_NODELIST";
+  std::optional<std::string> list = v.text(name);
+  if (!list) list = v.text(name = "SLURM_JOB_NODELIST");
+  if (list) {
+    std::vector<std::string> hosts;
+    try {
+      hosts = expand_nodelist(*list);
+    } catch (const Error& e) {
+      v.malformed(name, *list, detail::cat("is not a host list (", e.what(), ")"));
+    }
+    if (!hosts.empty()) addr = hosts.front();
+  } else if (nnodes > 1) {
+    v.contradiction("several nodes but no SLURM_JOB_NODELIST to find the first one");
+  }
+  if (auto id = v.text("SLURM_JOB_ID")) port = derived_port(*id);
+}
+
 Launch slurm(const LaunchLookup& lookup) {
   Vars v(lookup, "Slurm (srun)");
-  v.all_or_none({"SLURM_PROCID", "SLURM_NTASKS"});
   Launch l;
   l.launcher = "slurm";
-  l.world_size = static_cast<int>(*v.integer("SLURM_NTASKS", 1, kMaxRanks));
-  l.rank = static_cast<int>(*v.integer("SLURM_PROCID", 0, kMaxRanks));
+  read_ranks(v, l, "SLURM_PROCID", "SLURM_NTASKS");
   l.local_rank = static_cast<int>(v.integer("SLURM_LOCALID", 0, kMaxRanks).value_or(0));
   l.node_rank = static_cast<int>(v.integer("SLURM_NODEID", 0, kMaxRanks).value_or(0));
   l.nnodes = static_cast<int>(v.integer("SLURM_NNODES", 1, kMaxRanks).value_or(1));
@@ -121,7 +156,7 @@ Launch slurm(const LaunchLookup& lookup) {
     try {
       tasks = expand_tasks_per_node(*per);
     } catch (const Error& e) {
-      v.contradiction(e.what());
+      v.malformed("SLURM_TASKS_PER_NODE", *per, detail::cat("is not a list of tasks per node (", e.what(), ")"));
     }
     if (static_cast<int>(tasks.size()) != l.nnodes)
       v.contradiction(detail::cat("SLURM_TASKS_PER_NODE names ", tasks.size(), " nodes, SLURM_NNODES ", l.nnodes));
@@ -133,23 +168,8 @@ Launch slurm(const LaunchLookup& lookup) {
   } else {
     l.local_world_size = l.nnodes == 1 ? l.world_size : 1;
   }
-  // The first host of the job's (or step's) list runs task 0 (srun's
-  // default block distribution).
-  std::optional<std::string> list = v.text("SLURM_STEP_NODELIST");
-  if (!list) list = v.text("SLURM_JOB_NODELIST");
-  if (list) {
-    std::vector<std::string> hosts;
-    try {
-      hosts = expand_nodelist(*list);
-    } catch (const Error& e) {
-      v.contradiction(e.what());
-    }
-    if (!hosts.empty()) l.master_addr = hosts.front();
-  } else if (l.nnodes > 1) {
-    v.contradiction("several nodes but no SLURM_JOB_NODELIST to find the first one");
-  }
-  if (auto id = v.text("SLURM_JOB_ID")) l.master_port = derived_port(*id);
-  master_override(v, l);
+  slurm_store(v, l.nnodes, l.master_addr, l.master_port);
+  master_override(v, l.master_addr, l.master_port);
   check_ranks(v, l);
   l.variables = v.seen();
   return l;
@@ -159,22 +179,16 @@ Launch slurm(const LaunchLookup& lookup) {
 Launch mpi(const LaunchLookup& lookup, const char* name, const char* launcher, const char* rank, const char* size,
            const char* local_rank, const char* local_size, std::initializer_list<const char*> job_ids) {
   Vars v(lookup, launcher);
-  v.all_or_none({rank, size});
   Launch l;
   l.launcher = name;
-  l.world_size = static_cast<int>(*v.integer(size, 1, kMaxRanks));
-  l.rank = static_cast<int>(*v.integer(rank, 0, kMaxRanks));
-  l.local_world_size = static_cast<int>(v.integer(local_size, 1, kMaxRanks).value_or(l.world_size));
-  l.local_rank = static_cast<int>(v.integer(local_rank, 0, kMaxRanks).value_or(l.rank % l.local_world_size));
-  l.nnodes = (l.world_size + l.local_world_size - 1) / l.local_world_size;
-  l.node_rank = l.rank / l.local_world_size;
+  read_ranks(v, l, rank, size, local_rank, local_size);
   for (const char* id : job_ids)
     if (auto j = v.text(id)) {
       l.master_port = derived_port(*j);
       break;
     }
   const bool addr_given = v.has("MASTER_ADDR");
-  master_override(v, l);
+  master_override(v, l.master_addr, l.master_port);
   if (l.nnodes > 1 && !addr_given)
     throw Error(detail::cat(launcher, " started ", l.world_size, " ranks on ", l.nnodes, " hosts (", size, "=",
                             l.world_size, ", ", local_size, "=", l.local_world_size, ") but names no host for rank "
@@ -185,35 +199,46 @@ Launch mpi(const LaunchLookup& lookup, const char* name, const char* launcher, c
   return l;
 }
 
-Launch kubeflow(const LaunchLookup& lookup) {
-  Vars v(lookup, "Kubeflow's PyTorchJob");
+// Kubeflow's pods: their number (PET_NNODES), this one's index, and the
+// processes each asks for (PET_NPROC_PER_NODE, 0 when unset).
+void read_pods(Vars& v, int& nnodes, int& node_rank, int& nproc) {
   v.all_or_none({"PET_NNODES", "PET_NODE_RANK"});
-  Launch l;
-  l.launcher = "kubeflow";
   // PET_NNODES may be elastic, "MIN:MAX"; a fixed size is "N" or "N:N".
-  std::string nn = *v.text("PET_NNODES");
+  const std::string given = *v.text("PET_NNODES");
+  std::string nn = given;
   const auto colon = nn.find(':');
   if (colon != std::string::npos) {
     if (nn.substr(0, colon) != nn.substr(colon + 1))
-      v.contradiction("PET_NNODES is a range (elastic); start `fsdp run --nnodes MIN:MAX` in each pod");
+      v.contradiction("PET_NNODES is a range (elastic), which fsdp run does not support; give the PyTorchJob a "
+                      "fixed number of replicas");
     nn = nn.substr(0, colon);
   }
   try {
     size_t used = 0;
-    l.nnodes = std::stoi(nn, &used);
-    if (used != nn.size() || l.nnodes < 1) throw std::invalid_argument("");
+    nnodes = std::stoi(nn, &used);
+    if (used != nn.size() || nnodes < 1) throw std::invalid_argument("");
   } catch (const std::exception&) {
-    v.contradiction("PET_NNODES is not a number of nodes");
+    v.malformed("PET_NNODES", given, "is not a number of pods; expected N or N:N with N >= 1");
   }
-  l.node_rank = static_cast<int>(*v.integer("PET_NODE_RANK", 0, kMaxRanks));
-  l.local_world_size = static_cast<int>(v.integer("PET_NPROC_PER_NODE", 1, kMaxRanks).value_or(1));
+  node_rank = static_cast<int>(*v.integer("PET_NODE_RANK", 0, kMaxRanks));
+  nproc = static_cast<int>(v.integer("PET_NPROC_PER_NODE", 1, kMaxRanks).value_or(0));
+  if (node_rank >= nnodes)
+    v.contradiction(detail::cat("node ", node_rank, " is not below the number of nodes, ", nnodes));
+}
+
+Launch kubeflow(const LaunchLookup& lookup) {
+  Vars v(lookup, "Kubeflow's PyTorchJob");
+  Launch l;
+  l.launcher = "kubeflow";
+  read_pods(v, l.nnodes, l.node_rank, l.local_world_size);
+  if (l.local_world_size == 0) l.local_world_size = 1;
   if (l.local_world_size > 1)
     throw Error(detail::cat("Kubeflow's PyTorchJob asks for ", l.local_world_size, " processes per pod "
                             "(PET_NPROC_PER_NODE) and its RANK counts pods, not processes: start the program with "
                             "`fsdp run` in each pod (it reads PET_NNODES, PET_NODE_RANK and PET_NPROC_PER_NODE)"));
   l.world_size = l.nnodes;
   l.rank = l.node_rank;
-  master_override(v, l);
+  master_override(v, l.master_addr, l.master_port);
   check_ranks(v, l);
   l.variables = v.seen();
   return l;
@@ -252,6 +277,58 @@ Launch detect_launch(const LaunchLookup& lookup) {
   Launch none;
   if (const char* a = lookup("MASTER_ADDR")) none.master_addr = a;
   return none;
+}
+
+std::string NodeLaunch::describe() const {
+  if (launcher.empty()) return "none";
+  std::string vars;
+  for (auto& s : variables) vars += (vars.empty() ? "" : " ") + s;
+  return detail::cat(launcher, " (", vars, "): node ", node_rank, " of ", nnodes,
+                     nproc_per_node ? detail::cat(", ", nproc_per_node, " ranks per node") : std::string(),
+                     master_addr.empty() ? std::string() : detail::cat(", store at ", master_addr, ":", master_port));
+}
+
+NodeLaunch detect_node_launch(const LaunchLookup& lookup) {
+  auto has = [&](const char* n) { return lookup(n) != nullptr; };
+  NodeLaunch n;
+  if ((has("SLURM_NODEID") || has("SLURM_NNODES")) && (has("SLURM_STEP_ID") || has("SLURM_STEPID"))) {
+    Vars v(lookup, "Slurm (srun)");
+    v.all_or_none({"SLURM_NODEID", "SLURM_NNODES"});
+    n.launcher = "slurm";
+    n.nnodes = static_cast<int>(*v.integer("SLURM_NNODES", 1, kMaxRanks));
+    n.node_rank = static_cast<int>(*v.integer("SLURM_NODEID", 0, kMaxRanks));
+    if (n.node_rank >= n.nnodes)
+      v.contradiction(detail::cat("node ", n.node_rank, " is not below the number of nodes, ", n.nnodes));
+    // One `fsdp run` per node: it starts the node's ranks itself.
+    if (auto tasks = v.integer("SLURM_NTASKS", 1, kMaxRanks); tasks && *tasks != n.nnodes)
+      throw Error(detail::cat("fsdp run starts each node's ranks itself, so it runs once per node, but this srun "
+                              "step runs SLURM_NTASKS=", *tasks, " tasks on SLURM_NNODES=", n.nnodes,
+                              " nodes: start it with one task per node (srun --ntasks-per-node=1 fsdp run -n "
+                              "RANKS_PER_NODE -- PROGRAM), or start the program itself with srun (srun "
+                              "--ntasks-per-node=RANKS_PER_NODE PROGRAM)"));
+    n.master_addr = "127.0.0.1";
+    slurm_store(v, n.nnodes, n.master_addr, n.master_port);
+    master_override(v, n.master_addr, n.master_port);
+    n.variables = v.seen();
+  } else if (has("PET_NNODES") || has("PET_NODE_RANK")) {
+    Vars v(lookup, "Kubeflow's PyTorchJob");
+    n.launcher = "kubeflow";
+    read_pods(v, n.nnodes, n.node_rank, n.nproc_per_node);
+    master_override(v, n.master_addr, n.master_port);
+    if (n.nnodes > 1 && (n.master_addr.empty() || !n.master_port))
+      v.contradiction("several pods but no MASTER_ADDR and MASTER_PORT naming pod 0 (the PyTorchJob's operator "
+                      "sets them)");
+    n.variables = v.seen();
+  }
+  return n;
+}
+
+LaunchLookup without_cluster_variables(const LaunchLookup& lookup) {
+  return [lookup](const char* name) -> const char* {
+    for (const char* prefix : {"SLURM_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL", "PET_"})
+      if (std::string(name).rfind(prefix, 0) == 0) return nullptr;
+    return lookup(name);
+  };
 }
 
 std::vector<std::string> expand_nodelist(const std::string& list) {
