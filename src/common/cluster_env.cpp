@@ -44,7 +44,8 @@ class Vars {
     return x;
   }
 
-  // "NAME='value' <what>, as <launcher> sets it: ..."; `what` says what was expected.
+  // "NAME='value' <what>, as <launcher> sets it; start the program with
+  // <launcher> or unset it": `what` says what was expected.
   [[noreturn]] void malformed(const char* name, const std::string& value, const std::string& what) const {
     throw Error(detail::cat(name, "='", value, "' ", what, ", as ", launcher_, " sets it; start the program with ",
                             launcher_, " or unset it"));
