@@ -37,7 +37,9 @@ void place_node(LaunchOptions& o, const Given& given) {
   if (n.launcher.empty()) return;
   const bool slurm = n.launcher == "slurm";
   const char* by = slurm ? "Slurm (this srun step)" : "Kubeflow (this PyTorchJob's pod)";
-  auto agree = [&](bool flag, int& value, int cluster, const char* name, const char* var, const std::string& fix) {
+  // A value no flag gave comes from the cluster; one a flag gave must match it.
+  auto take_from_cluster = [&](bool flag, int& value, int cluster, const char* name, const char* var,
+                               const std::string& fix) {
     if (!flag) {
       value = cluster;
     } else if (value != cluster) {
@@ -47,14 +49,15 @@ void place_node(LaunchOptions& o, const Given& given) {
   auto drop = [](const char* name, const char* var) {
     return detail::cat("drop ", name, " (fsdp run reads ", var, ", which the cluster sets for each node)");
   };
-  agree(given.nnodes, o.nnodes, n.nnodes, "--nnodes", slurm ? "SLURM_NNODES" : "PET_NNODES",
-        drop("--nnodes", slurm ? "SLURM_NNODES" : "PET_NNODES"));
-  agree(given.node_rank, o.node_rank, n.node_rank, "--node-rank", slurm ? "SLURM_NODEID" : "PET_NODE_RANK",
-        drop("--node-rank", slurm ? "SLURM_NODEID" : "PET_NODE_RANK"));
+  take_from_cluster(given.nnodes, o.nnodes, n.nnodes, "--nnodes", slurm ? "SLURM_NNODES" : "PET_NNODES",
+                    drop("--nnodes", slurm ? "SLURM_NNODES" : "PET_NNODES"));
+  take_from_cluster(given.node_rank, o.node_rank, n.node_rank, "--node-rank",
+                    slurm ? "SLURM_NODEID" : "PET_NODE_RANK",
+                    drop("--node-rank", slurm ? "SLURM_NODEID" : "PET_NODE_RANK"));
   if (n.nproc_per_node)
-    agree(true, o.nproc, n.nproc_per_node, "-n", "PET_NPROC_PER_NODE",
-          detail::cat("pass -n ", n.nproc_per_node, " (the PyTorchJob's nprocPerNode), or set nprocPerNode to ",
-                      o.nproc));
+    take_from_cluster(true, o.nproc, n.nproc_per_node, "-n", "PET_NPROC_PER_NODE",
+                      detail::cat("pass -n ", n.nproc_per_node,
+                                  " (the PyTorchJob's nprocPerNode), or set nprocPerNode to ", o.nproc));
   // One node picks its own free port, as without a cluster.
   if (n.nnodes > 1) {
     if (!given.master_addr && !n.master_addr.empty()) o.master_addr = n.master_addr;
