@@ -1,6 +1,7 @@
 # fsdp-cpp: `cmake --install <build> --prefix P` puts in P
 #   include/fsdp/*.h                     the public headers
 #   lib/libfsdp_<layer>.a                one archive per layer
+#   lib/libfsdp_cuda.so                  the CUDA plugin (FSDP_CUDA)
 #   bin/fsdp                             the launcher and tools
 #   lib/cmake/fsdp/fsdpConfig.cmake      find_package(fsdp CONFIG) -> fsdp::fsdp
 include(GNUInstallDirs)
@@ -15,6 +16,10 @@ if(TARGET fsdp)
   # (the torch wheel's lib/, outside the system's library paths).
   set_target_properties(fsdp PROPERTIES INSTALL_RPATH_USE_LINK_PATH TRUE)
   install(TARGETS fsdp RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
+# The CUDA plugin, where the library looks for it (src/comm/device.cpp).
+if(TARGET fsdp_cuda)
+  install(TARGETS fsdp_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
 install(EXPORT fsdpTargets NAMESPACE fsdp:: DESTINATION ${FSDP_CMAKE_DIR})
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/fsdpConfig.cmake.in

@@ -87,6 +87,15 @@ bool parse_args(int argc, char** argv, Args& a) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--seed", a.seed, "initialisation seed (same on every rank) and shuffle seed")
       ->check(fsdp::cli::integer(0, INT64_MAX));
+  app.add_option("--device", a.device, "cpu | cuda (cuda:LOCAL_RANK) | cuda:K: where the shards, gathered "
+                 "parameters, gradients and activations live")
+      ->check([](const std::string& s) {
+        return s == "cpu" || s == "cuda" || s.rfind("cuda:", 0) == 0 ? std::string()
+                                                                     : "expected cpu, cuda or cuda:K, found '" + s + "'";
+      });
+  app.add_option("--backend", a.backend, "auto | gloo | nccl: the collectives' engine (auto: nccl when --device is "
+                 "a GPU and each rank of this host has its own, else gloo; FSDP_BACKEND overrides)")
+      ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
   app.add_option("--threads", a.threads, "intra-op threads per rank (0: cores / ranks per host)")
       ->check(fsdp::cli::integer(0, 1024));
   app.add_option("--log-every", a.log_every, "a step line every N steps")->check(fsdp::cli::integer(1, kMaxSteps));

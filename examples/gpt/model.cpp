@@ -64,7 +64,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hs)));  // [B,h,T,T]
   // Position t may attend to 0..t only; built per call (not a buffer, so the
   // state dict holds exactly the parameters of docs/GPT_MINI.md).
-  auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool)).triu(1);  // [T,T]
+  auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);  // [T,T]
   att = att.masked_fill(future, -std::numeric_limits<float>::infinity());
   att = torch::softmax(att, -1);
   auto y = torch::matmul(att, v);                      // [B,h,T,hs]

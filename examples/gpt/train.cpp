@@ -16,7 +16,9 @@
 #include "usage.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
+#include "fsdp/config.h"
 #include "fsdp/deferred.h"
+#include "fsdp/device.h"
 #include "fsdp/errors.h"
 #include "fsdp/flight.h"
 #include "fsdp/fully_shard.h"
@@ -87,13 +89,43 @@ std::string memory_line(fsdp::Communicator& comm) {
 // Wrapped through the shared_ptr: call() on it reaches the non-const forward().
 using Model = fsdp::Sharded<std::shared_ptr<gpt::GPTImpl>>;
 
+// --device: "cuda" is left without an index (fully_shard makes it
+// cuda:LOCAL_RANK).
+torch::Device parse_device(const std::string& s) {
+  if (s == "cpu") return torch::kCPU;
+  if (s == "cuda") return torch::kCUDA;
+  try {
+    return torch::Device(s);
+  } catch (const std::exception&) {
+    throw fsdp::UsageError("--device " + s + ": expected cpu, cuda or cuda:K");
+  }
+}
+
+// --backend auto: NCCL when the ranks compute on GPUs and each rank of this
+// host has one of its own (NCCL refuses two ranks on one GPU); Gloo
+// otherwise, which stages GPU tensors through host memory.
+fsdp::CommBackend choose_backend(const Args& a) {
+  if (a.backend == "nccl") return fsdp::CommBackend::NCCL;
+  if (a.backend == "gloo" || parse_device(a.device).is_cpu()) return fsdp::CommBackend::GLOO;
+  const fsdp::config::EnvConfig env = fsdp::config::read_env();
+  const int local = env.local_world_size > 0 ? int(env.local_world_size) : 1;
+  return fsdp::cuda_device_count() >= local ? fsdp::CommBackend::NCCL : fsdp::CommBackend::GLOO;
+}
+
+// A batch where the model computes.
+gpt::data::Batch on_device(gpt::data::Batch b, Model& model) {
+  const torch::Device d = model->options().device;
+  if (d.is_cpu()) return b;
+  return {b.x.to(d, /*non_blocking=*/false), b.y.to(d, /*non_blocking=*/false)};
+}
+
 // Mean validation loss over eval_batches micro-batches per rank, then over ranks.
 double evaluate(Model& model, fsdp::Communicator& comm, const gpt::data::Tokens& val,
                 const gpt::data::Order& order, int64_t batches) {
   torch::NoGradGuard no_grad;
   double sum = 0;
   for (int64_t e = 0; e < batches; e++) {
-    auto b = gpt::data::eval_batch(val, order, e, comm.rank());
+    auto b = on_device(gpt::data::eval_batch(val, order, e, comm.rank()), model);
     sum += gpt::loss(model.forward(b.x), b.y).item<double>();  // logits [B,T,V]
   }
   return fsdp::all_reduce_mean(comm, sum / double(batches), {"validation loss"});
@@ -111,7 +143,7 @@ std::string sample(Model& model, fsdp::Communicator& comm, const Args& a) {
     const size_t t = std::min<size_t>(ctx.size(), size_t(a.cfg.seq));
     auto idx = torch::empty({1, int64_t(t)}, torch::kLong);  // [1,t] the last t tokens
     for (size_t j = 0; j < t; j++) idx[0][int64_t(j)] = int64_t(ctx[ctx.size() - t + j]);
-    auto logits = model.forward(idx)[0][int64_t(t) - 1].to(torch::kFloat);  // [V]
+    auto logits = model.forward(idx.to(model->options().device))[0][int64_t(t) - 1].to(torch::kFloat).cpu();  // [V]
     int64_t next = 0;
     if (a.top_k == 0) {
       next = logits.argmax().item<int64_t>();
@@ -201,6 +233,7 @@ Run start_run(const Args& a) {
   }
   fsdp::CommOptions copts;
   if (a.timeout > 0) copts.timeout = std::chrono::milliseconds(int64_t(a.timeout * 1000));
+  copts.backend = choose_backend(a);
   Run run;
   run.comm = fsdp::make_communicator_from_env(copts);
   // Time blocked in collectives, so a step's busy time (wall - blocked) shows
@@ -254,6 +287,7 @@ Data load_data(const Args& a, const Run& run) {
 
 fsdp::FsdpOptions fsdp_options(const Args& a) {
   fsdp::FsdpOptions fopts;
+  fopts.device = parse_device(a.device);
   fopts.strategy = fsdp::parse_strategy(a.strategy);
   fopts.wrap = wrap_policy(a.wrap);
   if (a.dtype == "bf16") fopts.mixed_precision.param_dtype = torch::kBFloat16;
@@ -472,7 +506,7 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
     {
       fsdp::PhaseScope phase(fsdp::Phase::DATA);
       examples::inject_data_hang(run.rank, step);  // fault injection: FSDP_INJECT_DATA_HANG=RANK:STEP (watchdog tests)
-      b = gpt::data::batch(d.train, d.order, step, k, run.rank);  // x, y [B,T]
+      b = on_device(gpt::data::batch(d.train, d.order, step, k, run.rank), model);  // x, y [B,T]
     }
     auto micro = [&] {
       torch::Tensor loss;
@@ -530,6 +564,16 @@ void print_ledger(const Run& run, Model& model, torch::optim::Optimizer& opt, co
   std::printf("trained %lld steps in %.1f s (%.0f tokens/s)\n", (long long)steps_run, seconds,
               double(tokens_per_step * steps_run) / std::max(seconds, 1e-9));
   std::printf("%s\n", ledger.str().c_str());
+  // On a GPU the ledger's measured terms are the host's; the device's own
+  // allocator says what the GPU held (the planner's peak is about it).
+  const torch::Device dev = model->options().device;
+  if (!dev.is_cpu()) {
+    const fsdp::DeviceMemory m = fsdp::device_memory(dev);
+    std::printf("device memory (rank 0, %s): peak allocated %s, allocated %s, reserved %s peak_allocated=%lld\n",
+                dev.str().c_str(), fsdp::memory::format_bytes(m.peak_allocated).c_str(),
+                fsdp::memory::format_bytes(m.allocated).c_str(), fsdp::memory::format_bytes(m.reserved).c_str(),
+                (long long)m.peak_allocated);
+  }
   // Exact integers for the tests (tests/test_hybrid.cpp): bytes rank 0 sent
   // in the training steps, by tier (hosts as the same-host transport sees them).
   std::printf("%s", examples::traffic_by_tier_line(train_bytes, train_inter_bytes, steps_run).c_str());
@@ -596,7 +640,7 @@ int train(const Args& a) {
 
   // The training loop.
   const int64_t first_step = resume(a, run, model, *opt);
-  if (a.save_async) fsdp::prepare_background_saves(*model);  // not inside the first save
+  if (a.save_async) fsdp::prepare_background_saves(*model, opt.get());  // not inside the first save
   // The previous background save (--save-async), committed: reported once.
   auto committed = [&] {
     const std::optional<fsdp::ckpt::SaveResult> w = fsdp::wait_for_checkpoint(*model);

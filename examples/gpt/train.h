@@ -31,6 +31,8 @@ struct Args {
   int shard_group = 0;             // hybrid: ranks per shard group; 0: the ranks of one host
   uint64_t seed = 1337;
   int threads = 0;                 // 0: cores / ranks on this host
+  std::string device = "cpu";      // cpu | cuda (cuda:LOCAL_RANK) | cuda:K: FsdpOptions::device
+  std::string backend = "auto";    // auto | gloo | nccl: CommOptions::backend (auto: nccl on a GPU per rank)
   // reporting
   int64_t log_every = 10, eval_every = 50, eval_batches = 8;
   int64_t sample = 0;              // bytes to generate at the end

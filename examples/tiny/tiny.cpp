@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   CLI::App app{"the FSDP guide's demo: TinyModel trained with Adam and gradient accumulation"};
-  std::string strategy = "full", save = "fsdp_model.safetensors", ckpt_dir, trace_dir, max_memory;
+  std::string strategy = "full", save = "fsdp_model.safetensors", ckpt_dir, trace_dir, max_memory, device = "cpu";
   int epochs = 3, accum = 4, micro_bs = 64, ckpt_every = 0;
   int64_t min_params = 2048;
   double lr = 2e-4;
@@ -67,6 +67,11 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", resume, "continue from the latest checkpoint in --ckpt-dir when there is one");
   app.add_option("--trace", trace_dir, "write a Chrome trace per rank into DIR (then: fsdp report DIR)");
   app.add_option("--max-memory", max_memory, "per-rank memory budget, e.g. 8MiB (enforced by the counting allocator)");
+  app.add_option("--device", device, "cpu | cuda (cuda:LOCAL_RANK) | cuda:K (ranks sharing a GPU: FSDP_BACKEND=gloo)")
+      ->check([](const std::string& s) {
+        return s == "cpu" || s == "cuda" || s.rfind("cuda:", 0) == 0 ? std::string()
+                                                                     : "expected cpu, cuda or cuda:K, found '" + s + "'";
+      });
   app.add_option("--progress-every", progress_every,
                  "seconds between progress lines (training, checkpoint saves) when stdout is not a terminal (0: every "
                  "update; default: FSDP_PROGRESS_EVERY or 5)")
@@ -104,7 +109,10 @@ int main(int argc, char** argv) {
     // The flags reach the library's reporters (checkpoint saves) through the environment.
     if (no_progress) ::setenv("FSDP_PROGRESS", "off", 1);
     if (progress_every >= 0) ::setenv("FSDP_PROGRESS_EVERY", std::to_string(progress_every).c_str(), 1);
-    auto comm = fsdp::make_communicator_from_env();
+    fsdp::CommOptions copts;
+    // On GPUs, NCCL unless FSDP_BACKEND=gloo (ranks sharing one GPU).
+    if (device != "cpu") copts.backend = fsdp::CommBackend::NCCL;
+    auto comm = fsdp::make_communicator_from_env(copts);
     // Time blocked in collectives: busy = wall - blocked names a straggler.
     auto waits = std::make_shared<fsdp::WaitClock>();
     comm = fsdp::with_wait_clock(comm, waits);
@@ -120,6 +128,7 @@ int main(int argc, char** argv) {
     fsdp::FsdpOptions opts;
     opts.strategy = fsdp::parse_strategy(strategy);
     opts.wrap = fsdp::WrapPolicy::size_based(min_params);
+    opts.device = device == "cuda" ? torch::Device(torch::kCUDA) : torch::Device(device);
     auto model = fsdp::fully_shard(net, comm, opts);
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(lr));
     fsdp::verify_optimizer(*model, opt);
@@ -139,7 +148,7 @@ int main(int argc, char** argv) {
     }
 
     torch::manual_seed(1000 + rank);  // each rank its own data, as in the FSDP guide
-    auto data = torch::randn({micro_bs, 512});
+    auto data = torch::randn({micro_bs, 512}).to(model->options().device);
     fsdp::CommCounters before, after;  // around the last step (the monitor's all-gather excluded)
     int64_t train_sent = 0, train_inter = 0;  // every step's, the same way (the traffic-by-tier line)
     fsdp::ProgressOptions po;

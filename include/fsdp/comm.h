@@ -1,19 +1,24 @@
 // fsdp-cpp: the communicator, the one interface every stage talks to.
 //
-// defines: ReduceOp, CollectiveKind, CollectiveInfo, CommOptions, CommCounters,
+// defines: ReduceOp, CollectiveKind, CollectiveInfo, CommBackend, CommOptions, CommCounters,
 //          Work, SplitOptions, Communicator, make_communicator_from_env,
 //          make_local_communicator
 //
 // A Communicator runs the collectives that FSDP needs over a distributed engine
-// (Gloo over TCP today). No engine type appears here, so MPI or NCCL can sit
-// behind the same interface later.
+// (CommBackend: Gloo over TCP and cross-memory attach, or NCCL). No engine
+// type appears here. Tensors may live on the CPU or a GPU, whatever the
+// engine: a communicator's factory stages tensors the engine cannot move
+// (src/comm/staged.cpp).
 //
 // Ordering contract: every rank must issue the same collectives in the same
 // order (as with every collective library). Calls are queued in issue order
 // and executed by one communication thread per communicator, so several calls
 // may be in flight; Work::wait() blocks until that call finished (or throws
 // the error that ended it). Tensors passed in must stay alive and must not be
-// touched until wait() returned.
+// touched until wait() returned. NCCL: wait() makes the calling thread's
+// current CUDA stream wait for the collective and returns at once, as c10d
+// does; the GPU, not the host, waits (a collective that hangs is aborted
+// by NCCL's watchdog after the timeout).
 #pragma once
 
 #include <torch/torch.h>
@@ -43,9 +48,26 @@ struct CollectiveInfo {
   std::string label;  // e.g. the unit name "blocks.3" or "clip_grad_norm"
 };
 
+// The engine that moves a communicator's bytes (docs/COMM.md).
+//   GLOO  fsdp-cpp's own collectives over c10d's Gloo links and cross-memory
+//         attach: CPU tensors; tensors on a GPU are staged through pinned
+//         host memory (so several ranks may share one GPU, which NCCL
+//         refuses).
+//   NCCL  c10d's ProcessGroupNCCL on cuda:LOCAL_RANK (CommOptions::
+//         device_index), through fsdp-cpp's CUDA plugin (fsdp/device.h):
+//         GPU tensors; CPU tensors are staged through that GPU.
+enum class CommBackend { GLOO, NCCL };
+// "gloo", "nccl".
+const char* to_string(CommBackend b);
+
 // How the communicator factories set a communicator up. The environment
 // variables named below override the fields.
 struct CommOptions {
+  // The engine (FSDP_BACKEND=gloo|nccl overrides; FSDP_BACKEND=auto keeps
+  // this field).
+  CommBackend backend = CommBackend::GLOO;
+  // NCCL: the CUDA device of this rank; -1: LOCAL_RANK. Ignored by GLOO.
+  int device_index = -1;
   // Every collective fails after this long (FSDP_TIMEOUT seconds overrides).
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
   // Network interface for the Gloo device (GLOO_SOCKET_IFNAME overrides);

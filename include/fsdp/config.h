@@ -68,9 +68,11 @@ struct EnvConfig {
   bool debug_info = false;                       // FSDP_DEBUG=info or detail
   bool debug_detail = false;                     // FSDP_DEBUG=detail
   std::string transport = "auto";                // FSDP_TRANSPORT: auto, tcp, cma
+  std::string backend = "auto";                  // FSDP_BACKEND: auto (the program's), gloo, nccl
   bool tiers = true;                             // FSDP_TIERS
   std::string job_token;                         // FSDP_JOB_TOKEN, "" unset
   std::string host_id;                           // FSDP_HOST_ID, "" unset
+  std::string cuda_plugin;                       // FSDP_CUDA_PLUGIN, "" unset (fsdp/device.h)
   bool store_bind_all = false;                   // FSDP_STORE_BIND=all
   bool store_hosted = false;                     // FSDP_STORE_HOSTED=1
   std::optional<int64_t> ring_piece_bytes;       // FSDP_RING_PIECE_KIB x 1024

@@ -4,6 +4,7 @@
 #include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
 #include "fsdp/deferred.h"
+#include "fsdp/device.h"
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/init.h"

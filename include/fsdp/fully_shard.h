@@ -173,6 +173,15 @@ struct DeprecatedRecomputePolicy : RecomputePolicy {
 struct FsdpOptions {
   // What is sharded and what is replicated (fsdp/strategy.h).
   ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
+  // Where the flat parameters, the all-gather outputs, the gradient buffers
+  // and the optimizer's shards live: the CPU, or a CUDA device (cuda:K;
+  // "cuda" without an index: cuda:LOCAL_RANK, the communicator's
+  // local_rank()). On a GPU, all-gathers and reduce-scatters run on streams
+  // of their own, ordered against the compute stream with events; the
+  // module's buffers move there too, and its inputs must be put there by
+  // the program. CUDA support is loaded on this request (fsdp/device.h);
+  // a device this process cannot use is an fsdp::Error.
+  c10::Device device = c10::kCPU;
   // Which submodules become units: fewer, larger units mean fewer
   // collectives but a larger unsharded unit in memory (P_block).
   WrapPolicy wrap = WrapPolicy::none();

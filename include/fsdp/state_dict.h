@@ -50,10 +50,13 @@ ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::O
                                  const CheckpointOptions& opts = {});
 
 // Collective: makes the communicator background saves run over now (a
-// split of the model's: a rendezvous and connections), so that the first
-// save with CheckpointOptions::async blocks no longer than the others.
-// Optional: that save makes it otherwise.
-void prepare_background_saves(FullyShardedModel& model);
+// split of the model's: a rendezvous and connections), and touches once
+// the memory of a snapshot (this rank's slices and, with `opt`, its state
+// fields), which the allocator then keeps for the first snapshot, so that
+// the first save with CheckpointOptions::async blocks no longer than the
+// others (later ones reuse the last snapshot's freed blocks). Optional:
+// that save pays for both otherwise.
+void prepare_background_saves(FullyShardedModel& model, const torch::optim::Optimizer* opt = nullptr);
 
 // Waits for the model's background save (CheckpointOptions::async) and
 // returns what it wrote: its SaveResult (seconds: the write's own), or

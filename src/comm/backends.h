@@ -1,5 +1,6 @@
 // fsdp-cpp: the communicator implementations behind fsdp/comm.h.
-// defines: make_gloo_communicator, make_world_of_one
+// defines: make_gloo_communicator, make_world_of_one, make_nccl_communicator,
+//          stage_away_from
 #pragma once
 
 #include "comm/world_env.h"
@@ -13,5 +14,13 @@ CommPtr make_gloo_communicator(const WorldEnv& world, const ResolvedOptions& opt
 // A world of one: no rendezvous, every collective is a local copy. A group
 // of one (Communicator::split) names its global rank and group.
 CommPtr make_world_of_one(const ResolvedOptions& opts, int global_rank = 0, const std::string& group = "");
+
+// NCCL on this rank's GPU (device.h loads the CUDA plugin): WORLD_SIZE >= 2.
+CommPtr make_nccl_communicator(const WorldEnv& world, const ResolvedOptions& opts);
+
+// `inner` behind a communicator that also takes tensors away from `home`
+// (the device its engine moves), staged through home buffers (staged.cpp).
+// A world of one is returned as it is: it moves any one device's tensors.
+CommPtr stage_away_from(CommPtr inner, c10::Device home);
 
 }  // namespace fsdp::comm

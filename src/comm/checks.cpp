@@ -23,11 +23,14 @@ bool movable(c10::ScalarType t) { return reducible(t) || t == c10::kByte || t ==
   throw CollectiveError(detail::cat(what, ": ", msg));
 }
 
-void check_tensor(const char* what, const char* role, const torch::Tensor& t) {
+void check_tensor(const char* what, const char* role, const torch::Tensor& t, c10::DeviceType home) {
   if (!t.defined()) misuse(what, detail::cat("the ", role, " tensor is undefined; pass an allocated tensor"));
-  if (!t.device().is_cpu())
-    misuse(what, detail::cat("the ", role, " tensor is on ", t.device().str(),
-                             "; this communicator moves CPU tensors only, copy it to the CPU first"));
+  // The communicators' factories stage other devices' tensors (staged.cpp):
+  // a tensor elsewhere here is a bug of this library.
+  if (t.device().type() != home)
+    misuse(what, detail::cat("the ", role, " tensor is on ", t.device().str(), "; this engine moves ",
+                             c10::DeviceTypeName(home, /*lower_case=*/true), " tensors only (internal error: ",
+                             "its factory stages the others)"));
   if (!t.is_contiguous())
     misuse(what, detail::cat("the ", role, " tensor (shape ", t.sizes(),
                              ") is not contiguous; call .contiguous() first"));
@@ -45,8 +48,9 @@ void check_reduce(const char* what, c10::ScalarType t, ReduceOp op) {
 }
 
 // The output of a gather: every rank's input, rank-major.
-void check_gathered(const char* what, const torch::Tensor& input, const torch::Tensor& output, int world) {
-  check_tensor(what, "output", output);
+void check_gathered(const char* what, const torch::Tensor& input, const torch::Tensor& output, int world,
+                    c10::DeviceType home) {
+  check_tensor(what, "output", output, home);
   if (input.scalar_type() != output.scalar_type())
     misuse(what, detail::cat("input is ", input.scalar_type(), " but output is ", output.scalar_type(),
                              "; both must have the same dtype"));
@@ -68,18 +72,18 @@ CallShape shape(CollectiveKind k, const CollectiveInfo& info, const torch::Tenso
 }  // namespace
 
 CallShape check_all_gather(const torch::Tensor& input, const torch::Tensor& output, int world,
-                           const CollectiveInfo& info) {
+                           const CollectiveInfo& info, c10::DeviceType home) {
   const char* what = "all_gather";
-  check_tensor(what, "input", input);
-  check_gathered(what, input, output, world);
+  check_tensor(what, "input", input, home);
+  check_gathered(what, input, output, world, home);
   return shape(CollectiveKind::ALL_GATHER, info, input);
 }
 
 CallShape check_reduce_scatter(const torch::Tensor& input, const torch::Tensor& output,
-                               ReduceOp op, int world, const CollectiveInfo& info) {
+                               ReduceOp op, int world, const CollectiveInfo& info, c10::DeviceType home) {
   const char* what = "reduce_scatter";
-  check_tensor(what, "input", input);
-  check_tensor(what, "output", output);
+  check_tensor(what, "input", input, home);
+  check_tensor(what, "output", output, home);
   if (input.scalar_type() != output.scalar_type())
     misuse(what, detail::cat("input is ", input.scalar_type(), " but output is ", output.scalar_type(),
                              "; both must have the same dtype"));
@@ -93,16 +97,18 @@ CallShape check_reduce_scatter(const torch::Tensor& input, const torch::Tensor& 
   return s;
 }
 
-CallShape check_all_reduce(const torch::Tensor& tensor, ReduceOp op, const CollectiveInfo& info) {
-  check_tensor("all_reduce", "", tensor);
+CallShape check_all_reduce(const torch::Tensor& tensor, ReduceOp op, const CollectiveInfo& info,
+                           c10::DeviceType home) {
+  check_tensor("all_reduce", "", tensor, home);
   check_reduce("all_reduce", tensor.scalar_type(), op);
   CallShape s = shape(CollectiveKind::ALL_REDUCE, info, tensor);
   s.reduce_op = static_cast<int>(op);
   return s;
 }
 
-CallShape check_broadcast(const torch::Tensor& tensor, int root, int world, const CollectiveInfo& info) {
-  check_tensor("broadcast", "", tensor);
+CallShape check_broadcast(const torch::Tensor& tensor, int root, int world, const CollectiveInfo& info,
+                          c10::DeviceType home) {
+  check_tensor("broadcast", "", tensor, home);
   if (root < 0 || root >= world)
     misuse("broadcast", detail::cat("root ", root, " is not a rank of this world of ", world,
                                     "; pass a root in [0, ", world, ")"));
@@ -112,9 +118,9 @@ CallShape check_broadcast(const torch::Tensor& tensor, int root, int world, cons
 }
 
 CallShape check_gather(const torch::Tensor& input, const torch::Tensor& output, int root, int rank,
-                       int world, const CollectiveInfo& info) {
+                       int world, const CollectiveInfo& info, c10::DeviceType home) {
   const char* what = "gather";
-  check_tensor(what, "input", input);
+  check_tensor(what, "input", input, home);
   if (root < 0 || root >= world)
     misuse(what, detail::cat("root ", root, " is not a rank of this world of ", world,
                              "; pass a root in [0, ", world, ")"));
@@ -122,7 +128,7 @@ CallShape check_gather(const torch::Tensor& input, const torch::Tensor& output, 
     if (!output.defined())
       misuse(what, detail::cat("rank ", rank, " is the root but its output tensor is undefined; pass a tensor of ",
                                world, " * ", input.numel(), " elements"));
-    check_gathered(what, input, output, world);
+    check_gathered(what, input, output, world, home);
   }
   CallShape s = shape(CollectiveKind::GATHER, info, input);
   s.root = root;

@@ -30,15 +30,17 @@ struct CallShape {
 
 // Throw CollectiveError on misuse; return the call's shape.
 CallShape check_all_gather(const torch::Tensor& input, const torch::Tensor& output, int world,
-                           const CollectiveInfo& info);
+                           const CollectiveInfo& info, c10::DeviceType home = c10::kCPU);
 CallShape check_reduce_scatter(const torch::Tensor& input, const torch::Tensor& output,
-                               ReduceOp op, int world, const CollectiveInfo& info);
-CallShape check_all_reduce(const torch::Tensor& tensor, ReduceOp op, const CollectiveInfo& info);
+                               ReduceOp op, int world, const CollectiveInfo& info,
+                               c10::DeviceType home = c10::kCPU);
+CallShape check_all_reduce(const torch::Tensor& tensor, ReduceOp op, const CollectiveInfo& info,
+                           c10::DeviceType home = c10::kCPU);
 CallShape check_broadcast(const torch::Tensor& tensor, int root, int world,
-                          const CollectiveInfo& info);
+                          const CollectiveInfo& info, c10::DeviceType home = c10::kCPU);
 // `rank` is the caller's: only root's output is checked.
 CallShape check_gather(const torch::Tensor& input, const torch::Tensor& output, int root, int rank,
-                       int world, const CollectiveInfo& info);
+                       int world, const CollectiveInfo& info, c10::DeviceType home = c10::kCPU);
 
 const char* dtype_name(c10::ScalarType t);
 // e.g. "all_gather 'blocks.3' (bf16, 1000 elements, 1.95 KiB)"

@@ -1,5 +1,6 @@
 // fsdp-cpp: the communicator entry points (see include/fsdp/comm.h).
 #include "comm/backends.h"
+#include "fsdp/device.h"
 
 #include <atomic>
 #include <cstdio>
@@ -76,9 +77,19 @@ CommPtr make_communicator_from_env(const CommOptions& opts) {
   comm::ResolvedOptions resolved = comm::resolve_options(opts, env);
   flight::apply_env(env);
   detail::set_rank_for_errors(world.rank);
+  if (resolved.device_index < 0) resolved.device_index = world.local_rank;
+  // The one place the engine is chosen. NCCL needs its GPU even alone.
+  if (resolved.backend == CommBackend::NCCL)
+    require_device(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(resolved.device_index)),
+                   "CommOptions::backend = NCCL (or FSDP_BACKEND=nccl) on this rank's GPU");
   if (world.world_size == 1) return comm::make_world_of_one(resolved);
-  return comm::make_gloo_communicator(world, resolved);
+  if (resolved.backend == CommBackend::NCCL)
+    return comm::stage_away_from(comm::make_nccl_communicator(world, resolved),
+                                 c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(resolved.device_index)));
+  return comm::stage_away_from(comm::make_gloo_communicator(world, resolved), c10::kCPU);
 }
+
+const char* to_string(CommBackend b) { return b == CommBackend::NCCL ? "nccl" : "gloo"; }
 
 CommPtr make_local_communicator(const CommOptions& opts) {
   return comm::make_world_of_one(comm::resolve_options(opts, config::read_env()));

@@ -26,23 +26,23 @@ class WorldOfOne final : public Communicator {
   int local_world_size() const override { return 1; }
 
   WorkPtr all_gather(const torch::Tensor& input, torch::Tensor output, const CollectiveInfo& info) override {
-    return run([&] { return check_all_gather(input, output, 1, info); },
+    return run([&] { return check_all_gather(input, output, 1, info, home(input)); },
                [&] { copy(output, input); });
   }
   WorkPtr reduce_scatter(const torch::Tensor& input, torch::Tensor output, ReduceOp op,
                          const CollectiveInfo& info) override {
     // The sum (and the mean) over one rank is the input itself.
-    return run([&] { return check_reduce_scatter(input, output, op, 1, info); },
+    return run([&] { return check_reduce_scatter(input, output, op, 1, info, home(input)); },
                [&] { copy(output, input); });
   }
   WorkPtr all_reduce(torch::Tensor tensor, ReduceOp op, const CollectiveInfo& info) override {
-    return run([&] { return check_all_reduce(tensor, op, info); }, [] {});
+    return run([&] { return check_all_reduce(tensor, op, info, home(tensor)); }, [] {});
   }
   WorkPtr broadcast(torch::Tensor tensor, int root, const CollectiveInfo& info) override {
-    return run([&] { return check_broadcast(tensor, root, 1, info); }, [] {});
+    return run([&] { return check_broadcast(tensor, root, 1, info, home(tensor)); }, [] {});
   }
   WorkPtr gather(const torch::Tensor& input, torch::Tensor output, int root, const CollectiveInfo& info) override {
-    return run([&] { return check_gather(input, output, root, 0, 1, info); }, [&] { copy(output, input); });
+    return run([&] { return check_gather(input, output, root, 0, 1, info, home(input)); }, [&] { copy(output, input); });
   }
   WorkPtr barrier(const CollectiveInfo& info) override {
     return run([&] {
@@ -68,9 +68,15 @@ class WorldOfOne final : public Communicator {
   std::vector<int> global_ranks() const override { return {global_rank_}; }
 
  private:
+  // One rank moves nothing: its tensors may live on any one device (a
+  // GPU job of one rank needs no staging).
+  static c10::DeviceType home(const torch::Tensor& t) { return t.defined() ? t.device().type() : c10::kCPU; }
   static void copy(torch::Tensor& dst, const torch::Tensor& src) {
-    if (dst.data_ptr() != src.data_ptr() && src.numel() > 0)
+    if (dst.data_ptr() == src.data_ptr() || src.numel() == 0) return;
+    if (src.is_cpu())
       std::memmove(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size());
+    else
+      dst.view(-1).copy_(src.view(-1));  // same device (checked), stream-ordered
   }
 
   template <class Check, class Body>

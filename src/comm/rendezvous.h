@@ -94,6 +94,9 @@ class Rendezvous {
   void leave(std::chrono::milliseconds budget);
 
   const std::string& describe_store() const { return where_; }
+  // The world's store (NCCL's communicators exchange their ids through it,
+  // under prefix()).
+  const c10::intrusive_ptr<c10d::TCPStore>& store() const { return store_; }
   // "fsdp/[<token>/]": the job's keys (heartbeats, verdicts) live under it.
   const std::string& key_base() const { return base_; }
   // This communicator's keys: key_base() + "c<generation>/".

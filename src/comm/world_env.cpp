@@ -31,6 +31,10 @@ ResolvedOptions resolve_options(const CommOptions& opts, const config::EnvConfig
   r.debug_info = env.debug_info;
   r.transport = env.transport;
   r.tiers = env.tiers;
+  r.backend = env.backend == "nccl" ? CommBackend::NCCL : env.backend == "gloo" ? CommBackend::GLOO : opts.backend;
+  FSDP_USER_CHECK(opts.device_index >= -1, "CommOptions::device_index must be -1 (LOCAL_RANK) or a CUDA device, found ",
+                  opts.device_index);
+  r.device_index = opts.device_index;
   r.job_token = env.job_token;
   r.host_id = env.host_id;
   r.store_bind_all = env.store_bind_all;

@@ -38,6 +38,8 @@ struct ResolvedOptions {
   bool debug_detail = false;  // FSDP_DEBUG=detail
   bool debug_info = false;    // FSDP_DEBUG=info or detail: one line per choice made
   std::string transport = "auto";  // FSDP_TRANSPORT: auto, tcp or cma
+  CommBackend backend = CommBackend::GLOO;  // CommOptions::backend, or FSDP_BACKEND
+  int device_index = 0;       // NCCL: CommOptions::device_index, -1 resolved to LOCAL_RANK
   bool tiers = true;          // FSDP_TIERS: compose tiers across hosts
   std::string job_token;      // FSDP_JOB_TOKEN, "" when unset
   std::string host_id;        // FSDP_HOST_ID, "" when unset (cma.h, host_identity)

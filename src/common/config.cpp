@@ -62,6 +62,11 @@ const std::vector<Variable>& variables() {
        "info: one line per choice made (transport, tiers); detail: also check before each collective that every "
        "rank issues the same call"},
       {"FSDP_TRANSPORT", "auto, tcp or cma", "auto", "how ranks on one host move collective bytes (docs/COMM.md)"},
+      {"FSDP_BACKEND", "auto, gloo or nccl", "auto (CommOptions::backend: gloo)",
+       "the engine of the collectives: gloo (CPU tensors; GPU tensors staged through pinned memory) or nccl "
+       "(cuda:LOCAL_RANK)"},
+      {"FSDP_CUDA_PLUGIN", "a file", "libfsdp_cuda.so beside the program or where fsdp-cpp was installed",
+       "the CUDA plugin to load for CUDA devices and NCCL (fsdp/device.h)"},
       {"FSDP_TIERS", "on or off", "on", "across hosts: cross-memory attach inside each host, TCP between"},
       {"FSDP_JOB_TOKEN", "16 to 128 of [A-Za-z0-9_-]", "none", "the secret shared by the ranks of one job (`fsdp run` sets it)"},
       {"FSDP_HOST_ID", "any text", "host name, boot id and namespaces",
@@ -237,6 +242,9 @@ EnvConfig parse_env(const Lookup& lookup) {
                          "auto (the default: cma when every rank is on this host and may read its "
                          "peers' memory, else tcp), tcp (Gloo over TCP) or cma (cross-memory attach between ranks of "
                          "one host)");
+  c.backend = r.choice("FSDP_BACKEND", {"auto", "gloo", "nccl"}, "auto", "a known backend",
+                       "auto (the default: the program's CommOptions::backend), gloo (fsdp-cpp's collectives; "
+                       "GPU tensors are staged through host memory) or nccl (one GPU per rank)");
   c.tiers = r.on_off("FSDP_TIERS", true,
                      "on, the default: across hosts, cross-memory attach inside each host and TCP between; off: TCP "
                      "for everything across hosts");
@@ -251,6 +259,7 @@ EnvConfig parse_env(const Lookup& lookup) {
     c.job_token = tok;
   }
   if (const char* h = r.raw("FSDP_HOST_ID")) c.host_id = h;
+  if (const char* p = r.raw("FSDP_CUDA_PLUGIN")) c.cuda_plugin = p;
   c.store_bind_all = r.choice("FSDP_STORE_BIND", {"all"}, "", "known",
                               "all (the store listens on every interface)") == "all";
   c.store_hosted = r.choice("FSDP_STORE_HOSTED", {"0", "1"}, "0", "known",

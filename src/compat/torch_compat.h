@@ -36,10 +36,13 @@ inline void free_storage(const torch::Tensor& t) {
   s->set_nbytes(0);
 }
 
-// Re-allocates the storage freed by free_storage (contents undefined).
+// Re-allocates the storage freed by free_storage (contents undefined), from
+// the allocator of the tensor's device (the CPU's: the one c10 has now, the
+// counting allocator after fsdp::init; CUDA's: the caching allocator, on
+// the current stream).
 inline void alloc_storage(const torch::Tensor& t, size_t nbytes) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  c10::Allocator* a = c10::GetCPUAllocator();
+  c10::Allocator* a = t.is_cpu() ? c10::GetCPUAllocator() : c10::GetAllocator(t.device().type());
   s->set_data_ptr_noswap(a->allocate(nbytes));
   s->set_nbytes(nbytes);
 }

@@ -55,6 +55,7 @@ Unit::Unit(int index, std::string name, torch::nn::Module* module, Unit* parent,
       parent(parent),
       owner(owner),
       comm(comm),
+      device(opts.device),
       numel(total_numel(slots)),
       padded_numel(layout_of(slots, *comm, opts).padded_numel),
       shard_numel(layout_of(slots, *comm, opts).shard_numel),
@@ -93,14 +94,14 @@ void Unit::init_flat_param(const FsdpOptions& opts, const InitTargetOf& target_o
                     "initial value. Fix: opts.param_init = fsdp::default_param_init(seed) (fsdp/param_init.h), "
                     "or build the model without DeferredInit.");
     // Rank 0's values, everywhere (sync_module_states): one broadcast per unit.
-    auto flat = torch::zeros({padded_numel}, torch::kFloat32);
+    auto flat = torch::zeros({padded_numel}, torch::TensorOptions(torch::kFloat32).device(device));
     for (auto& s : params_) flat.narrow(0, s.offset, s.numel).copy_(s.param.detach().reshape(-1));
     // Over the whole world (owner->comm): HYBRID's replicas start equal too.
     if (opts.sync_module_states && owner->world() > 1 && numel > 0)
       owner->comm->broadcast(flat, 0, {"sync_module_states " + display_name()})->wait();
     shard = keeps_unsharded ? flat : flat.narrow(0, shard_begin, shard_numel).clone();
   }
-  full = aliased ? shard : torch::empty({padded_numel}, param_dtype);
+  full = aliased ? shard : torch::empty({padded_numel}, torch::TensorOptions(param_dtype).device(device));
   // NO_SHARD keeps the unsharded copy (shard is the whole flat buffer); the
   // sharded strategies free `full` below, so its values do not matter.
   if (!aliased && keeps_unsharded) full.copy_(shard);
@@ -136,7 +137,8 @@ void Unit::init_shard_from(const ParamInit& init, const InitTargetOf& target_of)
   // the check runs over the world, not only the shard group.
   Communicator& world = *owner->comm;
   const int N = world.world_size();
-  shard = torch::zeros({keeps_unsharded ? padded_numel : shard_numel}, torch::kFloat32);
+  shard = torch::zeros({keeps_unsharded ? padded_numel : shard_numel},
+                       torch::TensorOptions(torch::kFloat32).device(device));
   uint64_t sum = 0;  // integer sums of the values' bits (mod 2^64): the same on every rank that agrees
   // One buffer of the largest parameter's size holds each full value in turn.
   int64_t largest = 0;

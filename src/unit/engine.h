@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "fsdp/checkpoint.h"
+#include "unit/device_streams.h"
 #include "unit/unit.h"
 
 namespace fsdp::detail {
@@ -80,6 +81,9 @@ class Engine {
   // The options, validated, the deprecated FsdpOptions::checkpoint already
   // folded into `recompute` (adopt_deprecated_checkpoint, src/wrap/wrap.h).
   const FsdpOptions opts;
+  // GPU: the all-gather and reduce streams (device_streams.h); inactive on
+  // the CPU.
+  DeviceStreams streams{opts.device};
   const CommPtr shard_comm;    // the units' collectives: comm, or HYBRID's shard group (make_groups)
   const CommPtr replica_comm;  // HYBRID: the ranks holding this rank's shard; null otherwise
   // Pre-order; units[0] is the root (build_units). The set is fixed; each

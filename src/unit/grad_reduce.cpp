@@ -36,7 +36,7 @@ void Unit::collect_into_full_grad() {
   torch::NoGradGuard ng;
   if (!full_grad.defined()) {
     AllocPurpose purpose("unsharded gradients", *this);
-    full_grad = torch::zeros({padded_numel}, param_dtype);
+    full_grad = torch::zeros({padded_numel}, torch::TensorOptions(param_dtype).device(device));
   }
   for (auto& s : params_) {
     if (!s.requires_grad) continue;
@@ -65,7 +65,7 @@ torch::Tensor Unit::flat_grads_for_reduce() {
     // the buffer (P_block, reused from the allocator's cache) is not first
     // cleared in full and then overwritten.
     AllocPurpose purpose("unsharded gradients", *this);
-    flat = torch::empty({padded_numel}, reduce_dtype);
+    flat = torch::empty({padded_numel}, torch::TensorOptions(reduce_dtype).device(device));
     std::vector<const ParamSlot*> by_offset;
     by_offset.reserve(params_.size());
     for (auto& s : params_) by_offset.push_back(&s);
@@ -131,13 +131,17 @@ PendingReduce Unit::reduce(torch::Tensor grads) {
   // and drops it the moment the reduce-scatter completed, so the unsharded
   // gradients are freed then, not when the result is folded in.
   PendingReduce p{this, nullptr, torch::Tensor(), nullptr};
-  if (keeps_unsharded) {
-    p.output = grads;
-    p.work = comm->all_reduce(grads, ReduceOp::AVG, {display_name()});
-  } else {
-    p.output = torch::empty({shard_numel}, grads.options());
-    p.work = comm->reduce_scatter(grads, p.output, ReduceOp::AVG, {display_name()});
-  }
+  // On a GPU: on the reduce stream, after compute produced the gradients;
+  // the output is allocated there (wait_reduce orders compute after it).
+  owner->streams.on_reduce([&] {
+    if (keeps_unsharded) {
+      p.output = grads;
+      p.work = comm->all_reduce(grads, ReduceOp::AVG, {display_name()});
+    } else {
+      p.output = torch::empty({shard_numel}, grads.options());
+      p.work = comm->reduce_scatter(grads, p.output, ReduceOp::AVG, {display_name()});
+    }
+  });
   grads = torch::Tensor();
   return p;
 }

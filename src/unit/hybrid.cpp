@@ -65,6 +65,10 @@ void Engine::wait_reduce(PendingReduce& p) {
     p.replica_work->wait();
   }
   if (p.replica_work) p.replica_work->wait();  // rethrows its error, if any
+  // GPU: the optimizer (on compute) reads the output after the reduce
+  // stream's work; its block stays allocated until compute is done with it.
+  streams.compute_waits_for_reduce();
+  streams.keep_until_done(p.output);
 }
 
 }  // namespace fsdp::detail

@@ -6,6 +6,7 @@
 
 #include "compat/torch_compat.h"
 #include "fsdp/deferred.h"
+#include "fsdp/device.h"
 #include "fsdp/memory.h"
 #include "unit/engine.h"
 #include "unit/engine_access.h"
@@ -30,6 +31,10 @@ Engine::Checked Engine::check(std::shared_ptr<torch::nn::Module> root, CommPtr c
   FSDP_USER_CHECK(comm, "fully_shard: the communicator is null (use fsdp::make_communicator_from_env())");
   opts = adopt_deprecated_checkpoint(std::move(opts));
   opts.validate();
+  // The one place the device is resolved: "cuda" is this rank's GPU.
+  if (opts.device.is_cuda() && !opts.device.has_index())
+    opts.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(comm->local_rank()));
+  require_device(opts.device, "FsdpOptions::device");
   Groups groups = make_groups(comm, opts);
   WrapDescription wrap = describe_new_wrap(*root, opts.wrap);
   return {std::move(root), std::move(comm), std::move(opts), std::move(groups), std::move(wrap)};
@@ -70,6 +75,7 @@ Engine::Engine(Checked c)
   }
   for (auto& b : root->named_buffers(/*recurse=*/true)) {
     torch::Tensor t = b.value();
+    if (!is_deferred(t) && t.device() != opts.device) t.set_data(t.to(opts.device));
     if (is_deferred(t))
       throw Error("buffer '" + b.key() + "' was built under fsdp::DeferredInit (it has no values yet), but "
                   "FsdpOptions::param_init is empty. Expected: a ParamInit for every parameter and buffer. Fix: "

@@ -274,7 +274,20 @@ std::vector<ckpt::Slice> model_slices(const FullyShardedModel& m) {
   return out;
 }
 
-void prepare_background_saves(FullyShardedModel& model) { EngineAccess(model).checkpoint_comm(); }
+void prepare_background_saves(FullyShardedModel& model, const torch::optim::Optimizer* opt) {
+  EngineAccess(model).checkpoint_comm();
+  // A snapshot's blocks, written once and freed: the counting allocator
+  // caches them (fsdp/memory.h), so the first snapshot's copies do not
+  // fault in fresh pages while training waits.
+  const OptKind k = kind_of(opt);
+  const size_t copies = 1 + (opt ? state_fields(k, amsgrad_of(opt, k)).size() : 0);
+  std::vector<torch::Tensor> warm;
+  for (const ParamSlot* s : slots(model)) {
+    auto [lo, hi] = saved_range(model, *s);
+    if (hi <= lo) continue;
+    for (size_t c = 0; c < copies; ++c) warm.push_back(torch::zeros({hi - lo}, torch::kFloat32));
+  }
+}
 
 std::optional<ckpt::SaveResult> wait_for_checkpoint(FullyShardedModel& model) {
   std::unique_ptr<ckpt::BackgroundSave> s = EngineAccess(model).take_background_save();

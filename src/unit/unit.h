@@ -111,6 +111,9 @@ class Unit {
   Unit* const parent;    // enclosing unit (nullptr for the root)
   Engine* const owner;   // outlives the unit
   Communicator* const comm;  // the owner's shard group
+  // Where its tensors live (FsdpOptions::device, resolved by the engine):
+  // shard, shard_grad, full, full_grad and the reduce buffers.
+  const c10::Device device;
 
   // --- Constant: the flat layout, fixed by the constructor from the
   // parameters, the options and the shard group (shard::flat_layout) ---

@@ -53,13 +53,17 @@ void Unit::unshard(bool prefetch) {
   if (empty() || state_ != UnitState::SHARDED) return;
   if (gather_work_) illegal(__FILE__, __LINE__, "unshard", "SHARDED with an all-gather in flight", "none in flight");
   torch::NoGradGuard ng;
-  {
-    AllocPurpose purpose("all-gather output (unsharded parameters)", *this);
-    compat::alloc_storage(full, padded_numel * c10::elementSize(param_dtype));
-  }
-  // The input must stay alive until the gather completes.
-  gather_input_ = param_dtype == torch::kFloat32 ? shard : shard.to(param_dtype);
-  gather_work_ = comm->all_gather(gather_input_, full, {display_name()});
+  // On a GPU: on the all-gather stream, after what compute queued (the
+  // optimizer's last write to the shard); `full` is allocated there.
+  owner->streams.on_all_gather([&] {
+    {
+      AllocPurpose purpose("all-gather output (unsharded parameters)", *this);
+      compat::alloc_storage(full, padded_numel * c10::elementSize(param_dtype));
+    }
+    // The input must stay alive until the gather completes.
+    gather_input_ = param_dtype == torch::kFloat32 ? shard : shard.to(param_dtype);
+    gather_work_ = comm->all_gather(gather_input_, full, {display_name()});
+  });
   state_ = UnitState::UNSHARDING;
   if (prefetch) prefetched_ = true;
 }
@@ -73,6 +77,10 @@ void Unit::wait_for_unshard() {
     gather_work_->wait();
   }
   gather_work_->wait();  // rethrows its error, if any
+  // GPU: compute reads `full` only after the gather stream's work, and the
+  // allocator holds `full`'s block until compute's use of it is done.
+  owner->streams.compute_waits_for_all_gather();
+  owner->streams.keep_until_done(full);
   gather_work_.reset();
   gather_input_ = torch::Tensor();
   state_ = UnitState::UNSHARDED;

@@ -46,6 +46,8 @@ WrapPolicy WrapPolicy::predicate(Fn fn, std::string description) {
 }
 
 void FsdpOptions::validate() const {
+  if (!device.is_cpu() && !device.is_cuda())
+    throw Error("FsdpOptions.device is " + device.str() + "; expected cpu or cuda:K (a CUDA device)");
   if (limit_all_gathers < 1)
     throw Error("FsdpOptions.limit_all_gathers must be >= 1 (units unsharded at once), found " +
                 std::to_string(limit_all_gathers));

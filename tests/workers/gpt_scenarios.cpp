@@ -3,6 +3,8 @@
 //   fsdp run -n N -- fsdp_test_worker gpt_parity STRATEGY OUT.safetensors [BATCH [SHARD_GROUP]]
 //   fsdp_test_worker gpt_reference OUT.safetensors [BATCH]  (plain libtorch, no FSDP)
 // BATCH: the global batch (default 6; 4 for the 2 x 2 hybrid runs).
+// FSDP_TEST_DEVICE (default cpu) and FSDP_TEST_STEPS (default 3): the GPU
+// parity tests (tests/test_device.cpp) run both on cuda:0 for 20 steps.
 //
 // Both train the same small GPT (2 layers, d=64) for a few steps on the same
 // global batch (6 rows per micro-step, 2 micro-steps, the deterministic order
@@ -10,6 +12,7 @@
 // optimizer of docs/GPT_MINI.md, print "loss <step> <value>" (rank 0) and write the
 // final full parameters to OUT (rank 0). The test compares the files.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -30,6 +33,11 @@ struct Setup {
   int64_t steps = 3;
   double lr = 1e-3, weight_decay = 0.1, clip = 1.0;
   uint64_t seed = 0;
+  torch::Device device = torch::kCPU;
+  Setup() {
+    if (const char* d = std::getenv("FSDP_TEST_DEVICE")) device = torch::Device(d);
+    if (const char* n = std::getenv("FSDP_TEST_STEPS")) steps = std::stoll(n);
+  }
 };
 
 // A fixed byte stream with some structure (a few repeated words, LCG-chosen).
@@ -63,7 +71,8 @@ void save(const std::string& path, const std::vector<std::pair<std::string, torc
   std::vector<fsdp::ckpt::TensorSpec> specs;
   for (auto& [n, t] : full) specs.push_back({n, t.sizes().vec(), t.scalar_type()});
   size_t next = 0;
-  fsdp::ckpt::write_full_safetensors(path, specs, [&](const fsdp::ckpt::TensorSpec&) { return full[next++].second; });
+  fsdp::ckpt::write_full_safetensors(path, specs,
+                                     [&](const fsdp::ckpt::TensorSpec&) { return full[next++].second.cpu(); });
 }
 
 }  // namespace
@@ -84,6 +93,7 @@ FSDP_SCENARIO(gpt_parity) {
   opts.strategy = fsdp::parse_strategy(args[0]);
   if (args.size() > 3) opts.shard_group_size = std::stoi(args[3]);
   opts.wrap = fsdp::WrapPolicy::module_type<gpt::BlockImpl>("Block");
+  opts.device = s.device;
   auto model = fsdp::fully_shard(net.ptr(), comm, opts);
   std::vector<std::pair<torch::Tensor, bool>> params;
   for (auto& sh : model->named_shards()) params.push_back({sh.tensor, sh.full_shape.size() == 2});
@@ -93,6 +103,7 @@ FSDP_SCENARIO(gpt_parity) {
     double loss_sum = 0;
     for (int64_t k = 0; k < s.accum; k++) {
       auto b = gpt::data::batch(tokens, order, step, k, rank);  // [B,T]
+      b.x = b.x.to(s.device), b.y = b.y.to(s.device);
       auto micro = [&] {
         auto loss = gpt::loss(model.forward(b.x), b.y);
         (loss / double(s.accum)).backward();
@@ -108,7 +119,7 @@ FSDP_SCENARIO(gpt_parity) {
     model->clip_grad_norm(s.clip);
     opt->step();
     opt->zero_grad();
-    auto l = torch::tensor({float(loss_sum / s.accum)});
+    auto l = torch::tensor({float(loss_sum / s.accum)}).to(s.device);
     comm->all_reduce(l, fsdp::ReduceOp::AVG)->wait();
     if (rank == 0) std::printf("loss %lld %.8f\n", (long long)step, l.item<double>());
   }
@@ -127,6 +138,7 @@ FSDP_SCENARIO(gpt_reference) {
   const gpt::data::Order order{s.cfg.seq, s.global_batch, s.accum, 1};
   torch::manual_seed(s.seed);
   gpt::GPT net(s.cfg);
+  net->to(s.device);
   std::vector<std::pair<torch::Tensor, bool>> params;
   for (auto& p : net->named_parameters()) params.push_back({p.value(), p.value().dim() == 2});
   auto opt = make_adamw(params, s);
@@ -134,6 +146,7 @@ FSDP_SCENARIO(gpt_reference) {
     double loss_sum = 0;
     for (int64_t k = 0; k < s.accum; k++) {
       auto b = gpt::data::batch(tokens, order, step, k, 0);
+      b.x = b.x.to(s.device), b.y = b.y.to(s.device);
       auto loss = gpt::loss(net->forward(b.x), b.y);
       (loss / double(s.accum)).backward();
       loss_sum += loss.item<double>();
