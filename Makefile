@@ -7,6 +7,8 @@
 #   make install PREFIX=DIR   headers, libraries, the fsdp command and the CMake package
 #   make fuzz   libFuzzer over the checkpoint parsers (clang, build-fuzz/, FUZZ_SECONDS each)
 #   make test-asan  the test suite with address+undefined sanitizers (build-asan/)
+#   make test-gpu   on a machine with an NVIDIA GPU: build with FSDP_CUDA, the GPU tests, parity and
+#                   the speed table against PyTorch FSDP2 into one results file (docs/GPU.md)
 SHELL := /bin/bash
 BUILD ?= build
 JOBS ?= $(shell nproc)
@@ -34,7 +36,7 @@ TORCH_ENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/fsdp-cpp/torch-$(TORCH_VERSI
 TORCH_PYTHON := $(TORCH_ENV)/bin/python
 TORCH_PIP := torch==$(TORCH_VERSION) numpy safetensors
 
-.PHONY: deps debs deps-build torch configure build test demo scale tiny bench clean fuzz test-asan test-asan-ci docs install
+.PHONY: deps debs deps-build torch configure build test demo scale tiny bench clean fuzz test-asan test-asan-ci docs install test-gpu
 
 # The one place that installs Debian packages: those of $(DEBS) that are
 # missing (nothing, not even apt-get update, when all are there). Other
@@ -183,3 +185,20 @@ endif
 ASAN_CI_FILTER := WorldSizes/CommCollectives*:Grid/CoreParity*:CheckpointCompat*:CheckpointProcesses*:ProcessState*:CommTransport*:Construct*:ReliabilityStore*:Watchdog.ASigstopped*:Watchdog.ASigkilled*:Report.*:Plan.*:HybridPlan.*:StateDict.ABackground*:StateDict.BackgroundSaves*:StateDict.AKill*:UnitLayout.*
 test-asan-ci:
 	$(MAKE) test-asan ASAN_QUICK=1 ASAN_FILTER='$(ASAN_CI_FILTER)'
+
+# On a machine with an NVIDIA GPU (docs/GPU.md): one script, tests/gpu/run.sh,
+# about 8 minutes on an H200. It installs nothing (such a machine may have no
+# network): it builds against the torch of PYTHON with FSDP_CUDA=ON, then runs
+# the GPU tests, GPT-mini's parity with plain libtorch at N = 1 and 2 and the
+# speed table against PyTorch FSDP2, and writes OUT/test-gpu.md.
+#   OUT     results folder (runs/test-gpu; taken from make's command line only, not from the
+#           environment): test-gpu.md, test-gpu-logs.tar.gz, logs/, parity/, speed/
+#   PYTHON  interpreter whose torch gives libtorch and runs FSDP2 (python3)
+#   BUILD   build folder (build-gpu here, unless given on the command line)
+#   JOBS    parallel compile jobs (nproc)
+# More knobs (DEVICE=cpu for a dry run on a CPU, SKIP_BUILD, SPEED_SHAPE, the
+# rounds and steps, TIME_BUDGET) are listed at the top of tests/gpu/run.sh.
+GPU_OUT ?= runs/test-gpu
+test-gpu:
+	OUT=$(if $(filter command line,$(origin OUT)),$(OUT),$(GPU_OUT)) PYTHON=$(or $(PYTHON),python3) JOBS=$(JOBS) \
+	  BUILD=$(if $(filter command line environment,$(origin BUILD)),$(BUILD),build-gpu) bash tests/gpu/run.sh

@@ -2,11 +2,14 @@
 // beside the same step with no communication at all (the lower bound).
 //
 //   build/bin/fsdp run -n 2 -- build/bin/bench_train [--json FILE] [--steps 10] [--warmup 3]
+//   build/bin/fsdp run -n 1 -- build/bin/bench_train --device cuda --dim 768 --layers 12 --heads 12 --seq 1024 ...
 //
 // Model and batch follow docs/GPT_MINI.md's benchmark size (V=256 T=128 d=256 L=6
 // h=4, 4.90 M parameters), B=4 rows per rank, one compute thread per rank,
 // one FSDP unit per transformer block (the root unit holds the embeddings,
-// the final LayerNorm and the head), AdamW.
+// the final LayerNorm and the head), AdamW. --device cuda[:K] runs the model,
+// the batch and the engine's buffers on a GPU (FsdpOptions::device; cuda =
+// cuda:LOCAL_RANK) and adds the device's peak (tests/gpu/run.sh, docs/GPU.md).
 //
 // One process per rank runs every configuration in turn, each on a freshly
 // built and wrapped model (so start-up and rendezvous are paid once):
@@ -28,6 +31,9 @@
 //   RSS       VmHWM after resetting it (clear_refs) at the same point; the
 //             process's ru_maxrss where that is not allowed
 //   faults    page faults (minor + major) per measured step, largest rank
+//   device    on a GPU: the CUDA caching allocator's peak of allocated bytes
+//             (torch.cuda.max_memory_allocated's figure), reset after warm-up,
+//             largest rank (fsdp::device_memory; -1 on the CPU)
 //   cache     bytes the counting allocator caches for reuse after the
 //             measured steps (not part of peak; part of RSS), largest rank
 // --rounds R runs every configuration in turn R times (a fresh model each
@@ -43,6 +49,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -54,6 +61,7 @@
 #include "fsdp/init.h"
 #include "fsdp/memory.h"
 #include "gpt/model.h"
+#include "fsdp/device.h"
 
 namespace {
 
@@ -71,6 +79,7 @@ struct Variant {
 
 struct Settings {
   gpt::Config cfg;
+  torch::Device device = torch::kCPU;  // where the model, the batch and the step run
   int64_t batch = 4;
   int warmup = 3, steps = 10;  // per round
   int rounds = 1;              // every configuration once per round, in turn
@@ -90,6 +99,17 @@ int64_t peak_rss_bytes() {
   getrusage(RUSAGE_SELF, &u);
   return int64_t(u.ru_maxrss) * 1024;
 }
+// ---- device memory: the CUDA caching allocator's peak -----------------------
+// Its allocated bytes (not reserved): what torch.cuda.max_memory_allocated
+// reports for FSDP2, so the two columns compare (fsdp/device.h). -1: a CPU run.
+void reset_device_peak(const torch::Device& d) {
+  if (d.is_cuda()) fsdp::reset_device_peak(d);
+}
+int64_t device_peak_bytes(const torch::Device& d) {
+  if (d.is_cuda()) return fsdp::device_memory(d).peak_allocated;
+  return -1;
+}
+
 // Minor + major page faults of this process so far.
 int64_t page_faults() {
   rusage u{};
@@ -98,11 +118,13 @@ int64_t page_faults() {
 }
 
 // ---- agreeing on numbers across ranks ----------------------------------------
-// Every rank's values, rank-major.
-std::vector<double> gather(fsdp::Communicator& c, const std::vector<double>& v) {
-  auto in = torch::tensor(v, torch::kDouble);
-  auto out = torch::empty({int64_t(v.size()) * c.world_size()}, torch::kDouble);
+// Every rank's values, rank-major. On a GPU the collective runs on device
+// tensors (an NCCL communicator takes no host tensors), copied back after.
+std::vector<double> gather(fsdp::Communicator& c, const std::vector<double>& v, const torch::Device& device) {
+  auto in = torch::tensor(v, torch::kDouble).to(device);
+  auto out = torch::empty({int64_t(v.size()) * c.world_size()}, in.options());
   c.all_gather(in, out, {"bench_train results"})->wait();
+  out = out.cpu();
   return std::vector<double>(out.data_ptr<double>(), out.data_ptr<double>() + out.numel());
 }
 double median(std::vector<double> v) {
@@ -131,6 +153,7 @@ struct Measured {
   int64_t rss = 0;             // largest rank
   double faults = 0;           // page faults per measured step, largest rank
   int64_t cached = 0;          // allocator cache after the measured steps, largest rank
+  int64_t device_peak = -1;    // CUDA caching allocator's peak, largest rank (-1: not known)
   fsdp::CommCounters traffic;  // rank 0, per step (bytes and seconds divided by steps)
   fsdp::Ledger ledger;         // rank 0 (wrapped only)
   double loss_first = 0, loss_last = 0;
@@ -144,6 +167,7 @@ Measured measure(fsdp::Communicator& c, const Settings& s, StepFn step) {
   c.barrier({"bench_train warm-up done"})->wait();
   fsdp::memory::reset_peak();
   reset_peak_rss();
+  reset_device_peak(s.device);
   const auto before = c.counters();
   const int64_t faults0 = page_faults();
   std::vector<double> local;
@@ -165,8 +189,9 @@ Measured measure(fsdp::Communicator& c, const Settings& s, StepFn step) {
   local.push_back(double(rss));
   local.push_back(faults);
   local.push_back(double(ms.cached));
+  local.push_back(double(device_peak_bytes(s.device)));
   const size_t w = local.size();
-  auto all = gather(c, local);
+  auto all = gather(c, local, s.device);
   m.step_s.assign(s.steps, 0.0);
   for (int r = 0; r < c.world_size(); ++r) {
     for (int i = 0; i < s.steps; ++i) m.step_s[i] = std::max(m.step_s[i], all[r * w + i]);
@@ -174,6 +199,7 @@ Measured measure(fsdp::Communicator& c, const Settings& s, StepFn step) {
     m.rss = std::max<int64_t>(m.rss, int64_t(all[r * w + s.steps + 1]));
     m.faults = std::max(m.faults, all[r * w + s.steps + 2]);
     m.cached = std::max<int64_t>(m.cached, int64_t(all[r * w + s.steps + 3]));
+    m.device_peak = std::max<int64_t>(m.device_peak, int64_t(all[r * w + s.steps + 4]));
   }
   return m;
 }
@@ -192,6 +218,7 @@ void fold(Measured& total, const Measured& round, int rounds_before) {
   total.rss = std::max(total.rss, round.rss);
   total.faults = (total.faults * rounds_before + round.faults) / (rounds_before + 1);
   total.cached = std::max(total.cached, round.cached);
+  total.device_peak = std::max(total.device_peak, round.device_peak);
   total.traffic = round.traffic;
   total.ledger = round.ledger;
   total.loss_last = round.loss_last;
@@ -201,6 +228,7 @@ Measured run_variant(const fsdp::CommPtr& comm, const Settings& s, const Variant
                      const torch::Tensor& targets) {
   torch::manual_seed(1234);  // identical parameters on every rank
   gpt::GPT net(s.cfg);
+  if (!s.device.is_cpu()) net->to(s.device);  // built on the host from the seed, then moved: the same weights
   if (!v.wrapped) {
     if (v.bf16) net->to(torch::kBFloat16);
     std::vector<torch::Tensor> params;
@@ -219,6 +247,7 @@ Measured run_variant(const fsdp::CommPtr& comm, const Settings& s, const Variant
     });
   }
   fsdp::FsdpOptions o;
+  o.device = s.device;
   o.strategy = v.strategy;
   o.wrap = fsdp::WrapPolicy::module_type<gpt::BlockImpl>("Block");
   o.limit_all_gathers = s.limit_all_gathers;
@@ -266,6 +295,11 @@ int main(int argc, char** argv) {
   app.add_option("--batch", s.batch, "rows per rank (B)")->check(CLI::Range(1, 4096));
   app.add_option("--layers", s.cfg.layers, "transformer blocks (L)");
   app.add_option("--dim", s.cfg.dim, "width (d)");
+  app.add_option("--heads", s.cfg.heads, "attention heads (h; divides d)");
+  app.add_option("--seq", s.cfg.seq, "context length (T)");
+  std::string device = "cpu";
+  app.add_option("--device", device,
+                 "cpu | cuda | cuda:K (cuda: cuda:LOCAL_RANK): where the model, the batch and the step run");
   app.add_option("--limit-all-gathers", s.limit_all_gathers, "FsdpOptions::limit_all_gathers");
   app.add_option("--strategies", strategies, "comma-separated subset of full,grad-op,none");
   app.add_option("--dtypes", dtypes, "comma-separated subset of fp32,bf16");
@@ -277,6 +311,21 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   CLI11_PARSE(app, argc, argv);
   s.cfg.validate();
+  if (device == "cuda") {
+    const char* local = std::getenv("LOCAL_RANK");
+    device = "cuda:" + std::string(local && *local ? local : "0");
+  }
+  try {
+    s.device = torch::Device(device);
+  } catch (const std::exception&) {
+    std::fprintf(stderr, "bench_train: --device '%s': expected cpu, cuda or cuda:K\n", device.c_str());
+    return 2;
+  }
+  if (s.device.is_cuda() && s.device.index() >= int(torch::cuda::device_count())) {
+    std::fprintf(stderr, "bench_train: --device %s: this machine has %d CUDA device(s)\n", device.c_str(),
+                 int(torch::cuda::device_count()));
+    return 2;
+  }
 
   // One compute thread per rank by default (the setting): N ranks
   // share the cores, a rank's communication threads run beside it.
@@ -309,14 +358,14 @@ int main(int argc, char** argv) {
 
   // The same rows every step: timing does not depend on the data.
   torch::manual_seed(1000 + rank);
-  auto idx = torch::randint(0, s.cfg.vocab, {s.batch, s.cfg.seq}, torch::kLong);
-  auto targets = torch::randint(0, s.cfg.vocab, {s.batch, s.cfg.seq}, torch::kLong);
+  auto idx = torch::randint(0, s.cfg.vocab, {s.batch, s.cfg.seq}, torch::kLong).to(s.device);
+  auto targets = torch::randint(0, s.cfg.vocab, {s.batch, s.cfg.seq}, torch::kLong).to(s.device);
 
   if (lead) {
     std::printf("bench_train: GPT-mini %s, N=%d, B=%lld/rank, T=%lld, %d thread/rank, median of %d rounds x %d steps "
-                "after %d, %s; faults = page faults per step, cache = allocator cache\n",
+                "after %d, %s, device %s; faults = page faults per step, cache = allocator cache\n",
                 s.cfg.str().c_str(), N, (long long)s.batch, (long long)s.cfg.seq, torch::get_num_threads(), s.rounds,
-                s.steps, s.warmup, comm->describe().c_str());
+                s.steps, s.warmup, comm->describe().c_str(), s.device.str().c_str());
     std::printf("%-28s %9s %7s %9s %8s %8s %8s %8s %8s %8s %9s %9s %8s\n", "config", "step ms", "x comp", "peak MiB",
                 "RSS MiB", "cache MiB", "faults", "AG MiB", "RS MiB", "AR MiB", "comm ms", "peak/bnd", "loss");
     std::fflush(stdout);
@@ -346,6 +395,9 @@ int main(int argc, char** argv) {
                 mib(t[fsdp::CollectiveKind::REDUCE_SCATTER].bytes_sent),
                 mib(t[fsdp::CollectiveKind::ALL_REDUCE].bytes_sent), comm_s * 1e3,
                 bound > 0 ? std::to_string(double(m.peak) / bound).substr(0, 5).c_str() : "-", m.loss_last);
+    if (m.device_peak >= 0)
+      std::printf("%-28s device peak %.1f MiB (CUDA caching allocator, allocated)%s\n", "", mib(m.device_peak),
+                  v.wrapped ? (", planned " + std::to_string(int64_t(mib(l.predicted_peak))) + " MiB").c_str() : "");
     std::fflush(stdout);
     if (json_path.empty()) continue;
     nlohmann::json j = {{"bench", "train"},
@@ -359,6 +411,11 @@ int main(int argc, char** argv) {
                         {"ac", v.ac},
                         {"batch", s.batch},
                         {"seq", s.cfg.seq},
+                        {"dim", s.cfg.dim},
+                        {"layers", s.cfg.layers},
+                        {"heads", s.cfg.heads},
+                        {"vocab", s.cfg.vocab},
+                        {"device", s.device.str()},
                         {"params", s.cfg.num_params()},
                         {"threads", torch::get_num_threads()},
                         {"step_s_median", step},
@@ -367,6 +424,7 @@ int main(int argc, char** argv) {
                         {"peak_bytes", m.peak},
                         {"peak_rss_bytes", m.rss},
                         {"cached_bytes", m.cached},
+                        {"device_peak_bytes", m.device_peak},
                         {"page_faults_per_step", m.faults},
                         {"rounds", s.rounds},
                         {"loss_first", m.loss_first},

@@ -3,6 +3,8 @@
 
     python3 bench/ddp_reference.py --world 2 [--modes fsdp2,ddp,zero] [--dtype fp32|bf16] [--json FILE]
     python3 bench/ddp_reference.py --world 2 --check-grads   # FSDP2's gradients against one process
+    python3 bench/ddp_reference.py --device cuda --world 1 --modes fsdp2 --dtype bf16 \
+        --dim 768 --layers 12 --heads 12 --seq 1024 --batch 8     # on a GPU (tests/gpu/run.sh)
 
 The same model as examples/gpt (docs/GPT_MINI.md; the Python definition is
 tests/python/gpt_reference.py), the same per-rank batch (B=4, T=128), one
@@ -26,6 +28,12 @@ Modes:
   ddp   DistributedDataParallel (default buckets of 25 MiB) + torch.optim.AdamW
   zero  the same DDP + torch.distributed.optim.ZeroRedundancyOptimizer(AdamW):
         optimizer state sharded over ranks, parameters broadcast after step
+
+--device cuda: rank r runs on cuda:r (so N is at most the GPUs), the model,
+the batch and FSDP2's mesh on the GPU, NCCL instead of Gloo; each timed step
+ends with torch.cuda.synchronize(), and the JSON line adds the peak of
+torch.cuda.max_memory_allocated over the measured steps (largest rank).
+Without it (the default, cpu) everything above holds unchanged.
 
 Timing is the same as bench_train's: each rank times every step (zero_grad,
 forward, loss, backward, optimizer step) with no barrier inside the loop; the
@@ -84,12 +92,12 @@ def reset_peak_rss():
         pass
 
 
-def shard_fsdp2(net, world, dtype, divide_fix=False):
+def shard_fsdp2(net, world, dtype, divide_fix=False, device_type="cpu"):
     """FSDP2 as its docs show it: one fully_shard per block, then the root."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(device_type, (world,))
     kw = dict(mesh=mesh)
     if dtype == "bf16":
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
@@ -144,8 +152,12 @@ def run_mode(mode, args, rank, world):
 
     torch.manual_seed(1234)  # identical parameters on every rank (DDP also broadcasts)
     net = GPT(args.vocab, args.seq, args.dim, args.layers, args.heads)
+    cuda = args.device == "cuda"
+    dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        net = net.to(dev)  # drawn on the host from the seed, then moved: the same weights as on the CPU
     if mode == "fsdp2":
-        model = shard_fsdp2(net, world, args.dtype)
+        model = shard_fsdp2(net, world, args.dtype, device_type=dev.type)
     else:
         model = net if mode == "plain" else DDP(net)
     hp = dict(lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
@@ -156,6 +168,8 @@ def run_mode(mode, args, rank, world):
     gen = torch.Generator().manual_seed(1000 + rank)
     idx = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
     targets = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
+    if cuda:
+        idx, targets = idx.to(dev), targets.to(dev)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -163,12 +177,16 @@ def run_mode(mode, args, rank, world):
         loss = F.cross_entropy(logits.view(-1, args.vocab), targets.view(-1))
         loss.backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize(dev)  # the step's kernels are done: its time is the work, not the launches
         return loss
 
     for _ in range(args.warmup):
         step()
     dist.barrier()
     reset_peak_rss()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     times = []
     for _ in range(args.steps):
@@ -178,14 +196,16 @@ def run_mode(mode, args, rank, world):
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     faults = (ru1.ru_minflt - ru0.ru_minflt + ru1.ru_majflt - ru0.ru_majflt) / args.steps
     rss = peak_rss_bytes()
+    device_peak = torch.cuda.max_memory_allocated(dev) if cuda else -1
 
-    # Agree on one time per step (the slowest rank) and the largest RSS.
-    t = torch.tensor(times, dtype=torch.float64)
+    # Agree on one time per step (the slowest rank) and the largest RSS
+    # (NCCL reduces device tensors only).
+    t = torch.tensor(times, dtype=torch.float64, device=dev)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    r = torch.tensor([float(rss)], dtype=torch.float64)
+    r = torch.tensor([float(rss), float(device_peak)], dtype=torch.float64, device=dev)
     dist.all_reduce(r, op=dist.ReduceOp.MAX)
     step_times = t.tolist()
-    return {
+    res = {
         "bench": "train_peer",
         "impl": "pytorch-" + mode,
         "world": world,
@@ -196,17 +216,27 @@ def run_mode(mode, args, rank, world):
         "torch": torch.__version__,
         "step_s_median": statistics.median(step_times),
         "step_s": step_times,
-        "peak_rss_bytes": int(r.item()),
+        "peak_rss_bytes": int(r[0].item()),
         "page_faults_per_step": faults,  # rank 0
         "loss": float(loss.item()),
     }
+    if cuda:
+        res.update({"device": "cuda", "gpu": torch.cuda.get_device_name(dev), "cuda": torch.version.cuda,
+                    "device_peak_bytes": int(r[1].item()), "dim": args.dim, "layers": args.layers,
+                    "heads": args.heads, "vocab": args.vocab,
+                    "params": sum(p.numel() for p in net.parameters())})
+    return res
 
 
 def worker(rank, world, port, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if args.device == "cuda":
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         if args.check_grads:
             check_grads(args, rank, world)
@@ -218,6 +248,9 @@ def worker(rank, world, port, args):
                       "  loss %.4f" % (mode, res["dtype"], world, res["step_s_median"] * 1e3, args.steps,
                                        res["peak_rss_bytes"] / 2**20, res["page_faults_per_step"], res["loss"]),
                       flush=True)
+                if "device_peak_bytes" in res:
+                    print("  pytorch %-5s device peak %.1f MiB (torch.cuda.max_memory_allocated)"
+                          % (mode, res["device_peak_bytes"] / 2**20), flush=True)
                 if args.json:
                     with open(args.json, "a") as f:
                         f.write(json.dumps(res) + "\n")
@@ -242,10 +275,20 @@ def main():
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="compute threads per rank")
     p.add_argument("--json", default="", help="append one JSON line per mode")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cuda: rank r on cuda:r, NCCL, synchronized step times, device peak (default cpu: Gloo)")
     args = p.parse_args()
     for m in args.modes.split(","):
         if m not in ("plain", "fsdp2", "ddp", "zero"):
             p.error("unknown mode %r (expected plain, fsdp2, ddp or zero)" % m)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            p.error("--device cuda: torch %s sees no CUDA device" % torch.__version__)
+        if args.world > torch.cuda.device_count():
+            p.error("--device cuda: --world %d needs one GPU per rank, this machine has %d"
+                    % (args.world, torch.cuda.device_count()))
+        if args.check_grads:
+            p.error("--check-grads runs on the CPU only")
     mp.start_processes(worker, args=(args.world, free_port(), args), nprocs=args.world, start_method="spawn")
 
 

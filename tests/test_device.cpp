@@ -199,16 +199,15 @@ TEST(Gpu, GptOnOneGpuMatchesPlainLibtorchAtOneAndTwoRanks) {
   SKIP_WITHOUT_GPUS(1);
   const auto dir = fs::temp_directory_path() / ("fsdp_gpu_parity_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  const std::vector<std::string> env = {"FSDP_TEST_DEVICE=cuda:0", "FSDP_TEST_STEPS=20"};
   const std::string ref_file = (dir / "reference.safetensors").string();
-  auto ref = run_command({bin_path("fsdp_test_worker"), "gpt_reference", ref_file}, env, 300);
+  auto ref = run_command({bin_path("fsdp_test_worker"), "gpt_reference", ref_file, "device=cuda:0", "steps=20"}, {},
+                         300);
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
   const auto reference = read_all(ref_file);
   for (int n : {1, 2}) {
     const std::string file = (dir / ("n" + std::to_string(n) + ".safetensors")).string();
-    std::vector<std::string> e = env;
-    e.push_back("FSDP_BACKEND=gloo");
-    auto r = fsdp::testing::run_ranks(n, "gpt_parity", {"full", file}, e, 300);
+    auto r = fsdp::testing::run_ranks(n, "gpt_parity", {"full", file, "device=cuda:0", "steps=20"},
+                                      {"FSDP_BACKEND=gloo"}, 300);
     ASSERT_EQ(r.exit_code, 0) << "N=" << n << "\n" << r.output;
     std::string worst;
     EXPECT_LT(max_rel_diff(read_all(file), reference, &worst), 1e-5) << "N=" << n << ", worst " << worst;
@@ -222,13 +221,13 @@ TEST(Gpu, NcclAtTwoRanksMatchesPlainLibtorch) {
   const auto dir = fs::temp_directory_path() / ("fsdp_gpu_nccl_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string ref_file = (dir / "reference.safetensors").string();
-  auto ref = run_command({bin_path("fsdp_test_worker"), "gpt_reference", ref_file},
-                         {"FSDP_TEST_DEVICE=cuda:0", "FSDP_TEST_STEPS=20"}, 300);
+  auto ref = run_command({bin_path("fsdp_test_worker"), "gpt_reference", ref_file, "device=cuda:0", "steps=20"}, {},
+                         300);
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
   const std::string file = (dir / "n2.safetensors").string();
   // "cuda": each rank's own GPU (cuda:LOCAL_RANK).
-  auto r = fsdp::testing::run_ranks(2, "gpt_parity", {"full", file},
-                                    {"FSDP_TEST_DEVICE=cuda", "FSDP_TEST_STEPS=20", "FSDP_BACKEND=nccl"}, 300);
+  auto r = fsdp::testing::run_ranks(2, "gpt_parity", {"full", file, "device=cuda", "steps=20"},
+                                    {"FSDP_BACKEND=nccl"}, 300);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::string worst;
   EXPECT_LT(max_rel_diff(read_all(file), read_all(ref_file), &worst), 1e-5) << "worst " << worst;

@@ -63,7 +63,7 @@ class Block(nn.Module):
         k = k.view(B, T, self.h, hs).transpose(1, 2)
         v = v.view(B, T, self.h, hs).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        future = torch.ones(T, T, dtype=torch.bool).triu(1)
+        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         att = F.softmax(att.masked_fill(future, float("-inf")), dim=-1)
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
         x = x + self.proj(y)
@@ -81,7 +81,7 @@ class GPT(nn.Module):
 
     def forward(self, idx):
         T = idx.shape[1]
-        x = self.tok(idx) + self.pos(torch.arange(T))
+        x = self.tok(idx) + self.pos(torch.arange(T, device=idx.device))
         for b in self.blocks:
             x = b(x)
         return self.head(self.ln(x))

@@ -1,10 +1,12 @@
 // GPT-mini rank-side scenarios (started by tests/test_gpt_parity.cpp).
 //
-//   fsdp run -n N -- fsdp_test_worker gpt_parity STRATEGY OUT.safetensors [BATCH [SHARD_GROUP]]
-//   fsdp_test_worker gpt_reference OUT.safetensors [BATCH]  (plain libtorch, no FSDP)
+//   fsdp run -n N -- fsdp_test_worker gpt_parity STRATEGY OUT.safetensors [BATCH [SHARD_GROUP]] [device=D] [steps=S]
+//   fsdp_test_worker gpt_reference OUT.safetensors [BATCH] [device=D] [steps=S]  (plain libtorch, no FSDP)
 // BATCH: the global batch (default 6; 4 for the 2 x 2 hybrid runs).
-// FSDP_TEST_DEVICE (default cpu) and FSDP_TEST_STEPS (default 3): the GPU
-// parity tests (tests/test_device.cpp) run both on cuda:0 for 20 steps.
+// device=cpu|cuda|cuda:K (default cpu; cuda = cuda:LOCAL_RANK): where the
+// model, the batches and the step run (gpt_parity: FsdpOptions::device).
+// steps=S: optimizer steps (default 3). tests/gpu/run.sh runs both on a GPU
+// for 20 steps (docs/GPU.md).
 //
 // Both train the same small GPT (2 layers, d=64) for a few steps on the same
 // global batch (6 rows per micro-step, 2 micro-steps, the deterministic order
@@ -34,11 +36,31 @@ struct Setup {
   double lr = 1e-3, weight_decay = 0.1, clip = 1.0;
   uint64_t seed = 0;
   torch::Device device = torch::kCPU;
-  Setup() {
-    if (const char* d = std::getenv("FSDP_TEST_DEVICE")) device = torch::Device(d);
-    if (const char* n = std::getenv("FSDP_TEST_STEPS")) steps = std::stoll(n);
-  }
 };
+
+// Takes the trailing key=value options (device=, steps=) out of args into s;
+// what is left are the positional arguments.
+std::vector<std::string> take_options(std::vector<std::string> args, Setup& s) {
+  while (!args.empty() && args.back().find('=') != std::string::npos) {
+    const std::string a = args.back();
+    args.pop_back();
+    const std::string key = a.substr(0, a.find('=')), value = a.substr(a.find('=') + 1);
+    if (key == "device") {
+      std::string d = value;
+      if (d == "cuda") {
+        const char* local = std::getenv("LOCAL_RANK");
+        d = "cuda:" + std::string(local && *local ? local : "0");
+      }
+      s.device = torch::Device(d);
+    } else if (key == "steps") {
+      s.steps = std::stoll(value);
+      FSDP_USER_CHECK(s.steps >= 1, "steps=", value, ": expected at least 1");
+    } else {
+      throw fsdp::UsageError("unknown option '" + a + "' (expected device=D or steps=S)");
+    }
+  }
+  return args;
+}
 
 // A fixed byte stream with some structure (a few repeated words, LCG-chosen).
 gpt::data::Tokens corpus() {
@@ -78,9 +100,11 @@ void save(const std::string& path, const std::vector<std::pair<std::string, torc
 }  // namespace
 
 FSDP_SCENARIO(gpt_parity) {
-  if (args.size() < 2 || args.size() > 4) throw fsdp::UsageError("gpt_parity STRATEGY OUT.safetensors [BATCH [SHARD_GROUP]]");
   Setup s;
-  if (args.size() > 2) s.global_batch = std::stoll(args[2]);
+  const auto pos = take_options(args, s);  // the positional arguments
+  if (pos.size() < 2 || pos.size() > 4)
+    throw fsdp::UsageError("gpt_parity STRATEGY OUT.safetensors [BATCH [SHARD_GROUP]] [device=D] [steps=S]");
+  if (pos.size() > 2) s.global_batch = std::stoll(pos[2]);
   auto comm = fsdp::make_communicator_from_env();
   const int N = comm->world_size(), rank = comm->rank();
   FSDP_USER_CHECK(s.global_batch % N == 0, "gpt_parity: world size ", N, " must divide ", s.global_batch);
@@ -89,11 +113,12 @@ FSDP_SCENARIO(gpt_parity) {
 
   torch::manual_seed(s.seed);
   gpt::GPT net(s.cfg);
+  if (!s.device.is_cpu()) net->to(s.device);  // drawn on the host, as the reference's
   fsdp::FsdpOptions opts;
-  opts.strategy = fsdp::parse_strategy(args[0]);
-  if (args.size() > 3) opts.shard_group_size = std::stoi(args[3]);
-  opts.wrap = fsdp::WrapPolicy::module_type<gpt::BlockImpl>("Block");
   opts.device = s.device;
+  opts.strategy = fsdp::parse_strategy(pos[0]);
+  if (pos.size() > 3) opts.shard_group_size = std::stoi(pos[3]);
+  opts.wrap = fsdp::WrapPolicy::module_type<gpt::BlockImpl>("Block");
   auto model = fsdp::fully_shard(net.ptr(), comm, opts);
   std::vector<std::pair<torch::Tensor, bool>> params;
   for (auto& sh : model->named_shards()) params.push_back({sh.tensor, sh.full_shape.size() == 2});
@@ -103,9 +128,8 @@ FSDP_SCENARIO(gpt_parity) {
     double loss_sum = 0;
     for (int64_t k = 0; k < s.accum; k++) {
       auto b = gpt::data::batch(tokens, order, step, k, rank);  // [B,T]
-      b.x = b.x.to(s.device), b.y = b.y.to(s.device);
       auto micro = [&] {
-        auto loss = gpt::loss(model.forward(b.x), b.y);
+        auto loss = gpt::loss(model.forward(b.x.to(s.device)), b.y.to(s.device));
         (loss / double(s.accum)).backward();
         loss_sum += loss.item<double>();
       };
@@ -119,26 +143,28 @@ FSDP_SCENARIO(gpt_parity) {
     model->clip_grad_norm(s.clip);
     opt->step();
     opt->zero_grad();
-    auto l = torch::tensor({float(loss_sum / s.accum)}).to(s.device);
+    auto l = torch::tensor({float(loss_sum / s.accum)}).to(s.device);  // NCCL takes device tensors only
     comm->all_reduce(l, fsdp::ReduceOp::AVG)->wait();
     if (rank == 0) std::printf("loss %lld %.8f\n", (long long)step, l.item<double>());
   }
   auto full = model->full_state(0);
-  if (rank == 0) save(args[1], full);
+  if (rank == 0) save(pos[1], full);
   std::fflush(stdout);
   return 0;
 }
 
 // The unsharded reference: one process, batch 6, plain libtorch.
 FSDP_SCENARIO(gpt_reference) {
-  if (args.size() < 1 || args.size() > 2) throw fsdp::UsageError("gpt_reference OUT.safetensors [BATCH]");
   Setup s;
-  if (args.size() > 1) s.global_batch = std::stoll(args[1]);
+  const auto pos = take_options(args, s);  // the positional arguments
+  if (pos.size() < 1 || pos.size() > 2)
+    throw fsdp::UsageError("gpt_reference OUT.safetensors [BATCH] [device=D] [steps=S]");
+  if (pos.size() > 1) s.global_batch = std::stoll(pos[1]);
   const gpt::data::Tokens tokens = corpus();
   const gpt::data::Order order{s.cfg.seq, s.global_batch, s.accum, 1};
   torch::manual_seed(s.seed);
   gpt::GPT net(s.cfg);
-  net->to(s.device);
+  if (!s.device.is_cpu()) net->to(s.device);
   std::vector<std::pair<torch::Tensor, bool>> params;
   for (auto& p : net->named_parameters()) params.push_back({p.value(), p.value().dim() == 2});
   auto opt = make_adamw(params, s);
@@ -146,8 +172,7 @@ FSDP_SCENARIO(gpt_reference) {
     double loss_sum = 0;
     for (int64_t k = 0; k < s.accum; k++) {
       auto b = gpt::data::batch(tokens, order, step, k, 0);
-      b.x = b.x.to(s.device), b.y = b.y.to(s.device);
-      auto loss = gpt::loss(net->forward(b.x), b.y);
+      auto loss = gpt::loss(net->forward(b.x.to(s.device)), b.y.to(s.device));
       (loss / double(s.accum)).backward();
       loss_sum += loss.item<double>();
     }
@@ -158,7 +183,7 @@ FSDP_SCENARIO(gpt_reference) {
   }
   std::vector<std::pair<std::string, torch::Tensor>> full;
   for (auto& p : net->named_parameters()) full.push_back({p.key(), p.value().detach()});
-  save(args[0], full);
+  save(pos[0], full);
   std::fflush(stdout);
   return 0;
 }
