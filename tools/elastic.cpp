@@ -131,8 +131,9 @@ std::vector<int> Rendezvous::gather(int n) {
         const std::string why = detail::cat(
             "the job needs at least ", s_.min_nodes, " nodes (--nnodes ", s_.min_nodes, ":", s_.max_nodes,
             ") but only ", k, " joined round ", n, " within ", seconds_text(s_.timeout_s), " s (node",
-            k == 1 ? " " : "s ", id_list(joined), "); ending the job. Start the missing launchers again (the same "
-            "--master-addr and --master-port) within --rdzv-timeout, or run with a smaller MIN.");
+            k == 1 ? " " : "s ", id_list(joined), "); ending the job. Start it again on at least ", s_.min_nodes,
+            " nodes (with --resume the program continues from its last checkpoint), or run with a smaller MIN; "
+            "--rdzv-timeout sets how long a round waits for MIN nodes.");
         end(why);
         throw Ended(why);
       }

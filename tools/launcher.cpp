@@ -592,7 +592,6 @@ void validate(LaunchOptions& o) {
   freeaddrinfo(res);
 }
 
-
 // "rank 3 (local rank 1, pid 123) exited with code 1", or the cause the
 // launcher found (launch_diagnosis.h).
 std::string failure_text(const Rank& r, const Outcome& out) {
@@ -662,7 +661,7 @@ int launch_elastic(const LaunchOptions& o, const std::string& program, const con
     const int world = static_cast<int>(round.members.size()) * o.nproc;
     const int node_rank = round.node_rank(o.node_rank);
     if (last.members.empty())
-      say(detail::cat("elastic round ", n, ": world size ", world, ", nodes ", round.member_list(), " (", 
+      say(detail::cat("elastic round ", n, ": world size ", world, ", nodes ", round.member_list(), " (",
                       round.members.size(), " of --nnodes ", o.min_nodes, ":", o.nnodes, "); this is node ",
                       o.node_rank, ", node rank ", node_rank));
     else
