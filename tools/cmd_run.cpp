@@ -1,6 +1,7 @@
 // fsdp-cpp: `fsdp run -n N [...] -- PROGRAM ARGS...` (see launcher.h).
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -66,6 +67,25 @@ void place_node(LaunchOptions& o, const Given& given) {
   std::fprintf(stderr, "fsdp run: launcher: %s\n", n.describe().c_str());
 }
 
+// --nnodes: N, or MIN:MAX (torchrun's form); the ranges: launch().
+CLI::Validator nnodes_check() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        auto is_int = [](const std::string& t) {
+          errno = 0;
+          char* end = nullptr;
+          const long long v = std::strtoll(t.c_str(), &end, 10);
+          return !t.empty() && end != t.c_str() && *end == '\0' && errno != ERANGE && v >= INT32_MIN &&
+                 v <= INT32_MAX;
+        };
+        const size_t colon = s.find(':');
+        if (colon == std::string::npos) return is_int(s) ? "" : "expected an integer, found '" + s + "'";
+        if (is_int(s.substr(0, colon)) && is_int(s.substr(colon + 1))) return "";
+        return "expected N or MIN:MAX with two integers (e.g. 1:2), found '" + s + "'";
+      },
+      "N|MIN:MAX");
+}
+
 int cmd_run(int argc, char** argv) {
   // Everything after the first "--" is the program's, never ours.
   LaunchOptions o;
@@ -83,8 +103,11 @@ int cmd_run(int argc, char** argv) {
   app.add_option("-n,--nproc-per-node", o.nproc, "ranks to start on this node")
       ->required()
       ->check(cli::integer());  // the range: launch() (-n must be at least 1 ...)
-  app.add_option("--nnodes", o.nnodes, "nodes in the job (default 1; in a Slurm step or a Kubeflow pod: the cluster's)")
-      ->check(cli::integer());
+  std::string nnodes;
+  app.add_option("--nnodes", nnodes,
+                 "nodes in the job: N, or MIN:MAX for an elastic job that shrinks to MIN nodes when nodes are lost "
+                 "and grows back to MAX at a restart (default 1; in a Slurm step or a Kubeflow pod: the cluster's)")
+      ->check(nnodes_check());
   app.add_option("--node-rank", o.node_rank,
                  "this node's index in [0, nnodes) (default 0; in a Slurm step or a Kubeflow pod: the cluster's)")
       ->check(cli::integer());  // range checked by launch()
@@ -100,6 +123,12 @@ int cmd_run(int argc, char** argv) {
   app.add_option("--max-restarts", o.max_restarts,
                  "restart every rank this many times when one fails (FSDP_RESTART_COUNT=k)")
       ->check(cli::integer(0, 1000000));
+  app.add_option("--rdzv-settle", o.rdzv_settle_s,
+                 "elastic: once MIN nodes joined a round, seconds to wait for more before it starts (default 2)")
+      ->check(cli::real(0, 3600));
+  app.add_option("--rdzv-timeout", o.rdzv_timeout_s,
+                 "elastic: seconds a round waits for MIN nodes before the job ends (default 60)")
+      ->check(cli::real(0.1, 86400));
   app.add_option("--grace", o.grace_s, "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->check(cli::real(0, 3600));
   app.add_option("--flight-dir", o.flight_dir,
@@ -119,12 +148,26 @@ int cmd_run(int argc, char** argv) {
   if (!extra.empty() && (ours < argc || extra[0].rfind("-", 0) == 0)) {
     std::fprintf(stderr,
                  "fsdp run: error: unexpected '%s' before the program; fsdp run takes -n, --nnodes, "
-                 "--node-rank, --master-addr, --master-port, --threads, --max-restarts, --grace and --flight-dir, then "
+                 "--node-rank, --master-addr, --master-port, --threads, --max-restarts, --rdzv-settle, --rdzv-timeout, "
+                 "--grace and --flight-dir, then "
                  "-- PROGRAM ARGS...\nRun 'fsdp run --help' for the options.\n",
                  extra[0].c_str());
     return 2;
   }
   if (o.argv.empty()) o.argv = extra;
+  if (!nnodes.empty()) {
+    const size_t colon = nnodes.find(':');
+    o.nnodes = std::atoi(nnodes.c_str() + (colon == std::string::npos ? 0 : colon + 1));
+    if (colon != std::string::npos) {
+      const int lo = std::atoi(nnodes.substr(0, colon).c_str());
+      if (lo < 1) {
+        std::fprintf(stderr, "fsdp run: error: --nnodes %s: MIN must be at least 1, found %d; expected MIN:MAX with "
+                             "1 <= MIN <= MAX (e.g. 1:2)\n", nnodes.c_str(), lo);
+        return 2;
+      }
+      o.min_nodes = lo;
+    }
+  }
   try {
     place_node(o, {app.count("--nnodes") > 0, app.count("--node-rank") > 0, app.count("--master-addr") > 0,
                    app.count("--master-port") > 0});

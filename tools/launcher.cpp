@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -36,6 +37,7 @@
 #include "common/cluster_env.h"
 #include "common/proc_state.h"
 #include "fsdp/watchdog.h"
+#include "elastic.h"
 #include "launch_diagnosis.h"
 
 extern char** environ;
@@ -157,7 +159,11 @@ struct Outcome {
   std::string cause;   // the cause, when more is known than the first failure's exit ("" otherwise)
   bool cause_printed = false;  // already on stderr (the culprit is another rank than the first failed)
   int culprit = -1;    // global rank named as the cause (-1: the first failed)
+  std::string external;  // elastic: why the round was stopped from outside this node's ranks
 };
+
+// Elastic: polled by the event loop; a non-empty answer stops every rank.
+using Watch = std::function<std::string()>;
 
 double wall_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -166,9 +172,9 @@ double wall_now() {
 class Attempt {
  public:
   Attempt(const LaunchOptions& o, const std::string& program, int port, int restart, std::string token,
-          watchdog::StoreHost* store)
+          watchdog::StoreHost* store, Watch watch = {})
       : o_(o), program_(program), port_(port), restart_(restart), token_(std::move(token)),
-        base_(watchdog::key_base(token_)), store_(store), ranks_(o.nproc) {}
+        base_(watchdog::key_base(token_)), store_(store), watch_(std::move(watch)), ranks_(o.nproc) {}
 
   Outcome run() {
     try {
@@ -201,6 +207,14 @@ class Attempt {
         forward_dump_request();
       }
       reap();
+      if (state == RUNNING && out_.failed < 0 && watch_) {
+        std::string why = watch_();
+        if (!why.empty()) {  // the round ends elsewhere (elastic.h): stop ours
+          out_.external = std::move(why);
+          state = STOPPING;
+          begin_stop(&kill_at);
+        }
+      }
       if (state == RUNNING && out_.failed >= 0) {
         // Before stopping anyone: who caused it? A death by signal is its
         // own answer; otherwise the others' verdicts need a moment to land.
@@ -509,6 +523,7 @@ class Attempt {
   const std::string token_;
   const std::string base_;          // the job's store keys
   watchdog::StoreHost* store_;      // null when this node does not host the store
+  const Watch watch_;               // elastic: the round's membership
   std::vector<Rank> ranks_;
   Outcome out_;
 };
@@ -536,16 +551,26 @@ void validate(LaunchOptions& o) {
     throw UsageError(detail::cat("-n must be at most ", kMaxLocalRanks, " ranks per node, found ", o.nproc));
   if (o.nnodes < 1) throw UsageError(detail::cat("--nnodes must be at least 1, found ", o.nnodes));
   if (o.nnodes > (1 << 20)) throw UsageError(detail::cat("--nnodes must be at most ", 1 << 20, ", found ", o.nnodes));
+  if (o.min_nodes <= 0) o.min_nodes = o.nnodes;
+  if (o.min_nodes > o.nnodes)
+    throw UsageError(detail::cat("--nnodes ", o.min_nodes, ":", o.nnodes, ": MIN is above MAX; expected --nnodes N "
+                                 "or MIN:MAX with 1 <= MIN <= MAX (e.g. 1:2)"));
   if (o.node_rank < 0 || o.node_rank >= o.nnodes)
     throw UsageError(detail::cat("--node-rank must be in [0, ", o.nnodes, "), found ", o.node_rank));
   if (o.master_port < 0 || o.master_port > 65535)
     throw UsageError(detail::cat("--master-port must be in [1, 65535], found ", o.master_port));
   if (o.nnodes > 1 && (o.master_addr.empty() || o.master_port == 0))
-    throw UsageError(detail::cat("with --nnodes ", o.nnodes, " every node needs the same --master-addr "
+    throw UsageError(detail::cat("with --nnodes ", o.min_nodes < o.nnodes ? detail::cat(o.min_nodes, ":", o.nnodes)
+                                                                          : std::to_string(o.nnodes),
+                                 " every node needs the same --master-addr "
                                  "(the host of node 0) and --master-port"));
   if (o.threads < 0) throw UsageError(detail::cat("--threads must be positive, found ", o.threads));
   if (o.max_restarts < 0)
     throw UsageError(detail::cat("--max-restarts must be 0 or more, found ", o.max_restarts));
+  if (!(o.rdzv_settle_s >= 0 && o.rdzv_settle_s <= 3600))
+    throw UsageError(detail::cat("--rdzv-settle must be in [0, 3600] seconds, found ", o.rdzv_settle_s));
+  if (!(o.rdzv_timeout_s > 0 && o.rdzv_timeout_s <= 86400))
+    throw UsageError(detail::cat("--rdzv-timeout must be in (0, 86400] seconds, found ", o.rdzv_timeout_s));
   if (!(o.grace_s >= 0 && o.grace_s <= 3600))
     throw UsageError(detail::cat("--grace must be in [0, 3600] seconds, found ", o.grace_s));
   // The launcher holds two pipes per local rank (plus a few of its own).
@@ -567,6 +592,127 @@ void validate(LaunchOptions& o) {
   freeaddrinfo(res);
 }
 
+// "rank 3 (local rank 1, pid 123) exited with code 1", or the cause the
+// launcher found (launch_diagnosis.h).
+std::string failure_text(const Rank& r, const Outcome& out) {
+  const std::string first = detail::cat("rank ", r.global, " (local rank ", r.local, ", pid ", r.pid, ") ",
+                                        describe_status(out.status));
+  std::string why = first;
+  if (!out.cause.empty() && !out.cause_printed) why = out.cause;
+  if (out.cause_printed)
+    why = detail::cat("stopped the job because of rank ", out.culprit, " (named above); the first rank to exit was ",
+                      first);
+  return why;
+}
+
+// --nnodes MIN:MAX: rounds of membership (elastic.h) until the ranks of a
+// round all exit 0, node 0 is lost, fewer than MIN nodes are left, or the
+// restarts are spent.
+int launch_elastic(const LaunchOptions& o, const std::string& program, const config::EnvConfig& env) {
+  elastic::Settings es;
+  es.addr = o.master_addr;
+  es.port = o.master_port;
+  es.id = o.node_rank;
+  es.min_nodes = o.min_nodes;
+  es.max_nodes = o.nnodes;
+  es.settle_s = o.rdzv_settle_s;
+  es.timeout_s = o.rdzv_timeout_s;
+  es.base = watchdog::key_base(o.job_token);
+  es.bind_all = env.store_bind_all;
+  std::unique_ptr<elastic::Rendezvous> rdzv;
+  try {
+    rdzv = std::make_unique<elastic::Rendezvous>(es);
+  } catch (const std::exception& e) {
+    throw Error(detail::cat("fsdp run: ", e.what()));
+  }
+  auto say = [](const std::string& line) {
+    std::fprintf(stderr, "fsdp run: %s\n", line.c_str());
+    std::fflush(stderr);
+  };
+  elastic::Round last;  // the previous round (no members before the first)
+  int n = 0;
+  int failures = 0;     // node 0: rounds that ended by a failure (a node that joins is none)
+  for (;;) {
+    elastic::Round round;
+    std::unique_ptr<watchdog::StoreHost> store;  // node 0: the ranks' store of this round
+    try {
+      if (rdzv->hosts()) {
+        round.number = n;
+        round.members = rdzv->gather(n);
+        for (int tries = 0;; ++tries) {
+          round.port = pick_free_port();
+          try {
+            store = std::make_unique<watchdog::StoreHost>(o.master_addr, round.port, std::chrono::seconds(60),
+                                                          env.store_bind_all);
+            break;
+          } catch (const std::exception& e) {
+            if (tries >= 5) throw Error(detail::cat("fsdp run: ", e.what()));
+          }
+        }
+        rdzv->publish(round);
+      } else {
+        round = rdzv->await(n);
+      }
+    } catch (const elastic::Ended& e) {
+      say(e.what());
+      return 1;
+    }
+    n = round.number;
+    const int world = static_cast<int>(round.members.size()) * o.nproc;
+    const int node_rank = round.node_rank(o.node_rank);
+    if (last.members.empty())
+      say(detail::cat("elastic round ", n, ": world size ", world, ", nodes ", round.member_list(), " (",
+                      round.members.size(), " of --nnodes ", o.min_nodes, ":", o.nnodes, "); this is node ",
+                      o.node_rank, ", node rank ", node_rank));
+    else
+      say(detail::cat("elastic restart ", n, ": world size ", static_cast<int>(last.members.size()) * o.nproc, " -> ",
+                      world, ", nodes ", last.member_list(), " -> ", round.member_list(), " (--nnodes ", o.min_nodes,
+                      ":", o.nnodes, "); this is node ", o.node_rank, ", node rank ", node_rank,
+                      "; the ranks resume from their newest checkpoint"));
+    LaunchOptions ro = o;
+    ro.nnodes = static_cast<int>(round.members.size());
+    ro.node_rank = node_rank;
+    ro.master_port = round.port;
+    bool fatal = false, grow = false;
+    Attempt attempt(ro, program, round.port, n, o.job_token, store.get(), [&]() -> std::string {
+      const elastic::Check c = rdzv->check(round);
+      fatal = c.fatal;
+      grow = c.grow;
+      return c.stop;
+    });
+    Outcome out = attempt.run();
+    store.reset();
+    if (out.interrupted) {
+      rdzv->stop_round(n, detail::cat("node ", o.node_rank, "'s launcher received ", signal_name(out.interrupted)));
+      return 128 + out.interrupted;
+    }
+    if (out.external.empty() && out.failed < 0) {  // every rank of this node exited 0
+      rdzv->done(n);
+      if (rdzv->hosts()) rdzv->wait_done(round, 30);
+      return 0;
+    }
+    if (fatal) {
+      say(out.external);
+      return 1;
+    }
+    std::string why = out.external;
+    if (why.empty()) {
+      why = detail::cat("node ", o.node_rank, ": ", failure_text(attempt.rank(out.failed), out));
+      rdzv->stop_round(n, why);
+    }
+    say(detail::cat("elastic round ", n, " ended: ", why));
+    if (rdzv->hosts() && !grow && failures++ >= o.max_restarts) {
+      const std::string end = detail::cat("gave up after ", o.max_restarts, " restart", o.max_restarts == 1 ? "" : "s",
+                                          " (--max-restarts on node 0): round ", n, " ended: ", why);
+      say(end);
+      rdzv->end(end);
+      return out.failed >= 0 ? exit_code_of(out.status) : 1;
+    }
+    last = round;
+    ++n;
+  }
+}
+
 }  // namespace
 
 int launch(LaunchOptions o) {
@@ -583,6 +729,7 @@ int launch(LaunchOptions o) {
   if (o.job_token.empty() && o.nnodes > 1)
     std::fprintf(stderr, "fsdp run: note: FSDP_JOB_TOKEN is not set, so this job's rendezvous keys are not "
                          "private; export the same random value on every node (see docs/RELIABILITY.md)\n");
+  if (o.min_nodes < o.nnodes) return launch_elastic(o, program, env);
   for (int restart = 0;; ++restart) {
     // Node 0 hosts the rendezvous store for the attempt (a fresh one each
     // time: no key of the last attempt survives), so it outlives any rank.
@@ -609,13 +756,7 @@ int launch(LaunchOptions o) {
     if (out.interrupted) return 128 + out.interrupted;
     if (out.failed < 0) return 0;
     const Rank& r = attempt.rank(out.failed);
-    const std::string first = detail::cat("rank ", r.global, " (local rank ", r.local, ", pid ", r.pid, ") ",
-                                          describe_status(out.status));
-    std::string why = first;
-    if (!out.cause.empty() && !out.cause_printed) why = out.cause;
-    if (out.cause_printed)
-      why = detail::cat("stopped the job because of rank ", out.culprit, " (named above); the first rank to exit was ",
-                        first);
+    const std::string why = failure_text(r, out);
     if (restart < o.max_restarts) {
       std::fprintf(stderr, "fsdp run: %s; restarting all %d ranks (restart %d of %d)\n", why.c_str(),
                    o.nproc, restart + 1, o.max_restarts);

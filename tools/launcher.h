@@ -32,8 +32,13 @@ namespace fsdp::tools {
 
 struct LaunchOptions {
   int nproc = 1;             // local ranks on this node
-  int nnodes = 1;
-  int node_rank = 0;
+  int nnodes = 1;             // with min_nodes: the most nodes (MAX of --nnodes MIN:MAX)
+  // Elastic (--nnodes MIN:MAX with MIN < MAX): the fewest nodes the job runs
+  // on; 0 (or nnodes): a fixed number of nodes. See elastic.h.
+  int min_nodes = 0;
+  double rdzv_settle_s = 2;   // elastic: once MIN nodes joined a round, wait this long for more
+  double rdzv_timeout_s = 60; // elastic: how long a round waits for MIN nodes
+  int node_rank = 0;          // elastic: this launcher's node id (node 0 hosts the store)
   std::string master_addr;   // empty: 127.0.0.1 (single node only)
   int master_port = 0;       // 0: a free port (single node only)
   int threads = 0;           // 0: cores / nproc
@@ -51,6 +56,12 @@ struct LaunchOptions {
   std::string flight_dir;
 };
 
+// Elastic mode (min_nodes < nnodes): rounds of membership (elastic.h); a
+// failure anywhere ends the round and the launchers that are left start
+// the next one at the new world size, while restarts remain
+// (max_restarts) and at least min_nodes are there. Each round's ranks get
+// FSDP_RESTART_COUNT = the round's number.
+//
 // Checks the options (throws fsdp::UsageError on bad input), runs the ranks to
 // the end and returns the launcher's exit code: 0 when every rank exited 0;
 // the failed rank's exit code (128 + signal when killed) otherwise.

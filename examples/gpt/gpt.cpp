@@ -61,7 +61,13 @@ bool parse_args(int argc, char** argv, Args& a) {
                "at the end every rank prints its memory: the plan's peak, the counting allocator's peak of "
                "construction and of training, and the process's VmHWM");
   app.add_option("--batch", a.batch, "rows per micro-batch on each rank")->check(fsdp::cli::integer(1, 1 << 20));
-  app.add_option("--accum", a.accum, "micro-steps per optimizer step (gradient accumulation)")->check(fsdp::cli::integer(1, 1 << 20));
+  auto* o_accum = app.add_option("--accum", a.accum, "micro-steps per optimizer step (gradient accumulation)")
+                      ->check(fsdp::cli::integer(1, 1 << 20));
+  app.add_option("--global-batch", a.global_batch,
+                 "rows per optimizer step over all ranks: the accumulation is chosen as ROWS / (--batch x world "
+                 "size), so a run resumed at another world size keeps it (instead of --accum)")
+      ->check(fsdp::cli::integer(1, int64_t(1) << 40))
+      ->excludes(o_accum);
   app.add_option("--steps", a.steps, "optimizer steps")->check(fsdp::cli::integer(0, kMaxSteps));
   app.add_option("--lr", a.lr, "peak learning rate")->check(fsdp::cli::real(1e-30, 1e3));
   app.add_option("--warmup", a.warmup, "linear warmup steps (0: none)")->check(fsdp::cli::integer(0, kMaxSteps));

@@ -454,16 +454,35 @@ fsdp::plan::Plan plan_run(const Args& a, const Run& run, const fsdp::FsdpOptions
 // --resume: model shards, optimizer state and the step; the data position
 // is a function of the step (docs/GPT_MINI.md's order), so nothing else is
 // needed. Returns the first step to run.
+//
+// At another world size the shards are loaded resharded, and the data
+// position still follows from the step: row j = s x (N x B x K) + ..., so
+// with the same rows per step (--global-batch) step s starts at the same
+// global row at any N. The checkpoint records its rows per step; a run
+// with other rows per step is told where it continues.
 int64_t resume(const Args& a, const Run& run, Model& model, torch::optim::Optimizer& opt) {
   if (!a.resume) return 0;
   int64_t first_step = 0;
   auto r = fsdp::load_checkpoint(*model, &opt, a.ckpt_dir);
   if (r.found) {
     first_step = r.train_state.value("step", int64_t(0));
-    if (run.lead)
+    const int64_t rows = run.N * a.batch * a.accum;
+    const int64_t saved_rows = r.train_state.value("global_batch", int64_t(0));
+    if (run.lead) {
       std::printf("resumed from %s: step %lld (saved at world size %d, %s)%s\n", r.path.c_str(),
                   (long long)first_step, r.saved_world_size, r.saved_strategy.c_str(),
                   r.note.empty() ? "" : ("; " + r.note).c_str());
+      std::printf("resumed step %lld at world size %d (was %d); accumulation %lld (global batch %lld rows = %d ranks "
+                  "x %lld rows x %lld)\n",
+                  (long long)first_step, run.N, r.saved_world_size, (long long)a.accum, (long long)rows, run.N,
+                  (long long)a.batch, (long long)a.accum);
+      if (saved_rows > 0 && saved_rows != rows)
+        std::printf("note: the checkpoint trained %lld rows per step, this run %lld: the data continues at row "
+                    "%lld x %lld of the order, not where the checkpoint's run would have (--global-batch %lld keeps "
+                    "it)\n",
+                    (long long)saved_rows, (long long)rows, (long long)first_step, (long long)rows,
+                    (long long)saved_rows);
+    }
   } else if (run.lead) {
     std::printf("no checkpoint in %s yet: starting at step 0\n", a.ckpt_dir.c_str());
   }
@@ -617,10 +636,29 @@ void finish(const Args& a, const Run& run, Model& model, const fsdp::ProgressOpt
   }
 }
 
+// --global-batch: the accumulation that keeps ROWS per step at this world
+// size; refused when it does not divide.
+int64_t choose_accum(const Args& a, int N) {
+  if (a.global_batch <= 0) return a.accum;
+  const int64_t per_micro = a.batch * N;  // rows of one micro-step over all ranks
+  if (a.global_batch % per_micro == 0) return a.global_batch / per_micro;
+  const int64_t lower = a.global_batch / per_micro * per_micro;
+  std::string fix = "--global-batch " + std::to_string(lower + per_micro);
+  if (lower > 0) fix = "--global-batch " + std::to_string(lower) + " or " + fix;
+  usage_error("--global-batch " + std::to_string(a.global_batch) + " cannot be kept at world size " +
+              std::to_string(N) + ": it must be a multiple of --batch " + std::to_string(a.batch) + " x " +
+              std::to_string(N) + " ranks = " + std::to_string(per_micro) + " rows (the accumulation would be " +
+              std::to_string(a.global_batch) + "/" + std::to_string(per_micro) + "). Use " + fix +
+              ", or a --batch that divides " + std::to_string(a.global_batch) + "/" + std::to_string(N) +
+              " (every world size the job may run at must divide the global batch by --batch)");
+}
+
 }  // namespace
 
-int train(const Args& a) {
-  const Run run = start_run(a);
+int train(const Args& args) {
+  const Run run = start_run(args);
+  Args a = args;
+  a.accum = choose_accum(args, run.N);
   const Data data = load_data(a, run);
   const fsdp::FsdpOptions fopts = fsdp_options(a);
   check_budget(a, run, fopts);
@@ -655,7 +693,9 @@ int train(const Args& a) {
     fsdp::CheckpointOptions co;
     co.async = a.save_async;
     auto r = fsdp::save_checkpoint(*model, opt.get(), a.ckpt_dir, done,
-                                   {{"step", done}, {"seed", a.seed}, {"shuffle", a.shuffle}, {"world", run.N}}, co);
+                                   {{"step", done}, {"seed", a.seed}, {"shuffle", a.shuffle}, {"world", run.N},
+                                    {"global_batch", run.N * a.batch * a.accum}},
+                                   co);
     if (!run.lead) return;
     fsdp::progress::clear_line();
     if (r.in_background)

@@ -23,6 +23,11 @@ struct Args {
   // training
   int64_t batch = 8;               // rows per micro-batch per rank
   int64_t accum = 1;               // micro-steps per optimizer step
+  // Rows per optimizer step over all ranks (0: batch x accum x world size).
+  // Set: accum = global_batch / (batch x world size), chosen at start-up, so
+  // a run resumed at another world size (fsdp run --nnodes MIN:MAX) trains
+  // the same rows per step.
+  int64_t global_batch = 0;
   int64_t steps = 300;
   double lr = 1e-3, min_lr = -1;   // min_lr < 0: lr / 10
   int64_t warmup = 20;

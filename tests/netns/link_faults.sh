@@ -1,5 +1,5 @@
 # fsdp-cpp tests: network faults between the two "hosts" of two_hosts.sh
-# (sourced by it with TWO_HOSTS_FAULT=cut|slow, after the namespaces $A, $B,
+# (sourced by it with TWO_HOSTS_FAULT=cut|slow|elastic, after the namespaces $A, $B,
 # the veth ends $VA, $VB, the addresses and $PORT, $TOKEN, $OUT are set up).
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 # The first time (ms, from $2) a line matching $3 appears in file $1, waiting
@@ -104,8 +104,58 @@ slow)
   [ $fail = 0 ] && echo "two_hosts: PASS: a slow link slows the job ($before -> $after tok/s) and does not fail it"
   exit $fail
   ;;
+elastic)
+  # fsdp run --nnodes 1:2, one gpt rank per host, checkpoints in a folder
+  # both see; the link is cut after the checkpoint of step 8: node 0 (it
+  # hosts the store) goes on alone at world size 1 and finishes; node 1,
+  # cut off from the store, ends saying node 0 is gone.
+  yes "the quick brown fox jumps over the lazy dog. " | head -c 100000 > "$OUT/text.txt"
+  gpt_args=(--text "$OUT/text.txt" --seq 32 --dim 48 --layers 2 --heads 2 --batch 2 --global-batch 12 --steps 40
+            --warmup 4 --lr 3e-3 --eval-every 0 --log-every 1 --threads 1 --no-progress --straggler-factor 0
+            --ckpt-dir "$OUT/ckpt" --ckpt-every 4 --resume --save "$OUT/final.safetensors")
+  enode() {  # node-rank namespace log extra-env...
+    local k=$1 ns=$2 log=$3
+    shift 3
+    ip netns exec "$ns" env FSDP_JOB_TOKEN="$TOKEN" FSDP_TIMEOUT=10 "$@" timeout "$TIMEOUT" "$BIN/fsdp" run \
+      --nnodes 1:2 --node-rank "$k" --master-addr "$ADDR_A" --master-port "$PORT" -n 1 --max-restarts 2 \
+      --rdzv-settle 1 --grace 1 -- "$BIN/gpt" "${gpt_args[@]}" >"$log" 2>&1
+  }
+  enode 0 "$A" "$OUT/node0.log" &
+  p0=$!
+  enode 1 "$B" "$OUT/node1.log" GLOO_SOCKET_IFNAME="$VB" &
+  p1=$!
+  t0=$(now_ms)
+  [ -n "$(first_seen "$OUT/node0.log" "$t0" 'step-000008' 120)" ] || {
+    cat "$OUT"/node*.log; echo "two_hosts: FAIL: no checkpoint of step 8"; kill $p0 $p1; exit 1; }
+  tcut=$(now_ms)
+  if has_netem; then
+    how="netem loss 100%"
+    ip netns exec "$A" tc qdisc add dev "$VA" root netem loss 100%
+    ip netns exec "$B" tc qdisc add dev "$VB" root netem loss 100%
+  else
+    how="ip link set $VA down (this kernel has no netem)"
+    ip -n "$A" link set "$VA" down
+  fi
+  echo "two_hosts: cut the link after the checkpoint of step 8: $how"
+  s0=$(first_seen "$OUT/node0.log" "$tcut" 'elastic restart [0-9]*: world size 2 -> 1' 60)
+  wait $p0; rc0=$?
+  wait $p1; rc1=$?
+  grep -h 'fsdp run\|resumed\|error' "$OUT/node0.log" | sed 's/^/node0 | /'
+  grep -h 'fsdp run\|resumed\|error' "$OUT/node1.log" | sed 's/^/node1 | /'
+  echo "two_hosts: elastic: node 0 restarted at world size 1 ${s0:-never} ms after the cut; exits $rc0, $rc1"
+  fail=0
+  [ $rc0 = 0 ] || { echo "two_hosts: FAIL: node 0 did not finish alone"; fail=1; }
+  [ $rc1 = 1 ] || { echo "two_hosts: FAIL: node 1 exited $rc1, expected 1"; fail=1; }
+  grep -q '\[rank 0\] resumed step [0-9]* at world size 1 (was 2); accumulation 6' "$OUT/node0.log" ||
+    { echo "two_hosts: FAIL: node 0's rank did not resume at world size 1 with accumulation 6"; fail=1; }
+  grep -q 'fsdp run: node 0 is gone: the launcher that hosts the rendezvous store' "$OUT/node1.log" ||
+    { echo "two_hosts: FAIL: node 1 did not say node 0 is gone"; fail=1; }
+  [ -s "$OUT/final.safetensors" ] || { echo "two_hosts: FAIL: no final weights"; fail=1; }
+  [ $fail = 0 ] && echo "two_hosts: PASS: a cut link shrinks the job to node 0, which finishes at world size 1"
+  exit $fail
+  ;;
 *)
-  echo "two_hosts: FAIL: unknown TWO_HOSTS_FAULT='$FAULT' (expected cut or slow)"
+  echo "two_hosts: FAIL: unknown TWO_HOSTS_FAULT='$FAULT' (expected cut, slow or elastic)"
   exit 1
   ;;
 esac
