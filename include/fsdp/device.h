@@ -39,6 +39,7 @@ struct DeviceMemory {
   int64_t reserved = 0;        // held by the allocator (allocated + cached)
   int64_t peak_allocated = 0;  // most held by tensors since the last reset
 };
+// This device's DeviceMemory now (see above for what each count means).
 DeviceMemory device_memory(const c10::Device& device);
 // Starts a new peak for device_memory(device).peak_allocated.
 void reset_device_peak(const c10::Device& device);
