@@ -9,7 +9,8 @@
 # The two configurations run in turn, ROUNDS times (default 2); each trains
 # STEPS steps (default 5) saving after steps 2 and 4. Printed, as medians over
 # the rounds: the time a save blocked the loop (sync: the whole save; async:
-# the snapshot), and the step time of the step right after each save (a
+# the call, plus the wait for the snapshot's copy at the end of the next
+# backward), and the step time of the step right after each save (a
 # background write is under way then; a long write overlaps the next steps
 # too, which count as "other") against the other steps, and the sync run's. Environment: N (default 8),
 # ROUNDS, STEPS, OUT (scratch folder, default runs/ckpt-async; removed),
@@ -43,12 +44,19 @@ out, rounds, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 step_re = re.compile(r"step\s+(\d+) \| loss .*\|\s+([\d.]+) ms/step")
 sync_re = re.compile(r"checkpoint \S+/step-(\d+) \(([\d.]+) s\)")
 async_re = re.compile(r"checkpoint \S+/step-(\d+) in the background \(training blocked ([\d.]+) s")
+# The snapshot copied on the save's thread: training also waited for it at the end of the next backward.
+waited_re = re.compile(r"checkpoint \S+/step-(\d+) committed \(.*training waited ([\d.]+) s for the snapshot")
 blocked = {"sync": [], "async": []}
 during, other, sync_steps = [], [], []
 for r in range(1, rounds + 1):
     for mode in ("sync", "async"):
         text = open(f"{out}/{mode}-{r}.log").read()
         saves = {int(s): float(t) for s, t in (sync_re if mode == "sync" else async_re).findall(text)}
+        if mode == "async":
+            waited = {int(s): float(t) for s, t in waited_re.findall(text)}
+            if not all(s in waited for s in saves if s < steps):
+                sys.exit(f"ckpt_async: {out}/{mode}-{r}.log lacks a 'committed ... training waited' line")
+            saves = {s: t + waited.get(s, 0.0) for s, t in saves.items()}
         blocked[mode] += [t for s, t in saves.items() if s < steps]  # the saves inside the loop
         for s, ms in step_re.findall(text):
             s, ms = int(s), float(ms)

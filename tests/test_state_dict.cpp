@@ -288,17 +288,28 @@ std::string file_bytes(const std::string& path) {
 
 // The snapshot is what is written: two more steps change every shard while a
 // throttled background write goes on, and the checkpoint is byte for byte the
-// synchronous one, and resumes bitwise. N = 3 (uneven shards).
-TEST(StateDict, ABackgroundSaveWritesTheSnapshotWhileTrainingChangesTheShards) {
-  auto d = tmpdir("async");
+// synchronous one, and resumes bitwise; the snapshot copied by the save's
+// thread (the default) and by the call. N = 3 (uneven shards).
+class BackgroundSnapshot : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BackgroundSnapshot, WritesTheSnapshotWhileTrainingChangesTheShards) {
+  const std::string phase = GetParam();
+  auto d = tmpdir(phase.c_str());
   run_ok(3, {"straight", "10", d + "/unused", d + "/straight.safetensors"});
   run_ok(3, {"first", "10", d + "/sync", ""});
-  auto r = run_ranks(3, "core_resume", {"first_async", "10", d + "/async", ""});
+  auto r = run_ranks(3, "core_resume", {phase, "10", d + "/async", ""});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(lines_with(r.output, "OVERLAPPED 1").size(), 3u) << "the steps should end before the write\n" << r.output;
   const auto committed = lines_with(r.output, "COMMITTED " + d + "/async/step-000005 bytes=");
   ASSERT_EQ(committed.size(), 3u) << r.output;
-  for (auto& line : committed) EXPECT_EQ(line.find(" C=0"), std::string::npos) << "the ledger's C: " << line;
+  for (auto& line : committed) {
+    EXPECT_EQ(line.find(" C=0"), std::string::npos) << "the ledger's C: " << line;
+    const auto at = line.find(" snapshot_wait=");
+    ASSERT_NE(at, std::string::npos) << line;
+    const double waited = std::stod(line.substr(at + 15));
+    if (phase == "first_async_caller") EXPECT_EQ(waited, 0.0) << "the call copied it: " << line;
+    else EXPECT_GE(waited, 0.0) << line;
+  }
   int files = 0;
   for (auto& e : fs::directory_iterator(d + "/sync/step-000005")) {
     const std::string name = e.path().filename().string();
@@ -311,6 +322,32 @@ TEST(StateDict, ABackgroundSaveWritesTheSnapshotWhileTrainingChangesTheShards) {
   bool bitwise = false;
   max_rel_diff(d + "/straight.safetensors", d + "/resumed.safetensors", &bitwise);
   EXPECT_TRUE(bitwise) << "10 straight steps != 5 + background save + load + 5";
+  fs::remove_all(d);
+}
+
+INSTANTIATE_TEST_SUITE_P(StateDict, BackgroundSnapshot, ::testing::Values("first_async", "first_async_caller"),
+                         [](const auto& info) { return info.param == "first_async" ? "OnThread" : "InCaller"; });
+
+// The snapshot copied on the save's thread: parameters changed in place
+// before it was waited for fail the save on every rank, naming the tensor,
+// and the previous checkpoint stays latest; changed after wait_for_snapshot,
+// the checkpoint holds the values at the save.
+TEST(StateDict, AChangeBeforeTheSnapshotIsCopiedFailsTheSaveAndNamesTheTensor) {
+  auto d = tmpdir("async-changed");
+  auto r = run_ranks(2, "core_async_changed", {d});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto errors = lines_with(r.output, "ERROR the background save of " + d + "/step-000002 failed: ");
+  ASSERT_EQ(errors.size(), 2u) << r.output;
+  EXPECT_GE(lines_with(r.output, " was copying it (version ").size(), 1u) << r.output;
+  for (auto& e : errors) EXPECT_NE(e.find("previous checkpoint is intact"), std::string::npos) << e;
+  const auto named = lines_with(r.output, "changed while the background save of " + d + "/step-000002");
+  ASSERT_GE(named.size(), 1u) << r.output;
+  EXPECT_NE(named[0].find("fsdp::wait_for_snapshot"), std::string::npos) << named[0];
+  EXPECT_FALSE(fs::exists(d + "/step-000002")) << "nothing of the failed save";
+  EXPECT_EQ(lines_with(r.output, "SAVED " + d + "/step-000003").size(), 2u) << r.output;
+  EXPECT_EQ(lines_with(r.output, "SNAPSHOT exact").size(), 2u) << r.output;
+  EXPECT_EQ(ckpt::resolve_checkpoint(d), d + "/step-000003");
+  EXPECT_TRUE(ckpt::verify_checkpoint(d + "/step-000003").empty());
   fs::remove_all(d);
 }
 

@@ -683,8 +683,9 @@ int train(const Args& args) {
   auto committed = [&] {
     const std::optional<fsdp::ckpt::SaveResult> w = fsdp::wait_for_checkpoint(*model);
     if (w && run.lead)
-      fsdp::progress::clear_line(), std::printf("checkpoint %s committed (%.2f s in the background)\n",
-                                                w->path.c_str(), w->seconds),
+      fsdp::progress::clear_line(),
+          std::printf("checkpoint %s committed (%.2f s in the background; training waited %.3f s for the snapshot)\n",
+                      w->path.c_str(), w->seconds, w->snapshot_wait_seconds),
           std::fflush(stdout);
   };
   auto checkpoint = [&](int64_t done) {

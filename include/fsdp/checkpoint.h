@@ -210,6 +210,10 @@ struct SaveResult {
   bool in_background = false;
   // A background save: the bytes of this rank's in-memory snapshot.
   int64_t snapshot_bytes = 0;
+  // A background save whose thread copied the snapshot (BackgroundSave::wait
+  // only): how long the caller waited in wait_for_snapshot for the copy,
+  // training time lost beyond `seconds` of the call.
+  double snapshot_wait_seconds = 0;
 };
 
 // Collective: every rank calls it with the slices it holds. Each rank writes
@@ -224,22 +228,39 @@ SaveResult save_sharded(Communicator& comm, const std::string& root, int64_t ste
                         const std::vector<Slice>& model, const std::vector<Slice>& optim,
                         const nlohmann::json& train_state, const SaveOptions& opts = {});
 
+// Who copies a BackgroundSave's snapshot.
+enum class SnapshotCopy {
+  // The constructor, before it returns: the caller may change the originals
+  // at once.
+  IN_CALLER,
+  // The save's thread, first: the constructor returns at once, and the
+  // caller leaves the originals alone until wait_for_snapshot() returns. The
+  // CPU's tensors only (a device's are copied in the caller, where it is
+  // quick).
+  ON_THREAD,
+};
+
 // One save_sharded running on a thread of its own, from a snapshot.
 //
-// The constructor copies every slice's data into memory (the snapshot) on
-// the calling thread and returns; the thread then writes, checksums and
-// commits the copies exactly as save_sharded does, over `comm`, and frees
-// them. The thread runs at the lowest priority (its own nice 19): where
-// training fills the cores, it takes the cycles training leaves. A kill at any point leaves the previous checkpoint and `latest`
-// intact (save_sharded's promise). `comm` must carry nothing else while the
-// save runs: its collectives are not ordered against the caller's (split
-// one from the training communicator; fsdp::save_checkpoint does).
+// The snapshot is a copy of every slice's data in memory, taken as `copy`
+// says; the thread then writes, checksums and commits the copies exactly as
+// save_sharded does, over `comm`, and frees them. The thread runs at the
+// lowest priority (its own nice 19): where training fills the cores, it
+// takes the cycles training leaves. A kill at any point leaves the previous
+// checkpoint and `latest` intact (save_sharded's promise). `comm` must carry
+// nothing else while the save runs: its collectives are not ordered against
+// the caller's (split one from the training communicator;
+// fsdp::save_checkpoint does). With SnapshotCopy::ON_THREAD, an original
+// whose version counter moved before the caller's wait_for_snapshot (an
+// in-place change: the copy may mix old and new values) fails the save on
+// every rank, naming the tensor; the previous checkpoint stays.
 class BackgroundSave {
  public:
   // Collective over `comm` (on the thread): every rank starts one with its
   // own slices, in the same order as its other saves.
   BackgroundSave(CommPtr comm, std::string root, int64_t step, const std::vector<Slice>& model,
-                 const std::vector<Slice>& optim, nlohmann::json train_state, SaveOptions opts = {});
+                 const std::vector<Slice>& optim, nlohmann::json train_state, SaveOptions opts = {},
+                 SnapshotCopy copy = SnapshotCopy::IN_CALLER);
   // Waits for the thread; an error that wait() never returned is printed
   // to stderr (the checkpoint was not written; the previous one is intact).
   ~BackgroundSave();
@@ -256,6 +277,12 @@ class BackgroundSave {
   int64_t snapshot_bytes() const;
   // Whether the thread is done (wait() returns at once).
   bool finished() const;
+  // Blocks until the snapshot is copied (at once with IN_CALLER); from then
+  // on the caller may change the originals. Checks, the first time, that
+  // none changed before (otherwise the save fails; wait() says why).
+  void wait_for_snapshot();
+  // Whether the snapshot is copied.
+  bool snapshot_taken() const;
   // Blocks until the checkpoint is committed and returns save_sharded's
   // result; rethrows its error (fsdp::Error naming the step). Once: a second
   // call throws.

@@ -1,6 +1,7 @@
 // fsdp-cpp: checkpoints of a wrapped model — the engine side of src/checkpoint.
 //
-// defines: CheckpointOptions, save_checkpoint, prepare_background_saves, wait_for_checkpoint, load_checkpoint,
+// defines: CheckpointOptions, save_checkpoint, prepare_background_saves, wait_for_snapshot, wait_for_checkpoint,
+//          load_checkpoint,
 //          save_full, load_full, save_full_optim, load_full_optim, model_slices
 //
 // Sharded checkpoints (for training): every rank writes its own shards of the
@@ -34,6 +35,14 @@ struct CheckpointOptions {
   // load_checkpoint, wait_for_checkpoint and the model's destruction wait
   // for it first.
   bool async = false;
+  // With async: the snapshot is copied by the save's thread, first, so the
+  // call returns without copying; the model waits for the copy at the end
+  // of the next backward (before an optimizer step can change a shard), in
+  // its next save or load, and in wait_for_snapshot. Parameters or optimizer
+  // state changed in place before then (not through backward and the
+  // optimizer's step) fail that save on every rank, naming the tensor.
+  // false: the call copies before it returns (on a device, it always does).
+  bool snapshot_on_thread = true;
   // Each rank writes at most this many bytes per second (0: no limit).
   int64_t max_write_bytes_per_second = 0;
 };
@@ -57,6 +66,12 @@ ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::O
 // others (later ones reuse the last snapshot's freed blocks). Optional:
 // that save pays for both otherwise.
 void prepare_background_saves(FullyShardedModel& model, const torch::optim::Optimizer* opt = nullptr);
+
+// Returns once the snapshot of the model's background save is copied (at
+// once when there is none, or it was copied in the call): from then on
+// parameters and optimizer state may change. The end of a backward calls
+// it; call it yourself before changing them any other way.
+void wait_for_snapshot(FullyShardedModel& model);
 
 // Waits for the model's background save (CheckpointOptions::async) and
 // returns what it wrote: its SaveResult (seconds: the write's own), or

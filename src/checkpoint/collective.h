@@ -1,6 +1,7 @@
 // fsdp-cpp checkpoints: failing together, and the per-rank steps of a save
 // that offline tools run for every rank in one process.
-// defines: fail_together_at, check_slices, write_rank_shard, commit_checkpoint, prune_checkpoints
+// defines: fail_together_at, check_slices, write_rank_shard, commit_checkpoint, prune_checkpoints,
+//          save_sharded_checked
 #pragma once
 
 #include <functional>
@@ -33,5 +34,15 @@ RankIndex write_rank_shard(const std::string& dir, int rank, int world, std::vec
 std::string commit_checkpoint(const std::string& root, const std::string& tmp_dir, int world, int64_t step,
                               const std::string& strategy, const nlohmann::json& train_state, int keep_last,
                               bool fsync);
+
+// save_sharded with a check of the caller's, asked on this rank right before
+// the agreement that ends preparing and again before the one that ends
+// writing: a non-empty answer is this rank's error there, so every rank
+// fails and nothing is committed (BackgroundSave: its snapshot was changed
+// while it was copied).
+SaveResult save_sharded_checked(Communicator& comm, const std::string& root, int64_t step,
+                                const std::vector<Slice>& model, const std::vector<Slice>& optim,
+                                const nlohmann::json& train_state, const SaveOptions& opts,
+                                const std::function<std::string()>& check);
 
 }  // namespace fsdp::ckpt::detail

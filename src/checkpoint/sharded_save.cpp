@@ -144,6 +144,22 @@ std::string commit_checkpoint(const std::string& root, const std::string& tmp_di
 
 SaveResult save_sharded(Communicator& comm, const std::string& root, int64_t step, const std::vector<Slice>& model,
                         const std::vector<Slice>& optim, const nlohmann::json& train_state, const SaveOptions& opts) {
+  return detail::save_sharded_checked(comm, root, step, model, optim, train_state, opts, nullptr);
+}
+
+SaveResult detail::save_sharded_checked(Communicator& comm, const std::string& root, int64_t step,
+                                        const std::vector<Slice>& model, const std::vector<Slice>& optim,
+                                        const nlohmann::json& train_state, const SaveOptions& opts,
+                                        const std::function<std::string()>& check) {
+  // The caller's check: this rank's error unless one came first.
+  auto checked = [&](std::string& err) {
+    if (!check || !err.empty()) return;
+    try {
+      if (std::string e = check(); !e.empty()) err = cat("rank ", comm.rank(), ": ", e);
+    } catch (const std::exception& e) {
+      err = cat("rank ", comm.rank(), ": ", e.what());
+    }
+  };
   auto t0 = std::chrono::steady_clock::now();
   const int rank = comm.rank(), world = comm.world_size();
   const std::string tmp_dir = detail::join_path(root, ".tmp-" + detail::step_dir_name(step));
@@ -169,6 +185,7 @@ SaveResult save_sharded(Communicator& comm, const std::string& root, int64_t ste
   } catch (const std::exception& e) {
     err = cat("rank ", rank, ": ", e.what());
   }
+  checked(err);
   detail::fail_together_at(comm, "saving a checkpoint (preparing)", err, consequence);
 
   // Phase 2: every rank writes its shard in parallel.
@@ -219,6 +236,7 @@ SaveResult save_sharded(Communicator& comm, const std::string& root, int64_t ste
   } catch (const std::exception& e) {
     err = cat("rank ", rank, ": ", e.what());
   }
+  checked(err);
   detail::fail_together_at(comm, "saving a checkpoint (writing shards)", err, consequence);
 
   // Phase 3: rank 0 publishes it.

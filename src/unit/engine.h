@@ -73,6 +73,10 @@ class Engine {
   void end_recompute(RecomputeSite& s);
   // Waits for every pending reduction and folds it into the shard grads.
   void wait_pending();
+  // Waits until the kept background save's snapshot is copied (its thread
+  // copies it with CheckpointOptions::snapshot_on_thread): end_of_backward,
+  // before the optimizer step that follows can change a shard.
+  void wait_for_snapshot();
 
   // --- Constant: made by the constructor's initializers, in this order,
   // before the engine is registered anywhere ---

@@ -43,6 +43,9 @@ class EngineAccess {
   // The engine keeps `s` until it is taken or the engine is destroyed
   // (which waits for it). None may be kept already.
   void keep_background_save(std::unique_ptr<ckpt::BackgroundSave> s) const;
+  // Blocks until the kept background save's snapshot is copied (at once when
+  // none is kept): Engine::wait_for_snapshot.
+  void wait_for_snapshot() const;
 
  private:
   Engine* const engine_;

@@ -246,6 +246,11 @@ void Engine::end_of_backward() {
   }
   wait_pending();
   for (auto& up : units) up->end_backward();
+  wait_for_snapshot();  // the optimizer step comes next
+}
+
+void Engine::wait_for_snapshot() {
+  if (background_save) background_save->wait_for_snapshot();
 }
 
 }  // namespace fsdp::detail

@@ -421,6 +421,8 @@ void EngineAccess::keep_background_save(std::unique_ptr<ckpt::BackgroundSave> s)
   engine_->background_save = std::move(s);
 }
 
+void EngineAccess::wait_for_snapshot() const { engine_->wait_for_snapshot(); }
+
 }  // namespace detail
 
 const FsdpOptions& FullyShardedModel::options() const { return engine_->opts; }

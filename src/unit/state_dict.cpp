@@ -289,6 +289,8 @@ void prepare_background_saves(FullyShardedModel& model, const torch::optim::Opti
   }
 }
 
+void wait_for_snapshot(FullyShardedModel& model) { EngineAccess(model).wait_for_snapshot(); }
+
 std::optional<ckpt::SaveResult> wait_for_checkpoint(FullyShardedModel& model) {
   std::unique_ptr<ckpt::BackgroundSave> s = EngineAccess(model).take_background_save();
   if (!s) return std::nullopt;
@@ -337,8 +339,9 @@ ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::O
                                model.replica_group()->world_size(), " replicas; replica group 0 wrote the shards)");
   if (!copts.async) return ckpt::save_sharded(*model.comm(), root, step, model_slices(model), optim, ts, so);
   const EngineAccess access(model);
-  auto bg = std::make_unique<ckpt::BackgroundSave>(access.checkpoint_comm(), root, step, model_slices(model), optim,
-                                                   std::move(ts), so);
+  auto bg = std::make_unique<ckpt::BackgroundSave>(
+      access.checkpoint_comm(), root, step, model_slices(model), optim, std::move(ts), so,
+      copts.snapshot_on_thread ? ckpt::SnapshotCopy::ON_THREAD : ckpt::SnapshotCopy::IN_CALLER);
   ckpt::SaveResult r;
   r.path = bg->path();
   r.in_background = true;
@@ -512,6 +515,7 @@ void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimiz
 void load_full_optim(FullyShardedModel& model, torch::optim::Optimizer& opt, const std::string& path,
                      const ckpt::LoadOptions& lopts) {
   model.wait_pending();
+  wait_for_snapshot(model);  // a background save's snapshot is copied before the state changes
   Communicator& comm = *model.comm();
   trace::Span span("checkpoint_load_full_optim", "ckpt");
   const OptKind k = kind_of(&opt);
@@ -568,6 +572,7 @@ void load_full_optim(FullyShardedModel& model, torch::optim::Optimizer& opt, con
 
 int64_t load_full(FullyShardedModel& model, const std::string& path, const ckpt::LoadOptions& lopts) {
   model.wait_pending();
+  wait_for_snapshot(model);  // a background save's snapshot is copied before the shards change
   trace::Span span("checkpoint_load_full", "ckpt");
   std::vector<ckpt::Slice> want;
   std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // dst, tmp

@@ -6,7 +6,10 @@
 //   first:       train STEPS/2 steps, save_checkpoint(CKPT_DIR)
 //   first_async: the same save in the background (throttled), while two
 //                more steps change every shard; prints OVERLAPPED (the
-//                steps ended before the write did) and COMMITTED
+//                steps ended before the write did) and COMMITTED. The
+//                save's thread copies the snapshot (the default);
+//   first_async_caller: the same, copied by the call
+//                (CheckpointOptions::snapshot_on_thread = false)
 //   second:      load_checkpoint(CKPT_DIR), train to STEPS, save_full(OUT)
 //   full_first:  train STEPS/2 steps, save_full + save_full_optim into CKPT_DIR
 //   full_second: load_full + load_full_optim from CKPT_DIR, train to STEPS,
@@ -60,7 +63,8 @@ FSDP_SCENARIO(core_resume) {
   auto model = fully_shard(net, comm, o);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   int start = 0, end = steps;
-  if (phase == "first" || phase == "first_async" || phase == "full_first") end = steps / 2;
+  if (phase == "first" || phase == "first_async" || phase == "first_async_caller" || phase == "full_first")
+    end = steps / 2;
   if (phase == "full_second") {
     load_full(*model, dir + "/model.safetensors");
     load_full_optim(*model, opt, dir + "/optim.safetensors");
@@ -75,9 +79,10 @@ FSDP_SCENARIO(core_resume) {
   for (int s = start; s < end; ++s) train_step(model, opt, s, N, r);
   if (phase == "first") {
     save_checkpoint(*model, &opt, dir, end, {{"step", end}});
-  } else if (phase == "first_async") {
+  } else if (phase == "first_async" || phase == "first_async_caller") {
     CheckpointOptions co;
     co.async = true;
+    co.snapshot_on_thread = phase == "first_async";
     co.max_write_bytes_per_second = 2000;  // this model's shards: about a second
     auto res = save_checkpoint(*model, &opt, dir, end, {{"step", end}}, co);
     const auto returned = std::chrono::steady_clock::now();
@@ -88,8 +93,9 @@ FSDP_SCENARIO(core_resume) {
     auto w = wait_for_checkpoint(*model);
     FSDP_USER_CHECK(w && w->bytes_written > 0, "expected the background save's result");
     const bool overlapped = trained < w->seconds;  // the steps ended while the write went on
-    std::printf("OVERLAPPED %d\nCOMMITTED %s bytes=%lld C=%lld\n", int(overlapped), w->path.c_str(),
-                (long long)w->bytes_written, (long long)model->ledger(&opt).C);
+    std::printf("OVERLAPPED %d\nCOMMITTED %s bytes=%lld C=%lld snapshot_wait=%.6f\n", int(overlapped),
+                w->path.c_str(), (long long)w->bytes_written, (long long)model->ledger(&opt).C,
+                w->snapshot_wait_seconds);
   } else if (phase == "full_first") {
     if (r == 0) std::filesystem::create_directories(dir);
     save_full(*model, dir + "/model.safetensors");
@@ -180,6 +186,58 @@ FSDP_SCENARIO(core_async_kill) {
   wait_for_checkpoint(*model);  // rank 0: fails once rank 1 is gone (or is killed by the launcher first)
   std::printf("NOT KILLED (unexpected)\n");
   return 1;
+}
+
+// core_async_changed DIR: the snapshot copied on the save's thread, and
+// parameters changed in place before it was waited for.
+//   1. step 1 saved synchronously; step 2 in the background (throttled),
+//      then every parameter changed at once (not through backward and the
+//      optimizer): prints ERROR <message> from wait_for_checkpoint.
+//   2. step 3 in the background, wait_for_snapshot, then the same change:
+//      prints SAVED <path>; loading it back gives the values at the save
+//      (prints SNAPSHOT exact when bitwise equal).
+FSDP_SCENARIO(core_async_changed) {
+  const std::string dir = args.at(0);
+  auto comm = make_communicator_from_env();
+  const int N = comm->world_size(), r = comm->rank();
+  torch::manual_seed(7);
+  Net net;
+  FsdpOptions o;
+  o.wrap = WrapPolicy::module_type<BlockImpl>("Block");
+  auto model = fully_shard(net, comm, o);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  prepare_background_saves(*model, &opt);
+  auto change_all = [&] {
+    torch::NoGradGuard ng;
+    for (auto& p : model->parameters()) p.add_(1.0f);
+  };
+  train_step(model, opt, 0, N, r);
+  save_checkpoint(*model, &opt, dir, 1, {{"step", 1}});
+  CheckpointOptions slow;
+  slow.async = true;
+  slow.max_write_bytes_per_second = 4000;  // the write outlasts the change below
+  save_checkpoint(*model, &opt, dir, 2, {{"step", 2}}, slow);
+  change_all();
+  try {
+    wait_for_checkpoint(*model);
+    std::printf("NO ERROR (unexpected)\n");
+  } catch (const fsdp::Error& e) {
+    std::printf("ERROR %s\n", e.what());
+  }
+  std::vector<torch::Tensor> at_save;
+  for (auto& p : model->parameters()) at_save.push_back(p.detach().clone());
+  save_checkpoint(*model, &opt, dir, 3, {{"step", 3}}, slow);
+  wait_for_snapshot(*model);
+  change_all();
+  auto w = wait_for_checkpoint(*model);
+  std::printf("SAVED %s\n", w ? w->path.c_str() : "(nothing)");
+  load_checkpoint(*model, &opt, dir + "/step-000003");
+  bool exact = true;
+  auto params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) exact = exact && torch::equal(params[i].detach(), at_save[i]);
+  std::printf("SNAPSHOT %s\n", exact ? "exact" : "differs");
+  std::fflush(stdout);
+  return 0;
 }
 
 // core_full_memory DIR: what gathering the full state costs each rank. Prints
