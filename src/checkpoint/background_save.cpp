@@ -170,8 +170,10 @@ void BackgroundSave::wait_for_snapshot() {
   State& st = *state_;
   const auto began = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(st.mu);
-  st.staged_cv.wait(lock, [&] { return st.staged; });
-  st.waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  if (!st.staged) {  // only a copy still under way costs training time (none when the call copied it)
+    st.staged_cv.wait(lock, [&] { return st.staged; });
+    st.waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  }
   if (st.fenced) return;
   if (st.spoiled.empty() && !st.originals.empty()) st.spoiled = st.changed_originals();
   st.fenced = true;
