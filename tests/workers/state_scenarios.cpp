@@ -45,6 +45,16 @@ void train_step(Sharded<Net>& model, torch::optim::Optimizer& opt, int step, int
   opt.step();
 }
 
+// The model of the scenarios below: Net seeded with 7, one unit per Block,
+// FULL_SHARD over `comm`.
+Sharded<Net> wrap_blocks(const CommPtr& comm) {
+  torch::manual_seed(7);
+  Net net;
+  FsdpOptions o;
+  o.wrap = WrapPolicy::module_type<BlockImpl>("Block");
+  return fully_shard(net, comm, o);
+}
+
 }  // namespace
 
 FSDP_SCENARIO(core_resume) {
@@ -115,11 +125,7 @@ FSDP_SCENARIO(core_async_order) {
   const std::string dir = args.at(0);
   auto comm = make_communicator_from_env();
   const int N = comm->world_size(), r = comm->rank();
-  torch::manual_seed(7);
-  Net net;
-  FsdpOptions o;
-  o.wrap = WrapPolicy::module_type<BlockImpl>("Block");
-  auto model = fully_shard(net, comm, o);
+  auto model = wrap_blocks(comm);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
   prepare_background_saves(*model);
   train_step(model, opt, 0, N, r);
@@ -158,11 +164,7 @@ FSDP_SCENARIO(core_async_kill) {
   const std::string dir = args.at(0);
   auto comm = make_communicator_from_env();
   const int N = comm->world_size(), r = comm->rank();
-  torch::manual_seed(7);
-  Net net;
-  FsdpOptions o;
-  o.wrap = WrapPolicy::module_type<BlockImpl>("Block");
-  auto model = fully_shard(net, comm, o);
+  auto model = wrap_blocks(comm);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
   train_step(model, opt, 0, N, r);
   save_checkpoint(*model, &opt, dir, 1, {{"step", 1}});
@@ -200,11 +202,7 @@ FSDP_SCENARIO(core_async_changed) {
   const std::string dir = args.at(0);
   auto comm = make_communicator_from_env();
   const int N = comm->world_size(), r = comm->rank();
-  torch::manual_seed(7);
-  Net net;
-  FsdpOptions o;
-  o.wrap = WrapPolicy::module_type<BlockImpl>("Block");
-  auto model = fully_shard(net, comm, o);
+  auto model = wrap_blocks(comm);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
   prepare_background_saves(*model, &opt);
   auto change_all = [&] {
@@ -284,11 +282,7 @@ FSDP_SCENARIO(core_full_memory) {
 // prints UNTOUCHED when the parameters after the failed load equal before.
 FSDP_SCENARIO(core_load_bad) {
   auto comm = make_communicator_from_env();
-  torch::manual_seed(7);
-  Net net;
-  FsdpOptions o;
-  o.wrap = WrapPolicy::module_type<BlockImpl>("Block");
-  auto model = fully_shard(net, comm, o);
+  auto model = wrap_blocks(comm);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
   std::vector<torch::Tensor> before;
   for (auto& p : model->parameters()) before.push_back(p.detach().clone());
