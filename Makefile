@@ -82,9 +82,14 @@ SKIPPED_REPORT = awk '/^[0-9]+\/[0-9]+ Test: / { sub(/^[0-9]+\/[0-9]+ Test: /, "
     /^Skip regular expression found in output/ { if (!(name in seen)) { seen[name] = 1; skipped[n++] = name } } \
     END { printf "skipped: %d test%s\n", n, n == 1 ? "" : "s"; for (i = 0; i < n; i++) print "skipped test: " skipped[i] }'
 
+# Then which tests passed only on their retry (--repeat until-pass:2), each
+# with the end of its failed first run (tests/ci/retried.awk): a retry is a
+# finding, never a silent pass.
 test: deps build
 	cd $(BUILD) && { rc=0; ctest --output-on-failure -j 1 --timeout 600 --repeat until-pass:2 || rc=$$?; \
 	  $(SKIPPED_REPORT) Testing/Temporary/LastTest.log 2>/dev/null || echo "skipped: unknown (no ctest log)"; \
+	  awk -f $(CURDIR)/tests/ci/retried.awk Testing/Temporary/LastTest.log 2>/dev/null || \
+	    echo "needed a retry: unknown (no ctest log)"; \
 	  exit $$rc; }
 
 tiny: build

@@ -44,6 +44,7 @@
 //             (P+G+O)/N + 2 P_block + A and vs the engine's own prediction
 // Rank 0 prints a table and appends one JSON line per configuration to --json.
 #include <CLI/CLI.hpp>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -60,6 +61,7 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/init.h"
 #include "fsdp/memory.h"
+#include "fsdp/optim.h"
 #include "gpt/model.h"
 #include "fsdp/device.h"
 
@@ -75,6 +77,7 @@ struct Variant {
   bool prefetch = false;
   bool bf16 = false;
   bool ac = false;  // activation checkpointing on every block
+  bool fused = true;  // fsdp::FusedAdamW (one kernel per group) or torch::optim::AdamW
 };
 
 struct Settings {
@@ -85,6 +88,26 @@ struct Settings {
   int rounds = 1;              // every configuration once per round, in turn
   int limit_all_gathers = 2;
 };
+
+// The optimizer of a configuration: AdamW's per-tensor ops or one fused kernel.
+std::unique_ptr<torch::optim::AdamW> make_adamw(const Variant& v, std::vector<torch::optim::OptimizerParamGroup> groups) {
+  if (v.fused) return std::make_unique<fsdp::FusedAdamW>(std::move(groups), torch::optim::AdamWOptions(3e-4));
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(3e-4));
+}
+
+// The optimizer step alone, timed: on a GPU the device is synchronized
+// before and after (only for this figure; the step time has no extra sync
+// beyond its loss.item()).
+double timed_step(torch::optim::Optimizer& opt, const torch::Device& d) {
+  auto sync = [&] {
+    if (d.is_cuda()) c10::impl::VirtualGuardImpl(d.type()).synchronizeDevice(d.index());
+  };
+  sync();
+  const auto t0 = std::chrono::steady_clock::now();
+  opt.step();
+  sync();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 // ---- process memory: peak RSS of one configuration -------------------------
 void reset_peak_rss() {
@@ -149,6 +172,7 @@ std::vector<torch::optim::OptimizerParamGroup> adamw_groups(const std::vector<to
 
 struct Measured {
   std::vector<double> step_s;  // slowest rank per step
+  std::vector<double> opt_s;   // the optimizer step's part of each step, rank 0
   int64_t peak = 0;            // counting allocator, largest rank
   int64_t rss = 0;             // largest rank
   double faults = 0;           // page faults per measured step, largest rank
@@ -159,9 +183,10 @@ struct Measured {
   double loss_first = 0, loss_last = 0;
 };
 
-// Warm-up, reset the peaks, time the steps, collect. `step` returns the loss.
+// Warm-up, reset the peaks, time the steps, collect. `step` returns the loss
+// and leaves its optimizer step's time in `opt_last`.
 template <class StepFn>
-Measured measure(fsdp::Communicator& c, const Settings& s, StepFn step) {
+Measured measure(fsdp::Communicator& c, const Settings& s, const double& opt_last, StepFn step) {
   Measured m;
   for (int i = 0; i < s.warmup; ++i) m.loss_first = step();
   c.barrier({"bench_train warm-up done"})->wait();
@@ -175,6 +200,7 @@ Measured measure(fsdp::Communicator& c, const Settings& s, StepFn step) {
     auto t0 = Clock::now();
     m.loss_last = step();
     local.push_back(since(t0));
+    m.opt_s.push_back(opt_last);
   }
   const auto after = c.counters();
   const double faults = double(page_faults() - faults0) / s.steps;
@@ -214,6 +240,7 @@ void fold(Measured& total, const Measured& round, int rounds_before) {
     return;
   }
   total.step_s.insert(total.step_s.end(), round.step_s.begin(), round.step_s.end());
+  total.opt_s.insert(total.opt_s.end(), round.opt_s.begin(), round.opt_s.end());
   total.peak = std::max(total.peak, round.peak);
   total.rss = std::max(total.rss, round.rss);
   total.faults = (total.faults * rounds_before + round.faults) / (rounds_before + 1);
@@ -237,12 +264,13 @@ Measured run_variant(const fsdp::CommPtr& comm, const Settings& s, const Variant
       params.push_back(p);
       dims.push_back(p.dim());
     }
-    torch::optim::AdamW opt(adamw_groups(params, dims));
-    return measure(*comm, s, [&] {
-      opt.zero_grad();
+    auto opt = make_adamw(v, adamw_groups(params, dims));
+    double opt_last = 0;
+    return measure(*comm, s, opt_last, [&] {
+      opt->zero_grad();
       auto loss = gpt::loss(net->forward(idx), targets);
       loss.backward();
-      opt.step();
+      opt_last = timed_step(*opt, s.device);
       return loss.item<double>();
     });
   }
@@ -260,16 +288,17 @@ Measured run_variant(const fsdp::CommPtr& comm, const Settings& s, const Variant
   auto model = fsdp::fully_shard(net, comm, o);
   std::vector<size_t> dims;
   for (auto& sh : model->named_shards()) dims.push_back(sh.full_shape.size());
-  torch::optim::AdamW opt(adamw_groups(model->parameters(), dims));
-  fsdp::verify_optimizer(*model, opt);
-  Measured m = measure(*comm, s, [&] {
-    opt.zero_grad();
+  auto opt = make_adamw(v, adamw_groups(model->parameters(), dims));
+  fsdp::verify_optimizer(*model, *opt);
+  double opt_last = 0;
+  Measured m = measure(*comm, s, opt_last, [&] {
+    opt->zero_grad();
     auto loss = gpt::loss(model.forward(idx), targets);
     loss.backward();
-    opt.step();
+    opt_last = timed_step(*opt, s.device);
     return loss.item<double>();
   });
-  m.ledger = model->ledger(&opt);
+  m.ledger = model->ledger(opt.get());
   return m;
 }
 
@@ -281,7 +310,8 @@ int main(int argc, char** argv) {
   fsdp::init();  // the counting allocator: the peaks it reports
   CLI::App app("GPT-mini training step under every FSDP configuration, beside compute only", "bench_train");
   Settings s;
-  std::string json_path, strategies = "full,grad-op,none", dtypes = "fp32,bf16", prefetch = "off,on", ac = "off";
+  std::string json_path, strategies = "full,grad-op,none", dtypes = "fp32,bf16", prefetch = "off,on", ac = "off",
+                                     optimizers = "fused";
   bool no_compute = false;
   app.add_option("--json", json_path, "append one JSON line per configuration to this file");
   app.add_option("--steps", s.steps, "measured steps per configuration and round (median over all)")
@@ -296,6 +326,9 @@ int main(int argc, char** argv) {
   app.add_option("--layers", s.cfg.layers, "transformer blocks (L)");
   app.add_option("--dim", s.cfg.dim, "width (d)");
   app.add_option("--heads", s.cfg.heads, "attention heads (h; divides d)");
+  std::string attention = "matmul";
+  app.add_option("--attention", attention, "matmul | sdpa (at::scaled_dot_product_attention): GPT-mini's attention")
+      ->check(CLI::IsMember({"matmul", "sdpa"}));
   app.add_option("--seq", s.cfg.seq, "context length (T)");
   std::string device = "cpu";
   app.add_option("--device", device,
@@ -306,24 +339,27 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch", prefetch, "comma-separated subset of off,on");
   app.add_option("--ac", ac, "activation checkpointing of every block: comma-separated subset of off,on");
   app.add_flag("--no-compute", no_compute, "skip the compute-only lower bound");
+  app.add_option("--optimizers", optimizers,
+                 "comma-separated subset of fused,adamw: fsdp::FusedAdamW (one kernel per group) or "
+                 "torch::optim::AdamW (per-tensor ops); the 'opt ms' column is the optimizer step alone")
+      ->check([](const std::string& v) {
+        std::stringstream ss(v);
+        for (std::string x; std::getline(ss, x, ',');)
+          if (x != "fused" && x != "adamw") return "expected fused and/or adamw, found '" + x + "'";
+        return std::string();
+      });
   int threads = 1;
   app.add_option("--threads", threads, "compute threads per rank (torch::set_num_threads; default 1)")
       ->check(CLI::Range(1, 1024));
   CLI11_PARSE(app, argc, argv);
+  s.cfg.sdpa = attention == "sdpa";
   s.cfg.validate();
-  if (device == "cuda") {
-    const char* local = std::getenv("LOCAL_RANK");
-    device = "cuda:" + std::string(local && *local ? local : "0");
-  }
+  // The device first: a GPU's CUDA support is loaded before anything asks
+  // libtorch about CUDA (fsdp/device.h); "cuda" is cuda:LOCAL_RANK.
   try {
-    s.device = torch::Device(device);
-  } catch (const std::exception&) {
-    std::fprintf(stderr, "bench_train: --device '%s': expected cpu, cuda or cuda:K\n", device.c_str());
-    return 2;
-  }
-  if (s.device.is_cuda() && s.device.index() >= int(torch::cuda::device_count())) {
-    std::fprintf(stderr, "bench_train: --device %s: this machine has %d CUDA device(s)\n", device.c_str(),
-                 int(torch::cuda::device_count()));
+    s.device = fsdp::parse_device(device);
+  } catch (const fsdp::Error& e) {
+    std::fprintf(stderr, "bench_train: %s\n", e.what());
     return 2;
   }
 
@@ -342,19 +378,25 @@ int main(int argc, char** argv) {
     return out;
   };
   std::vector<Variant> variants;
-  for (auto& d : split(dtypes))
-    if (!no_compute) variants.push_back({"compute " + d, false, fsdp::ShardingStrategy::NO_SHARD, false, d == "bf16"});
-  const auto acs = split(ac);
-  for (auto& st : split(strategies))
-    for (auto& pf : split(prefetch))
-      for (auto& d : split(dtypes))
-        for (auto& a : acs) {
-          auto strategy = fsdp::parse_strategy(st);
-          char name[64];
-          std::snprintf(name, sizeof name, "%-13s pf=%-3s %s%s", fsdp::to_string(strategy), pf.c_str(), d.c_str(),
-                        acs.size() > 1 || a == "on" ? (a == "on" ? " ac" : " -") : "");
-          variants.push_back({name, true, strategy, pf == "on", d == "bf16", a == "on"});
-        }
+  const auto acs = split(ac), opts = split(optimizers);
+  // " adamw" marks the unfused optimizer where both are measured.
+  auto opt_tag = [&](const std::string& o) { return opts.size() > 1 || o == "adamw" ? " " + o : std::string(); };
+  for (auto& o : opts)
+    for (auto& d : split(dtypes))
+      if (!no_compute)
+        variants.push_back({"compute " + d + opt_tag(o), false, fsdp::ShardingStrategy::NO_SHARD, false, d == "bf16",
+                            false, o == "fused"});
+  for (auto& o : opts)
+    for (auto& st : split(strategies))
+      for (auto& pf : split(prefetch))
+        for (auto& d : split(dtypes))
+          for (auto& a : acs) {
+            auto strategy = fsdp::parse_strategy(st);
+            char name[64];
+            std::snprintf(name, sizeof name, "%-13s pf=%-3s %s%s%s", fsdp::to_string(strategy), pf.c_str(), d.c_str(),
+                          acs.size() > 1 || a == "on" ? (a == "on" ? " ac" : " -") : "", opt_tag(o).c_str());
+            variants.push_back({name, true, strategy, pf == "on", d == "bf16", a == "on", o == "fused"});
+          }
 
   // The same rows every step: timing does not depend on the data.
   torch::manual_seed(1000 + rank);
@@ -366,20 +408,21 @@ int main(int argc, char** argv) {
                 "after %d, %s, device %s; faults = page faults per step, cache = allocator cache\n",
                 s.cfg.str().c_str(), N, (long long)s.batch, (long long)s.cfg.seq, torch::get_num_threads(), s.rounds,
                 s.steps, s.warmup, comm->describe().c_str(), s.device.str().c_str());
-    std::printf("%-28s %9s %7s %9s %8s %8s %8s %8s %8s %8s %9s %9s %8s\n", "config", "step ms", "x comp", "peak MiB",
-                "RSS MiB", "cache MiB", "faults", "AG MiB", "RS MiB", "AR MiB", "comm ms", "peak/bnd", "loss");
+    std::printf("%-34s %9s %7s %7s %9s %8s %8s %8s %8s %8s %8s %9s %9s %8s\n", "config", "step ms", "x comp", "opt ms",
+                "peak MiB", "RSS MiB", "cache MiB", "faults", "AG MiB", "RS MiB", "AR MiB", "comm ms", "peak/bnd", "loss");
     std::fflush(stdout);
   }
   std::vector<Measured> results(variants.size());
   for (int round = 0; round < s.rounds; ++round)
     for (size_t i = 0; i < variants.size(); ++i) fold(results[i], run_variant(comm, s, variants[i], idx, targets), round);
-  double compute_s[2] = {0, 0};  // fp32, bf16
+  double compute_s[2][2] = {{0, 0}, {0, 0}};  // [fused][bf16]
   for (size_t vi = 0; vi < variants.size(); ++vi) {
     const Variant& v = variants[vi];
     const Measured& m = results[vi];
     const double step = median(m.step_s);
-    if (!v.wrapped) compute_s[v.bf16] = step;
-    const double base = compute_s[v.bf16];
+    if (!v.wrapped) compute_s[v.fused][v.bf16] = step;
+    const double base = compute_s[v.fused][v.bf16];
+    const double opt_step = median(m.opt_s);
     const auto& t = m.traffic;
     const auto& l = m.ledger;
     // The bound: model state at rest (P+G+O)/N, two unsharded units,
@@ -389,14 +432,15 @@ int main(int argc, char** argv) {
     double comm_s = 0;
     for (auto& e : t.by_kind) comm_s += e.seconds;
     if (!lead) continue;
-    std::printf("%-28s %9.1f %7.3f %9.2f %8.1f %8.1f %8.0f %8.2f %8.2f %8.2f %8.1f %9s %8.4f\n", v.name.c_str(),
-                step * 1e3, base > 0 ? step / base : 0.0, mib(m.peak), mib(m.rss), mib(m.cached), m.faults,
+    std::printf("%-34s %9.1f %7.3f %7.2f %9.2f %8.1f %8.1f %8.0f %8.2f %8.2f %8.2f %8.1f %9s %8.4f\n",
+                v.name.c_str(), step * 1e3, base > 0 ? step / base : 0.0, opt_step * 1e3, mib(m.peak), mib(m.rss),
+                mib(m.cached), m.faults,
                 mib(t[fsdp::CollectiveKind::ALL_GATHER].bytes_sent),
                 mib(t[fsdp::CollectiveKind::REDUCE_SCATTER].bytes_sent),
                 mib(t[fsdp::CollectiveKind::ALL_REDUCE].bytes_sent), comm_s * 1e3,
                 bound > 0 ? std::to_string(double(m.peak) / bound).substr(0, 5).c_str() : "-", m.loss_last);
     if (m.device_peak >= 0)
-      std::printf("%-28s device peak %.1f MiB (CUDA caching allocator, allocated)%s\n", "", mib(m.device_peak),
+      std::printf("%-34s device peak %.1f MiB (CUDA caching allocator, allocated)%s\n", "", mib(m.device_peak),
                   v.wrapped ? (", planned " + std::to_string(int64_t(mib(l.predicted_peak))) + " MiB").c_str() : "");
     std::fflush(stdout);
     if (json_path.empty()) continue;
@@ -409,11 +453,14 @@ int main(int argc, char** argv) {
                         {"prefetch", v.prefetch},
                         {"dtype", v.bf16 ? "bf16" : "fp32"},
                         {"ac", v.ac},
+                        {"optimizer", v.fused ? "fused_adamw" : "adamw"},
+                        {"opt_step_s_median", opt_step},
                         {"batch", s.batch},
                         {"seq", s.cfg.seq},
                         {"dim", s.cfg.dim},
                         {"layers", s.cfg.layers},
                         {"heads", s.cfg.heads},
+                        {"attention", s.cfg.sdpa ? "sdpa" : "matmul"},
                         {"vocab", s.cfg.vocab},
                         {"device", s.device.str()},
                         {"params", s.cfg.num_params()},

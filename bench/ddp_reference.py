@@ -9,7 +9,9 @@
 The same model as examples/gpt (docs/GPT_MINI.md; the Python definition is
 tests/python/gpt_reference.py), the same per-rank batch (B=4, T=128), one
 compute thread per rank, AdamW (betas 0.9/0.95, weight decay 0.1 on 2-D
-weights), Gloo over loopback TCP. This script starts the N ranks itself
+weights; fused=True, one kernel per group as bench_train's fsdp::FusedAdamW,
+unless --optimizer adamw), Gloo over loopback TCP. --attention sdpa makes
+both sides use scaled_dot_product_attention (bench_train --attention sdpa). This script starts the N ranks itself
 (torch.multiprocessing, MASTER_ADDR=127.0.0.1 and a free port), so it does
 not depend on torchrun being packaged.
 
@@ -151,7 +153,7 @@ def run_mode(mode, args, rank, world):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(1234)  # identical parameters on every rank (DDP also broadcasts)
-    net = GPT(args.vocab, args.seq, args.dim, args.layers, args.heads)
+    net = GPT(args.vocab, args.seq, args.dim, args.layers, args.heads, sdpa=args.attention == "sdpa")
     cuda = args.device == "cuda"
     dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
@@ -162,7 +164,9 @@ def run_mode(mode, args, rank, world):
         model = net if mode == "plain" else DDP(net)
     hp = dict(lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
     if mode in ("ddp", "plain", "fsdp2"):
-        opt = torch.optim.AdamW(param_groups(net), **hp)
+        # fused: one kernel per parameter group, as fsdp-cpp's FusedAdamW
+        # (bench_train's default); else PyTorch's default implementation.
+        opt = torch.optim.AdamW(param_groups(net), fused=args.optimizer == "fused", **hp)
     else:
         opt = ZeroRedundancyOptimizer(param_groups(net), optimizer_class=torch.optim.AdamW, **hp)
     gen = torch.Generator().manual_seed(1000 + rank)
@@ -213,6 +217,8 @@ def run_mode(mode, args, rank, world):
         "batch": args.batch,
         "seq": args.seq,
         "threads": torch.get_num_threads(),
+        "attention": args.attention,
+        "optimizer": ("fused_adamw" if args.optimizer == "fused" else "adamw") if mode != "zero" else "adamw",
         "torch": torch.__version__,
         "step_s_median": statistics.median(step_times),
         "step_s": step_times,
@@ -274,6 +280,10 @@ def main():
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="compute threads per rank")
+    p.add_argument("--attention", default="matmul", choices=("matmul", "sdpa"),
+                   help="GPT-mini's attention: matmul/mask/softmax, or F.scaled_dot_product_attention")
+    p.add_argument("--optimizer", default="fused", choices=("fused", "adamw"),
+                   help="AdamW with fused=True (as bench_train's FusedAdamW), or PyTorch's default AdamW")
     p.add_argument("--json", default="", help="append one JSON line per mode")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cuda: rank r on cuda:r, NCCL, synchronized step times, device peak (default cpu: Gloo)")

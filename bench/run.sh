@@ -81,6 +81,15 @@ run_bench_ac() {
     --no-compute --batch 8 --steps "$BENCH_STEPS" --rounds "$BENCH_ROUNDS" --json "$RUN_DIR/bench_ac.jsonl"
 }
 
+# The optimizer step: libtorch's AdamW (about ten tensor ops per shard view)
+# against fsdp::FusedAdamW (one at::_fused_adamw_ per parameter group), in
+# the same process, alternating in every round; 'opt ms' is the step alone,
+# median over all rounds' steps.
+run_bench_optim() {
+  "$BIN/fsdp" run -n 2 -- "$BIN/bench_train" --strategies full --prefetch on --dtypes fp32 --optimizers adamw,fused \
+    --steps "$BENCH_STEPS" --rounds "$BENCH_ROUNDS" --json "$RUN_DIR/bench_optim.jsonl"
+}
+
 # The peers on the same model, batch and threads: PyTorch DDP and DDP + ZeRO.
 run_peers() {
   if ! "$PYTHON" -c 'import torch.distributed' 2>/dev/null; then
@@ -131,7 +140,7 @@ run_bench_flight() {
   done
 }
 
-BENCHES=${BENCHES:-"vs_fsdp2 bench_single bench_comm bench_train bench_threads bench_flight bench_ac peers"}
+BENCHES=${BENCHES:-"vs_fsdp2 bench_single bench_comm bench_train bench_threads bench_flight bench_ac bench_optim peers"}
 
 # The machine must be quiet for a figure to mean anything. Before each
 # section (when none of ours runs) the CPU time that every process of the
@@ -164,7 +173,7 @@ record_load() {  # section, when
 status=0
 for b in $BENCHES; do
   bin=$b
-  case $b in bench_threads | bench_single | bench_ac) bin=bench_train ;; esac
+  case $b in bench_threads | bench_single | bench_ac | bench_optim) bin=bench_train ;; esac
   case $b in vs_fsdp2) bin=bench_train ;; esac
   if [ "$b" != peers ] && [ ! -x "$BIN/$bin" ]; then
     echo "bench/run.sh: $BIN/$bin is missing; build first (make build)" >&2
@@ -183,7 +192,7 @@ echo "bench/run.sh: results appended to $BENCH_JSON"
 
 # Side by side, and the ratios of issue 6.
 if ls "$RUN_DIR"/bench_train.jsonl "$RUN_DIR"/bench_single.jsonl >/dev/null 2>&1 || [ -e "$RUN_DIR"/bench_ac.jsonl ] ||
-   [ -e "$RUN_DIR"/vs_ours.jsonl ]; then
+   [ -e "$RUN_DIR"/vs_ours.jsonl ] || [ -e "$RUN_DIR"/bench_optim.jsonl ]; then
   echo "== summary"
   BENCH_MAX_BUSY=$BENCH_MAX_BUSY "$PYTHON" - "$RUN_DIR" "$RESULTS" <<'EOF' || status=1
 import json, os, sys
@@ -198,6 +207,7 @@ train, peers, comm = lines("bench_train.jsonl"), lines("peers.jsonl"), lines("be
 threads2 = lines("bench_threads.jsonl")
 single, single_peer, loads = lines("bench_single.jsonl"), lines("single_peer.jsonl"), lines("load.jsonl")
 ac_rows = lines("bench_ac.jsonl")
+optim_rows = lines("bench_optim.jsonl")
 vs_ours, vs_peer = lines("vs_ours.jsonl"), lines("vs_peer.jsonl")
 
 def median(v):
@@ -390,6 +400,25 @@ for n in sorted({r["world"] for r in ac_rows}):
         print("  %4d %5s %10.1f %10.1f %8.3f %10.1f %10.1f %8.3f %10.1f %10.1f" % (
             n, dt, off["step_s_median"] * 1e3, on["step_s_median"] * 1e3, st, off["peak_bytes"] / 2**20,
             on["peak_bytes"] / 2**20, pk, off["ledger"]["A"] / 2**20, on["ledger"]["A"] / 2**20))
+# The optimizer step: AdamW's per-tensor ops against one fused kernel per
+# group (same run, alternating, medians).
+def optim_row(wrapped, opt):
+    return next((r for r in optim_rows if r["wrapped"] == wrapped and r.get("optimizer") == opt), None)
+if optim_rows:
+    print("optimizer step (N=%d, fp32, FULL_SHARD prefetch on and compute only): opt ms and step ms, median over %d "
+          "rounds" % (optim_rows[0]["world"], optim_rows[0]["rounds"]))
+    print("  %-14s %10s %10s %8s %10s %10s %8s" % ("", "opt adamw", "opt fused", "ratio", "step adamw",
+                                                   "step fused", "ratio"))
+for wrapped, label in ((True, "FULL_SHARD"), (False, "compute only")):
+    a, f = optim_row(wrapped, "adamw"), optim_row(wrapped, "fused_adamw")
+    if not (a and f):
+        continue
+    key = "full_shard" if wrapped else "compute"
+    R["fused_adamw_opt_step_over_adamw_%s_N%d" % (key, a["world"])] = f["opt_step_s_median"] / a["opt_step_s_median"]
+    print("  %-14s %10.2f %10.2f %8.3f %10.1f %10.1f %8.3f" % (
+        label, a["opt_step_s_median"] * 1e3, f["opt_step_s_median"] * 1e3,
+        f["opt_step_s_median"] / a["opt_step_s_median"], a["step_s_median"] * 1e3, f["step_s_median"] * 1e3,
+        f["step_s_median"] / a["step_s_median"]))
 for c in comm:
     n = c["world"]
     for x in c["rows"]:
@@ -430,7 +459,7 @@ busy = [l for l in loads if l.get("busy_cores") is not None and
         l["busy_cores"] >= float(os.environ.get("BENCH_MAX_BUSY", "0.25"))]
 res["busy"] = bool(busy)
 res["runs"] = {"bench_train": train, "peers": peers, "bench_comm": comm, "bench_threads": threads2,
-               "bench_single": single, "single_peer": single_peer, "bench_ac": ac_rows,
+               "bench_single": single, "single_peer": single_peer, "bench_ac": ac_rows, "bench_optim": optim_rows,
                "vs_ours": vs_ours, "vs_fsdp2": vs_peer}
 with open(out, "w") as f:
     json.dump(res, f, indent=1)

@@ -122,23 +122,110 @@ TEST(Device, ThePluginUsesTheTorchInstallsCudaRuntimeAndNccl) {
   EXPECT_FALSE(contains(d.output, "[libcudart")) << d.output;
 }
 
-// Loading CUDA is the one process-wide change, and only on request.
+// Loading CUDA is the one process-wide change, and only on request: a CPU
+// job maps none of it. (Asked afterwards in the same process, after a CPU
+// backward fixed libtorch's choice, loading fails saying so: see
+// Device.EveryEntryPointLoadsCudaBeforeLibtorchDecides for the right order.)
 TEST(Device, CudaIsLoadedOnlyWhenAsked) {
   if (!fs::exists(plugin_path())) GTEST_SKIP() << "this build has no CUDA plugin (FSDP_CUDA=OFF)";
+  // In a process of its own: its CPU backward fixes libtorch's choice for
+  // the rest of the process (the other tests may share this one).
+  FSDP_IN_RANKS(1);
   auto comm = fsdp::make_local_communicator();
   auto model = fsdp::fully_shard(torch::nn::Linear(4, 3).ptr(), comm, {});
   model.forward(torch::ones({2, 4})).sum().backward();
   EXPECT_FALSE(contains(maps(), "libtorch_cuda.so")) << "a CPU job mapped libtorch_cuda";
+  const std::string why = fsdp::cuda_libraries();
+  EXPECT_TRUE(contains(why, "settled on having no CUDA before fsdp-cpp loaded its CUDA plugin")) << why;
+  EXPECT_TRUE(contains(why, "fsdp::parse_device")) << why;
+  EXPECT_EQ(fsdp::cuda_device_count(), 0);
+}
 
+// Asked first, CUDA support loads with the torch install's own NCCL and
+// CUDA runtime, and says what a timed-out NCCL collective does.
+TEST(Device, CudaLoadedFirstNamesItsLibraries) {
+  if (!fs::exists(plugin_path())) GTEST_SKIP() << "this build has no CUDA plugin (FSDP_CUDA=OFF)";
   const std::string libs = fsdp::cuda_libraries();
   EXPECT_TRUE(contains(maps(), "libtorch_cuda.so"));
   EXPECT_TRUE(contains(libs, "NCCL 2.")) << libs;
   EXPECT_TRUE(contains(libs, torch_site())) << libs;
   EXPECT_TRUE(contains(libs, "libfsdp_cuda.so")) << libs;
+  EXPECT_TRUE(contains(libs, "TORCH_NCCL_ASYNC_ERROR_HANDLING=3: a timed-out NCCL collective aborts the process"))
+      << libs;
   if (fsdp::cuda_device_count() == 0)
     EXPECT_TRUE(contains(fsdp::cuda_unavailable_reason(), "sees no CUDA device")) << fsdp::cuda_unavailable_reason();
   else
     EXPECT_EQ(fsdp::cuda_unavailable_reason(), "");
+}
+
+// libtorch decides once per process whether it has CUDA, the first time
+// anything asks (a seed, a backward, torch::cuda::device_count). Every
+// library entry point that names a CUDA device loads CUDA support first, so
+// the real hooks are registered after it, with or without a GPU; asked too
+// early, loading fails with one message naming the culprits.
+TEST(Device, EveryEntryPointLoadsCudaBeforeLibtorchDecides) {
+  if (!fs::exists(plugin_path())) GTEST_SKIP() << "this build has no CUDA plugin (FSDP_CUDA=OFF)";
+  for (const char* entry :
+       {"parse_device", "require_device", "fully_shard", "nccl_communicator", "memory_limit", "device_memory"}) {
+    auto r = run_command({bin_path("fsdp_test_worker"), "cuda_hooks", entry, "none"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto lines = fsdp::testing::lines_with(r.output, "CUDAHOOKS");
+    ASSERT_EQ(lines.size(), 1u) << r.output;
+    EXPECT_TRUE(contains(lines[0], "hooks_built=1")) << lines[0];
+    EXPECT_FALSE(contains(lines[0], "settled on having no CUDA")) << lines[0];
+  }
+  for (const char* first : {"seed", "backward", "device_count"}) {
+    auto r = run_command({bin_path("fsdp_test_worker"), "cuda_hooks", "parse_device", first});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto lines = fsdp::testing::lines_with(r.output, "CUDAHOOKS");
+    ASSERT_EQ(lines.size(), 1u) << r.output;
+    EXPECT_TRUE(contains(lines[0], "hooks_built=0")) << lines[0];
+    EXPECT_TRUE(contains(lines[0], "settled on having no CUDA before fsdp-cpp loaded its CUDA plugin")) << lines[0];
+    EXPECT_TRUE(contains(lines[0], "Fix: call fsdp::parse_device(\"cuda\")")) << lines[0];
+  }
+}
+
+// The programs name their device first, in the order they run: gpt, tiny
+// (over NCCL, and over Gloo where nothing else would load CUDA before its
+// seed), bench_train, and the parity workers of tests/gpu/run.sh. Without a
+// GPU each ends in "sees no CUDA device", which it can only reach after the
+// plugin loaded with libtorch's real CUDA hooks; a program that asked
+// libtorch first would end in the load-order message instead.
+TEST(Device, ProgramsNameTheirDeviceBeforeAskingLibtorch) {
+  if (!fs::exists(plugin_path())) GTEST_SKIP() << "this build has no CUDA plugin (FSDP_CUDA=OFF)";
+  if (fsdp::cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present: the Gpu.* tests run these programs there";
+  const auto dir = fs::path(fsdp::testing::temp_dir("fsdp_device_order"));
+  std::ofstream(dir / "t.txt") << std::string(4000, 'a') + "the cat sat\n";
+  const std::string text = (dir / "t.txt").string(), out = (dir / "w.safetensors").string();
+  struct Case {
+    std::vector<std::string> argv;
+    std::vector<std::string> env;
+  };
+  const std::vector<Case> cases = {
+      {{bin_path("gpt"), "--text", text, "--device", "cuda", "--steps", "1", "--no-progress"}, {}},
+      {{bin_path("gpt"), "--text", text, "--device", "cuda:0", "--max-memory", "1GiB", "--steps", "1"}, {}},
+      {{bin_path("tiny"), "--device", "cuda", "--epochs", "1", "--save", ""}, {"FSDP_BACKEND=gloo"}},
+      {{bin_path("tiny"), "--device", "cuda", "--epochs", "1", "--save", ""}, {}},
+      {{bin_path("bench_train"), "--device", "cuda", "--steps", "1"}, {}},
+      {{bin_path("fsdp_test_worker"), "gpt_reference", out, "device=cuda:0"}, {}},
+      {{bin_path("fsdp"), "run", "-n", "1", "--", bin_path("fsdp_test_worker"), "gpt_parity", "full", out,
+        "device=cuda"},
+       {"FSDP_BACKEND=nccl"}},
+      {{bin_path("fsdp_test_worker"), "ac_parity", "full", "plain", "fp32", "none", "device=cuda:0"}, {}},
+  };
+  for (const Case& c : cases) {
+    if (!fs::exists(c.argv[0])) {
+      ADD_FAILURE() << c.argv[0] << " is not built";
+      continue;
+    }
+    auto r = run_command(c.argv, c.env, 120);
+    std::string cmd;
+    for (auto& a : c.argv) cmd += fs::path(a).filename().string() + " ";
+    EXPECT_NE(r.exit_code, 0) << cmd << "ran on a machine without a GPU:\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "sees no CUDA device")) << cmd << "\n" << r.output;
+    EXPECT_FALSE(contains(r.output, "settled on having no CUDA")) << cmd << "\n" << r.output;
+  }
+  fs::remove_all(dir);
 }
 
 // A device the process cannot use is one fsdp::Error at fully_shard, naming
@@ -215,6 +302,39 @@ TEST(Gpu, GptOnOneGpuMatchesPlainLibtorchAtOneAndTwoRanks) {
   fs::remove_all(dir);
 }
 
+// NCCL at N = 1 is NCCL: a one-rank ProcessGroupNCCL (not the world of one's
+// copies), and the run equals plain libtorch.
+TEST(Gpu, NcclAtOneRankRunsNcclAndMatchesPlainLibtorch) {
+  SKIP_WITHOUT_GPUS(1);
+  const auto dir = fs::path(fsdp::testing::temp_dir("fsdp_gpu_nccl1"));
+  const std::string ref_file = (dir / "reference.safetensors").string(), file = (dir / "n1.safetensors").string();
+  auto ref = run_command({bin_path("fsdp_test_worker"), "gpt_reference", ref_file, "device=cuda:0", "steps=20"}, {},
+                         300);
+  ASSERT_EQ(ref.exit_code, 0) << ref.output;
+  auto r = fsdp::testing::run_ranks(1, "gpt_parity", {"full", file, "device=cuda", "steps=20"}, {"FSDP_BACKEND=nccl"},
+                                    300);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(fsdp::testing::lines_with(r.output, "comm nccl world=1 on cuda:0").size(), 1u) << r.output;
+  std::string worst;
+  EXPECT_LT(max_rel_diff(read_all(file), read_all(ref_file), &worst), 1e-5) << "worst " << worst;
+  fs::remove_all(dir);
+}
+
+// Recomputation restores the GPU's generator as well as the CPU's: with
+// dropout in every block, training with and without it on cuda:0 is the same
+// bit for bit (a recompute drawing fresh masks would not be).
+TEST(Gpu, RecomputeDrawsTheSameDropoutMasksOnTheGpu) {
+  SKIP_WITHOUT_GPUS(1);
+  auto r = fsdp::testing::run_ranks(1, "ac_parity", {"full", "plain", "fp32", "none", "device=cuda:0"}, {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto lines = fsdp::testing::lines_with(r.output, "ACPARITY");
+  ASSERT_EQ(lines.size(), 1u) << r.output;
+  fsdp::testing::Fields f(lines[0]);
+  EXPECT_EQ(f["loss_equal"], 1) << lines[0];
+  EXPECT_EQ(f["grads_equal"], 1) << lines[0];
+  EXPECT_EQ(f["params_equal"], 1) << lines[0];
+}
+
 // NCCL, one GPU per rank: the same run at N = 2 equals plain libtorch.
 TEST(Gpu, NcclAtTwoRanksMatchesPlainLibtorch) {
   SKIP_WITHOUT_GPUS(2);
@@ -248,6 +368,8 @@ TEST(Gpu, GptTrainsInBf16WithRecomputationAndReportsDeviceMemory) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto lines = fsdp::testing::lines_with(r.output, "device memory (rank 0, cuda:0): peak allocated");
   ASSERT_EQ(lines.size(), 1u) << r.output;
+  // The ledger measured on the GPU's allocator, not the host's.
+  EXPECT_EQ(fsdp::testing::lines_with(r.output, "measured peak (caching allocator of cuda:0)").size(), 1u) << r.output;
   const auto at = lines[0].find("peak_allocated=");
   ASSERT_NE(at, std::string::npos) << lines[0];
   EXPECT_GT(std::stoll(lines[0].substr(at + 15)), 0) << lines[0];

@@ -81,11 +81,24 @@ TEST(ReliabilityDebug, DetailCheckTurnsASizeMismatchIntoAnErrorOnEveryRank) {
   for (auto& l : elapsed) EXPECT_LT(std::stod(l.substr(l.find('=') + 1)), 2.0) << l;
 }
 
-TEST(ReliabilityDebug, WithoutDetailTheSameMismatchIsOnlyFoundByTheTimeout) {
-  // Documents why the mode exists: 999 vs 1000 elements in a ring all_reduce
-  // hang (or corrupt) until the timeout.
+TEST(ReliabilityDebug, WithoutDetailTheSameMismatchIsNamedOnlyAfterItFails) {
+  // Without the check nothing compares the calls before they run: the
+  // mismatched all_reduce (999 vs 1000 elements) is issued, fails in the
+  // transfer (cross-memory attach sees the sizes differ; TCP would wait for
+  // the timeout), and only the diagnosis of that failure, reading every
+  // rank's progress key, names the disagreement. Both ranks get there and
+  // report it; neither with the detail check's message.
   auto r = run_ranks(2, "rel_mismatch", {"1"}, {"FSDP_TIMEOUT=2"}, 60);
-  EXPECT_TRUE(lines_with(r.output, "ranks issued different collectives at #2 in a world").empty()) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto errors = lines_with(r.output, "mismatch error:");
+  ASSERT_EQ(errors.size(), 2u) << r.output;
+  for (auto& e : errors) {
+    EXPECT_TRUE(contains(e, "all_reduce 'blocks.1'")) << e;
+    EXPECT_TRUE(contains(e, "failed after")) << e;
+    EXPECT_TRUE(contains(e, "Ranks issued different collectives at #2:")) << e;
+    EXPECT_FALSE(contains(e, "FSDP_DEBUG=detail")) << e;
+  }
+  EXPECT_TRUE(lines_with(r.output, "unexpected: the mismatched collective completed").empty()) << r.output;
 }
 
 TEST(ReliabilityDebug, UnknownLevelIsAClearError) {

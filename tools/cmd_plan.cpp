@@ -39,6 +39,10 @@ int cmd_plan(int argc, char** argv) {
   app.add_option("--layers", s.layers, "L: transformer blocks")->capture_default_str()->check(fsdp::cli::integer(0, 10000));
   app.add_option("--dim", s.dim, "d: width")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 20));
   app.add_option("--heads", s.heads, "h: attention heads")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 20));
+  std::string attention = "matmul";
+  app.add_option("--attention", attention, "matmul|sdpa: GPT-mini's attention (gpt --attention)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"matmul", "sdpa"}));
   app.add_option("--vocab", s.vocab, "V: vocabulary")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 24));
   app.add_option("--seq", s.seq, "T: context length")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 24));
   app.add_option("--batch", s.batch, "B: micro-batch per rank")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 24));
@@ -103,6 +107,7 @@ int cmd_plan(int argc, char** argv) {
   try {
     if (model != "gpt") throw fsdp::UsageError("--model: expected gpt, found '" + model + "'");
     if (dtype != "fp32" && dtype != "bf16") throw fsdp::UsageError("--dtype: expected fp32|bf16, found '" + dtype + "'");
+    s.sdpa = attention == "sdpa";
     s.validate();
     // The planner counts bytes in int64: keep every term far from overflowing.
     const long double P = (long double)s.num_params(), B = s.batch, T = s.seq, V = s.vocab, h = s.heads,

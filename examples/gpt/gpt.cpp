@@ -18,6 +18,7 @@
 
 #include "cli_checks.h"
 #include "usage.h"
+#include "fsdp/device.h"
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/init.h"
@@ -50,6 +51,10 @@ bool parse_args(int argc, char** argv, Args& a) {
   app.add_option("--dim", a.cfg.dim, "width d")->check(fsdp::cli::integer(1, 1 << 16));
   app.add_option("--layers", a.cfg.layers, "transformer blocks L")->check(fsdp::cli::integer(0, 4096));
   app.add_option("--heads", a.cfg.heads, "attention heads (divide --dim)")->check(fsdp::cli::integer(1, 1 << 16));
+  app.add_option("--attention", a.attention,
+                 "matmul (scores, mask, softmax: the reference) | sdpa (one fused kernel, "
+                 "at::scaled_dot_product_attention; flash attention on a GPU)")
+      ->check(CLI::IsMember({"matmul", "sdpa"}));
   app.add_option("--init", a.init, "start from these weights (.safetensors, docs/GPT_MINI.md names; with "
                                    "--construct sharded each rank reads only its shards' bytes)");
   app.add_option("--construct", a.construct,
@@ -174,6 +179,7 @@ bool parse_args(int argc, char** argv, Args& a) {
     if (n.empty() || n.size() > 15 || n.find_first_not_of("0123456789") != std::string::npos || std::stoll(n) <= 0)
       usage_error("--wrap '" + a.wrap + "': expected size:N with N a positive parameter count, e.g. size:100000");
   }
+  a.cfg.sdpa = a.attention == "sdpa";
   try {
     gpt::recompute_every(a.ac);
   } catch (const fsdp::Error& e) {
@@ -206,14 +212,22 @@ int main(int argc, char** argv) {
   Args a;
   try {
     if (!parse_args(argc, argv, a)) return 0;
-    // The budget covers the whole process: construction and loading included.
-    if (!a.max_memory.empty()) fsdp::memory::set_limit(fsdp::cli::parse_bytes(a.max_memory));
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "gpt: usage error: %s\nrun 'gpt --help' for the flags\n", e.what());
     return 2;
   } catch (const fsdp::UsageError& e) {
     std::fprintf(stderr, "gpt: usage error: %s\nrun 'gpt --help' for the flags\n", e.what());
     return 2;
+  }
+  try {
+    // The device first: a GPU's CUDA support is loaded before anything asks
+    // libtorch about CUDA (fsdp/device.h).
+    const torch::Device dev = fsdp::parse_device(a.device);
+    // The budget covers the whole process: construction and loading included.
+    if (!a.max_memory.empty()) fsdp::set_device_memory_limit(dev, fsdp::cli::parse_bytes(a.max_memory));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt: error: %s\n", e.what());
+    return 1;
   }
   try {
     return gpt::train(a);

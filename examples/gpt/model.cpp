@@ -34,15 +34,15 @@ void Config::validate() const {
 
 std::string Config::str() const {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "V=%lld T=%lld d=%lld L=%lld h=%lld (%.2f M parameters)",
+  std::snprintf(buf, sizeof buf, "V=%lld T=%lld d=%lld L=%lld h=%lld%s (%.2f M parameters)",
                 (long long)vocab, (long long)seq, (long long)dim, (long long)layers,
-                (long long)heads, num_params() / 1e6);
+                (long long)heads, sdpa ? " sdpa" : "", num_params() / 1e6);
   return buf;
 }
 
 // ---------------------------------------------------------------------------
 
-BlockImpl::BlockImpl(int64_t dim, int64_t heads) : dim_(dim), heads_(heads) {
+BlockImpl::BlockImpl(int64_t dim, int64_t heads, bool sdpa) : dim_(dim), heads_(heads), sdpa_(sdpa) {
   // Registration order == the state dict order of docs/GPT_MINI.md.
   auto ln_opts = torch::nn::LayerNormOptions({dim}).eps(1e-5);
   ln1 = register_module("ln1", torch::nn::LayerNorm(ln_opts));
@@ -61,13 +61,20 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   auto q = parts[0].view({B, T, h, hs}).transpose(1, 2);  // [B,h,T,hs]
   auto k = parts[1].view({B, T, h, hs}).transpose(1, 2);  // [B,h,T,hs]
   auto v = parts[2].view({B, T, h, hs}).transpose(1, 2);  // [B,h,T,hs]
-  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hs)));  // [B,h,T,T]
-  // Position t may attend to 0..t only; built per call (not a buffer, so the
-  // state dict holds exactly the parameters of docs/GPT_MINI.md).
-  auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);  // [T,T]
-  att = att.masked_fill(future, -std::numeric_limits<float>::infinity());
-  att = torch::softmax(att, -1);
-  auto y = torch::matmul(att, v);                      // [B,h,T,hs]
+  torch::Tensor y;                                        // [B,h,T,hs]
+  if (sdpa_) {
+    // Causal, scale 1/sqrt(hs): the kernel picks flash / memory-efficient
+    // attention where the device has them.
+    y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  } else {
+    auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hs)));  // [B,h,T,T]
+    // Position t may attend to 0..t only; built per call (not a buffer, so
+    // the state dict holds exactly the parameters of docs/GPT_MINI.md).
+    auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);  // [T,T]
+    att = att.masked_fill(future, -std::numeric_limits<float>::infinity());
+    att = torch::softmax(att, -1);
+    y = torch::matmul(att, v);
+  }
   y = y.transpose(1, 2).contiguous().view({B, T, C});  // [B,T,C]
   auto r = x + proj(y);
   // MLP with the exact (erf) GELU.
@@ -82,7 +89,7 @@ GPTImpl::GPTImpl(const Config& cfg) : cfg_(cfg) {
   pos = register_module("pos", torch::nn::Embedding(cfg.seq, cfg.dim));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg.layers; i++) {
-    Block b(cfg.dim, cfg.heads);
+    Block b(cfg.dim, cfg.heads, cfg.sdpa);
     blocks->push_back(b);
     block_list_.push_back(b.ptr());
   }

@@ -26,6 +26,11 @@ struct Config {
   int64_t dim = 256;    // d
   int64_t layers = 6;   // L
   int64_t heads = 4;    // h, head size d/h
+  // Attention as one fused kernel (at::scaled_dot_product_attention, causal:
+  // flash or memory-efficient attention on a GPU, no [B,h,T,T] scores kept)
+  // instead of matmul, mask and softmax. The same parameters and, to
+  // rounding, the same function (--attention sdpa).
+  bool sdpa = false;
 
   // Total parameters (4.90 M at the defaults):
   // V*d + T*d + L*(12 d^2 + 13 d) + 2d + V*d + V
@@ -38,7 +43,7 @@ struct Config {
 // One pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)).
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(int64_t dim, int64_t heads);
+  BlockImpl(int64_t dim, int64_t heads, bool sdpa = false);
   // x [B,T,d] -> [B,T,d]
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -51,6 +56,7 @@ class BlockImpl : public torch::nn::Module {
 
  private:
   int64_t dim_, heads_;
+  bool sdpa_;
 };
 TORCH_MODULE(Block);
 

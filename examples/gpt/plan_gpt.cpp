@@ -158,8 +158,11 @@ ActivationEstimate gpt_activations(const GptShape& s, int a, const std::string& 
   // input (1), ln2 output = fc input (1), fc output = gelu input (4), gelu
   // output = out input (4); LayerNorm mean/rstd in fp32; the softmax output
   // [B,h,T,T]; masked_fill's bool mask [T,T].
-  e.attention = B * h * T * T * a;
-  e.per_block = 16 * BTd * a + e.attention + 2 * 2 * BT * 4 + T * T;
+  // With sdpa: q, k and v stay views of the qkv output (kept), the kernel
+  // keeps its output and a [B,h,T] fp32 log-sum-exp, then y's contiguous
+  // copy: one [B,T,d] more, no scores, no mask.
+  e.attention = s.sdpa ? B * h * T * 4 : B * h * T * T * a;
+  e.per_block = s.sdpa ? 17 * BTd * a + e.attention + 2 * 2 * BT * 4 : 16 * BTd * a + e.attention + 2 * 2 * BT * 4 + T * T;
   // Final LayerNorm input (1) and output = head input (1), its stats, the
   // log_softmax output [B*T,V] (fp32: the loss is computed in fp32) and,
   // when the caller holds them through backward, the logits [B,T,V].

@@ -26,6 +26,9 @@ struct GptShape {
   // backward (a `logits` variable still in scope); gpt's own loop drops
   // them once the loss is computed, so its plans say false.
   bool caller_holds_logits = true;
+  // Attention by at::scaled_dot_product_attention (gpt --attention sdpa):
+  // no [B,h,T,T] scores or mask are kept, a [B,h,T] log-sum-exp instead.
+  bool sdpa = false;
   int64_t num_params() const;  // V*d + T*d + L*(12d^2 + 13d) + 2d + V*d + V
   void validate() const;       // throws fsdp::Error
 };

@@ -62,10 +62,11 @@ double lr_at(const Args& a, int64_t step) {
 
 // AdamW with two parameter groups chosen on the shards' original shapes
 // (the shards themselves are 1-D): weight decay on 2-D weights (embeddings,
-// linear weights) only, the default of fsdp::decay_groups.
+// linear weights) only, the default of fsdp::decay_groups. Its step is one
+// fused kernel per group (fsdp::FusedAdamW).
 std::unique_ptr<torch::optim::AdamW> make_optimizer(const fsdp::FullyShardedModel& m, const Args& a) {
   const auto base = torch::optim::AdamWOptions(a.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(a.weight_decay);
-  return std::make_unique<torch::optim::AdamW>(fsdp::decay_groups(m, base, a.weight_decay), base);
+  return std::make_unique<fsdp::FusedAdamW>(fsdp::decay_groups(m, base, a.weight_decay), base);
 }
 
 void set_lr(torch::optim::Optimizer& opt, double lr) {
@@ -89,17 +90,9 @@ std::string memory_line(fsdp::Communicator& comm) {
 // Wrapped through the shared_ptr: call() on it reaches the non-const forward().
 using Model = fsdp::Sharded<std::shared_ptr<gpt::GPTImpl>>;
 
-// --device: "cuda" is left without an index (fully_shard makes it
-// cuda:LOCAL_RANK).
-torch::Device parse_device(const std::string& s) {
-  if (s == "cpu") return torch::kCPU;
-  if (s == "cuda") return torch::kCUDA;
-  try {
-    return torch::Device(s);
-  } catch (const std::exception&) {
-    throw fsdp::UsageError("--device " + s + ": expected cpu, cuda or cuda:K");
-  }
-}
+// --device: "cuda" is cuda:LOCAL_RANK (main parsed it first, loading CUDA
+// support before anything asked libtorch about CUDA).
+torch::Device parse_device(const std::string& s) { return fsdp::parse_device(s); }
 
 // --backend auto: NCCL when the ranks compute on GPUs and each rank of this
 // host has one of its own (NCCL refuses two ranks on one GPU); Gloo
@@ -341,6 +334,7 @@ fsdp::plan::Plan gpt_plan(const Args& a, int N, fsdp::ShardingStrategy strategy,
                           const std::vector<fsdp::plan::UnitSpec>& units) {
   // train_step drops the logits once the loss is computed.
   gpt::GptShape shape{a.cfg.layers, a.cfg.dim, a.cfg.heads, a.cfg.vocab, a.cfg.seq, a.batch};
+  shape.sdpa = a.cfg.sdpa;
   shape.caller_holds_logits = false;
   fsdp::plan::PlanOptions po;
   po.world = N;
@@ -359,6 +353,7 @@ fsdp::plan::Plan gpt_plan(const Args& a, int N, fsdp::ShardingStrategy strategy,
 std::vector<fsdp::plan::UnitSpec> flag_units(const Args& a) {
   // train_step drops the logits once the loss is computed.
   gpt::GptShape shape{a.cfg.layers, a.cfg.dim, a.cfg.heads, a.cfg.vocab, a.cfg.seq, a.batch};
+  shape.sdpa = a.cfg.sdpa;
   shape.caller_holds_logits = false;
   return gpt::gpt_units(shape, a.wrap);
 }
@@ -583,8 +578,8 @@ void print_ledger(const Run& run, Model& model, torch::optim::Optimizer& opt, co
   std::printf("trained %lld steps in %.1f s (%.0f tokens/s)\n", (long long)steps_run, seconds,
               double(tokens_per_step * steps_run) / std::max(seconds, 1e-9));
   std::printf("%s\n", ledger.str().c_str());
-  // On a GPU the ledger's measured terms are the host's; the device's own
-  // allocator says what the GPU held (the planner's peak is about it).
+  // The ledger measures on the device's allocator (on a GPU, the caching
+  // allocator); its reserved bytes beside it.
   const torch::Device dev = model->options().device;
   if (!dev.is_cpu()) {
     const fsdp::DeviceMemory m = fsdp::device_memory(dev);

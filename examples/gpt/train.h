@@ -16,6 +16,7 @@ struct Args {
   std::string data, val;           // token files (.bin)
   std::vector<std::string> text;   // or text files, split 90/10 on the fly
   std::string shuffle = "off";     // off: the deterministic order of docs/GPT_MINI.md
+  std::string attention = "matmul";  // matmul | sdpa: gpt::Config::sdpa
   // model
   gpt::Config cfg;
   std::string init;                // FILE.safetensors to start from

@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   app.add_option("--ckpt-every", ckpt_every, "save a sharded checkpoint every N steps")->check(CLI::Range(0, 1 << 30));
   app.add_flag("--resume", resume, "continue from the latest checkpoint in --ckpt-dir when there is one");
   app.add_option("--trace", trace_dir, "write a Chrome trace per rank into DIR (then: fsdp report DIR)");
-  app.add_option("--max-memory", max_memory, "per-rank memory budget, e.g. 8MiB (enforced by the counting allocator)");
+  app.add_option("--max-memory", max_memory, "per-rank memory budget, e.g. 8MiB (enforced by the device's allocator: the counting allocator on the CPU, the caching allocator on a GPU)");
   app.add_option("--device", device, "cpu | cuda (cuda:LOCAL_RANK) | cuda:K (ranks sharing a GPU: FSDP_BACKEND=gloo)")
       ->check([](const std::string& s) {
         return s == "cpu" || s == "cuda" || s.rfind("cuda:", 0) == 0 ? std::string()
@@ -106,12 +106,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    // First: a CUDA device loads CUDA support before anything (the seed
+    // below, a communicator) asks libtorch about CUDA (fsdp/device.h).
+    const torch::Device dev = fsdp::parse_device(device);
     // The flags reach the library's reporters (checkpoint saves) through the environment.
     if (no_progress) ::setenv("FSDP_PROGRESS", "off", 1);
     if (progress_every >= 0) ::setenv("FSDP_PROGRESS_EVERY", std::to_string(progress_every).c_str(), 1);
     fsdp::CommOptions copts;
     // On GPUs, NCCL unless FSDP_BACKEND=gloo (ranks sharing one GPU).
-    if (device != "cpu") copts.backend = fsdp::CommBackend::NCCL;
+    if (dev.is_cuda()) copts.backend = fsdp::CommBackend::NCCL;
     auto comm = fsdp::make_communicator_from_env(copts);
     // Time blocked in collectives: busy = wall - blocked names a straggler.
     auto waits = std::make_shared<fsdp::WaitClock>();
@@ -121,14 +124,14 @@ int main(int argc, char** argv) {
     // Flight recorder dumps (a failed collective, SIGUSR1) go next to the
     // checkpoints unless FSDP_FLIGHT_DIR / fsdp run --flight-dir says.
     if (!ckpt_dir.empty()) fsdp::flight::set_default_dir(ckpt_dir + "/flight");
-    if (!max_memory.empty()) fsdp::memory::set_limit(fsdp::cli::parse_bytes(max_memory));
+    if (!max_memory.empty()) fsdp::set_device_memory_limit(dev, fsdp::cli::parse_bytes(max_memory));
 
     torch::manual_seed(0);
     TinyModel net;
     fsdp::FsdpOptions opts;
     opts.strategy = fsdp::parse_strategy(strategy);
     opts.wrap = fsdp::WrapPolicy::size_based(min_params);
-    opts.device = device == "cuda" ? torch::Device(torch::kCUDA) : torch::Device(device);
+    opts.device = dev;
     auto model = fsdp::fully_shard(net, comm, opts);
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(lr));
     fsdp::verify_optimizer(*model, opt);

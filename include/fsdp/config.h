@@ -73,6 +73,7 @@ struct EnvConfig {
   std::string job_token;                         // FSDP_JOB_TOKEN, "" unset
   std::string host_id;                           // FSDP_HOST_ID, "" unset
   std::string cuda_plugin;                       // FSDP_CUDA_PLUGIN, "" unset (fsdp/device.h)
+  std::string nccl_async_error_handling = "3";   // TORCH_NCCL_ASYNC_ERROR_HANDLING, as given (torch's)
   bool store_bind_all = false;                   // FSDP_STORE_BIND=all
   bool store_hosted = false;                     // FSDP_STORE_HOSTED=1
   std::optional<int64_t> ring_piece_bytes;       // FSDP_RING_PIECE_KIB x 1024

@@ -275,8 +275,12 @@ struct Ledger {
                               // with units inside the checkpointed module, their gathered parameters too)
   int64_t C = 0;              // snapshot of the last background checkpoint save (CheckpointOptions::async),
                               // held while it writes, beside training's terms (measured)
-  int64_t peak = 0;           // counting allocator peak since reset (0 without it: fsdp::init)
-  int64_t current = 0;        // counting allocator now
+  // The allocator of FsdpOptions::device that A, A_recompute and the three
+  // below are measured on: "counting allocator" (CPU: fsdp's, 0 without
+  // fsdp::init) or "caching allocator of cuda:K" (the GPU's own).
+  std::string memory_source = "counting allocator";
+  int64_t peak = 0;           // that allocator's peak held since reset
+  int64_t current = 0;        // held now
   int64_t cached = 0;         // allocator cache now: freed blocks kept for reuse (not in peak/current)
   int64_t rss_peak = 0;       // the process's resident high-water mark (VmHWM; 0 where unknown)
   memory::ProcessMemory process;  // VmHWM's parts: libtorch at start, tensors, cache, comm, malloc, the rest

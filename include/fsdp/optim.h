@@ -1,5 +1,6 @@
-// fsdp-cpp: optimizer parameter groups chosen by the original parameters.
-// defines: ParamPredicate, is_matrix, param_groups, decay_groups
+// fsdp-cpp: optimizer parameter groups chosen by the original parameters,
+// and AdamW on one fused kernel.
+// defines: ParamPredicate, is_matrix, param_groups, decay_groups, FusedAdamW
 //
 // model->parameters() are this rank's shards: 1-D views whatever the
 // original shape. The usual libtorch filter
@@ -50,5 +51,25 @@ std::vector<torch::optim::OptimizerParamGroup> decay_groups(const FullyShardedMo
   without.weight_decay(0.0);
   return param_groups(model, decay, with, without);
 }
+
+// torch::optim::AdamW whose step runs libtorch's fused kernel
+// (at::_fused_adamw_, CPU and CUDA): one kernel launch per parameter group
+// over all its shards, instead of about ten per tensor, so a step over many
+// small shards is not a stream of tiny kernels and host round trips. The
+// same options, parameter groups and per-parameter state as AdamW (it is an
+// AdamW: checkpoints, fsdp::verify_optimizer and the ledger treat it as
+// one), and the same update to fp32 rounding. Not for sparse gradients, or
+// parameter groups that mix devices or dtypes (one clear error).
+class FusedAdamW : public torch::optim::AdamW {
+ public:
+  // As AdamW's: parameter groups (e.g. fsdp::decay_groups) and the defaults.
+  explicit FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> groups, torch::optim::AdamWOptions defaults = {})
+      : torch::optim::AdamW(std::move(groups), std::move(defaults)) {}
+  // As AdamW's: one group of `params`.
+  explicit FusedAdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions defaults = {})
+      : torch::optim::AdamW(std::move(params), std::move(defaults)) {}
+  // One optimizer step (`closure`, when given, recomputes the loss first).
+  torch::Tensor step(LossClosure closure = nullptr) override;
+};
 
 }  // namespace fsdp

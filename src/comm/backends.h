@@ -15,12 +15,15 @@ CommPtr make_gloo_communicator(const WorldEnv& world, const ResolvedOptions& opt
 // of one (Communicator::split) names its global rank and group.
 CommPtr make_world_of_one(const ResolvedOptions& opts, int global_rank = 0, const std::string& group = "");
 
-// NCCL on this rank's GPU (device.h loads the CUDA plugin): WORLD_SIZE >= 2.
+// NCCL on this rank's GPU (device.h loads the CUDA plugin), at any world
+// size: a world of one is a one-rank ProcessGroupNCCL.
 CommPtr make_nccl_communicator(const WorldEnv& world, const ResolvedOptions& opts);
 
 // `inner` behind a communicator that also takes tensors away from `home`
 // (the device its engine moves), staged through home buffers (staged.cpp).
-// A world of one is returned as it is: it moves any one device's tensors.
-CommPtr stage_away_from(CommPtr inner, c10::Device home);
+// A world of one is returned as it is (make_world_of_one's moves any one
+// device's tensors), unless `alone_too` (NCCL's world of one moves only its
+// GPU's).
+CommPtr stage_away_from(CommPtr inner, c10::Device home, bool alone_too = false);
 
 }  // namespace fsdp::comm

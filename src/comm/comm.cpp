@@ -78,14 +78,15 @@ CommPtr make_communicator_from_env(const CommOptions& opts) {
   flight::apply_env(env);
   detail::set_rank_for_errors(world.rank);
   if (resolved.device_index < 0) resolved.device_index = world.local_rank;
-  // The one place the engine is chosen. NCCL needs its GPU even alone.
-  if (resolved.backend == CommBackend::NCCL)
-    require_device(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(resolved.device_index)),
-                   "CommOptions::backend = NCCL (or FSDP_BACKEND=nccl) on this rank's GPU");
+  // The one place the engine is chosen. NCCL needs its GPU even alone, and
+  // is NCCL even alone: a one-rank ProcessGroupNCCL, so a run at N = 1
+  // exercises the same path as N = 8 (a world of one on Gloo is a copy).
+  if (resolved.backend == CommBackend::NCCL) {
+    const c10::Device gpu(c10::kCUDA, static_cast<c10::DeviceIndex>(resolved.device_index));
+    require_device(gpu, "CommOptions::backend = NCCL (or FSDP_BACKEND=nccl) on this rank's GPU");
+    return comm::stage_away_from(comm::make_nccl_communicator(world, resolved), gpu, /*alone_too=*/true);
+  }
   if (world.world_size == 1) return comm::make_world_of_one(resolved);
-  if (resolved.backend == CommBackend::NCCL)
-    return comm::stage_away_from(comm::make_nccl_communicator(world, resolved),
-                                 c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(resolved.device_index)));
   return comm::stage_away_from(comm::make_gloo_communicator(world, resolved), c10::kCPU);
 }
 

@@ -27,7 +27,7 @@
 namespace fsdp::comm {
 
 // Bumped whenever CudaApi changes; a plugin of another version is refused.
-constexpr int kCudaApiVersion = 1;
+constexpr int kCudaApiVersion = 2;
 // The plugin's one exported function: `const CudaApi* fsdp_cuda_api()`.
 constexpr const char* kCudaApiSymbol = "fsdp_cuda_api";
 
@@ -44,7 +44,8 @@ struct CudaApi {
   // A c10d::ProcessGroupNCCL over `store` (already prefixed for this
   // group): `rank` of `size`, bound to cuda:`device_index`, every
   // collective failing after `timeout`; `global_ranks` and `name` label
-  // NCCL's own logs and flight records.
+  // NCCL's own logs and flight records. Its streams are high-priority (as
+  // FSDP2's), and it times its collectives on the GPU (Work::getDuration).
   c10::intrusive_ptr<c10d::Backend> (*make_nccl)(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                  int device_index, std::chrono::milliseconds timeout,
                                                  const std::vector<uint64_t>& global_ranks, const std::string& name);
@@ -52,8 +53,9 @@ struct CudaApi {
   // reserved from the driver, and the peak in use since the last reset.
   void (*memory)(int device_index, int64_t* allocated, int64_t* reserved, int64_t* peak_allocated);
   void (*reset_peak)(int device_index);
-  // cudaSetDevice for the calling thread.
-  void (*set_device)(int device_index);
+  // Caps the caching allocator of cuda:`device_index` at `bytes` of the
+  // device's memory (setMemoryFraction); 0 lifts the cap.
+  void (*set_memory_limit)(int device_index, int64_t bytes);
 };
 
 }  // namespace fsdp::comm

@@ -6,7 +6,17 @@
 // loaded once per process, on the first request, with RTLD_LOCAL: its
 // symbols stay its own, and libtorch_cuda registers its kernels with
 // libtorch's dispatcher as it loads.
+//
+// What loading cannot undo: ATen reads its CUDA hooks from the registry once
+// per process, the first time anything asks (torch::cuda::device_count,
+// torch::manual_seed, the first backward, at::getAccelerator). Asked before
+// libtorch_cuda registered them, ATen keeps its CPU stub for good and every
+// CUDA tensor op fails later in ways that do not say why. So after dlopen the
+// load checks that the real hooks are the ones ATen uses (isBuilt), and
+// fails with one message naming what runs too early.
 #include "comm/device.h"
+
+#include <ATen/detail/CUDAHooksInterface.h>
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -78,6 +88,16 @@ Loaded load() {
                             "). Fix: install the plugin built with this program.");
       return out;
     }
+    if (!at::detail::getCUDAHooks().isBuilt()) {
+      out.why = detail::cat(
+          "libtorch settled on having no CUDA before fsdp-cpp loaded its CUDA plugin ", c,
+          ": something in this process asked libtorch about CUDA first (torch::cuda::device_count() or "
+          "is_available(), torch::manual_seed(), a backward pass, at::getAccelerator()), and libtorch decides that "
+          "once per process. Expected: the CUDA device named to fsdp-cpp before any of these. Fix: call "
+          "fsdp::parse_device(\"cuda\") (or fsdp::require_device) right after reading the command line, before "
+          "seeding or building the model (docs/GPU.md)");
+      return out;
+    }
     out.api = api;
     out.path = c;
     return out;
@@ -120,6 +140,23 @@ std::string cuda_unavailable_reason() {
   return "";
 }
 
+c10::Device parse_device(const std::string& text, const std::string& what) {
+  c10::Device d(c10::kCPU);
+  if (text == "cuda") {
+    d = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(config::read_env().local_rank));
+  } else if (text == "cpu" || text.rfind("cuda:", 0) == 0) {
+    try {
+      d = c10::Device(text);
+    } catch (const std::exception&) {
+      throw Error(detail::cat(what, " ", text, ": expected cpu, cuda or cuda:K (K a device index)"));
+    }
+  } else {
+    throw Error(detail::cat(what, " ", text, ": expected cpu, cuda or cuda:K (K a device index)"));
+  }
+  require_device(d, what + " " + text);
+  return d;
+}
+
 void require_device(const c10::Device& device, const std::string& what) {
   if (device.is_cpu()) return;
   if (!device.is_cuda())
@@ -149,6 +186,16 @@ DeviceMemory device_memory(const c10::Device& device) {
   return m;
 }
 
+void set_device_memory_limit(const c10::Device& device, int64_t bytes) {
+  FSDP_USER_CHECK(bytes >= 0, "set_device_memory_limit: the limit must be >= 0 bytes (0: none), found ", bytes);
+  if (device.is_cpu()) {
+    memory::set_limit(bytes);
+    return;
+  }
+  require_device(device, "set_device_memory_limit");
+  comm::cuda_api()->set_memory_limit(device.index(), bytes);
+}
+
 void reset_device_peak(const c10::Device& device) {
   if (device.is_cpu()) {
     memory::reset_peak();
@@ -158,6 +205,17 @@ void reset_device_peak(const c10::Device& device) {
   comm::cuda_api()->reset_peak(device.index());
 }
 
+// What ProcessGroupNCCL does with a collective that outlives its timeout:
+// it reads TORCH_NCCL_ASYNC_ERROR_HANDLING when it is made (torch 2.x's
+// default, 3: tear the process down without cleaning NCCL up).
+static std::string nccl_timeout_behaviour() {
+  const std::string m = config::read_env().nccl_async_error_handling;
+  const std::string head = "TORCH_NCCL_ASYNC_ERROR_HANDLING=" + m + ": a timed-out NCCL collective ";
+  if (m == "0") return head + "is only logged by NCCL's watchdog";
+  if (m == "2") return head + "aborts NCCL's communicator and fails the next wait()";
+  return head + "aborts the process (SIGABRT)";
+}
+
 std::string cuda_libraries() {
   const comm::CudaApi* api = comm::cuda_api();
   if (!api) return cuda_unavailable_reason();
@@ -165,7 +223,7 @@ std::string cuda_libraries() {
   const std::string v = api->nccl_version(&nccl_path);
   return detail::cat("NCCL ", v, " (", nccl_path.empty() ? "not loaded" : nccl_path, "), CUDA runtime ",
                      api->cudart_path().empty() ? "not loaded" : api->cudart_path(), ", plugin ", comm::loaded().path,
-                     " (libtorch ", api->torch_version, ")");
+                     " (libtorch ", api->torch_version, "); ", nccl_timeout_behaviour());
 }
 
 }  // namespace fsdp

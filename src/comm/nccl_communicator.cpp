@@ -5,35 +5,55 @@
 // heartbeat as the Gloo communicator (a silent rank is named by the
 // watchdog, docs/RELIABILITY.md), the same argument checks and messages,
 // the flight recorder, the per-tier byte counters, and groups (split). Its
-// tensors are on that GPU; the factory stages others (staged.cpp).
+// tensors are on that GPU; the factory stages others (staged.cpp). A world
+// of one asked for NCCL is a one-rank ProcessGroupNCCL over an in-process
+// store (no rendezvous, no heartbeat: there is nobody to wait for), so N = 1
+// runs the same NCCL kernels as N = 8.
 //
 // Streams: a collective is issued on the calling thread's current CUDA
-// stream; NCCL runs it on its own stream after what that stream had
-// queued, and Work::wait() makes the waiting thread's current stream wait
-// for it, without blocking the host. ProcessGroupNCCL keeps the tensors of
-// a collective alive until it completes (it records them on its stream).
+// stream; NCCL runs it on its own (high-priority) stream after what that
+// stream had queued, and Work::wait() makes the waiting thread's current
+// stream wait for it, without blocking the host.
 //
-// Failure: ProcessGroupNCCL's watchdog aborts a collective that outlives
-// the timeout (CommOptions::timeout) and its error reaches the next wait();
-// that error is rethrown as one CollectiveError naming the call, the group
-// and its global ranks, and the ranks whose heartbeats stopped.
+// Lifetimes: a caller's input may be freed as soon as the call returns, but
+// its memory was allocated on the caller's stream and is read on another
+// (the bf16 widening below runs on the issuing stream, NCCL on its own): the
+// caching allocator could hand the block to the caller's next kernel before
+// the read happened. So every input (and every fp32 copy made here) is held
+// by the Work until wait(), which orders the waiting stream after the
+// collective: only then is dropping it safe (FSDP2 holds its reduce-scatter
+// input the same way).
 //
-// Counters: the bytes a rank sends by NCCL's ring algorithms (all-gather
-// and reduce-scatter (N-1)/N of the full buffer, all-reduce twice that),
-// inter-host when the next rank of the ring is on another host; seconds are
-// the host's time inside wait() (the exposed part of the collective).
+// Failure: a collective that outlives CommOptions::timeout is ProcessGroupNCCL's
+// watchdog's to handle, as TORCH_NCCL_ASYNC_ERROR_HANDLING says (default in
+// torch 2.x: abort the process; docs/COMM.md, "NCCL"): the rank ends with
+// SIGABRT, the launcher names it, and the other ranks' heartbeats name it to
+// them. An error that reaches wait() (an abort in mode 2, a failed launch) is
+// rethrown as one CollectiveError naming the call, the group and its global
+// ranks, and the ranks that never entered it.
+//
+// Counters: one call per collective, counted when it is issued, with the
+// bytes a rank sends by NCCL's ring algorithms in the dtype on the wire
+// (bf16/fp16 reductions travel as fp32): all-gather and reduce-scatter
+// (N-1)/N of the full buffer, all-reduce twice that; inter-host when the
+// next rank of the ring is on another host. Seconds are the collectives'
+// time on the GPU, between NCCL's start and end events, added once a
+// collective has completed (wait() only orders streams: the host's time in
+// it says nothing).
 #include <mutex>
 
 #include "comm/backends.h"
 #include "comm/checks.h"
 #include "comm/cma.h"
 #include "comm/device.h"
+#include "comm/gpu_timings.h"
 #include "comm/rendezvous.h"
 #include "comm/watchdog.h"
 #include "fsdp/errors.h"
 #include "fsdp/flight.h"
 #include "fsdp/trace.h"
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 namespace fsdp::comm {
@@ -56,14 +76,15 @@ bool half_float(c10::ScalarType t) { return t == c10::kBFloat16 || t == c10::kHa
 
 class NcclCommunicator;
 
-// One collective's completion: the c10d work, and what the call still owes
-// when it is waited for (bf16 results summed in fp32 copied back).
+// One collective's completion: the c10d work, what the call still owes when
+// it is waited for (bf16 results summed in fp32 copied back), and the
+// tensors it reads, held until then (see "Lifetimes" above).
 class NcclWork final : public Work {
  public:
   NcclWork(NcclCommunicator* comm, c10::intrusive_ptr<c10d::Work> work, CallShape shape, uint64_t seq,
-           uint64_t ticket, std::function<void()> then)
+           uint64_t ticket, std::function<void()> then, std::vector<torch::Tensor> keep)
       : comm_(comm), work_(std::move(work)), shape_(std::move(shape)), seq_(seq), ticket_(ticket),
-        then_(std::move(then)) {}
+        then_(std::move(then)), keep_(std::move(keep)) {}
   void wait() override;
   bool is_completed() const override { return work_->isCompleted(); }
 
@@ -73,17 +94,21 @@ class NcclWork final : public Work {
   CallShape shape_;
   uint64_t seq_, ticket_;
   std::mutex mu_;
-  std::function<void()> then_;  // guarded by mu_; run once
-  bool done_ = false;           // guarded by mu_
+  std::function<void()> then_;      // guarded by mu_; run once
+  std::vector<torch::Tensor> keep_;  // guarded by mu_; dropped by wait()
+  bool done_ = false;               // guarded by mu_
 };
+
 
 class NcclCommunicator final : public Communicator {
  public:
+  // The world: a rendezvous through the job's store, then NCCL's own; a
+  // world of one needs neither (an in-process store carries NCCL's id).
   NcclCommunicator(const WorldEnv& world, const ResolvedOptions& opts)
       : world_(world), opts_(opts), global_(iota_ranks(world.world_size)), group_("world"),
-        rdv_(std::make_unique<Rendezvous>(world, opts)),
-        watchdog_(Watchdog::acquire(world, rdv_->key_base(), opts)),
-        hosts_(exchange_hosts()),
+        rdv_(world.world_size > 1 ? std::make_unique<Rendezvous>(world, opts) : nullptr),
+        watchdog_(rdv_ ? Watchdog::acquire(world, rdv_->key_base(), opts) : nullptr),
+        hosts_(rdv_ ? exchange_hosts() : std::vector<int>{0}),
         pg_(make_pg()) {}
 
   // A group of `parent`'s ranks (split).
@@ -102,7 +127,7 @@ class NcclCommunicator final : public Communicator {
       pg_->shutdown();  // NCCL's communicators are destroyed collectively, in order
     } catch (...) {
     }
-    rdv_->leave(opts_.timeout);
+    if (rdv_) rdv_->leave(opts_.timeout);
   }
 
   int rank() const override { return world_.rank; }
@@ -116,46 +141,49 @@ class NcclCommunicator final : public Communicator {
     return issue(s, sent, [&] {
       auto in = input;
       return pg_->_allgather_base(output, in);
-    }, {});
+    }, {}, {input});
   }
 
   WorkPtr reduce_scatter(const torch::Tensor& input, torch::Tensor output, ReduceOp op,
                          const CollectiveInfo& info) override {
     CallShape s =
         checked([&] { return check_reduce_scatter(input, output, op, world_.world_size, info, c10::kCUDA); });
-    const int64_t sent = (world_.world_size - 1) * output.numel() * output.element_size();
+    // On the wire: fp32 (bf16/fp16 are summed in fp32).
+    const int64_t sent =
+        (world_.world_size - 1) * output.numel() * wire_bytes_per_element(input.scalar_type(), s.kind);
     c10d::ReduceScatterOptions o;
     o.reduceOp = c10d_op(op);
     if (!half_float(input.scalar_type())) {
       return issue(s, sent, [&] {
         auto in = input;
         return pg_->_reduce_scatter_base(output, in, o);
-      }, {});
+      }, {}, {input});
     }
-    // bf16/fp16 are summed in fp32 (the Communicator's promise).
+    // bf16/fp16 are summed in fp32 (the Communicator's promise). The cast
+    // reads `input` on this stream: `input` is held until wait().
     auto in32 = input.to(torch::kFloat32);
     auto out32 = torch::empty(output.sizes(), output.options().dtype(torch::kFloat32));
     return issue(s, sent, [&] { return pg_->_reduce_scatter_base(out32, in32, o); },
-                 [output, out32]() mutable { output.copy_(out32); });
+                 [output, out32]() mutable { output.copy_(out32); }, {input, in32});
   }
 
   WorkPtr all_reduce(torch::Tensor tensor, ReduceOp op, const CollectiveInfo& info) override {
     CallShape s = checked([&] { return check_all_reduce(tensor, op, info, c10::kCUDA); });
     const int n = world_.world_size;
-    const int64_t sent = 2 * (n - 1) * tensor.numel() * tensor.element_size() / n;
+    const int64_t sent = 2 * (n - 1) * tensor.numel() * wire_bytes_per_element(tensor.scalar_type(), s.kind) / n;
     c10d::AllreduceOptions o;
     o.reduceOp = c10d_op(op);
     if (!half_float(tensor.scalar_type())) {
       return issue(s, sent, [&] {
         std::vector<at::Tensor> v{tensor};
         return pg_->allreduce(v, o);
-      }, {});
+      }, {}, {tensor});
     }
     auto t32 = tensor.to(torch::kFloat32);
     return issue(s, sent, [&] {
       std::vector<at::Tensor> v{t32};
       return pg_->allreduce(v, o);
-    }, [tensor, t32]() mutable { tensor.copy_(t32); });
+    }, [tensor, t32]() mutable { tensor.copy_(t32); }, {tensor, t32});
   }
 
   WorkPtr broadcast(torch::Tensor tensor, int root, const CollectiveInfo& info) override {
@@ -168,7 +196,7 @@ class NcclCommunicator final : public Communicator {
     return issue(s, sent, [&] {
       std::vector<at::Tensor> v{tensor};
       return pg_->broadcast(v, o);
-    }, {});
+    }, {}, {tensor});
   }
 
   WorkPtr gather(const torch::Tensor& input, torch::Tensor output, int root, const CollectiveInfo& info) override {
@@ -187,17 +215,18 @@ class NcclCommunicator final : public Communicator {
       }
       std::vector<at::Tensor> in{input.view(-1)};
       return pg_->gather(outs, in, o);
-    }, {});
+    }, {}, {input});
   }
 
   WorkPtr barrier(const CollectiveInfo& info) override {
     CallShape s;
     s.kind = CollectiveKind::BARRIER;
     s.label = info.label;
-    return issue(s, 0, [&] { return pg_->barrier(); }, {});
+    return issue(s, 0, [&] { return pg_->barrier(); }, {}, {});
   }
 
   CommCounters counters() const override {
+    const_cast<NcclCommunicator*>(this)->harvest_timings();
     std::lock_guard<std::mutex> lock(box_->mu);
     return box_->c;
   }
@@ -265,7 +294,8 @@ class NcclCommunicator final : public Communicator {
     // Who never reached this collective, from the ranks' progress keys
     // (the same the Gloo communicator's diagnosis reads).
     std::string behind;
-    const auto progress = rdv_->read_progress(std::chrono::milliseconds(1500));
+    const auto progress = rdv_ ? rdv_->read_progress(std::chrono::milliseconds(1500))
+                               : std::vector<Rendezvous::Progress>{};
     for (size_t q = 0; q < progress.size() && q < global_.size(); ++q) {
       if (progress[q].seq < 0 || progress[q].seq >= static_cast<int64_t>(seq)) continue;
       behind += detail::cat(behind.empty() ? "" : "; ", "global rank ", global_[q], " is at #", progress[q].seq, " ",
@@ -276,19 +306,25 @@ class NcclCommunicator final : public Communicator {
                                       behind.empty() ? "" : detail::cat(". Never entered it: ", behind)));
   }
 
-  void count(const CallShape& shape, int64_t sent, double seconds) {
+  // One issued collective: a call and its bytes, here and in the ancestors
+  // (a group's traffic is also its parents').
+  void count(CollectiveKind kind, int64_t sent) {
     const int next = (world_.rank + 1) % world_.world_size;
     const int64_t inter = hosts_[next] != hosts_[world_.rank] ? sent : 0;
-    auto add = [&](CounterBox& b) {
-      std::lock_guard<std::mutex> lock(b.mu);
-      auto& e = b.c[shape.kind];
+    add_to_boxes([&](CommCounters::Entry& e) {
       e.calls += 1;
       e.bytes_sent += sent;
       e.bytes_inter_host += inter;
-      e.seconds += seconds;
-    };
-    add(*box_);
-    for (auto& a : ancestors_) add(*a);
+    }, kind);
+  }
+
+  // Adds the GPU time of every collective that completed since the last
+  // look (in issue order: NCCL completes one communicator's collectives in
+  // that order, so the first unfinished one ends the look).
+  void harvest_timings() {
+    timings_.harvest([&](CollectiveKind kind, double seconds) {
+      add_to_boxes([&](CommCounters::Entry& e) { e.seconds += seconds; }, kind);
+    });
   }
 
  private:
@@ -309,15 +345,16 @@ class NcclCommunicator final : public Communicator {
   }
 
   WorkPtr issue(const CallShape& shape, int64_t sent, const std::function<c10::intrusive_ptr<c10d::Work>()>& call,
-                std::function<void()> then) {
+                std::function<void()> then, std::vector<torch::Tensor> keep) {
     if (failed_)
       throw CollectiveError(detail::cat(describe_call(shape), " on ", describe(),
                                         ": an earlier collective of this communicator failed; it cannot be used again"));
-    const uint64_t ticket = flight::enqueue(rdv_->generation(), to_string(shape.kind), shape.label,
+    harvest_timings();
+    const uint64_t ticket = flight::enqueue(rdv_ ? rdv_->generation() : 0, to_string(shape.kind), shape.label,
                                             shape.kind == CollectiveKind::BARRIER ? "" : dtype_name(shape.dtype),
                                             shape.numel, shape.numel * shape.elem_size);
     const uint64_t seq = ++seq_;
-    rdv_->record_entered(seq, describe_call(shape));
+    if (rdv_) rdv_->record_entered(seq, describe_call(shape));
     flight::start(ticket, seq);
     trace::Span span(to_string(shape.kind), "comm");
     if (span.active()) span.arg("unit", shape.label).arg("seq", seq).arg("bytes", sent);
@@ -327,9 +364,22 @@ class NcclCommunicator final : public Communicator {
     } catch (const std::exception& e) {
       fail(shape, seq, ticket, e.what());
     }
-    count(shape, sent, 0);
-    return std::make_shared<NcclWork>(this, std::move(w), shape, seq, ticket, std::move(then));
+    count(shape.kind, sent);
+    timings_.issued(w, shape.kind);
+    return std::make_shared<NcclWork>(this, std::move(w), shape, seq, ticket, std::move(then), std::move(keep));
   }
+
+  template <class F>
+  void add_to_boxes(F&& f, CollectiveKind kind) {
+    auto add = [&](CounterBox& b) {
+      std::lock_guard<std::mutex> lock(b.mu);
+      f(b.c[kind]);
+    };
+    add(*box_);
+    for (auto& a : ancestors_) add(*a);
+  }
+
+
 
   std::vector<int> exchange_hosts() {
     // Host identities through the store: rank order of first appearance.
@@ -354,7 +404,11 @@ class NcclCommunicator final : public Communicator {
 
   c10::intrusive_ptr<c10d::Backend> make_pg() {
     const CudaApi& api = require_cuda("the NCCL communicator");
-    auto store = c10::make_intrusive<c10d::PrefixStore>(rdv_->prefix() + "nccl/", rdv_->store());
+    c10::intrusive_ptr<c10d::Store> store;
+    if (rdv_)
+      store = c10::make_intrusive<c10d::PrefixStore>(rdv_->prefix() + "nccl/", rdv_->store());
+    else
+      store = c10::make_intrusive<c10d::HashStore>();
     std::vector<uint64_t> global(global_.begin(), global_.end());
     return api.make_nccl(store, world_.rank, world_.world_size, opts_.device_index, opts_.timeout, global, group_);
   }
@@ -369,6 +423,7 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<Watchdog> watchdog_;
   const std::vector<int> hosts_;
   c10::intrusive_ptr<c10d::Backend> pg_;
+  GpuTimings timings_;  // issued collectives, until their GPU time is counted
   uint64_t seq_ = 0;
   int splits_ = 0;
   bool failed_ = false;
@@ -377,16 +432,17 @@ class NcclCommunicator final : public Communicator {
 void NcclWork::wait() {
   std::lock_guard<std::mutex> lock(mu_);
   if (done_) return;
-  const auto t0 = std::chrono::steady_clock::now();
   try {
     work_->wait();
   } catch (const std::exception& e) {
     comm_->fail(shape_, seq_, ticket_, e.what());
   }
   if (then_) then_();
+  // The waiting stream is now ordered after the collective: the inputs'
+  // blocks may go back to the allocator.
+  keep_.clear();
   flight::finish(ticket_);
   done_ = true;
-  comm_->count(shape_, 0, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 }  // namespace

@@ -137,8 +137,9 @@ class Staged final : public Communicator {
 
 }  // namespace
 
-CommPtr stage_away_from(CommPtr inner, c10::Device home) {
-  if (!inner || inner->world_size() == 1) return inner;  // a world of one moves any device's tensors
+CommPtr stage_away_from(CommPtr inner, c10::Device home, bool alone_too) {
+  // fsdp's own world of one moves any device's tensors; NCCL's does not.
+  if (!inner || (inner->world_size() == 1 && !alone_too)) return inner;
   return std::make_shared<Staged>(std::move(inner), home);
 }
 

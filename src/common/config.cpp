@@ -67,6 +67,9 @@ const std::vector<Variable>& variables() {
        "(cuda:LOCAL_RANK)"},
       {"FSDP_CUDA_PLUGIN", "a file", "libfsdp_cuda.so beside the program or where fsdp-cpp was installed",
        "the CUDA plugin to load for CUDA devices and NCCL (fsdp/device.h)"},
+      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0, 1, 2 or 3 (PyTorch's own variable)", "3",
+       "what ProcessGroupNCCL does with a timed-out collective (3, 1: abort the process; 2: fail the next wait; 0: "
+       "nothing); fsdp-cpp only reports it (docs/COMM.md, \"NCCL\")"},
       {"FSDP_TIERS", "on or off", "on", "across hosts: cross-memory attach inside each host, TCP between"},
       {"FSDP_JOB_TOKEN", "16 to 128 of [A-Za-z0-9_-]", "none", "the secret shared by the ranks of one job (`fsdp run` sets it)"},
       {"FSDP_HOST_ID", "any text", "host name, boot id and namespaces",
@@ -260,6 +263,7 @@ EnvConfig parse_env(const Lookup& lookup) {
   }
   if (const char* h = r.raw("FSDP_HOST_ID")) c.host_id = h;
   if (const char* p = r.raw("FSDP_CUDA_PLUGIN")) c.cuda_plugin = p;
+  if (const char* m = r.raw("TORCH_NCCL_ASYNC_ERROR_HANDLING")) c.nccl_async_error_handling = m;
   c.store_bind_all = r.choice("FSDP_STORE_BIND", {"all"}, "", "known",
                               "all (the store listens on every interface)") == "all";
   c.store_hosted = r.choice("FSDP_STORE_HOSTED", {"0", "1"}, "0", "known",

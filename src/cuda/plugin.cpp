@@ -7,6 +7,9 @@
 // Loaded by src/comm/device.cpp when a job asks for a CUDA device or NCCL.
 #include <dlfcn.h>
 
+#include <algorithm>
+
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -49,7 +52,10 @@ std::string cudart_path() { return file_of("libcudart.so.13", "cudaGetDeviceCoun
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                             int device_index, std::chrono::milliseconds timeout,
                                             const std::vector<uint64_t>& global_ranks, const std::string& name) {
-  auto o = c10d::ProcessGroupNCCL::Options::create();
+  // High-priority NCCL streams, as FSDP2's: a collective's kernels are
+  // scheduled ahead of compute kernels queued at the same time, so the
+  // transfer that the next unit waits for is not starved by this one's math.
+  auto o = c10d::ProcessGroupNCCL::Options::create(/*is_high_priority_stream=*/true);
   o->timeout = timeout;
   o->group_name = name;
   o->global_ranks_in_group = global_ranks;
@@ -59,10 +65,20 @@ c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store
   // collective, so a rank that cannot reach the others fails here.
   pg->setBoundDeviceId(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_index)));
   pg->eagerConnectSingleDevice(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_index)));
+  // Start and end events around each collective on NCCL's stream: the
+  // communicator's counters read the time on the GPU (getDuration) once a
+  // collective completed, not the host's time in a wait() that only orders
+  // streams.
+  pg->enableCollectivesTiming();
   return pg;
 }
 
+// The caching allocator learns its devices when CUDA is first used; asked
+// before the first CUDA tensor (a limit set first thing), it needs that done.
+void init_allocator() { at::globalContext().lazyInitDevice(c10::DeviceType::CUDA); }
+
 void memory(int device_index, int64_t* allocated, int64_t* reserved, int64_t* peak_allocated) {
+  init_allocator();
   const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device_index));
   const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
   *allocated = s.allocated_bytes[all].current;
@@ -71,14 +87,20 @@ void memory(int device_index, int64_t* allocated, int64_t* reserved, int64_t* pe
 }
 
 void reset_peak(int device_index) {
+  init_allocator();
   c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device_index));
 }
 
-void set_device(int device_index) { c10::cuda::set_device(static_cast<c10::DeviceIndex>(device_index)); }
+void set_memory_limit(int device_index, int64_t bytes) {
+  const auto d = static_cast<c10::DeviceIndex>(device_index);
+  init_allocator();
+  const double total = static_cast<double>(at::cuda::getDeviceProperties(d)->totalGlobalMem);
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(bytes > 0 ? std::min(1.0, double(bytes) / total) : 1.0, d);
+}
 
 const fsdp::comm::CudaApi kApi = {
     fsdp::comm::kCudaApiVersion, TORCH_VERSION, device_count, nccl_version, cudart_path, make_nccl, memory,
-    reset_peak, set_device};
+    reset_peak, set_memory_limit};
 
 }  // namespace
 

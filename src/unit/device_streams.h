@@ -39,8 +39,11 @@ class DeviceStreams {
   explicit DeviceStreams(c10::Device device) : device_(device) {
     if (device_.is_cpu()) return;
     c10::impl::VirtualGuardImpl impl(device_.type());
+    // Both high-priority, as FSDP2's: a collective's short kernels (the
+    // bf16 cast, the copy-out) are scheduled ahead of queued compute, so the
+    // transfer the next unit waits for starts as soon as it can.
     all_gather_.emplace(impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/true));
-    reduce_.emplace(impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/false));
+    reduce_.emplace(impl.getStreamFromGlobalPool(device_, /*isHighPriority=*/true));
   }
 
   bool active() const { return all_gather_.has_value(); }

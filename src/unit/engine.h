@@ -29,6 +29,7 @@
 
 #include "fsdp/checkpoint.h"
 #include "unit/device_streams.h"
+#include "unit/memory_source.h"
 #include "unit/unit.h"
 
 namespace fsdp::detail {
@@ -88,6 +89,9 @@ class Engine {
   // GPU: the all-gather and reduce streams (device_streams.h); inactive on
   // the CPU.
   DeviceStreams streams{opts.device};
+  // The allocator of opts.device: what the ledger's measured terms read
+  // (memory_source.h). Replaced only by a test (EngineAccess).
+  std::unique_ptr<MemorySource> memory_source{memory_source_for(opts.device)};
   const CommPtr shard_comm;    // the units' collectives: comm, or HYBRID's shard group (make_groups)
   const CommPtr replica_comm;  // HYBRID: the ranks holding this rank's shard; null otherwise
   // Pre-order; units[0] is the root (build_units). The set is fixed; each

@@ -8,7 +8,8 @@
 // gather of a unit's flat buffer. This is that interface, and all of it:
 // read-only (const units and slots), except finish_pending_reductions(),
 // which writes: it completes the reductions in flight into the shard
-// gradients, and the three that keep the model's background checkpoint.
+// gradients, the three that keep the model's background checkpoint, and
+// use_memory_source (tests).
 #pragma once
 
 #include <memory>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "fsdp/checkpoint.h"
+#include "unit/memory_source.h"
 #include "unit/unit.h"
 
 namespace fsdp::detail {
@@ -46,6 +48,10 @@ class EngineAccess {
   // Blocks until the kept background save's snapshot is copied (at once when
   // none is kept): Engine::wait_for_snapshot.
   void wait_for_snapshot() const;
+
+  // Writes: the allocator the ledger measures from now on (memory_source.h);
+  // a test plays a device's allocator with it.
+  void use_memory_source(std::unique_ptr<MemorySource> source) const;
 
  private:
   Engine* const engine_;

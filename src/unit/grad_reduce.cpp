@@ -127,10 +127,11 @@ torch::Tensor Unit::post_backward(bool no_sync) {
 
 PendingReduce Unit::reduce(torch::Tensor grads) {
   torch::NoGradGuard ng;
-  // The input is not kept here: the communicator holds it for the transfer
-  // and drops it the moment the reduce-scatter completed, so the unsharded
-  // gradients are freed then, not when the result is folded in.
-  PendingReduce p{this, nullptr, torch::Tensor(), nullptr};
+  // On the CPU the input is not kept here: the communicator holds it for
+  // the transfer and drops it the moment the reduce-scatter completed, so
+  // the unsharded gradients are freed then, not when the result is folded
+  // in. On a GPU it is kept until wait_reduce (PendingReduce::input).
+  PendingReduce p{this, nullptr, torch::Tensor(), nullptr, torch::Tensor()};
   // On a GPU: on the reduce stream, after compute produced the gradients;
   // the output is allocated there (wait_reduce orders compute after it).
   owner->streams.on_reduce([&] {
@@ -142,6 +143,7 @@ PendingReduce Unit::reduce(torch::Tensor grads) {
       p.work = comm->reduce_scatter(grads, p.output, ReduceOp::AVG, {display_name()});
     }
   });
+  if (owner->streams.active()) p.input = std::move(grads);
   grads = torch::Tensor();
   return p;
 }

@@ -69,6 +69,7 @@ void Engine::wait_reduce(PendingReduce& p) {
   // stream's work; its block stays allocated until compute is done with it.
   streams.compute_waits_for_reduce();
   streams.keep_until_done(p.output);
+  p.input = torch::Tensor();  // compute is ordered after the reduce's reads now
 }
 
 }  // namespace fsdp::detail

@@ -4,6 +4,8 @@
 #include <sstream>
 #include <unordered_set>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include "compat/torch_compat.h"
 #include "fsdp/deferred.h"
 #include "fsdp/device.h"
@@ -35,6 +37,13 @@ Engine::Checked Engine::check(std::shared_ptr<torch::nn::Module> root, CommPtr c
   if (opts.device.is_cuda() && !opts.device.has_index())
     opts.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(comm->local_rank()));
   require_device(opts.device, "FsdpOptions::device");
+  // The constructing thread's current CUDA device becomes the job's (as
+  // torch.cuda.set_device): what this rank allocates without naming a
+  // device (pinned staging buffers, the CUDA context itself) then lands on
+  // its own GPU, not every rank's on cuda:0. The one thread-wide setting
+  // fsdp-cpp makes, and only for a CUDA device the program named
+  // (docs/DESIGN.md, "Process-wide state").
+  if (opts.device.is_cuda()) c10::impl::VirtualGuardImpl(opts.device.type()).setDevice(opts.device);
   Groups groups = make_groups(comm, opts);
   WrapDescription wrap = describe_new_wrap(*root, opts.wrap);
   return {std::move(root), std::move(comm), std::move(opts), std::move(groups), std::move(wrap)};
@@ -91,7 +100,7 @@ Engine::Engine(Checked c)
   publish_trace_metadata();
   // The ledger's peak is about training: forget the wrap-time transients
   // (the original parameters, the broadcast buffers).
-  memory::reset_peak();
+  memory_source->reset_peak();
   registration_.emplace(*this);  // last: nothing below may throw
 }
 
@@ -181,28 +190,34 @@ double FullyShardedModel::clip_grad_norm(double max_norm, double norm_type) {
   torch::NoGradGuard ng;
   const bool replicated = engine_->opts.strategy == ShardingStrategy::NO_SHARD;
   const bool inf = std::isinf(norm_type);
-  double local = 0;
+  // On the shards' device, with no host sync per unit: each unit's sum of
+  // squares (max) in fp32, accumulated in fp64 in unit order (the same
+  // additions the host did before, so the same bits), one all-reduce over
+  // the group, and one read of the result.
+  const auto f64 = torch::TensorOptions(torch::kFloat64).device(engine_->opts.device);
+  torch::Tensor local = torch::zeros({}, f64);
   for (auto& u : engine_->units) {
     if (!u->shard_grad.defined()) continue;
-    auto g = u->shard_grad;
-    local = inf ? std::max(local, g.abs().max().item<double>()) : local + g.pow(2).sum().item<double>();
+    const auto& g = u->shard_grad;
+    local = inf ? torch::maximum(local, g.abs().max().to(torch::kFloat64)) : local + g.pow(2).sum().to(torch::kFloat64);
   }
-  double total = local;
+  double total = 0;
   // Over the shard group: HYBRID's replicas hold the same shards (their
   // gradients all-reduced), so summing over all N ranks would count each
   // element R times; every group computes the same norm.
   Communicator& group = *engine_->shard_comm;
   if (!replicated && group.world_size() > 1) {
+    auto in = local.to(torch::kFloat32).reshape({1});
     if (inf) {
-      auto in = torch::full({1}, local, torch::kFloat32);
-      auto all = torch::empty({group.world_size()}, torch::kFloat32);
+      auto all = torch::empty({group.world_size()}, in.options());
       group.all_gather(in, all, {"clip_grad_norm"})->wait();
       total = all.max().item<double>();
     } else {
-      auto t = torch::full({1}, local, torch::kFloat32);
-      group.all_reduce(t, ReduceOp::SUM, {"clip_grad_norm"})->wait();
-      total = t.item<double>();
+      group.all_reduce(in, ReduceOp::SUM, {"clip_grad_norm"})->wait();
+      total = in.item<double>();
     }
+  } else {
+    total = local.item<double>();
   }
   double norm = inf ? total : std::sqrt(total);
   double coef = max_norm / (norm + 1e-6);
@@ -284,7 +299,8 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
   l.A = engine_->activation_bytes;
   l.A_recompute = engine_->recompute_bytes;
   l.C = engine_->snapshot_bytes;
-  auto ms = memory::stats();
+  const detail::MemoryReading ms = engine_->memory_source->read();
+  l.memory_source = engine_->memory_source->name();
   l.peak = ms.peak;
   l.current = ms.current;
   l.cached = ms.cached;
@@ -351,7 +367,7 @@ std::string Ledger::str() const {
   row("A", A, "activations of the last forward (measured)");
   if (A_recompute > 0) row("A_recomp", A_recompute, "activations of one recompute in backward (activation checkpointing)");
   if (C > 0) row("C", C, "snapshot of the last background checkpoint save, held while it writes");
-  row("peak", peak, "measured peak (counting allocator) | guide: (P+G+O)/" + div + " + P_block (+ its grad) + A" +
+  row("peak", peak, "measured peak (" + memory_source + ") | guide: (P+G+O)/" + div + " + P_block (+ its grad) + A" +
                         (A_recompute > 0 ? " + A_recomp" : "") + (C > 0 ? " + C" : "") + " = " +
                         format_bytes(predicted_peak));
   row("cached", cached, "freed blocks the allocator keeps for reuse (not in the terms above)");
@@ -422,6 +438,11 @@ void EngineAccess::keep_background_save(std::unique_ptr<ckpt::BackgroundSave> s)
 }
 
 void EngineAccess::wait_for_snapshot() const { engine_->wait_for_snapshot(); }
+
+void EngineAccess::use_memory_source(std::unique_ptr<MemorySource> source) const {
+  FSDP_CHECK(source != nullptr, "use_memory_source: a null source");
+  engine_->memory_source = std::move(source);
+}
 
 }  // namespace detail
 

@@ -7,19 +7,22 @@
 //
 //   forward:  the module's forward runs without recording a graph (no
 //             activations kept); the node saves its tensor inputs and the
-//             CPU generator's state. Its inputs are the call's tensors AND
+//             state of the generators its kernels draw from (the CPU's and,
+//             on a GPU, the device's: CUDA dropout draws from the latter). Its inputs are the call's tensors AND
 //             the module's parameters that require grad, so the node's
-//             edges lead to the parameters' own AccumulateGrad nodes.
+//             edges lead to the parameters' own AccumulateGrad nodes. On a
+//             GPU it also saves that device's generator (CUDA dropout draws
+//             from it, not from the CPU's).
 //   backward: the hook on the node's outputs has already run the unit's
 //             pre_backward (all-gather: the parameters are unsharded); the
-//             node restores the generator, runs the forward again with grad
+//             node restores the generators, runs the forward again with grad
 //             mode on, on detached copies of its inputs (the recompute), and
 //             differentiates that graph with torch::autograd::grad w.r.t.
 //             the inputs and the parameters, so nothing accumulates inside:
 //             the gradients leave through the node's edges and every
 //             parameter's accumulator (and FSDP's post-hook on it) runs once
-//             per backward, as without recomputation. The generator is put
-//             back afterwards (torch.random.fork_rng).
+//             per backward, as without recomputation. The generators are
+//             put back afterwards (torch.random.fork_rng, devices included).
 //
 // The same kernels on the same values give the same bits: the recomputed
 // forward equals the first one, its graph is the one autograd would have
@@ -155,27 +158,54 @@ void Engine::end_recompute(RecomputeSite& s) {
 
 namespace {
 
+// The states of the generators a forward on `device` draws from: the CPU's
+// (always: CPU kernels and CPU-side sampling) and the device's own default
+// generator (CUDA dropout's), as torch.utils.checkpoint saves both.
+struct RngStates {
+  torch::Tensor cpu;
+  torch::Tensor device;  // undefined on the CPU
+
+  static RngStates capture(const c10::Device& device) {
+    RngStates r;
+    r.cpu = compat::cpu_rng_state();
+    if (!device.is_cpu()) {
+      at::Generator gen = at::globalContext().defaultGenerator(device);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      r.device = gen.get_state();
+    }
+    return r;
+  }
+  void restore(const c10::Device& device) const {
+    compat::set_cpu_rng_state(cpu);
+    if (device.is_cpu()) return;
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(this->device);
+  }
+};
+
 // What a recomputed call keeps for its recompute (the node's saved data).
 struct RecomputeState : torch::CustomClassHolder {
   RecomputeSite* site = nullptr;
   RegionFn fn;
-  torch::Tensor rng;  // the CPU generator's state before the forward
+  RngStates rng;  // the generators' states before the forward
   size_t n_inputs = 0;
 };
 
-// Restores the generator and the engine's recompute state, also on errors.
+// Restores the generators and the engine's recompute state, also on errors.
 struct RecomputeScope {
   RecomputeSite& site;
-  torch::Tensor rng_after;
+  const c10::Device device;
+  RngStates rng_after;
   bool begun = false;
-  RecomputeScope(RecomputeSite& s, const torch::Tensor& rng_before) : site(s) {
-    rng_after = compat::cpu_rng_state();
+  RecomputeScope(RecomputeSite& s, const RngStates& rng_before)
+      : site(s), device(s.engine->opts.device), rng_after(RngStates::capture(device)) {
     site.engine->begin_recompute(site);
     begun = true;
-    compat::set_cpu_rng_state(rng_before);
+    rng_before.restore(device);
   }
   ~RecomputeScope() {
-    compat::set_cpu_rng_state(rng_after);
+    rng_after.restore(device);
     if (begun) site.engine->end_recompute(site);
   }
 };
@@ -198,7 +228,7 @@ struct RecomputeNode : torch::autograd::Function<RecomputeNode> {
   static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<RecomputeState> st, torch::TensorList inputs,
                                torch::TensorList params) {
     ctx->set_materialize_grads(false);
-    st->rng = compat::cpu_rng_state();
+    st->rng = RngStates::capture(st->site->engine->opts.device);
     st->n_inputs = inputs.size();
     ctx->save_for_backward(inputs.vec());
     Engine& engine = *st->site->engine;
@@ -245,10 +275,11 @@ struct RecomputeNode : torch::autograd::Function<RecomputeNode> {
     }
     std::vector<torch::Tensor> out;
     {
-      const int64_t before = memory::stats().current;
+      const int64_t before = site.engine->memory_source->read().current;
       torch::AutoGradMode grad_on(true);
       out = st->fn(det);
-      site.engine->recompute_bytes = std::max(site.engine->recompute_bytes, memory::stats().current - before);
+      site.engine->recompute_bytes =
+          std::max(site.engine->recompute_bytes, site.engine->memory_source->read().current - before);
     }
     FSDP_CHECK(out.size() == grad_outputs.size(), "recompute of '", site.name, "' returned ", out.size(),
                " outputs, the forward ", grad_outputs.size());

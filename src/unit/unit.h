@@ -91,6 +91,14 @@ struct PendingReduce {
   // HYBRID: the all-reduce (AVG) of `output` across the replicas, issued once
   // `work` completed (Engine::reduce_finished); null before and otherwise.
   WorkPtr replica_work;
+  // GPU only: the reduce input (the unit's flat gradients), allocated on the
+  // compute stream and read on the reduce stream (a bf16 widening, a
+  // staging copy, a world of one's copy). Held until wait_reduce has
+  // ordered compute after the reduce: freed earlier, its block could be
+  // handed to the next unit's backward while the reduce still reads it.
+  // On the CPU the communicator's thread holds it and frees it the moment
+  // the transfer completed.
+  torch::Tensor input;
 };
 
 class Unit {

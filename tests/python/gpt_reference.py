@@ -45,9 +45,10 @@ def read_safetensors(path):
 
 
 class Block(nn.Module):
-    def __init__(self, d, h):
+    def __init__(self, d, h, sdpa=False):
         super().__init__()
         self.h = h
+        self.sdpa = sdpa  # F.scaled_dot_product_attention (gpt --attention sdpa)
         self.ln1 = nn.LayerNorm(d, eps=1e-5)
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
@@ -62,20 +63,24 @@ class Block(nn.Module):
         q = q.view(B, T, self.h, hs).transpose(1, 2)
         k = k.view(B, T, self.h, hs).transpose(1, 2)
         v = v.view(B, T, self.h, hs).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        att = F.softmax(att.masked_fill(future, float("-inf")), dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            att = F.softmax(att.masked_fill(future, float("-inf")), dim=-1)
+            y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
         x = x + self.proj(y)
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab, seq, dim, layers, heads):
+    def __init__(self, vocab, seq, dim, layers, heads, sdpa=False):
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(seq, dim)
-        self.blocks = nn.ModuleList([Block(dim, heads) for _ in range(layers)])
+        self.blocks = nn.ModuleList([Block(dim, heads, sdpa) for _ in range(layers)])
         self.ln = nn.LayerNorm(dim, eps=1e-5)
         self.head = nn.Linear(dim, vocab)
 

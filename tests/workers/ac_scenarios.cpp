@@ -12,6 +12,9 @@
 // and micro-step: the recompute shares the backward's all-gather).
 //   MODE: plain (1 micro-step) | nosync (3, no_sync on the first two)
 //   DTYPE: fp32 | bf16          PREFETCH: none | fwd (backward pre + forward)
+//   device=D (last, optional): cpu (default) or cuda:K: the model, the data
+//   and the dropout masks there (a GPU's dropout draws from the device's
+//   generator, which the recompute must restore as well as the CPU's)
 // The model (AcNet) is a custom module calling its blocks through
 // fsdp::call with a tensor and a non-tensor argument; its blocks use dropout
 // and a weight tied between the root and every block; `stage` is a
@@ -22,6 +25,7 @@
 #include <cstdio>
 
 #include "fsdp/comm.h"
+#include "fsdp/device.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
 #include "scenario.h"
@@ -84,7 +88,7 @@ struct AcNetImpl : torch::nn::Module {
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = inp(x);
-    auto mask = (torch::arange(h.size(-1)) % 3 != 0).to(h.scalar_type());  // [d], no grad
+    auto mask = (torch::arange(h.size(-1), h.options().dtype(torch::kLong)) % 3 != 0).to(h.scalar_type());  // [d], no grad
     for (auto& b : block_list) h = fsdp::call(b, h, mask, 0.5);
     h = fsdp::call(stage, h, mask);
     h = fsdp::call(tail, h);
@@ -93,8 +97,10 @@ struct AcNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(AcNet);
 
-FsdpOptions options(const std::string& strategy, const std::string& dtype, const std::string& prefetch, bool ac) {
+FsdpOptions options(const std::string& strategy, const std::string& dtype, const std::string& prefetch, bool ac,
+                    const c10::Device& device) {
   FsdpOptions o;
+  o.device = device;
   o.strategy = parse_strategy(strategy);
   o.wrap = WrapPolicy::module_type<AcBlockImpl>("AcBlock");
   // HYBRID: shard groups of 2 (2 replicas at N = 4) on this one host.
@@ -127,6 +133,7 @@ Run train(const CommPtr& comm, const FsdpOptions& o, int K, int steps) {
   const int B = 16;
   torch::manual_seed(1234);
   AcNet net;
+  if (!o.device.is_cpu()) net->to(o.device);  // drawn on the host, the same values on any device
   auto model = fully_shard(net, comm, o);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(2e-3).weight_decay(0.1));
   Run run;
@@ -134,12 +141,12 @@ Run train(const CommPtr& comm, const FsdpOptions& o, int K, int steps) {
   for (int step = 0; step < steps; ++step) {
     // The same stream in both runs: data, then every dropout mask.
     torch::manual_seed(100 + step);
-    auto X = torch::randn({N * K * B, 7});
-    auto Y = torch::randn({N * K * B, 5});
+    auto X = torch::randn({N * K * B, 7}).to(o.device);
+    auto Y = torch::randn({N * K * B, 5}).to(o.device);
     comm->barrier()->wait();
     comm->reset_counters();
     for (int k = 0; k < K; ++k) {
-      auto rows = torch::arange(int64_t(k * N + r) * B, int64_t(k * N + r + 1) * B);
+      auto rows = torch::arange(int64_t(k * N + r) * B, int64_t(k * N + r + 1) * B, X.options().dtype(torch::kLong));
       auto x = X.index_select(0, rows), y = Y.index_select(0, rows);
       auto micro = [&] {
         auto loss = (model.forward(x).to(torch::kFloat32) - y).pow(2).mean() / K;
@@ -157,7 +164,7 @@ Run train(const CommPtr& comm, const FsdpOptions& o, int K, int steps) {
     run.comm.push_back(comm->counters());
     std::vector<torch::Tensor> g;
     for (auto& p : model->parameters())
-      g.push_back(p.grad().defined() ? p.grad().detach().reshape(-1).clone() : torch::zeros({p.numel()}));
+      g.push_back(p.grad().defined() ? p.grad().detach().reshape(-1).clone() : torch::zeros({p.numel()}, p.options()));
     run.grads.push_back(torch::cat(g));
     model->clip_grad_norm(0.5);
     opt.step();
@@ -173,15 +180,22 @@ Run train(const CommPtr& comm, const FsdpOptions& o, int K, int steps) {
 }  // namespace
 
 FSDP_SCENARIO(ac_parity) {
-  const std::string strategy = args.at(0), mode = args.at(1);
-  const std::string dtype = args.size() > 2 ? args[2] : "fp32";
-  const std::string prefetch = args.size() > 3 ? args[3] : "none";
+  // The device first (it loads CUDA support before the seeds ask about it).
+  c10::Device device(c10::kCPU);
+  std::vector<std::string> pos = args;
+  if (!pos.empty() && pos.back().rfind("device=", 0) == 0) {
+    device = parse_device(pos.back().substr(7), "device");
+    pos.pop_back();
+  }
+  const std::string strategy = pos.at(0), mode = pos.at(1);
+  const std::string dtype = pos.size() > 2 ? pos[2] : "fp32";
+  const std::string prefetch = pos.size() > 3 ? pos[3] : "none";
   auto comm = make_communicator_from_env();
   torch::set_num_threads(1);
   const int N = comm->world_size();
   const int K = mode == "plain" ? 1 : 3, steps = 3;
-  const Run plain = train(comm, options(strategy, dtype, prefetch, false), K, steps);
-  const Run ac = train(comm, options(strategy, dtype, prefetch, true), K, steps);
+  const Run plain = train(comm, options(strategy, dtype, prefetch, false, device), K, steps);
+  const Run ac = train(comm, options(strategy, dtype, prefetch, true, device), K, steps);
 
   bool loss_equal = plain.losses == ac.losses;
   bool grads_equal = plain.grads.size() == ac.grads.size();

@@ -21,6 +21,7 @@
 #include "fsdp/checkpoint.h"
 #include "usage.h"
 #include "fsdp/comm.h"
+#include "fsdp/device.h"
 #include "fsdp/fully_shard.h"
 #include "gpt/data.h"
 #include "gpt/model.h"
@@ -46,12 +47,9 @@ std::vector<std::string> take_options(std::vector<std::string> args, Setup& s) {
     args.pop_back();
     const std::string key = a.substr(0, a.find('=')), value = a.substr(a.find('=') + 1);
     if (key == "device") {
-      std::string d = value;
-      if (d == "cuda") {
-        const char* local = std::getenv("LOCAL_RANK");
-        d = "cuda:" + std::string(local && *local ? local : "0");
-      }
-      s.device = torch::Device(d);
+      // As the examples do: the device first, which loads CUDA support
+      // before anything (the seed, the communicator) asks libtorch about it.
+      s.device = fsdp::parse_device(value, "device");
     } else if (key == "steps") {
       s.steps = std::stoll(value);
       FSDP_USER_CHECK(s.steps >= 1, "steps=", value, ": expected at least 1");
@@ -108,6 +106,8 @@ FSDP_SCENARIO(gpt_parity) {
   auto comm = fsdp::make_communicator_from_env();
   const int N = comm->world_size(), rank = comm->rank();
   FSDP_USER_CHECK(s.global_batch % N == 0, "gpt_parity: world size ", N, " must divide ", s.global_batch);
+  // Which engine carries the collectives (tests/gpu/run.sh: NCCL even at N = 1).
+  if (rank == 0) std::printf("comm %s\n", comm->describe().c_str());
   const gpt::data::Tokens tokens = corpus();
   const gpt::data::Order order{s.cfg.seq, s.global_batch / N, s.accum, N};
 
