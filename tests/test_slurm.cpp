@@ -588,6 +588,17 @@ TEST_F(RealSlurm, CancelledStepResumesFromItsCheckpoint) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(again.output, m, std::regex("resumed from ck/step-0*([0-9]+) at step ([0-9]+)")))
       << again.output;
-  EXPECT_GE(std::stoi(m[2]), 10) << m[0];
+  const int resumed = std::stoi(m[2]);
+  EXPECT_GE(resumed, 10) << m[0];
   EXPECT_EQ(lines_with(again.output, "epoch 29 loss").size(), 1u) << again.output;
+  // Resumed bit-exact: the steps both runs took print the same losses (up
+  // to the cancelled run's last step line, which the kill may have cut).
+  int compared = 0;
+  for (int e = resumed; e < 30; ++e) {
+    const auto before = lines_with(cancelled, "] epoch " + std::to_string(e) + " loss ");
+    if (before.empty() || lines_with(cancelled, "] epoch " + std::to_string(e + 1) + " loss ").empty()) break;
+    EXPECT_EQ(before, lines_with(again.output, "] epoch " + std::to_string(e) + " loss "));
+    ++compared;
+  }
+  EXPECT_GE(compared, 1) << "no step of the cancelled run after its checkpoint to compare";
 }
