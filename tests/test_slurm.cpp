@@ -118,7 +118,8 @@ class SlurmCluster {
     int exit_code = -1;
     std::string output;
   };
-  // start_command, then finish; the output printed to the test's log too.
+  // start_command, then finish; the lines of its output that tell the story
+  // are printed to the test's log.
   Ran run(const std::vector<std::string>& argv, const std::vector<std::string>& env = {}, double timeout_s = 120);
 
  private:

@@ -355,8 +355,9 @@ const Cluster& innermost(const std::vector<const Cluster*>& set, const LaunchLoo
   } else if (lineage.ancestors) {
     // The nearest ancestor with some of the places but not all: those it
     // lacks were given below it, by the launcher that started this process.
-    untold = "every process above this one has them all";
-    for (const Ancestor& a : lineage.ancestors()) {
+    const std::vector<Ancestor> above = lineage.ancestors();
+    if (!above.empty()) untold = "every process above this one has them all";
+    for (const Ancestor& a : above) {
       if (!a.readable) {
         untold = detail::cat("process ", a.pid, " (", a.command, ") above this one cannot be read");
         break;
