@@ -15,12 +15,12 @@ JOBS ?= $(shell nproc)
 PREFIX ?= /usr/local
 # What compiling needs; what the tests and the demo need beyond it (a headless
 # browser, PyTorch for the cross-checks, text for GPT-mini, Doxygen for the
-# test Docs.EveryPublicNameHasABrief, Open MPI's mpirun for the test
-# ClusterLaunch.RealMpirunStartsThreeRanks); the API reference;
-# the fuzz targets.
+# test Docs.EveryPublicNameHasABrief, Open MPI's mpirun for the tests
+# ClusterLaunch.RealMpirun*, Slurm and munge for the tests RealSlurm.*, which
+# start a one-host cluster of their own); the API reference; the fuzz targets.
 BUILD_DEBS := build-essential cmake python3-venv nlohmann-json3-dev libcli11-dev \
         libgtest-dev libbenchmark-dev zlib1g-dev
-TEST_DEBS := chromium fortunes doxygen openmpi-bin
+TEST_DEBS := chromium fortunes doxygen openmpi-bin slurmctld slurmd slurm-client munge
 DOCS_DEBS := doxygen
 FUZZ_DEBS := clang-14 libclang-rt-14-dev
 DEBS ?= $(BUILD_DEBS) $(TEST_DEBS)

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <thread>
@@ -313,7 +314,8 @@ TEST(ClusterEnv, FsdpRunInsideAnSrunStepPlacesItsNode) {
     ADD_FAILURE() << "fsdp run accepted an srun step with 2 tasks per node";
   } catch (const fsdp::Error& e) {
     EXPECT_TRUE(has(e.what(), "SLURM_NTASKS=4 tasks on SLURM_NNODES=2 nodes")) << e.what();
-    EXPECT_TRUE(has(e.what(), "srun --ntasks-per-node=1 fsdp run")) << e.what();
+    EXPECT_TRUE(has(e.what(), "srun --ntasks=2 --ntasks-per-node=1 fsdp run")) << e.what();
+    EXPECT_TRUE(has(e.what(), "in a batch script --ntasks=$SLURM_NNODES")) << e.what();
   }
   EXPECT_EQ(node({}).launcher, "");
   EXPECT_EQ(node(mpirun_rank(0)).launcher, "");
@@ -331,11 +333,189 @@ TEST(ClusterEnv, TorchrunsVariablesKeepPriority) {
   EXPECT_EQ(c.world_size, 2);
   EXPECT_EQ(c.master_addr, "127.0.0.1");
   EXPECT_EQ(c.master_port, 29500);
+  // The first log line says why the others were not read.
+  EXPECT_TRUE(has(c.launch, "; slurm's (SLURM_PROCID=3 SLURM_NTASKS=4) variables ignored: torchrun's are set for each "
+                            "rank by the launcher that started it (torchrun, fsdp run), inside the others; openmpi's "
+                            "(OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=4) variables ignored: torchrun's"))
+      << c.launch;
   // Empty means unset, for the launchers' variables too.
   EXPECT_EQ(parse({{"OMPI_COMM_WORLD_RANK", ""}, {"OMPI_COMM_WORLD_SIZE", ""}}).launcher, "");
   // No launcher: a world of one, and no launcher line.
   EXPECT_EQ(parse({}).launcher, "");
   EXPECT_EQ(parse({}).launch, "");
+}
+
+// ---- Launchers nested as clusters nest them: the innermost wins ----
+
+namespace {
+
+Launch run_in(const Env& env, const Lineage& lineage) {
+  return detect_launch(
+      [&](const char* n) -> const char* {
+        auto it = env.find(n);
+        return it == env.end() ? nullptr : it->second.c_str();
+      },
+      lineage);
+}
+
+std::string error_in(const Env& env, const Lineage& lineage) {
+  try {
+    run_in(env, lineage);
+  } catch (const fsdp::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+Ancestor ancestor(int pid, const std::string& command, Env env) {
+  Ancestor a;
+  a.pid = pid;
+  a.command = command;
+  a.readable = true;
+  a.env = std::move(env);
+  return a;
+}
+
+Lineage lineage_of(int pid, std::vector<Ancestor> above) {
+  Lineage l;
+  l.pid = pid;
+  l.ancestors = [above] { return above; };
+  return l;
+}
+
+// What the task of `srun -n 1` (job 77, step 0) has: slurmstepd forked
+// process 5003 with it.
+Env one_task_step() {
+  return {{"SLURM_JOB_ID", "77"},   {"SLURM_JOB_NODELIST", "node01"}, {"SLURM_NNODES", "1"},
+          {"SLURM_NTASKS", "1"},    {"SLURM_STEP_ID", "0"},           {"SLURM_STEPID", "0"},
+          {"SLURM_PROCID", "0"},    {"SLURM_LOCALID", "0"},           {"SLURM_NODEID", "0"},
+          {"SLURM_TASKS_PER_NODE", "1"}, {"SLURM_TASK_PID", "5003"}};
+}
+
+// Rank `r` of `srun -n 1 mpirun -np 2 ./train`: mpirun is the step's task
+// (pid 5003), the ranks its children, with the step's variables inherited.
+Env nested_rank(int r) {
+  Env e = one_task_step();
+  for (auto& [k, v] : mpirun_rank(r)) e[k] = v;
+  e["OMPI_COMM_WORLD_SIZE"] = e["OMPI_COMM_WORLD_LOCAL_SIZE"] = e["OMPI_UNIVERSE_SIZE"] = "2";
+  return e;
+}
+
+std::vector<Ancestor> above_nested_rank() {
+  return {ancestor(5003, "mpirun", one_task_step()), ancestor(5001, "slurmstepd", {{"PATH", "/usr/bin"}})};
+}
+
+}  // namespace
+
+TEST(ClusterEnv, MpirunInsideAnSrunStepIsOneWorldOfMpirunsRanks) {
+  for (int r = 0; r < 2; ++r) {
+    const Launch l = run_in(nested_rank(r), lineage_of(5010 + r, above_nested_rank()));
+    EXPECT_EQ(l.launcher, "openmpi");
+    EXPECT_EQ(l.rank, r);
+    EXPECT_EQ(l.world_size, 2);
+    EXPECT_EQ(l.local_world_size, 2);
+    EXPECT_EQ(l.master_addr, "127.0.0.1");
+    EXPECT_EQ(l.master_port, derived_port("2786459649"));
+    // The first log line says why the step's variables were not read.
+    EXPECT_TRUE(has(l.describe(), ": rank " + std::to_string(r) + " of 2, local rank " + std::to_string(r) +
+                                      " of 2, node 0 of 1, store at 127.0.0.1:" +
+                                      std::to_string(derived_port("2786459649")) +
+                                      "; slurm's (SLURM_PROCID=0 SLURM_NTASKS=1) variables ignored: an outer "
+                                      "launcher's, already set for process 5003 (mpirun) above this one, which has "
+                                      "no openmpi's"))
+        << l.describe();
+  }
+  // mpirun started by a script of the step (`srun -n 1 bash -c 'mpirun ...; ...'`): the script has
+  // the step's variables and no MPI's, as mpirun does.
+  auto above = above_nested_rank();
+  above.insert(above.begin(), ancestor(5007, "bash", one_task_step()));
+  EXPECT_EQ(run_in(nested_rank(1), lineage_of(5011, above)).launcher, "openmpi");
+}
+
+// Open MPI across nodes inside an allocation starts its daemons with srun:
+// every rank of node 1 has the daemon's step (task 1 of 2) beside its own.
+TEST(ClusterEnv, RanksOfAnMpiDaemonStartedBySrunAreMpis) {
+  Env step = srun_task(2);
+  step["SLURM_NTASKS"] = "2";
+  step["SLURM_PROCID"] = "1";
+  step["SLURM_TASKS_PER_NODE"] = "1(x2)";
+  step["SLURM_TASK_PID"] = "900";
+  Env rank = step;
+  for (auto& [k, v] : mpirun_rank(3)) rank[k] = v;
+  rank["OMPI_COMM_WORLD_LOCAL_RANK"] = "1";
+  rank["OMPI_COMM_WORLD_LOCAL_SIZE"] = "2";
+  rank["MASTER_ADDR"] = "node01";
+  const Launch l = run_in(rank, lineage_of(950, {ancestor(900, "orted", step)}));
+  EXPECT_EQ(l.launcher, "openmpi");
+  EXPECT_EQ(l.rank, 3);
+  EXPECT_EQ(l.world_size, 4);
+  EXPECT_EQ(l.node_rank, 1);
+  EXPECT_EQ(l.master_addr, "node01");
+  // MPICH's Hydra alike: its proxy is the step's task.
+  Env hydra = step;
+  for (auto& [k, v] : hydra_rank(3)) hydra[k] = v;
+  hydra["MPI_LOCALNRANKS"] = "2";
+  hydra["MPI_LOCALRANKID"] = "1";
+  hydra["MASTER_ADDR"] = "node01";
+  EXPECT_EQ(run_in(hydra, lineage_of(951, {ancestor(900, "hydra_pmi_proxy", step)})).launcher, "pmi");
+}
+
+TEST(ClusterEnv, SrunsOwnTaskIsSlurmsBesideMpiVariables) {
+  // `srun --mpi=pmi2 -n 2`: slurmstepd sets PMI's variables for the task it forks, the same world.
+  Env pmi2 = srun_task(1);
+  pmi2["PMI_RANK"] = "1";
+  pmi2["PMI_SIZE"] = "4";
+  pmi2["PMI_FD"] = "11";
+  pmi2["SLURM_TASK_PID"] = "4321";
+  const Launch l = run_in(pmi2, lineage_of(4321, {ancestor(4300, "slurmstepd", {{"PATH", "/usr/bin"}})}));
+  EXPECT_EQ(l.launcher, "slurm");
+  EXPECT_EQ(l.rank, 1);
+  EXPECT_EQ(l.master_addr, "node01");
+  EXPECT_TRUE(has(l.describe(), "; pmi's (PMI_RANK=1 PMI_SIZE=4) variables describe the same world")) << l.describe();
+  // The same, with nothing known of the lineage (a map given to parse_env): one world, Slurm's place.
+  EXPECT_EQ(parse(pmi2).launcher, "slurm");
+  EXPECT_EQ(parse(pmi2).master_addr, "node01");
+  // A task forked by srun whose environment had an outer mpirun's rank: srun's world.
+  Env stale = srun_task(2);
+  for (auto& [k, v] : mpirun_rank(0)) stale[k] = v;
+  stale["SLURM_TASK_PID"] = "4322";
+  const Launch s = run_in(stale, lineage_of(4322, {}));
+  EXPECT_EQ(s.launcher, "slurm");
+  EXPECT_EQ(s.rank, 2);
+  EXPECT_TRUE(has(s.describe(), "; openmpi's (OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4) variables ignored: srun "
+                                "started this process itself (SLURM_TASK_PID=4322), so they came with srun's "
+                                "environment, from outside its step"))
+      << s.describe();
+}
+
+TEST(ClusterEnv, TwoWorldsWithNothingToTellThemApartAreOneError) {
+  // Nothing known of the lineage.
+  const std::string none = error_in(nested_rank(1), {});
+  EXPECT_TRUE(has(none, "two launchers' variables describe different worlds, openmpi's (OMPI_COMM_WORLD_RANK=1 "
+                        "OMPI_COMM_WORLD_SIZE=2) and slurm's (SLURM_PROCID=0 SLURM_NTASKS=1), and which one started "
+                        "this process cannot be told (nothing is known of the processes above this one): start it "
+                        "with one launcher, or unset the outer one's variables where the inner one starts (e.g. when "
+                        "srun is the outer one: env -u SLURM_PROCID -u SLURM_NTASKS mpirun ...)"))
+      << none;
+  // The parent cannot be read (another user's).
+  Ancestor hidden;
+  hidden.pid = 5003;
+  hidden.command = "mpirun";
+  EXPECT_TRUE(has(error_in(nested_rank(1), lineage_of(5011, {hidden})),
+                  "(process 5003 (mpirun) above this one cannot be read)"))
+      << error_in(nested_rank(1), lineage_of(5011, {hidden}));
+  // A script that exported both sets at once.
+  const std::string once = error_in(nested_rank(1), lineage_of(5011, {ancestor(5003, "sh", {{"HOME", "/root"}})}));
+  EXPECT_TRUE(has(once, "(process 5003 (sh) above this one has none of slurm's or openmpi's: one launcher set them "
+                        "at once)"))
+      << once;
+  // Every process above has them all.
+  EXPECT_TRUE(has(error_in(nested_rank(1), lineage_of(5011, {ancestor(1, "init", nested_rank(1))})),
+                  "(every process above this one has them all)"));
+  // Slurm's task pid, when set, is a pid.
+  Env bad = nested_rank(1);
+  bad["SLURM_TASK_PID"] = "x";
+  EXPECT_TRUE(has(error_of(bad), "SLURM_TASK_PID='x' is not an integer in range")) << error_of(bad);
 }
 
 // ---- Ranks started with a cluster launcher's variables only ----
@@ -392,6 +572,7 @@ std::vector<Ran> run_processes(const std::vector<std::string>& argv, const std::
     ran[i].out = fsdp::testing::slurp(dir + "/" + std::to_string(i) + ".out");
     ran[i].err = fsdp::testing::slurp(dir + "/" + std::to_string(i) + ".err");
   }
+  std::filesystem::remove_all(dir);
   return ran;
 }
 
@@ -523,4 +704,33 @@ TEST(ClusterLaunch, RealMpirunStartsThreeRanks) {
     EXPECT_EQ(fsdp::testing::lines_with(ran[0].err, "fsdp: launcher: openmpi (OMPI_COMM_WORLD_SIZE=3 "
                                                     "OMPI_COMM_WORLD_RANK=" + std::to_string(r) + " ").size(),
               1u);
+}
+
+// The real `mpirun -np 2` started with the variables of an srun step's one
+// task, as `srun -n 1 mpirun -np 2` starts it (tests/test_slurm.cpp runs the
+// real srun): the ranks have both sets, read their parent's environment,
+// and form one world of two.
+TEST(ClusterLaunch, RealMpirunInsideAStepsTaskFormsOneWorld) {
+  std::string mpirun;
+  for (const char* d : {"/usr/bin/mpirun", "/usr/local/bin/mpirun"})
+    if (access(d, X_OK) == 0) mpirun = d;
+  if (mpirun.empty())
+    GTEST_SKIP() << "mpirun (Open MPI; Debian's openmpi-bin, which `make deps` installs) is not installed";
+  const auto ran = run_processes({mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                                  bin_path("fsdp_test_worker"), "comm_collectives"},
+                                 {one_task_step()}, 240);
+  SCOPED_TRACE("mpirun's stdout:\n" + ran[0].out + "\nstderr:\n" + ran[0].err);
+  EXPECT_EQ(ran[0].exit_code, 0);
+  EXPECT_EQ(fsdp::testing::lines_with(ran[0].out, "comm_collectives passed").size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    const auto lines = fsdp::testing::lines_with(
+        ran[0].err, "fsdp: launcher: openmpi (OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=" + std::to_string(r) + " ");
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_TRUE(has(lines[0], ": rank " + std::to_string(r) + " of 2, local rank " + std::to_string(r) + " of 2"))
+        << lines[0];
+    EXPECT_TRUE(has(lines[0], "; slurm's (SLURM_PROCID=0 SLURM_NTASKS=1) variables ignored: an outer launcher's, "
+                              "already set for process "))
+        << lines[0];
+    EXPECT_TRUE(has(lines[0], " (mpirun) above this one, which has no openmpi's")) << lines[0];
+  }
 }

@@ -161,6 +161,7 @@ TEST(Config, EveryVariableSetWrongIsOneErrorNamingIt) {
       {"SLURM_TASKS_PER_NODE", "4(x", step},
       {"SLURM_STEP_NODELIST", "n[1-", step},
       {"SLURM_JOB_NODELIST", "n[1-", step},
+      {"SLURM_TASK_PID", "x", step},
       {"OMPI_COMM_WORLD_RANK", "x", ompi},
       {"OMPI_COMM_WORLD_SIZE", "0", ompi},
       {"OMPI_COMM_WORLD_LOCAL_RANK", "x", ompi},

@@ -1,8 +1,14 @@
 // fsdp-cpp: recognising the launcher (see cluster_env.h).
 #include "common/cluster_env.h"
 
+#include <unistd.h>
+
 #include <cctype>
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <limits>
 #include <optional>
 
 #include "fsdp/errors.h"
@@ -245,39 +251,245 @@ Launch kubeflow(const LaunchLookup& lookup) {
   return l;
 }
 
+// One of the cluster launchers that place a rank by themselves.
+struct Cluster {
+  const char* name;  // Launch::launcher
+  const char* command;  // what a user types to start it, for the messages
+  // Whether its variables are set.
+  bool (*set)(const LaunchLookup& lookup);
+  // This process's place in its world (rank, world size first): what an
+  // ancestor with the same values inherited rather than was given.
+  std::vector<const char*> place;
+  Launch (*read)(const LaunchLookup& lookup);
+};
+
+bool has(const LaunchLookup& lookup, const char* name) { return lookup(name) != nullptr; }
+
+Launch openmpi(const LaunchLookup& lookup) {
+  return mpi(lookup, "openmpi", "Open MPI (mpirun)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+             "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+             {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid"});
+}
+
+Launch pmi(const LaunchLookup& lookup) {
+  return mpi(lookup, "pmi", "PMI (MPICH's or Intel MPI's mpirun)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
+             "MPI_LOCALNRANKS", {"PMI_KVSNAME", "PMIX_NAMESPACE"});
+}
+
+// Where the lineage cannot tell, the one whose variables say most (Slurm's
+// name the hosts) places a world that several describe alike.
+const std::vector<Cluster>& clusters() {
+  static const std::vector<Cluster> all = {
+      {"slurm", "srun",
+       // Inside a step only: a batch script's own shell has SLURM_PROCID and
+       // SLURM_NTASKS (the allocation's) but no step, and a program it runs
+       // directly is one process.
+       [](const LaunchLookup& l) {
+         return (has(l, "SLURM_PROCID") || has(l, "SLURM_NTASKS")) &&
+                (has(l, "SLURM_STEP_ID") || has(l, "SLURM_STEPID"));
+       },
+       {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_STEPID"}, slurm},
+      {"openmpi", "mpirun",
+       [](const LaunchLookup& l) { return has(l, "OMPI_COMM_WORLD_RANK") || has(l, "OMPI_COMM_WORLD_SIZE"); },
+       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, openmpi},
+      {"pmi", "mpiexec", [](const LaunchLookup& l) { return has(l, "PMI_RANK") || has(l, "PMI_SIZE"); },
+       {"PMI_RANK", "PMI_SIZE"}, pmi},
+  };
+  return all;
+}
+
+// "slurm's (SLURM_PROCID=0 SLURM_NTASKS=1)": its rank and world size as set.
+std::string world_of(const Cluster& c, const LaunchLookup& lookup) {
+  std::string vars;
+  for (size_t i = 0; i < 2; ++i)
+    if (const char* v = lookup(c.place[i])) vars += detail::cat(vars.empty() ? "" : " ", c.place[i], "=", v);
+  return detail::cat(c.name, "'s (", vars, ")");
+}
+
+bool same_world(const Cluster& a, const Cluster& b, const LaunchLookup& lookup) {
+  for (size_t i = 0; i < 2; ++i) {
+    const char *x = lookup(a.place[i]), *y = lookup(b.place[i]);
+    if (!x || !y || std::string(x) != y) return false;
+  }
+  return true;
+}
+
+// Whether `a` has `c`'s place as this process has it: it inherited it, so
+// `c` started a process at or above `a`.
+bool carries(const Ancestor& a, const Cluster& c, const LaunchLookup& lookup) {
+  for (const char* name : c.place) {
+    const char* v = lookup(name);
+    if (!v) continue;
+    auto it = a.env.find(name);
+    if (it == a.env.end() || it->second != v) return false;
+  }
+  return true;
+}
+
+// Which of `set` (two or more launchers' variables) started this process;
+// the others' reasons go to `ignored`. Throws when they describe different
+// worlds and the lineage cannot tell.
+const Cluster& innermost(const std::vector<const Cluster*>& set, const LaunchLookup& lookup, const Lineage& lineage,
+                         std::vector<std::string>& ignored) {
+  auto in = [](const std::vector<const Cluster*>& v, const Cluster* c) {
+    return std::find(v.begin(), v.end(), c) != v.end();
+  };
+  // Those set for this process by the launcher that started it, and why
+  // the others are an outer launcher's.
+  std::vector<const Cluster*> inner = set;
+  std::string outer;
+  // Why the lineage does not pick one of `inner`.
+  std::string untold = "nothing is known of the processes above this one";
+
+  const Cluster* slurm_set = nullptr;
+  for (const Cluster* c : set)
+    if (std::string(c->name) == "slurm") slurm_set = c;
+  const char* task = lookup("SLURM_TASK_PID");
+  const bool srun_forked_it = slurm_set && lineage.pid > 0 && task && std::to_string(lineage.pid) == task;
+  if (srun_forked_it) {
+    // slurmstepd forks each task itself: variables it did not set came with
+    // srun's environment, from outside the step.
+    inner = {slurm_set};
+    outer = detail::cat("srun started this process itself (SLURM_TASK_PID=", task,
+                        "), so they came with srun's environment, from outside its step");
+  } else if (lineage.ancestors) {
+    // The nearest ancestor with some of the places but not all: those it
+    // lacks were given below it, by the launcher that started this process.
+    const std::vector<Ancestor> above = lineage.ancestors();
+    if (!above.empty()) untold = "every process above this one has them all";
+    for (const Ancestor& a : above) {
+      if (!a.readable) {
+        untold = detail::cat("process ", a.pid, " (", a.command, ") above this one cannot be read");
+        break;
+      }
+      std::vector<const Cluster*> lacked;
+      for (const Cluster* c : set)
+        if (!carries(a, *c, lookup)) lacked.push_back(c);
+      if (lacked.empty()) continue;
+      std::string names;
+      for (const Cluster* c : lacked) names += detail::cat(names.empty() ? "" : " or ", c->name, "'s");
+      if (lacked.size() < set.size()) {
+        inner = lacked;
+        outer = detail::cat("an outer launcher's, already set for process ", a.pid, " (", a.command,
+                            ") above this one, which has no ", names);
+      }
+      untold = detail::cat("process ", a.pid, " (", a.command, ") above this one has none of ", names,
+                           ": one launcher set them at once");
+      break;
+    }
+  }
+  // Several set at once describe one world, or not.
+  bool alike = true;
+  for (const Cluster* c : inner) alike &= same_world(*c, *inner.front(), lookup);
+  if (!alike) {
+    // The example: the first in clusters()' order as the outer one (Slurm
+    // around an MPI launcher, as clusters nest them).
+    const Cluster &outside = *inner[0], &inside = *inner[1];
+    std::string unset;
+    for (size_t i = 0; i < 2; ++i) unset += detail::cat(" -u ", outside.place[i]);
+    throw Error(detail::cat("two launchers' variables describe different worlds, ", world_of(inside, lookup), " and ",
+                            world_of(outside, lookup), ", and which one started this process cannot be told (",
+                            untold, "): start it with one launcher, or unset the outer one's variables where the "
+                            "inner one starts (e.g. when ", outside.command, " is the outer one: env", unset, " ",
+                            inside.command, " ...)"));
+  }
+  const Cluster* winner = nullptr;
+  for (const Cluster& c : clusters())
+    if (!winner && in(inner, &c)) winner = &c;
+  for (const Cluster* c : set)
+    if (c != winner)
+      // `srun --mpi=pmi2` sets PMI's for its own task: the same world.
+      ignored.push_back(in(inner, c) || (srun_forked_it && same_world(*c, *winner, lookup))
+                            ? detail::cat(world_of(*c, lookup), " variables describe the same world")
+                            : detail::cat(world_of(*c, lookup), " variables ignored: ", outer));
+  return *winner;
+}
+
 }  // namespace
 
 std::string Launch::describe() const {
   if (launcher.empty()) return "launcher: none (one process: no launcher's variables are set)";
   std::string vars;
   for (auto& s : variables) vars += (vars.empty() ? "" : " ") + s;
+  std::string why;
+  for (auto& s : ignored) why += "; " + s;
   return detail::cat("launcher: ", launcher, " (", vars, "): rank ", rank, " of ", world_size, ", local rank ",
                      local_rank, " of ", local_world_size, ", node ", node_rank, " of ", nnodes, ", store at ",
-                     master_addr, ":", master_port);
+                     master_addr, ":", master_port, why);
 }
 
-Launch detect_launch(const LaunchLookup& lookup) {
-  auto has = [&](const char* n) { return lookup(n) != nullptr; };
+Lineage this_process() {
+  Lineage l;
+  l.pid = static_cast<int>(::getpid());
+  l.ancestors = [] {
+    std::vector<Ancestor> out;
+    // Bounded: a pid reused while we climb must not loop.
+    for (int pid = static_cast<int>(::getppid()), depth = 0; pid > 0 && depth < 64; ++depth) {
+      const std::string dir = "/proc/" + std::to_string(pid);
+      Ancestor a;
+      a.pid = pid;
+      std::ifstream comm(dir + "/comm");
+      std::getline(comm, a.command);
+      std::ifstream env_file(dir + "/environ", std::ios::binary);
+      std::string entry;
+      while (std::getline(env_file, entry, '\0')) {
+        const size_t eq = entry.find('=');
+        if (eq != std::string::npos) a.env.emplace(entry.substr(0, eq), entry.substr(eq + 1));
+      }
+      // An unreadable environ reads as empty; the empty one of a process
+      // started with none says nothing either.
+      a.readable = !a.env.empty();
+      out.push_back(a);
+      if (!a.readable || pid == 1) break;
+      // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+      std::ifstream stat(dir + "/stat");
+      std::string line;
+      std::getline(stat, line);
+      const size_t close = line.rfind(')');
+      int ppid = 0;
+      if (close == std::string::npos || std::sscanf(line.c_str() + close + 1, " %*c %d", &ppid) != 1) break;
+      pid = ppid;
+    }
+    return out;
+  };
+  return l;
+}
+
+Launch detect_launch(const LaunchLookup& lookup, const Lineage& lineage) {
   // Kubeflow sets RANK and WORLD_SIZE per pod; torchrun and `fsdp run` set
   // LOCAL_RANK too. RANK without LOCAL_RANK beside PET_*: the pod's.
-  const bool pet = has("PET_NNODES") || has("PET_NODE_RANK");
-  if ((has("RANK") || has("WORLD_SIZE")) && (!pet || has("LOCAL_RANK"))) return torchrun(lookup);
-  // Slurm's, inside an srun step only: a batch script's own shell has
-  // SLURM_PROCID and SLURM_NTASKS (the allocation's) but no step, and a
-  // program it runs directly is one process.
-  if ((has("SLURM_PROCID") || has("SLURM_NTASKS")) && (has("SLURM_STEP_ID") || has("SLURM_STEPID")))
-    return slurm(lookup);
-  if (has("OMPI_COMM_WORLD_RANK") || has("OMPI_COMM_WORLD_SIZE"))
-    return mpi(lookup, "openmpi", "Open MPI (mpirun)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-               "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-               {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid"});
-  if (has("PMI_RANK") || has("PMI_SIZE"))
-    return mpi(lookup, "pmi", "PMI (MPICH's or Intel MPI's mpirun)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
-               "MPI_LOCALNRANKS", {"PMI_KVSNAME", "PMIX_NAMESPACE"});
-  if (pet) return kubeflow(lookup);
-  Launch none;
-  if (const char* a = lookup("MASTER_ADDR")) none.master_addr = a;
-  return none;
+  const bool pet = has(lookup, "PET_NNODES") || has(lookup, "PET_NODE_RANK");
+  const bool by_torchrun = (has(lookup, "RANK") || has(lookup, "WORLD_SIZE")) && (!pet || has(lookup, "LOCAL_RANK"));
+  std::vector<const Cluster*> set;
+  for (const Cluster& c : clusters())
+    if (c.set(lookup)) set.push_back(&c);
+  std::vector<std::string> ignored;
+  Launch l;
+  if (by_torchrun) {
+    l = torchrun(lookup);
+    for (const Cluster* c : set)
+      ignored.push_back(detail::cat(world_of(*c, lookup), " variables ignored: torchrun's are set for each rank by "
+                                    "the launcher that started it (torchrun, fsdp run), inside the others"));
+  } else if (!set.empty()) {
+    for (const Cluster* c : set)
+      if (c->read == slurm) {
+        // Read only where two launchers' are set; checked wherever Slurm's are.
+        Vars v(lookup, "Slurm (srun)");
+        v.integer("SLURM_TASK_PID", 1, std::numeric_limits<int32_t>::max());
+      }
+    l = (set.size() == 1 ? *set.front() : innermost(set, lookup, lineage, ignored)).read(lookup);
+  } else if (pet) {
+    return kubeflow(lookup);
+  } else {
+    if (const char* a = lookup("MASTER_ADDR")) l.master_addr = a;
+    return l;
+  }
+  if (pet)
+    ignored.push_back(detail::cat("kubeflow's (PET_NNODES=", lookup("PET_NNODES") ? lookup("PET_NNODES") : "",
+                                  " PET_NODE_RANK=", lookup("PET_NODE_RANK") ? lookup("PET_NODE_RANK") : "",
+                                  ") variables ignored: the pod's, which holds the launcher that started this process"));
+  l.ignored = ignored;
+  return l;
 }
 
 std::string NodeLaunch::describe() const {
@@ -304,8 +516,10 @@ NodeLaunch detect_node_launch(const LaunchLookup& lookup) {
     if (auto tasks = v.integer("SLURM_NTASKS", 1, kMaxRanks); tasks && *tasks != n.nnodes)
       throw Error(detail::cat("fsdp run starts each node's ranks itself, so it runs once per node, but this srun "
                               "step runs SLURM_NTASKS=", *tasks, " tasks on SLURM_NNODES=", n.nnodes,
-                              " nodes: start it with one task per node (srun --ntasks-per-node=1 fsdp run -n "
-                              "RANKS_PER_NODE -- PROGRAM), or start the program itself with srun (srun "
+                              " nodes: start it with one task per node (srun --ntasks=", n.nnodes,
+                              " --ntasks-per-node=1 fsdp run -n RANKS_PER_NODE -- PROGRAM; in a batch script "
+                              "--ntasks=$SLURM_NNODES, or srun takes the job's tasks and ignores "
+                              "--ntasks-per-node), or start the program itself with srun (srun "
                               "--ntasks-per-node=RANKS_PER_NODE PROGRAM)"));
     n.master_addr = "127.0.0.1";
     slurm_store(v, n.nnodes, n.master_addr, n.master_port);

@@ -21,8 +21,9 @@ const std::vector<Variable>& variables() {
       {"MASTER_ADDR", "a host name or address", "127.0.0.1", "where rank 0 (or the launcher) hosts the rendezvous store"},
       {"MASTER_PORT", "an integer in [1, 65535]", "29500", "the rendezvous store's port"},
       {"GROUP_RANK", "an integer in [0, nodes)", "RANK / LOCAL_WORLD_SIZE", "this rank's node (torchrun's convention)"},
-      // Slurm's (inside an srun step), then Open MPI's, PMI's and Kubeflow's,
-      // when torchrun's RANK and WORLD_SIZE are not set (common/cluster_env.h).
+      // Slurm's (inside an srun step), Open MPI's, PMI's and Kubeflow's, when
+      // torchrun's RANK and WORLD_SIZE are not set: the innermost launcher's
+      // (common/cluster_env.h).
       {"SLURM_STEP_ID", "any (only whether it is set counts)", "not inside an srun step",
        "set inside an srun step: Slurm's variables place the rank"},
       {"SLURM_STEPID", "any (only whether it is set counts)", "SLURM_STEP_ID", "the same, as older Slurm names it"},
@@ -37,6 +38,8 @@ const std::vector<Variable>& variables() {
        "Slurm: the step's hosts; the first hosts the store"},
       {"SLURM_JOB_NODELIST", "a Slurm host list", "127.0.0.1", "Slurm: the job's hosts; the first hosts the store"},
       {"SLURM_JOB_ID", "the job's id", "29500", "Slurm: the store's port is 20000 + id mod 20000"},
+      {"SLURM_TASK_PID", "a process id", "not compared",
+       "Slurm: the task srun started; when it is this process, Slurm's variables place it beside MPI's"},
       {"OMPI_COMM_WORLD_RANK", "an integer in [0, OMPI_COMM_WORLD_SIZE)", "none", "Open MPI (mpirun): this rank"},
       {"OMPI_COMM_WORLD_SIZE", "an integer >= 1", "none", "Open MPI: the world size"},
       {"OMPI_COMM_WORLD_LOCAL_RANK", "an integer", "rank mod local size", "Open MPI: this rank's index on its host"},
@@ -199,9 +202,9 @@ void read_torchrun(const Reader& r, EnvConfig& c) {
   c.master_port = static_cast<int>(r.integer("MASTER_PORT", 1, 65535, "the store's port").value_or(c.master_port));
 }
 
-}  // namespace
-
-EnvConfig parse_env(const Lookup& lookup) {
+// `lineage` tells nested launchers apart: this process's in read_env(),
+// none for a map a caller passes to parse_env.
+EnvConfig parse(const Lookup& lookup, const Lineage& lineage) {
   const Reader r(lookup);
   EnvConfig c;
   // The world: torchrun's variables first (what `fsdp run` sets), read as
@@ -211,11 +214,11 @@ EnvConfig parse_env(const Lookup& lookup) {
   const Lookup set = [&](const char* name) { return r.raw(name); };
   const bool pod = (r.raw("PET_NNODES") || r.raw("PET_NODE_RANK")) && !r.raw("LOCAL_RANK");
   const bool torchrun = (r.raw("RANK") || r.raw("WORLD_SIZE")) && !pod;
-  const Launch l = torchrun ? Launch{} : detect_launch(set);
+  const Launch l = torchrun ? Launch{} : detect_launch(set, lineage);
   if (l.launcher.empty()) {
     read_torchrun(r, c);
     if (c.world_from_env) {  // GROUP_RANK too, and the first log line's words
-      const Launch t = detect_launch(set);
+      const Launch t = detect_launch(set, lineage);
       c.launcher = t.launcher;
       c.launch = t.describe();
     }
@@ -296,8 +299,12 @@ EnvConfig parse_env(const Lookup& lookup) {
   return c;
 }
 
+}  // namespace
+
+EnvConfig parse_env(const Lookup& lookup) { return parse(lookup, {}); }
+
 EnvConfig read_env() {
-  return parse_env([](const char* name) -> const char* { return std::getenv(name); });
+  return parse([](const char* name) -> const char* { return std::getenv(name); }, this_process());
 }
 
 }  // namespace fsdp::config
