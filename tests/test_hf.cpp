@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -129,21 +130,73 @@ TEST_F(HfLlama, FineTunedExportLoadsInTransformersAndDcp) {
   EXPECT_EQ(value_of(dcp[0], "tensors"), 3 * 9 + 3);
 }
 
-// ---------------------------------------------------------------------------
-// Bad input: one clear message each, nothing loaded (in one process).
+// Tied embeddings (no lm_head in the files) and Llama 3's rotary frequencies.
+class HfLlamaTied : public HfLlama {
+ protected:
+  static void SetUpTestSuite() {
+    if (!have_transformers()) return;
+    tied_root_ = new std::string(temp_dir("hf-llama-tied"));
+    auto r = run_command({torch_python(), kScript, "make", *tied_root_ + "/llama", *tied_root_ + "/ref.safetensors",
+                          "--tied", "--rope", "llama3"},
+                         {}, 600);
+    tied_made_ = r.exit_code == 0 && r.output.find("MADE") != std::string::npos;
+    if (!tied_made_) std::fprintf(stderr, "hf_llama.py make --tied failed:\n%s\n", r.output.c_str());
+  }
+  static void TearDownTestSuite() {
+    if (tied_root_) fs::remove_all(*tied_root_);
+    delete tied_root_;
+    tied_root_ = nullptr;
+  }
+  void SetUp() override {
+    if (!have_transformers()) GTEST_SKIP() << torch_python() << " has no transformers (make test installs it)";
+    ASSERT_TRUE(tied_made_) << "transformers could not make the checkpoint (see stderr)";
+  }
+  static std::string* tied_root_;
+  static bool tied_made_;
+};
+std::string* HfLlamaTied::tied_root_ = nullptr;
+bool HfLlamaTied::tied_made_ = false;
 
-class HfBadInput : public HfLlama {
+TEST_F(HfLlamaTied, TiedEmbeddingsAndLlama3RotaryLoadAtTwoRanks) {
+  auto r = run_ranks(2, "hf_load", {*tied_root_ + "/llama", *tied_root_ + "/ref.safetensors", "grad-op"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto logits = lines_with(r.output, "LOGITS ");
+  ASSERT_EQ(logits.size(), 1u) << r.output;
+  std::printf("tied, llama3 rope, SHARD_GRAD_OP N=2: %s\n", logits[0].c_str());
+  EXPECT_LT(value_of(logits[0], "max_abs_diff"), 2e-5);
+}
+
+// ---------------------------------------------------------------------------
+// Bad input: one clear message each, nothing loaded (in one process). The
+// checkpoint is ours (save_hf of a random Llama of the same shape as
+// hf_llama.py's, bf16 in 16 KiB files), so these run without transformers.
+
+llama::Config small_llama() {
+  llama::Config c;
+  c.vocab = 151, c.hidden = 64, c.intermediate = 120, c.layers = 3, c.heads = 4, c.kv_heads = 2, c.head_dim = 16;
+  c.max_positions = 128;
+  return c;
+}
+
+class HfBadInput : public ::testing::Test {
  protected:
   void SetUp() override {
-    HfLlama::SetUp();
-    if (IsSkipped() || HasFatalFailure()) return;
     bad_ = temp_dir("hf-bad");
-    fs::copy(dir(), bad_, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
-    cfg_ = llama::Config::from_hf(nlohmann::json::parse(std::ifstream(dir() + "/config.json")));
+    cfg_ = small_llama();
+    torch::manual_seed(11);
+    llama::LlamaForCausalLM net(cfg_);
+    auto model = fully_shard(net.ptr(), make_local_communicator(), FsdpOptions{});
+    HfSaveOptions so;
+    so.max_shard_size = 16 << 10;
+    so.config = cfg_.to_hf();
+    so.fsync = false;
+    save_hf(*model, bad_, so);
+    for (auto& e : fs::directory_iterator(bad_))
+      if (e.path().extension() == ".safetensors") files_.push_back(e.path().filename().string());
+    std::sort(files_.begin(), files_.end());
+    ASSERT_GT(files_.size(), 3u);
   }
-  void TearDown() override {
-    if (!bad_.empty()) fs::remove_all(bad_);
-  }
+  void TearDown() override { fs::remove_all(bad_); }
   // Loads bad_ into a model whose values are known; returns the error, and
   // checks that no value changed.
   std::string load_error(const llama::Config& cfg, bool check_config = true) {
@@ -168,21 +221,34 @@ class HfBadInput : public HfLlama {
   std::string index_path() const { return bad_ + "/model.safetensors.index.json"; }
   std::string bad_;
   llama::Config cfg_;
+  std::vector<std::string> files_;  // the .safetensors files, sorted
 };
 
+TEST_F(HfBadInput, TheCheckpointItselfLoads) {
+  torch::manual_seed(5);
+  llama::LlamaForCausalLM net(cfg_);
+  auto model = fully_shard(net.ptr(), make_local_communicator(), FsdpOptions{});
+  HfLoadOptions lo;
+  lo.expect_config = cfg_.hf_identity();
+  const auto r = load_hf(*model, bad_, lo);
+  EXPECT_EQ(r.files, int(files_.size()));
+  EXPECT_EQ(r.elements, cfg_.num_params());
+  EXPECT_EQ(r.bytes_read - r.header_bytes, 2 * cfg_.num_params());
+}
+
 TEST_F(HfBadInput, AFileTheIndexNamesIsMissing) {
-  fs::remove(bad_ + "/model-00003-of-00014.safetensors");
+  fs::remove(bad_ + "/" + files_[2]);
   const auto e = load_error(cfg_);
-  EXPECT_NE(e.find("files the index names that are missing (1): 'model-00003-of-00014.safetensors'"), std::string::npos) << e;
+  EXPECT_NE(e.find("files the index names that are missing (1): '" + files_[2] + "'"), std::string::npos) << e;
   EXPECT_NE(e.find("Nothing was loaded"), std::string::npos) << e;
 }
 
 TEST_F(HfBadInput, ATruncatedFile) {
-  const std::string f = bad_ + "/model-00005-of-00014.safetensors";
+  const std::string f = bad_ + "/" + files_[1];
   fs::resize_file(f, fs::file_size(f) - 100);
   const auto e = load_error(cfg_);
   EXPECT_NE(e.find("files that cannot be read (truncated or damaged) (1)"), std::string::npos) << e;
-  EXPECT_NE(e.find("model-00005-of-00014.safetensors"), std::string::npos) << e;
+  EXPECT_NE(e.find(files_[1]), std::string::npos) << e;
   EXPECT_NE(e.find("truncated file?"), std::string::npos) << e;
 }
 
@@ -196,7 +262,7 @@ TEST_F(HfBadInput, ADtypeThatIsNotFloatingPointAndAShapeMismatch) {
   }
   ASSERT_FALSE(victim.empty());
   std::string s = slurp(victim);
-  const auto at = s.find("\"model.norm.weight\":{\"dtype\":\"BF16\"");
+  const auto at = s.find("\"model.norm.weight\":{");
   ASSERT_NE(at, std::string::npos) << s.substr(0, 200);
   s.replace(s.find("\"BF16\"", at), 6, "\"I16\" ");  // same header length; I16 has BF16's size
   std::ofstream(victim, std::ios::binary | std::ios::trunc) << s;
@@ -231,6 +297,42 @@ TEST_F(HfBadInput, AConfigThatDoesNotMatchTheModel) {
                    "4; num_key_value_heads = 2, this model has 4"),
             std::string::npos)
       << e;
+}
+
+// Offline, with `fsdp ckpt`: the HF directory as a sharded checkpoint of 3
+// ranks and back (bf16 -> fp32 -> bf16: every tensor bitwise), inspected and
+// verified.
+TEST_F(HfBadInput, FsdpCkptConvertsToAShardedCheckpointAndBack) {
+  const std::string root = bad_ + "-sharded", back = bad_ + "-back";
+  auto r = run_command({bin_path("fsdp"), "ckpt", "convert", bad_, "--from-hf", "--world", "3", "--to", root});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command({bin_path("fsdp"), "ckpt", "convert", root, "--to-hf", back, "--dtype", "bf16",
+                   "--max-shard-size", "20KiB"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto a = ckpt::read_hf_directory(bad_), b = ckpt::read_hf_directory(back);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (auto& [name, t] : a.tensors) {
+    auto x = a.files[size_t(t.file)].reader->read_all(name);
+    auto& u = b.tensors.at(name);
+    EXPECT_TRUE(torch::equal(x, b.files[size_t(u.file)].reader->read_all(name))) << name;
+  }
+  r = run_command({bin_path("fsdp"), "ckpt", "verify", back});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("size and checksums"), std::string::npos) << r.output;
+  r = run_command({bin_path("fsdp"), "ckpt", "inspect", bad_});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(std::to_string(files_.size()) + " files, 30 tensors"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.layers.2.mlp.down_proj.weight"), std::string::npos) << r.output;
+  // A flipped byte in the export is found by verify.
+  const std::string victim = back + "/" + b.files[0].name;
+  std::string bytes = slurp(victim);
+  bytes[bytes.size() - 3] ^= 0x40;
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+  r = run_command({bin_path("fsdp"), "ckpt", "verify", back});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("checksum mismatch"), std::string::npos) << r.output;
+  fs::remove_all(root);
+  fs::remove_all(back);
 }
 
 // ---------------------------------------------------------------------------

@@ -7,7 +7,7 @@ compares its logits with the reference written here; an export of fsdp-cpp is
 loaded back by transformers and by torch.distributed.checkpoint's
 HuggingFaceStorageReader.
 
-  hf_llama.py make DIR REF [--tied] [--rope llama3]
+  hf_llama.py make DIR REF [--tied] [--rope llama3] [--vocab V]
       DIR: the checkpoint (bf16, max_shard_size 24 KB: several files)
       REF: safetensors with "ids" (int64 [2, 16]) and "logits" (fp32), the
            forward of the checkpoint as loaded (bf16 values, fp32 compute)
@@ -26,14 +26,14 @@ def fixed_ids(vocab):
     return ((torch.arange(2 * 16, dtype=torch.int64) * 7 + 3) % vocab).reshape(2, 16)
 
 
-def make(out, ref, tied, rope):
+def make(out, ref, tied, rope, vocab=151):
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(1234)
     rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
     if rope == "llama3":
         rope_parameters = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
-    cfg = LlamaConfig(vocab_size=151, hidden_size=64, intermediate_size=120, num_hidden_layers=3,
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=120, num_hidden_layers=3,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
                       rms_norm_eps=1e-5, tie_word_embeddings=tied, rope_parameters=rope_parameters)
     model = LlamaForCausalLM(cfg).eval()
@@ -74,7 +74,8 @@ if __name__ == "__main__":
     import warnings
     warnings.filterwarnings("ignore")
     if sys.argv[1] == "make":
-        make(sys.argv[2], sys.argv[3], "--tied" in sys.argv, "llama3" if "llama3" in sys.argv else "default")
+        vocab = int(sys.argv[sys.argv.index("--vocab") + 1]) if "--vocab" in sys.argv else 151
+        make(sys.argv[2], sys.argv[3], "--tied" in sys.argv, "llama3" if "llama3" in sys.argv else "default", vocab)
     elif sys.argv[1] == "check":
         check(sys.argv[2], sys.argv[3])
     else:
