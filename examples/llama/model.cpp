@@ -99,9 +99,11 @@ void Config::validate() const {
 
 std::string Config::str() const {
   char buf[200];
-  std::snprintf(buf, sizeof buf, "V=%lld d=%lld f=%lld L=%lld H=%lld K=%lld hd=%lld%s (%.3f B parameters)",
+  const double n = double(num_params());
+  std::snprintf(buf, sizeof buf, "V=%lld d=%lld f=%lld L=%lld H=%lld K=%lld hd=%lld%s (%.3f %s parameters)",
                 (long long)vocab, (long long)hidden, (long long)intermediate, (long long)layers, (long long)heads,
-                (long long)kv_heads, (long long)head_dim, tie_embeddings ? " tied" : "", num_params() / 1e9);
+                (long long)kv_heads, (long long)head_dim, tie_embeddings ? " tied" : "", n >= 1e9 ? n / 1e9 : n / 1e6,
+                n >= 1e9 ? "B" : "M");
   return buf;
 }
 

@@ -61,7 +61,7 @@ struct Config {
   int64_t num_params() const;
   // Throws fsdp::Error naming the bad field.
   void validate() const;
-  std::string str() const;  // "V=32000 d=2048 f=5632 L=22 H=32 K=4 hd=64 (1.10 B parameters)"
+  std::string str() const;  // "V=32000 d=2048 f=5632 L=22 H=32 K=4 hd=64 (1.100 B parameters)"
 };
 
 // Root-mean-square norm with a learned scale (no bias, no mean).
