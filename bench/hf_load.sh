@@ -10,7 +10,9 @@
 #
 #   bash bench/hf_load.sh [BUILD] [N]      (defaults: build 4)
 # Environment: WORK (scratch folder, default a new one under /tmp, removed at
-# the end unless KEEP=1), PYTHON (the torch environment with transformers).
+# the end unless KEEP=1), PYTHON (the torch environment with transformers),
+# SMALL=1 (a 2-layer model of the same widths: a check of this script, not
+# a measurement).
 # Cold runs drop the page cache (root only; otherwise they say so and are
 # skipped). Takes about 10 minutes and ~12 GiB of disk.
 set -euo pipefail
@@ -22,15 +24,17 @@ cleanup() { [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"; }
 trap cleanup EXIT
 mkdir -p "$WORK"
 CKPT=$WORK/tinyllama-1.1b
+LAYERS=22
+if [ "${SMALL:-0}" = 1 ]; then CKPT=$WORK/tinyllama-2-layers; LAYERS=2; fi
 
 echo "== making $CKPT (transformers, random, bf16, 500 MB files)"
 if [ ! -f "$CKPT/model.safetensors.index.json" ]; then
-  "$PYTHON" - "$CKPT" <<'PY'
+  "$PYTHON" - "$CKPT" "$LAYERS" <<'PY'
 import sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 torch.manual_seed(0)
 torch.set_default_dtype(torch.bfloat16)
-cfg = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+cfg = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=int(sys.argv[2]),
                   num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048)
 m = LlamaForCausalLM(cfg)
 print("parameters: %.3f B" % (sum(p.numel() for p in m.parameters()) / 1e9))
@@ -54,29 +58,33 @@ read_once() {  # seconds to read every byte once
   t0=$(date +%s.%N); cat "$CKPT"/*.safetensors > /dev/null; t1=$(date +%s.%N)
   echo "$t1 - $t0" | bc -l
 }
-load_once() {  # the slowest rank's load_seconds, and the largest peak_rss
+slowest() {  # the largest value of KEY= over the ranks' lines of FILE
+  awk -F"$1=" -v k="$1=" 'index($0, k) { split($2, a, " "); if (a[1] + 0 > m + 0) m = a[1] } END { print m }' "$2"
+}
+load_once() {  # the slowest rank's build and load_hf seconds, and the largest peak RSS
   "$BUILD/bin/fsdp" run -n "$N" -- "$BUILD/bin/llama" --hf "$CKPT" --data "$WORK/data/train.bin" --steps 0 \
-      --seq 64 > "$WORK/load.log" 2>&1
-  awk -F'load_seconds=' '/load_seconds=/ { split($2, a, " "); if (a[1] > s) s = a[1] } END { printf "%s ", s }' "$WORK/load.log"
-  awk -F'peak_rss=' '/peak_rss=/ { split($2, a, " "); if (a[1] > m) m = a[1] } END { print m }' "$WORK/load.log"
+      --seq 64 > "$WORK/load.log" 2>&1 || { cat "$WORK/load.log"; exit 1; }
+  echo "$(slowest build_seconds "$WORK/load.log") $(slowest load_seconds "$WORK/load.log") $(slowest peak_rss "$WORK/load.log")"
 }
 
 for cache in cold warm; do
   if [ $cache = cold ]; then drop_caches || continue; else cat "$CKPT"/*.safetensors > /dev/null; fi
   r=$(read_once)
   if [ $cache = cold ]; then drop_caches || continue; fi
-  read -r l rss < <(load_once)
+  read -r b l rss < <(load_once)
   MODEL_FP32=$(grep -o 'model_bytes=[0-9]*' "$WORK/load.log" | head -1 | cut -d= -f2)
   budget=$(echo "$MODEL_FP32 / 4 * 1.1" | bc -l)
-  printf "%s cache: read once %.2f s, load_hf at N=%d %.2f s (%.2f x; goal <= 1.5), peak RSS %.0f MiB of a budget of %.0f MiB (%s)\n" \
-    $cache "$r" "$N" "$l" "$(echo "$l / $r" | bc -l)" "$(echo "$rss / 1048576" | bc -l)" \
-    "$(echo "$budget / 1048576" | bc -l)" "$( [ "$(echo "$rss < $budget" | bc -l)" = 1 ] && echo ok || echo OVER)"
+  printf "%s cache: read once %.2f s; at N=%d load_hf %.2f s (%.2f x; goal <= 1.5), with building the model %.2f s (%.2f x); peak RSS %.0f MiB, budget (a quarter of the fp32 model + 10%%) %.0f MiB (%s)\n" \
+    $cache "$r" "$N" "$l" "$(echo "$l / $r" | bc -l)" "$(echo "$b + $l" | bc -l)" "$(echo "($b + $l) / $r" | bc -l)" \
+    "$(echo "$rss / 1048576" | bc -l)" "$(echo "$budget / 1048576" | bc -l)" \
+    "$( [ "$(echo "$rss < $budget" | bc -l)" = 1 ] && echo ok || echo OVER)"
 done
 
 echo "== export at N=$N: save_hf against gathering to rank 0 (bf16 both)"
 rm -rf "$WORK/export" "$WORK/gathered.safetensors"
 "$BUILD/bin/fsdp" run -n "$N" -- "$BUILD/bin/llama" --hf "$CKPT" --data "$WORK/data/train.bin" --steps 0 --seq 64 \
-    --export "$WORK/export" --max-shard-size 500MiB --export-gathered "$WORK/gathered.safetensors" > "$WORK/export.log" 2>&1
-e=$(awk -F'export_seconds=' '/export_seconds=/ { split($2, a, " "); if (a[1] > s) s = a[1] } END { print s }' "$WORK/export.log")
-g=$(awk -F'gathered_seconds=' '/gathered_seconds=/ { split($2, a, " "); print a[1] }' "$WORK/export.log")
+    --export "$WORK/export" --max-shard-size 500MiB --export-gathered "$WORK/gathered.safetensors" > "$WORK/export.log" 2>&1 ||
+  { cat "$WORK/export.log"; exit 1; }
+e=$(slowest export_seconds "$WORK/export.log")
+g=$(slowest gathered_seconds "$WORK/export.log")
 printf "save_hf %.2f s, gathered to rank 0 %.2f s: %.2f x faster (goal >= 2)\n" "$e" "$g" "$(echo "$g / $e" | bc -l)"

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "fsdp/deferred.h"
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
 
@@ -109,6 +110,21 @@ std::string Config::str() const {
 
 // ---------------------------------------------------------------------------
 
+LinearImpl::LinearImpl(int64_t in, int64_t out) {
+  weight = register_parameter("weight", torch::empty({out, in}));
+  if (fsdp::is_deferred(weight)) return;  // its values come later (fully_shard, load_hf)
+  torch::NoGradGuard ng;
+  const double bound = 1.0 / std::sqrt(double(std::max<int64_t>(1, in)));
+  weight.uniform_(-bound, bound);
+}
+
+EmbeddingImpl::EmbeddingImpl(int64_t vocab, int64_t dim) {
+  weight = register_parameter("weight", torch::empty({vocab, dim}));
+  if (fsdp::is_deferred(weight)) return;
+  torch::NoGradGuard ng;
+  weight.normal_();
+}
+
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
@@ -120,7 +136,7 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 }
 
 namespace {
-torch::nn::Linear linear(int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); }
+Linear linear(int64_t in, int64_t out) { return Linear(in, out); }
 
 // [..., hd] -> [-x2, x1] of its halves.
 torch::Tensor rotate_half(const torch::Tensor& x) {
@@ -175,7 +191,7 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
 }
 
 LlamaModelImpl::LlamaModelImpl(const Config& c) {
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab, c.hidden));
+  embed_tokens = register_module("embed_tokens", Embedding(c.vocab, c.hidden));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.layers; ++i) {
     DecoderLayer l(c);

@@ -1,8 +1,8 @@
 // A Llama (Hugging Face's LlamaForCausalLM) in libtorch, with HF's parameter
 // names, so a checkpoint from the hub loads by name (fsdp::load_hf).
 //
-// defines: llama::Config, RMSNorm, Attention, MLP, DecoderLayer, LlamaModel,
-//          LlamaForCausalLM, rope_tables, loss
+// defines: llama::Config, Linear, Embedding, RMSNorm, Attention, MLP, DecoderLayer,
+//          LlamaModel, LlamaForCausalLM, rope_tables, loss
 //
 // The math is transformers' (modeling_llama.py), in the same order, so the
 // logits agree to fp32 rounding (tests/test_hf.cpp):
@@ -64,6 +64,29 @@ struct Config {
   std::string str() const;  // "V=32000 d=2048 f=5632 L=22 H=32 K=4 hd=64 (1.100 B parameters)"
 };
 
+// A linear map without bias (torch::nn::Linear's math and "weight" name).
+// Built under fsdp::DeferredInit it writes nothing: libtorch's modules draw
+// their initial values in the constructor, which would touch the pages of
+// the largest tensor (the embedding) on every rank of a model that is
+// about to be loaded anyway. Built eagerly: kaiming-uniform, as Linear.
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in, int64_t out);
+  torch::Tensor forward(const torch::Tensor& x) { return torch::linear(x, weight); }
+  torch::Tensor weight;  // [out, in]
+};
+TORCH_MODULE(Linear);
+
+// A lookup table (torch::nn::Embedding's math and name), initialised N(0, 1)
+// only when built eagerly (see LinearImpl).
+class EmbeddingImpl : public torch::nn::Module {
+ public:
+  EmbeddingImpl(int64_t vocab, int64_t dim);
+  torch::Tensor forward(const torch::Tensor& ids) { return torch::embedding(weight, ids); }
+  torch::Tensor weight;  // [V, d]
+};
+TORCH_MODULE(Embedding);
+
 // Root-mean-square norm with a learned scale (no bias, no mean).
 class RMSNormImpl : public torch::nn::Module {
  public:
@@ -80,7 +103,7 @@ class AttentionImpl : public torch::nn::Module {
   explicit AttentionImpl(const Config& c);
   // x [B,T,d], cos/sin [T,hd] -> [B,T,d]
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
  private:
   int64_t heads_, kv_heads_, head_dim_;
 };
@@ -90,7 +113,7 @@ class MLPImpl : public torch::nn::Module {
  public:
   explicit MLPImpl(const Config& c);
   torch::Tensor forward(const torch::Tensor& x);  // SwiGLU: down(silu(gate(x)) * up(x))
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(MLP);
 
@@ -110,7 +133,7 @@ TORCH_MODULE(DecoderLayer);
 class LlamaModelImpl : public torch::nn::Module {
  public:
   explicit LlamaModelImpl(const Config& c);
-  torch::nn::Embedding embed_tokens{nullptr};
+  Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
   // The same modules as `layers`, typed for fsdp::call.
@@ -125,7 +148,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& ids);
   const Config& config() const { return cfg_; }
   LlamaModel model{nullptr};
-  torch::nn::Linear lm_head{nullptr};  // null when tie_embeddings
+  Linear lm_head{nullptr};  // null when tie_embeddings
  private:
   Config cfg_;
 };

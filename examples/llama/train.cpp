@@ -45,7 +45,7 @@ Model build(const Args& a, const fsdp::CommPtr& comm, const Config& cfg) {
   o.strategy = fsdp::parse_strategy(a.strategy);
   o.wrap = fsdp::WrapPolicy::module_type<DecoderLayerImpl>("DecoderLayer");
   if (a.dtype == "bf16") o.mixed_precision.param_dtype = torch::kBFloat16;
-  o.param_init = [](const fsdp::InitTarget&, torch::Tensor& v) { v.zero_(); };  // load_hf writes every value
+  o.param_init = fsdp::zeros_for_loading();  // load_hf writes every value: only the shards are made
   o.backward_prefetch = fsdp::BackwardPrefetch::BACKWARD_PRE;
   o.forward_prefetch = true;
   return fsdp::fully_shard(net.ptr(), comm, o);
@@ -68,18 +68,21 @@ int finetune(const Args& a) {
 
   auto t0 = Clock::now();
   Model model = build(a, comm, cfg);
+  const double build_s = since(t0);
+  t0 = Clock::now();
   fsdp::HfLoadOptions lo;
   lo.expect_config = cfg.hf_identity();
   const fsdp::HfLoadResult in = fsdp::load_hf(*model, a.hf, lo);
   const double load_s = since(t0);
   const auto mem = fsdp::memory::stats();
   const int64_t rss = fsdp::memory::process_peak_rss();
-  std::printf("load: rank %d read %s (%s of headers) of %d files in %.2f s; peak tensors %s, peak RSS %s (the model: "
-              "%s) | load_seconds=%.3f bytes_read=%lld peak_rss=%lld model_bytes=%lld\n",
+  std::printf("load: rank %d read %s (%s of headers) of %d files in %.2f s (built in %.2f s); peak tensors %s, peak "
+              "RSS %s (the model: %s) | build_seconds=%.3f load_seconds=%.3f bytes_read=%lld peak_rss=%lld "
+              "model_bytes=%lld\n",
               rank, fsdp::memory::format_bytes(in.bytes_read).c_str(), fsdp::memory::format_bytes(in.header_bytes).c_str(),
-              in.files, load_s, fsdp::memory::format_bytes(mem.high_water).c_str(),
-              fsdp::memory::format_bytes(rss).c_str(), fsdp::memory::format_bytes(cfg.num_params() * 4).c_str(), load_s,
-              (long long)in.bytes_read, (long long)rss, (long long)(cfg.num_params() * 4));
+              in.files, load_s, build_s, fsdp::memory::format_bytes(mem.high_water).c_str(),
+              fsdp::memory::format_bytes(rss).c_str(), fsdp::memory::format_bytes(cfg.num_params() * 4).c_str(), build_s,
+              load_s, (long long)in.bytes_read, (long long)rss, (long long)(cfg.num_params() * 4));
   std::fflush(stdout);
 
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(a.lr).weight_decay(a.weight_decay));

@@ -2,7 +2,7 @@
 //
 // defines: ckpt::HfFile, ckpt::HfTensor, ckpt::HfDirectory, ckpt::read_hf_directory,
 //          ckpt::verify_hf_directory, ckpt::convert_to_hf, ckpt::convert_from_hf, HfPart, HfRule, HfNameMap, HfLoadOptions,
-//          HfLoadResult, load_hf, HfSaveOptions, HfSaveResult, save_hf
+//          HfLoadResult, load_hf, zeros_for_loading, HfSaveOptions, HfSaveResult, save_hf
 //
 // The Hugging Face layout (docs/CHECKPOINT_FORMAT.md, "Hugging Face
 // directories"): config.json, model.safetensors.index.json naming the file
@@ -13,7 +13,7 @@
 //   // the byte ranges of its own slices of each tensor
 //   llama::LlamaForCausalLM net{nullptr};
 //   { fsdp::DeferredInit d; net = llama::LlamaForCausalLM(cfg); }
-//   auto model = fsdp::fully_shard(net, comm, opts);   // opts.param_init: zeros
+//   auto model = fsdp::fully_shard(net, comm, opts);   // opts.param_init = fsdp::zeros_for_loading()
 //   fsdp::load_hf(*model, "Llama-3.2-1B");              // bf16 -> fp32 masters
 //   ... train ...
 //   fsdp::save_hf(*model, "export", {.copy_from = "Llama-3.2-1B"});
@@ -223,6 +223,14 @@ struct HfLoadResult {
 // wrong shape, a dtype that is not floating point): one fsdp::Error lists
 // every problem of a kind, and every rank throws with nothing loaded.
 HfLoadResult load_hf(FullyShardedModel& model, const std::string& dir, const HfLoadOptions& opts = {});
+
+// A FsdpOptions::param_init for a model every value of which comes from a
+// checkpoint loaded right after wrapping (load_hf, load_full): zeros, and
+// fully_shard recognises it and makes only this rank's shard of each unit,
+// never a parameter at full size, so wrapping a model built under
+// fsdp::DeferredInit holds no more than the shards (nothing to compute, no
+// agreement of values between ranks). Buffers are made in full, as zeros.
+ParamInit zeros_for_loading();
 
 // How save_hf writes.
 struct HfSaveOptions {

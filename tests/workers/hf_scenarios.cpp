@@ -44,7 +44,7 @@ Model build(const CommPtr& comm, const llama::Config& cfg, const std::string& st
   FsdpOptions o;
   o.strategy = parse_strategy(strategy);
   o.wrap = WrapPolicy::module_type<llama::DecoderLayerImpl>("DecoderLayer");
-  o.param_init = [](const InitTarget&, torch::Tensor& v) { v.zero_(); };
+  o.param_init = zeros_for_loading();
   return fully_shard(net.ptr(), comm, o);
 }
 
