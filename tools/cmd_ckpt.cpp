@@ -169,7 +169,8 @@ int cmd_ckpt(int argc, char** argv) {
       return 0;
     }
     if (to.empty()) {
-      std::fprintf(stderr, "fsdp ckpt convert: usage error: give --to FILE/ROOT or --to-hf DIR\n");
+      std::fprintf(stderr, "fsdp ckpt convert: usage error: --to is required (a .safetensors file, or a root with "
+                           "--world), or --to-hf DIR\nrun 'fsdp ckpt convert --help' for the flags\n");
       return 2;
     }
     if (from_hf) {
