@@ -221,7 +221,8 @@ struct HfLoadResult {
 // names missing, a truncated file, a tensor named twice), the config
 // (HfLoadOptions::expect_config) and every tensor (missing, unexpected,
 // wrong shape, a dtype that is not floating point): one fsdp::Error lists
-// every problem of a kind, and every rank throws with nothing loaded.
+// every problem of a kind, and every rank throws with nothing loaded. The
+// model's buffers are left as they are (HF checkpoints hold parameters).
 HfLoadResult load_hf(FullyShardedModel& model, const std::string& dir, const HfLoadOptions& opts = {});
 
 // A FsdpOptions::param_init for a model every value of which comes from a
