@@ -35,8 +35,14 @@ TORCH_VERSION := 2.15.0
 TORCH_ENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/fsdp-cpp/torch-$(TORCH_VERSION)
 TORCH_PYTHON := $(TORCH_ENV)/bin/python
 TORCH_PIP := torch==$(TORCH_VERSION) numpy safetensors
+# Test-only: transformers builds the random Llama checkpoints the Hugging
+# Face tests load and reads back what we export (tests/python/hf_llama.py).
+# Installed into the same environment by `make test` (its own marker, so an
+# environment made before it was added gets it without being remade).
+TEST_PIP := transformers==5.25.0
+TEST_PIP_MARK := $(TORCH_ENV)/.test-$(subst =,-,$(TEST_PIP))
 
-.PHONY: deps debs deps-build torch configure build test demo scale tiny bench clean fuzz test-asan test-asan-ci docs install test-gpu
+.PHONY: deps debs deps-build torch test-pydeps configure build test demo scale tiny bench clean fuzz test-asan test-asan-ci docs install test-gpu
 
 # The one place that installs Debian packages: those of $(DEBS) that are
 # missing (nothing, not even apt-get update, when all are there). Other
@@ -66,6 +72,13 @@ $(TORCH_ENV)/.complete:
 	$(TORCH_PYTHON) -c 'import torch; assert torch.__version__.split("+")[0] == "$(TORCH_VERSION)", torch.__version__'
 	touch $@
 
+test-pydeps: $(TEST_PIP_MARK)
+$(TEST_PIP_MARK): | $(TORCH_ENV)/.complete
+	@echo "installing $(TEST_PIP) (test-only) into $(TORCH_ENV)"
+	$(TORCH_ENV)/bin/pip install -q --disable-pip-version-check $(TEST_PIP)
+	$(TORCH_PYTHON) -c 'import transformers'
+	touch $@
+
 $(BUILD)/CMakeCache.txt: | deps-build
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFSDP_PYTHON=$(TORCH_PYTHON)
 
@@ -85,7 +98,7 @@ SKIPPED_REPORT = awk '/^[0-9]+\/[0-9]+ Test: / { sub(/^[0-9]+\/[0-9]+ Test: /, "
 # Then which tests passed only on their retry (--repeat until-pass:2), each
 # with the end of its failed first run (tests/ci/retried.awk): a retry is a
 # finding, never a silent pass.
-test: deps build
+test: deps test-pydeps build
 	cd $(BUILD) && { rc=0; ctest --output-on-failure -j 1 --timeout 600 --repeat until-pass:2 || rc=$$?; \
 	  $(SKIPPED_REPORT) Testing/Temporary/LastTest.log 2>/dev/null || echo "skipped: unknown (no ctest log)"; \
 	  awk -f $(CURDIR)/tests/ci/retried.awk Testing/Temporary/LastTest.log 2>/dev/null || \

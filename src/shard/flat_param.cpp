@@ -82,6 +82,11 @@ Unit::Unit(int index, std::string name, torch::nn::Module* module, Unit* parent,
   }
 }
 
+// Whether `init` is fsdp::zeros_for_loading() (fsdp/hf.h; defined in
+// src/unit/param_init.cpp): the shards stay zeros and no parameter is made
+// at full size.
+bool is_zeros_for_loading(const ParamInit& init);
+
 void Unit::init_flat_param(const FsdpOptions& opts, const InitTargetOf& target_of) {
   torch::NoGradGuard ng;
   if (opts.param_init) {
@@ -139,6 +144,9 @@ void Unit::init_shard_from(const ParamInit& init, const InitTargetOf& target_of)
   const int N = world.world_size();
   shard = torch::zeros({keeps_unsharded ? padded_numel : shard_numel},
                        torch::TensorOptions(torch::kFloat32).device(device));
+  // Values that a checkpoint gives right after wrapping: zeros are the
+  // shard as it is; nothing to compute or to agree on.
+  if (is_zeros_for_loading(init)) return;
   uint64_t sum = 0;  // integer sums of the values' bits (mod 2^64): the same on every rank that agrees
   // One buffer of the largest parameter's size holds each full value in turn.
   int64_t largest = 0;

@@ -8,6 +8,7 @@
 
 #include "fsdp/deferred.h"
 #include "fsdp/errors.h"
+#include "fsdp/hf.h"
 #include "unit/engine.h"
 
 namespace fsdp {
@@ -39,6 +40,18 @@ at::Generator init_generator(uint64_t seed, const std::string& name) {
   // The CPU generator seeds its mt19937 with 32 bits: fold the hash.
   return at::make_generator<at::CPUGeneratorImpl>((h ^ (h >> 32)) & 0xffffffffull);
 }
+
+namespace detail {
+namespace {
+void leave_zero(const InitTarget&, torch::Tensor& v) { v.zero_(); }
+}  // namespace
+bool is_zeros_for_loading(const ParamInit& init) {
+  auto* f = init.target<void (*)(const InitTarget&, torch::Tensor&)>();
+  return f && *f == &leave_zero;
+}
+}  // namespace detail
+
+ParamInit zeros_for_loading() { return &detail::leave_zero; }
 
 ParamInit default_param_init(uint64_t seed) {
   return [seed](const InitTarget& t, torch::Tensor& v) {

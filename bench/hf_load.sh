@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The goals of Hugging Face checkpoints (docs/CHECKPOINT_FORMAT.md, "Hugging
+# Face directories"), measured on a quiet machine:
+#   1. load_hf of a ~1.1 B-parameter bf16 Llama (TinyLlama's shape, random,
+#      made here by transformers) at N ranks, against the time to read its
+#      bytes once (cat), with a cold and a warm page cache; each rank's peak
+#      RSS against a quarter of the model (fp32 masters) + 10%;
+#   2. save_hf at N ranks against gathering every tensor to rank 0 and
+#      writing one file there.
+#
+#   bash bench/hf_load.sh [BUILD] [N]      (defaults: build 4)
+# Environment: WORK (scratch folder, default a new one under /tmp, removed at
+# the end unless KEEP=1), PYTHON (the torch environment with transformers),
+# SMALL=1 (a 2-layer model of the same widths: a check of this script, not
+# a measurement).
+# Cold runs drop the page cache (root only; otherwise they say so and are
+# skipped). Takes about 10 minutes and ~12 GiB of disk.
+set -euo pipefail
+BUILD=${1:-build}
+N=${2:-4}
+PYTHON=${PYTHON:-$(sed -n 's/^FSDP_PYTHON:[A-Z]*=//p' "$BUILD/CMakeCache.txt")}
+WORK=${WORK:-$(mktemp -d /tmp/fsdp-hf-bench.XXXXXX)}
+cleanup() { [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"; }
+trap cleanup EXIT
+mkdir -p "$WORK"
+CKPT=$WORK/tinyllama-1.1b
+LAYERS=22
+if [ "${SMALL:-0}" = 1 ]; then CKPT=$WORK/tinyllama-2-layers; LAYERS=2; fi
+
+echo "== making $CKPT (transformers, random, bf16, 500 MB files)"
+if [ ! -f "$CKPT/model.safetensors.index.json" ]; then
+  "$PYTHON" - "$CKPT" "$LAYERS" <<'PY'
+import sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+torch.manual_seed(0)
+torch.set_default_dtype(torch.bfloat16)
+cfg = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=int(sys.argv[2]),
+                  num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048)
+m = LlamaForCausalLM(cfg)
+print("parameters: %.3f B" % (sum(p.numel() for p in m.parameters()) / 1e9))
+m.save_pretrained(sys.argv[1], max_shard_size="500MB")
+PY
+fi
+# A few tokens for the run's data (ids < 256: bytes).
+head -c 200000 /dev/urandom > "$WORK/text.txt"
+"$BUILD/bin/fsdp" prepare --text "$WORK/text.txt" --out "$WORK/data" >/dev/null
+BYTES=$(du -cb "$CKPT"/*.safetensors | tail -1 | cut -f1)
+echo "checkpoint: $BYTES bytes in $(ls "$CKPT"/*.safetensors | wc -l) files"
+
+drop_caches() {
+  sync
+  if echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; then return 0; fi
+  echo "(cannot drop the page cache here: not root; cold runs skipped)"
+  return 1
+}
+read_once() {  # seconds to read every byte once
+  local t0 t1
+  t0=$(date +%s.%N); cat "$CKPT"/*.safetensors > /dev/null; t1=$(date +%s.%N)
+  echo "$t1 - $t0" | bc -l
+}
+slowest() {  # the largest value of KEY= over the ranks' lines of FILE
+  awk -F"$1=" -v k="$1=" 'index($0, k) { split($2, a, " "); if (a[1] + 0 > m + 0) m = a[1] } END { print m }' "$2"
+}
+load_once() {  # the slowest rank's build and load_hf seconds, and the largest peak RSS
+  "$BUILD/bin/fsdp" run -n "$N" -- "$BUILD/bin/llama" --hf "$CKPT" --data "$WORK/data/train.bin" --steps 0 \
+      --seq 64 > "$WORK/load.log" 2>&1 || { cat "$WORK/load.log"; exit 1; }
+  echo "$(slowest build_seconds "$WORK/load.log") $(slowest load_seconds "$WORK/load.log") $(slowest peak_rss "$WORK/load.log")"
+}
+
+for cache in cold warm; do
+  if [ $cache = cold ]; then drop_caches || continue; else cat "$CKPT"/*.safetensors > /dev/null; fi
+  r=$(read_once)
+  if [ $cache = cold ]; then drop_caches || continue; fi
+  read -r b l rss < <(load_once)
+  MODEL_FP32=$(grep -o 'model_bytes=[0-9]*' "$WORK/load.log" | head -1 | cut -d= -f2)
+  budget=$(echo "$MODEL_FP32 / 4 * 1.1" | bc -l)
+  printf "%s cache: read once %.2f s; at N=%d load_hf %.2f s (%.2f x; goal <= 1.5), with building the model %.2f s (%.2f x); peak RSS %.0f MiB, budget (a quarter of the fp32 model + 10%%) %.0f MiB (%s)\n" \
+    $cache "$r" "$N" "$l" "$(echo "$l / $r" | bc -l)" "$(echo "$b + $l" | bc -l)" "$(echo "($b + $l) / $r" | bc -l)" \
+    "$(echo "$rss / 1048576" | bc -l)" "$(echo "$budget / 1048576" | bc -l)" \
+    "$( [ "$(echo "$rss < $budget" | bc -l)" = 1 ] && echo ok || echo OVER)"
+done
+
+echo "== export at N=$N: save_hf against gathering to rank 0 (bf16 both)"
+rm -rf "$WORK/export" "$WORK/gathered.safetensors"
+"$BUILD/bin/fsdp" run -n "$N" -- "$BUILD/bin/llama" --hf "$CKPT" --data "$WORK/data/train.bin" --steps 0 --seq 64 \
+    --export "$WORK/export" --max-shard-size 500MiB --export-gathered "$WORK/gathered.safetensors" > "$WORK/export.log" 2>&1 ||
+  { cat "$WORK/export.log"; exit 1; }
+e=$(slowest export_seconds "$WORK/export.log")
+g=$(slowest gathered_seconds "$WORK/export.log")
+printf "save_hf %.2f s, gathered to rank 0 %.2f s: %.2f x faster (goal >= 2)\n" "$e" "$g" "$(echo "$g / $e" | bc -l)"

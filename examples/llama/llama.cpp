@@ -1,0 +1,73 @@
+// build/bin/llama: fine-tune a Hugging Face Llama checkpoint with FSDP, and
+// export the result in the same layout.
+//
+//   fsdp prepare --text a.txt --out data/x       # byte tokens (ids < 256)
+//   fsdp run -n 4 -- build/bin/llama --hf Llama-dir --data data/x/train.bin
+//       --steps 20 --export llama-finetuned
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "cli_checks.h"
+#include "fsdp/errors.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/init.h"
+#include "llama/train.h"
+#include "usage.h"
+
+int main(int argc, char** argv) {
+  try {
+    fsdp::init();  // the counting allocator (DeferredInit needs it), before any tensor
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "llama: error: %s\n", e.what());
+    return 1;
+  }
+  llama::Args a;
+  CLI::App app{"Fine-tune a Hugging Face Llama checkpoint with FSDP. Run under `fsdp run -n N --`.", "llama"};
+  app.add_option("--hf", a.hf, "the checkpoint: a directory with config.json and model*.safetensors")->required();
+  app.add_option("--data", a.data, "training tokens (.bin, uint16 ids below the vocabulary size; fsdp prepare)")
+      ->required();
+  app.add_option("--export", a.export_dir, "write the fine-tuned model here (Hugging Face layout)");
+  app.add_option("--export-dtype", a.export_dtype, "bf16 | fp32: the dtype of the exported tensors")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--export-gathered", a.export_gathered,
+                 "also write one .safetensors file from rank 0, every tensor gathered there (the slow way "
+                 "save_hf is measured against, bench/hf_load.sh)");
+  app.add_option("--max-shard-size", a.max_shard_size, "largest export file, e.g. 2GiB");
+  app.add_option("--steps", a.steps, "optimizer steps")->check(fsdp::cli::integer(0, int64_t(1) << 40));
+  app.add_option("--batch", a.batch, "rows per rank per step")->check(fsdp::cli::integer(1, 1 << 20));
+  app.add_option("--seq", a.seq, "tokens per row")->check(fsdp::cli::integer(1, 1 << 20));
+  app.add_option("--lr", a.lr, "AdamW learning rate (constant)")->check(fsdp::cli::real(1e-30, 1e3));
+  app.add_option("--weight-decay", a.weight_decay, "AdamW weight decay")->check(fsdp::cli::real(0, 1e3));
+  app.add_option("--clip", a.clip, "global gradient-norm clip (0: off)")->check(fsdp::cli::real(0, 1e12));
+  app.add_option("--strategy", a.strategy, "full | grad-op | none | hybrid | hybrid-zero2");
+  app.add_option("--dtype", a.dtype, "fp32 | bf16: compute and all-gather dtype (fp32 master shards)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--threads", a.threads, "intra-op threads per rank (0: cores / ranks per host)")
+      ->check(fsdp::cli::integer(0, 1024));
+  app.add_option("--log-every", a.log_every, "a step line every N steps")->check(fsdp::cli::integer(1, 1 << 30));
+  try {
+    app.parse(argc, argv);
+    fsdp::parse_strategy(a.strategy);
+    fsdp::cli::parse_bytes(a.max_shard_size);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "llama: usage error: %s\nrun 'llama --help' for the flags\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "llama: usage error: %s\n", e.what());
+    return 2;
+  }
+  try {
+    return llama::finetune(a);
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "llama: error (rank %s): %s\n", std::getenv("RANK") ? std::getenv("RANK") : "0",
+                 e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "llama: error (rank %s): %s\n", std::getenv("RANK") ? std::getenv("RANK") : "0", e.what());
+  }
+  return 1;
+}

@@ -1,0 +1,371 @@
+// fsdp-cpp: loading a Hugging Face checkpoint into the shards (load_hf,
+// include/fsdp/hf.h), and the name map both directions share.
+//
+// The load path: read and check the directory (index, headers, config) ->
+// map every model parameter to its pieces of HF tensors and check names,
+// shapes and dtypes, listing every problem -> the ranks agree -> each rank
+// reads the byte ranges of its own slices (a transposed tensor: the columns
+// of its rows, one pread per row of the file's tensor), through a bounded
+// buffer that converts bf16/fp16/fp64 to the fp32 masters. Nothing is
+// written before the agreement; with HfLoadOptions::staged the reads land in
+// a copy that is committed only after a second agreement.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "common/fail_together.h"
+#include "common/shard_math.h"
+#include "fsdp/hf.h"
+#include "fsdp/state_dict.h"
+#include "unit/engine_access.h"
+#include "unit/hf_names.h"
+
+namespace fsdp {
+using detail::cat;
+namespace hf = detail::hf;
+
+std::vector<HfPart> HfNameMap::parts_of(const std::string& model_name) const {
+  if (fn) {
+    auto p = fn(model_name);
+    if (!p.empty()) return p;
+  }
+  for (auto& r : rules) {
+    std::regex re;
+    try {
+      re = std::regex(r.model_pattern, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      throw Error(cat("HfNameMap: rule pattern '", r.model_pattern, "' is not a valid regular expression (", e.what(),
+                      "). Fix the rule (std::regex, ECMAScript syntax)."));
+    }
+    std::smatch m;
+    if (!std::regex_match(model_name, m, re)) continue;
+    std::vector<HfPart> out = r.parts;
+    for (auto& p : out) p.name = m.format(p.name);
+    if (out.empty())
+      throw Error(cat("HfNameMap: rule '", r.model_pattern, "' matches '", model_name,
+                      "' but lists no HF tensor. Give the rule at least one part."));
+    return out;
+  }
+  return {HfPart{model_name}};
+}
+
+namespace detail::hf {
+
+std::pair<int64_t, int64_t> owned_range(const FullyShardedModel& m, const ParamSlot& s) {
+  if (m.replica_group() && m.replica_group()->rank() != 0) return {s.lo, s.lo};
+  if (m.options().strategy == ShardingStrategy::NO_SHARD) {
+    const auto r = shard::even_range(s.numel, m.comm()->rank(), m.comm()->world_size());
+    return {r.lo, r.hi};
+  }
+  return {s.lo, s.hi};
+}
+
+std::string join_names(const std::vector<std::string>& v, size_t most) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < most; ++i) s += (i ? "; " : "") + v[i];
+  if (v.size() > most) s += cat("; and ", v.size() - most, " more");
+  return s;
+}
+
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(cat("opening '", path, "' to sync it: ", std::strerror(errno)));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw Error(cat("fsync of '", path, "': ", std::strerror(err), ". Check the disk."));
+}
+
+void write_durable(const std::string& path, const std::string& bytes, bool fsync) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(cat("creating '", tmp, "': ", std::strerror(errno), ". Check the space and permissions."));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw Error(cat("writing '", tmp, "': ", std::strerror(err), ". Check the space."));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync && ::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw Error(cat("fsync of '", tmp, "': ", std::strerror(err), ". Check the disk."));
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0)
+    throw Error(cat("renaming '", tmp, "' to '", path, "': ", std::strerror(errno)));
+  if (fsync) fsync_path(std::filesystem::path(path).parent_path().string());
+}
+
+}  // namespace detail::hf
+
+namespace {
+
+using detail::EngineAccess;
+using detail::ParamSlot;
+
+bool loadable_dtype(torch::ScalarType t) {
+  return t == torch::kFloat32 || t == torch::kBFloat16 || t == torch::kFloat16 || t == torch::kFloat64;
+}
+
+bool same_value(const nlohmann::json& a, const nlohmann::json& b) {
+  if (a.is_number() && b.is_number()) return a.get<double>() == b.get<double>();
+  return a == b;
+}
+
+void check_config(const ckpt::HfDirectory& hfd, const nlohmann::json& expect) {
+  if (expect.is_null()) return;
+  FSDP_USER_CHECK(expect.is_object(), "HfLoadOptions::expect_config must be a JSON object of config.json keys, found ",
+                  expect.dump());
+  if (hfd.config.is_null())
+    throw Error(cat("HF checkpoint '", hfd.dir, "' has no config.json, but this model expects one with ", expect.dump(),
+                    ". Copy config.json into the directory, or load without HfLoadOptions::expect_config."));
+  std::vector<std::string> diffs;
+  for (auto it = expect.begin(); it != expect.end(); ++it) {
+    if (!hfd.config.contains(it.key()))
+      diffs.push_back(cat(it.key(), ": absent, this model has ", it.value().dump()));
+    else if (!same_value(hfd.config[it.key()], it.value()))
+      diffs.push_back(cat(it.key(), " = ", hfd.config[it.key()].dump(), ", this model has ", it.value().dump()));
+  }
+  if (!diffs.empty())
+    throw Error(cat("HF checkpoint '", hfd.dir, "': its config.json does not describe this model (", diffs.size(),
+                    " difference", diffs.size() == 1 ? "" : "s", "): ", hf::join_names(diffs, 12),
+                    ". Nothing was loaded. Build the model from that config.json, or load the checkpoint of this "
+                    "model."));
+}
+
+bool ignored(const std::vector<std::regex>& ignore, const std::string& name) {
+  for (auto& re : ignore)
+    if (std::regex_match(name, re)) return true;
+  return false;
+}
+
+// Every slot's pieces, checked against the directory; every problem listed
+// in one error.
+std::vector<std::vector<hf::Piece>> resolve(const std::vector<const ParamSlot*>& slots, const ckpt::HfDirectory& hfd,
+                                            const HfLoadOptions& opts) {
+  std::map<std::string, std::vector<std::string>> problems;
+  std::set<std::string> used;
+  std::vector<std::vector<hf::Piece>> out(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const ParamSlot& s = *slots[i];
+    const auto parts = opts.names.parts_of(s.name);
+    // Tied names share the canonical parameter's values: their HF tensors,
+    // when the checkpoint has them, are known but not read.
+    for (auto& a : s.aliases)
+      for (auto& p : opts.names.parts_of(a)) used.insert(p.name);
+    int64_t dst = 0;
+    bool ok = true, shape_ok = true;  // every part found and floating; shapes fit
+    std::string got;
+    for (auto& p : parts) {
+      used.insert(p.name);
+      auto it = hfd.tensors.find(p.name);
+      if (it == hfd.tensors.end()) {
+        problems["missing tensors (the model needs them, the checkpoint has none)"].push_back(
+            p.name == s.name ? cat("'", s.name, "'") : cat("'", p.name, "' (for '", s.name, "')"));
+        ok = false;
+        continue;
+      }
+      const ckpt::HfTensor& t = it->second;
+      got += (got.empty() ? "" : " + ") + cat("'", t.name, "' ", ckpt::shape_str(t.shape));
+      if (!loadable_dtype(t.dtype)) {
+        problems["tensors of a dtype that is not floating point (F32, BF16, F16, F64 load)"].push_back(
+            cat("'", t.name, "' is ", ckpt::safetensors_dtype_name(t.dtype)));
+        ok = false;
+        continue;
+      }
+      if (p.transpose) {
+        if (parts.size() != 1 || p.row_begin != 0 || p.rows != -1 || t.shape.size() != 2 || s.shape.size() != 2 ||
+            t.shape[0] != s.shape[1] || t.shape[1] != s.shape[0]) {
+          shape_ok = false;
+          got += " (transposed)";
+        } else {
+          out[i].push_back({t.name, true, 0, 0, s.shape[0]});
+          dst = s.shape[0];
+        }
+        continue;
+      }
+      const std::vector<int64_t> t_tail(t.shape.size() > 1 ? t.shape.begin() + 1 : t.shape.end(), t.shape.end());
+      const std::vector<int64_t> s_tail(s.shape.size() > 1 ? s.shape.begin() + 1 : s.shape.end(), s.shape.end());
+      const int64_t t_rows = hf::rows_of(t.shape);
+      const int64_t rows = p.rows < 0 ? t_rows - p.row_begin : p.rows;
+      if (t_tail != s_tail || p.row_begin < 0 || rows < 0 || p.row_begin + rows > t_rows ||
+          (t.shape.empty() != s.shape.empty() && hf::inner_of(t.shape) != 1)) {
+        shape_ok = false;
+        if (p.row_begin || p.rows >= 0) got += cat(" rows [", p.row_begin, ", ", p.row_begin + rows, ")");
+        continue;
+      }
+      out[i].push_back({t.name, false, p.row_begin, dst, rows});
+      dst += rows;
+    }
+    if (ok && shape_ok && dst != hf::rows_of(s.shape)) shape_ok = false;
+    if (ok && !shape_ok)
+      problems["tensors of another shape"].push_back(
+          cat("'", s.name, "': the model has ", ckpt::shape_str(s.shape), ", the checkpoint ", got));
+  }
+  std::vector<std::regex> ignore;
+  for (auto& pat : opts.names.ignore) {
+    try {
+      ignore.emplace_back(pat, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      throw Error(cat("HfNameMap::ignore: '", pat, "' is not a valid regular expression (", e.what(), ")."));
+    }
+  }
+  if (opts.strict)
+    for (auto& [name, t] : hfd.tensors)
+      if (!used.count(name) && !ignored(ignore, name))
+        problems["unexpected tensors (in the checkpoint, not in this model)"].push_back(cat("'", name, "'"));
+  if (!problems.empty()) {
+    std::string text;
+    for (auto& [kind, v] : problems) text += cat("\n  ", kind, " (", v.size(), "): ", hf::join_names(v));
+    throw Error(cat("HF checkpoint '", hfd.dir, "' does not fit this model:", text,
+                    "\nNothing was loaded. Load the checkpoint this model was built for (its config.json), or map "
+                    "the names (HfLoadOptions::names: rules, transposes, fused projections); "
+                    "HfLoadOptions::strict = false ignores unexpected tensors."));
+  }
+  return out;
+}
+
+// Reads elements [first, first + n) of HF tensor t (flat) into dst (fp32,
+// n elements), through `buf` when it needs converting.
+int64_t read_elements(const ckpt::HfDirectory& hfd, const ckpt::HfTensor& t, int64_t first, int64_t n, float* dst,
+                      std::vector<char>& buf, int64_t buffer_bytes) {
+  const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype));
+  const auto& reader = *hfd.files[static_cast<size_t>(t.file)].reader;
+  if (t.dtype == torch::kFloat32) {
+    reader.pread_exact(t.offset + first * es, n * es, dst);
+    return n * es;
+  }
+  const int64_t per = std::max<int64_t>(1, buffer_bytes / es);
+  if (static_cast<int64_t>(buf.size()) < std::min(per, n) * es) buf.resize(static_cast<size_t>(std::min(per, n) * es));
+  for (int64_t done = 0; done < n;) {
+    const int64_t k = std::min(per, n - done);
+    reader.pread_exact(t.offset + (first + done) * es, k * es, buf.data());
+    torch::from_blob(dst + done, {k}, torch::kFloat32).copy_(torch::from_blob(buf.data(), {k}, t.dtype));
+    done += k;
+  }
+  return n * es;
+}
+
+// Elements [lo, hi) of slot s into dst (fp32, hi - lo elements). Returns
+// the bytes read.
+int64_t read_slot(const ckpt::HfDirectory& hfd, const ParamSlot& s, const std::vector<hf::Piece>& pieces, int64_t lo,
+                  int64_t hi, float* dst, std::vector<char>& buf, int64_t buffer_bytes) {
+  int64_t bytes = 0;
+  const int64_t inner = hf::inner_of(s.shape);
+  for (auto& p : pieces) {
+    const ckpt::HfTensor& t = hfd.tensors.at(p.hf_name);
+    if (p.transpose) {
+      // P [R, C] = T^T, T [C, R]: P's rows r0..r1 are T's columns; one
+      // pread per row of T (one for all when the columns are all of them).
+      const int64_t R = s.shape[0], C = s.shape[1];
+      const int64_t r0 = lo / C, r1 = (hi - 1) / C, k = r1 - r0 + 1;
+      const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype));
+      auto cols = torch::empty({C, k}, t.dtype);
+      char* base = static_cast<char*>(cols.data_ptr());
+      const auto& reader = *hfd.files[static_cast<size_t>(t.file)].reader;
+      if (k == R) {
+        reader.pread_exact(t.offset, C * R * es, base);
+      } else {
+        for (int64_t c = 0; c < C; ++c) reader.pread_exact(t.offset + (c * R + r0) * es, k * es, base + c * k * es);
+      }
+      bytes += C * k * es;
+      torch::from_blob(dst, {hi - lo}, torch::kFloat32)
+          .copy_(cols.t().reshape({-1}).narrow(0, lo - r0 * C, hi - lo));
+      continue;
+    }
+    const int64_t pa = p.dst_row * inner, pb = (p.dst_row + p.rows) * inner;
+    const int64_t a = std::max(lo, pa), b = std::min(hi, pb);
+    if (a >= b) continue;
+    bytes += read_elements(hfd, t, p.src_row * inner + (a - pa), b - a, dst + (a - lo), buf, buffer_bytes);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+HfLoadResult load_hf(FullyShardedModel& model, const std::string& dir, const HfLoadOptions& opts) {
+  model.wait_pending();
+  wait_for_snapshot(model);  // a background save's snapshot is copied before the shards change
+  trace::Span span("checkpoint_load_hf", "ckpt");
+  Communicator& comm = *model.comm();
+  const auto slots = EngineAccess(model).slots();
+  HfLoadResult res;
+  res.dir = dir;
+
+  // Phase 1: everything that can be checked, on every rank, then agreed.
+  ckpt::HfDirectory hfd;
+  std::vector<std::vector<hf::Piece>> plan;
+  std::string err;
+  try {
+    FSDP_USER_CHECK(opts.buffer_bytes >= 1024, "HfLoadOptions::buffer_bytes must be at least 1024, found ",
+                    opts.buffer_bytes);
+    hfd = ckpt::read_hf_directory(dir);
+    check_config(hfd, opts.expect_config);
+    plan = resolve(slots, hfd, opts);
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  comm::fail_together(comm, err, {"load_hf check"}, [&](const std::vector<int>& ranks) {
+    return cat("loading the HF checkpoint '", dir, "' failed on rank(s) ", hf::join_names([&] {
+                 std::vector<std::string> v;
+                 for (int r : ranks) v.push_back(std::to_string(r));
+                 return v;
+               }()),
+               " (see their messages); nothing was loaded.");
+  });
+  res.files = static_cast<int>(hfd.files.size());
+  res.tensors = static_cast<int>(hfd.tensors.size());
+  res.header_bytes = hfd.header_bytes_read;
+  res.config = hfd.config;
+
+  // Phase 2: this rank's slices, straight into the shards (or a copy).
+  std::vector<torch::Tensor> staged(slots.size());
+  int64_t bytes = 0;
+  try {
+    std::vector<char> buf;
+    torch::NoGradGuard ng;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const ParamSlot& s = *slots[i];
+      if (s.hi <= s.lo) continue;
+      // A device's shard (or a staged load) reads into host memory first.
+      const torch::Tensor shard = s.shard_view.detach();
+      const bool direct = !opts.staged && shard.is_cpu();
+      torch::Tensor dst = direct ? shard : torch::empty({s.hi - s.lo}, torch::kFloat32);
+      FSDP_CHECK(dst.is_contiguous() && dst.scalar_type() == torch::kFloat32, "shard of ", s.name);
+      bytes += read_slot(hfd, s, plan[i], s.lo, s.hi, dst.data_ptr<float>(), buf, opts.buffer_bytes);
+      res.elements += s.hi - s.lo;
+      if (opts.staged) staged[i] = dst;
+      else if (!direct) shard.copy_(dst);
+    }
+  } catch (const std::exception& e) {
+    err = cat("rank ", comm.rank(), ": ", e.what());
+  }
+  const std::string consequence =
+      opts.staged ? "nothing was loaded"
+                  : "the shards of this model are partly loaded: load the checkpoint again before using the model";
+  comm::fail_together(comm, err.empty() ? err : err + "; " + consequence, {"load_hf read"},
+                      [&](const std::vector<int>&) {
+                        return cat("reading the HF checkpoint '", dir, "' failed on another rank; ", consequence, ".");
+                      });
+  if (opts.staged) {
+    torch::NoGradGuard ng;
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (staged[i].defined()) slots[i]->shard_view.detach().copy_(staged[i]);
+  }
+  res.bytes_read = bytes + hfd.header_bytes_read;
+  return res;
+}
+
+}  // namespace fsdp

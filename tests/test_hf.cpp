@@ -1,0 +1,408 @@
+// fsdp-cpp tests: Hugging Face checkpoints in and out (include/fsdp/hf.h),
+// against transformers and PyTorch's DCP reader (tests/python/hf_llama.py),
+// with the ranks as processes (tests/workers/hf_scenarios.cpp).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "fsdp/fsdp.h"
+#include "fsdp/hf.h"
+#include "llama/model.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace fsdp::testing {
+namespace {
+
+const std::string kScript = source_path("tests/python/hf_llama.py");
+
+// The value of `key=` in `line` (a float); fails the test when absent.
+double value_of(const std::string& line, const std::string& key) {
+  const auto at = line.find(key + "=");
+  if (at == std::string::npos) {
+    ADD_FAILURE() << "no " << key << "= in: " << line;
+    return 1e30;
+  }
+  return std::stod(line.substr(at + key.size() + 1));
+}
+
+bool have_transformers() {
+  static const bool ok = run_command({torch_python(), "-c", "import transformers, safetensors"}, {}, 300).exit_code == 0;
+  return ok;
+}
+
+// One random Llama per suite, made by transformers (bf16, 14 files), and its
+// reference logits; removed at the end.
+class HfLlama : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!have_transformers()) return;
+    root_ = new std::string(temp_dir("hf-llama"));
+    auto r = run_command({torch_python(), kScript, "make", dir(), ref()}, {}, 600);
+    made_ = r.exit_code == 0 && r.output.find("MADE") != std::string::npos;
+    if (!made_) std::fprintf(stderr, "hf_llama.py make failed:\n%s\n", r.output.c_str());
+  }
+  static void TearDownTestSuite() {
+    if (root_) fs::remove_all(*root_);
+    delete root_;
+    root_ = nullptr;
+  }
+  void SetUp() override {
+    if (!have_transformers()) GTEST_SKIP() << torch_python() << " has no transformers (make test installs it)";
+    ASSERT_TRUE(made_) << "transformers could not make the checkpoint (see stderr)";
+  }
+  static std::string dir() { return *root_ + "/llama"; }
+  static std::string ref() { return *root_ + "/ref.safetensors"; }
+  static std::string* root_;
+  static bool made_;
+};
+std::string* HfLlama::root_ = nullptr;
+bool HfLlama::made_ = false;
+
+// Each rank reads exactly the bytes of its slices (bf16: 2 per element) and
+// the headers of the files; the logits equal transformers' to fp32 rounding;
+// no rank held the whole model (the counting allocator's high-water mark).
+TEST_F(HfLlama, LoadsATransformersCheckpointAtOneTwoAndThreeRanks) {
+  for (int n : {1, 2, 3}) {
+    auto r = run_ranks(n, "hf_load", {dir(), ref()});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto loads = lines_with(r.output, "HFLOAD ");
+    ASSERT_EQ(loads.size(), size_t(n)) << r.output;
+    int64_t elements = 0, model_bytes = 0;
+    for (auto& l : loads) {
+      const Fields f(l);
+      EXPECT_EQ(f["data_bytes"], 2 * f["elements"]) << "bytes beyond the slices at N=" << n << ": " << l;
+      EXPECT_LE(f["header_bytes"], f["dir_header_bytes"]) << l;
+      EXPECT_EQ(f["bytes_read"], f["data_bytes"] + f["header_bytes"]) << l;
+      EXPECT_GT(f["files"], 3) << "the checkpoint should span several files: " << l;
+      if (n > 1) {
+        EXPECT_LT(f["peak"], f["model_bytes"]) << "a rank held the whole model at N=" << n << ": " << l;
+      }
+      elements += f["elements"];
+      model_bytes = f["model_bytes"];
+    }
+    EXPECT_EQ(elements * 4, model_bytes) << "the ranks' slices should cover the model once (N=" << n << ")";
+    const auto logits = lines_with(r.output, "LOGITS ");
+    ASSERT_EQ(logits.size(), 1u) << r.output;
+    std::printf("N=%d %s\n", n, logits[0].c_str());
+    EXPECT_LT(value_of(logits[0], "max_abs_diff"), 2e-5) << "N=" << n;
+  }
+}
+
+// Fine-tuned 10 steps at N=2 and exported (fp32, 16 KiB files): transformers
+// loads the export and its logits equal ours; DCP's HF reader loads it too;
+// our own load of it gives the trained model back exactly.
+TEST_F(HfLlama, FineTunedExportLoadsInTransformersAndDcp) {
+  const std::string out = *root_ + "/export", ours = *root_ + "/ours.safetensors";
+  auto r = run_ranks(2, "hf_finetune", {dir(), out, ours, "fp32"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto exports = lines_with(r.output, "EXPORT ");
+  ASSERT_EQ(exports.size(), 2u) << r.output;
+  int64_t written = 0;
+  for (auto& l : exports) {
+    EXPECT_GT(Fields(l)["bytes_written"], 0) << "every rank writes files: " << l;
+    written += Fields(l)["bytes_written"];
+  }
+  EXPECT_GT(written, Fields(exports[0])["total_bytes"]);  // tensors + headers
+  const auto reload = lines_with(r.output, "RELOAD ");
+  ASSERT_EQ(reload.size(), 1u) << r.output;
+  EXPECT_EQ(value_of(reload[0], "max_abs_diff"), 0.0) << reload[0];
+  EXPECT_TRUE(fs::exists(out + "/config.json"));
+  EXPECT_TRUE(fs::exists(out + "/generation_config.json"));
+  EXPECT_TRUE(ckpt::verify_hf_directory(out).empty());
+  for (auto& e : fs::directory_iterator(*root_))
+    EXPECT_EQ(e.path().filename().string().find(".fsdp-tmp"), std::string::npos) << "left behind: " << e.path();
+  auto py = run_command({torch_python(), kScript, "check", out, ours}, {}, 600);
+  ASSERT_EQ(py.exit_code, 0) << py.output;
+  const auto tf = lines_with(py.output, "TRANSFORMERS ");
+  const auto dcp = lines_with(py.output, "DCP ");
+  ASSERT_EQ(tf.size(), 1u) << py.output;
+  ASSERT_EQ(dcp.size(), 1u) << py.output;
+  std::printf("%s\n%s\n", tf[0].c_str(), dcp[0].c_str());
+  EXPECT_LT(value_of(tf[0], "max_abs_diff"), 2e-5);
+  EXPECT_EQ(value_of(dcp[0], "max_abs_diff"), 0.0);
+  EXPECT_EQ(value_of(dcp[0], "tensors"), 3 * 9 + 3);
+}
+
+// Tied embeddings (no lm_head in the files) and Llama 3's rotary frequencies.
+class HfLlamaTied : public HfLlama {
+ protected:
+  static void SetUpTestSuite() {
+    if (!have_transformers()) return;
+    tied_root_ = new std::string(temp_dir("hf-llama-tied"));
+    auto r = run_command({torch_python(), kScript, "make", *tied_root_ + "/llama", *tied_root_ + "/ref.safetensors",
+                          "--tied", "--rope", "llama3"},
+                         {}, 600);
+    tied_made_ = r.exit_code == 0 && r.output.find("MADE") != std::string::npos;
+    if (!tied_made_) std::fprintf(stderr, "hf_llama.py make --tied failed:\n%s\n", r.output.c_str());
+  }
+  static void TearDownTestSuite() {
+    if (tied_root_) fs::remove_all(*tied_root_);
+    delete tied_root_;
+    tied_root_ = nullptr;
+  }
+  void SetUp() override {
+    if (!have_transformers()) GTEST_SKIP() << torch_python() << " has no transformers (make test installs it)";
+    ASSERT_TRUE(tied_made_) << "transformers could not make the checkpoint (see stderr)";
+  }
+  static std::string* tied_root_;
+  static bool tied_made_;
+};
+std::string* HfLlamaTied::tied_root_ = nullptr;
+bool HfLlamaTied::tied_made_ = false;
+
+TEST_F(HfLlamaTied, TiedEmbeddingsAndLlama3RotaryLoadAtTwoRanks) {
+  auto r = run_ranks(2, "hf_load", {*tied_root_ + "/llama", *tied_root_ + "/ref.safetensors", "grad-op"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto logits = lines_with(r.output, "LOGITS ");
+  ASSERT_EQ(logits.size(), 1u) << r.output;
+  std::printf("tied, llama3 rope, SHARD_GRAD_OP N=2: %s\n", logits[0].c_str());
+  EXPECT_LT(value_of(logits[0], "max_abs_diff"), 2e-5);
+}
+
+// ---------------------------------------------------------------------------
+// Bad input: one clear message each, nothing loaded (in one process). The
+// checkpoint is ours (save_hf of a random Llama of the same shape as
+// hf_llama.py's, bf16 in 16 KiB files), so these run without transformers.
+
+llama::Config small_llama() {
+  llama::Config c;
+  c.vocab = 151, c.hidden = 64, c.intermediate = 120, c.layers = 3, c.heads = 4, c.kv_heads = 2, c.head_dim = 16;
+  c.max_positions = 128;
+  return c;
+}
+
+class HfBadInput : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    bad_ = temp_dir("hf-bad");
+    cfg_ = small_llama();
+    torch::manual_seed(11);
+    llama::LlamaForCausalLM net(cfg_);
+    auto model = fully_shard(net.ptr(), make_local_communicator(), FsdpOptions{});
+    HfSaveOptions so;
+    so.max_shard_size = 16 << 10;
+    so.config = cfg_.to_hf();
+    so.fsync = false;
+    save_hf(*model, bad_, so);
+    for (auto& e : fs::directory_iterator(bad_))
+      if (e.path().extension() == ".safetensors") files_.push_back(e.path().filename().string());
+    std::sort(files_.begin(), files_.end());
+    ASSERT_GT(files_.size(), 3u);
+  }
+  void TearDown() override { fs::remove_all(bad_); }
+  // Loads bad_ into a model whose values are known; returns the error, and
+  // checks that no value changed.
+  std::string load_error(const llama::Config& cfg, bool check_config = true) {
+    torch::manual_seed(5);
+    llama::LlamaForCausalLM net(cfg);
+    auto model = fully_shard(net.ptr(), make_local_communicator(), FsdpOptions{});
+    const auto before = model->full_state(0);
+    HfLoadOptions lo;
+    if (check_config) lo.expect_config = cfg.hf_identity();
+    std::string what;
+    try {
+      load_hf(*model, bad_, lo);
+      ADD_FAILURE() << "load_hf succeeded";
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    const auto after = model->full_state(0);
+    for (size_t i = 0; i < before.size(); ++i)
+      EXPECT_TRUE(torch::equal(before[i].second, after[i].second)) << before[i].first << " changed: " << what;
+    return what;
+  }
+  std::string index_path() const { return bad_ + "/model.safetensors.index.json"; }
+  std::string bad_;
+  llama::Config cfg_;
+  std::vector<std::string> files_;  // the .safetensors files, sorted
+};
+
+TEST_F(HfBadInput, TheCheckpointItselfLoads) {
+  torch::manual_seed(5);
+  llama::LlamaForCausalLM net(cfg_);
+  auto model = fully_shard(net.ptr(), make_local_communicator(), FsdpOptions{});
+  HfLoadOptions lo;
+  lo.expect_config = cfg_.hf_identity();
+  const auto r = load_hf(*model, bad_, lo);
+  EXPECT_EQ(r.files, int(files_.size()));
+  EXPECT_EQ(r.elements, cfg_.num_params());
+  EXPECT_EQ(r.bytes_read - r.header_bytes, 2 * cfg_.num_params());
+}
+
+TEST_F(HfBadInput, AFileTheIndexNamesIsMissing) {
+  fs::remove(bad_ + "/" + files_[2]);
+  const auto e = load_error(cfg_);
+  EXPECT_NE(e.find("files the index names that are missing (1): '" + files_[2] + "'"), std::string::npos) << e;
+  EXPECT_NE(e.find("Nothing was loaded"), std::string::npos) << e;
+}
+
+TEST_F(HfBadInput, ATruncatedFile) {
+  const std::string f = bad_ + "/" + files_[1];
+  fs::resize_file(f, fs::file_size(f) - 100);
+  const auto e = load_error(cfg_);
+  EXPECT_NE(e.find("files that cannot be read (truncated or damaged) (1)"), std::string::npos) << e;
+  EXPECT_NE(e.find(files_[1]), std::string::npos) << e;
+  EXPECT_NE(e.find("truncated file?"), std::string::npos) << e;
+}
+
+TEST_F(HfBadInput, ADtypeThatIsNotFloatingPointAndAShapeMismatch) {
+  // A tensor rewritten as I16 (same bytes) in its file's header.
+  std::string victim;
+  for (auto& e : fs::directory_iterator(bad_)) {
+    const std::string s = slurp(e.path().string());
+    if (s.find("\"model.norm.weight\"") != std::string::npos && e.path().extension() == ".safetensors")
+      victim = e.path().string();
+  }
+  ASSERT_FALSE(victim.empty());
+  std::string s = slurp(victim);
+  const auto at = s.find("\"model.norm.weight\":{");
+  ASSERT_NE(at, std::string::npos) << s.substr(0, 200);
+  s.replace(s.find("\"BF16\"", at), 6, "\"I16\" ");  // same header length; I16 has BF16's size
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << s;
+  llama::Config wider = cfg_;
+  wider.intermediate += 8;  // every MLP weight mismatches
+  const auto e = load_error(wider, /*check_config=*/false);
+  EXPECT_NE(e.find("not floating point"), std::string::npos) << e;
+  EXPECT_NE(e.find("'model.norm.weight' is I16"), std::string::npos) << e;
+  EXPECT_NE(e.find("tensors of another shape (9)"), std::string::npos) << e;
+  EXPECT_NE(e.find("'model.layers.0.mlp.gate_proj.weight': the model has [128, 64], the checkpoint "
+                   "'model.layers.0.mlp.gate_proj.weight' [120, 64]"), std::string::npos) << e;
+}
+
+TEST_F(HfBadInput, AnIndexThatNamesATensorTwice) {
+  std::string s = slurp(index_path());
+  const std::string entry = "\"lm_head.weight\": ";  // the first name: its line ends with a comma
+  const auto at = s.find(entry);
+  ASSERT_NE(at, std::string::npos) << s;
+  const auto eol = s.find('\n', at);
+  s.insert(eol + 1, s.substr(at - 4, eol - at + 5));  // the same line again
+  std::ofstream(index_path(), std::ios::trunc) << s;
+  const auto e = load_error(cfg_);
+  EXPECT_NE(e.find("tensors the index names twice (1): 'lm_head.weight'"), std::string::npos) << e;
+}
+
+TEST_F(HfBadInput, AConfigThatDoesNotMatchTheModel) {
+  llama::Config deeper = cfg_;
+  deeper.layers += 1;
+  deeper.kv_heads = 4;
+  const auto e = load_error(deeper);
+  EXPECT_NE(e.find("config.json does not describe this model (2 differences): num_hidden_layers = 3, this model has "
+                   "4; num_key_value_heads = 2, this model has 4"),
+            std::string::npos)
+      << e;
+}
+
+// Offline, with `fsdp ckpt`: the HF directory as a sharded checkpoint of 3
+// ranks and back (bf16 -> fp32 -> bf16: every tensor bitwise), inspected and
+// verified.
+TEST_F(HfBadInput, FsdpCkptConvertsToAShardedCheckpointAndBack) {
+  const std::string root = bad_ + "-sharded", back = bad_ + "-back";
+  auto r = run_command({bin_path("fsdp"), "ckpt", "convert", bad_, "--from-hf", "--world", "3", "--to", root});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command({bin_path("fsdp"), "ckpt", "convert", root, "--to-hf", back, "--dtype", "bf16",
+                   "--max-shard-size", "20KiB"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto a = ckpt::read_hf_directory(bad_), b = ckpt::read_hf_directory(back);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (auto& [name, t] : a.tensors) {
+    auto x = a.files[size_t(t.file)].reader->read_all(name);
+    auto& u = b.tensors.at(name);
+    EXPECT_TRUE(torch::equal(x, b.files[size_t(u.file)].reader->read_all(name))) << name;
+  }
+  r = run_command({bin_path("fsdp"), "ckpt", "verify", back});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("size and checksums"), std::string::npos) << r.output;
+  r = run_command({bin_path("fsdp"), "ckpt", "inspect", bad_});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(std::to_string(files_.size()) + " files, 30 tensors"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.layers.2.mlp.down_proj.weight"), std::string::npos) << r.output;
+  // A flipped byte in the export is found by verify.
+  const std::string victim = back + "/" + b.files[0].name;
+  std::string bytes = slurp(victim);
+  bytes[bytes.size() - 3] ^= 0x40;
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+  r = run_command({bin_path("fsdp"), "ckpt", "verify", back});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("checksum mismatch"), std::string::npos) << r.output;
+  fs::remove_all(root);
+  fs::remove_all(back);
+}
+
+// ---------------------------------------------------------------------------
+// The name map both ways, without transformers: a model with a fused qkv and
+// a transposed projection under other names, loaded from separate q, k, v,
+// then exported back to the same tensors.
+
+struct FusedImpl : torch::nn::Module {
+  FusedImpl() {
+    qkv = register_parameter("qkv", torch::zeros({12, 4}));    // q [4,4] k [4,4] v [4,4] stacked
+    proj = register_parameter("proj", torch::zeros({4, 6}));   // the checkpoint holds [6, 4]
+    scale = register_parameter("scale", torch::zeros({4}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x; }
+  torch::Tensor qkv, proj, scale;
+};
+
+TEST(HfNameMap, FusedTransposedAndRenamedTensorsLoadAndExportBack) {
+  const std::string d = temp_dir("hf-map");
+  std::map<std::string, torch::Tensor> hf = {
+      {"attn.q.weight", torch::randn({4, 4})}, {"attn.k.weight", torch::randn({4, 4})},
+      {"attn.v.weight", torch::randn({4, 4})}, {"attn.out.weight", torch::randn({6, 4})},
+      {"ln.gain", torch::randn({4})}};
+  std::vector<ckpt::TensorSpec> specs;
+  for (auto& [n, t] : hf) specs.push_back({n, t.sizes().vec(), torch::kFloat16});
+  fs::create_directories(d + "/in");
+  ckpt::write_full_safetensors(d + "/in/model.safetensors", specs,
+                               [&](const ckpt::TensorSpec& s) { return hf.at(s.name).to(torch::kFloat16); });
+  HfNameMap names;
+  names.rules = {{"qkv", {{"attn.q.weight", false, 0, 4}, {"attn.k.weight", false, 0, 4}, {"attn.v.weight", false, 0, 4}}},
+                 {"proj", {{"attn.out.weight", true}}},
+                 {"(s)cale", {{"ln.gain"}}}};
+  auto net = std::make_shared<FusedImpl>();
+  auto model = fully_shard(net, make_local_communicator(), FsdpOptions{});
+  HfLoadOptions lo;
+  lo.names = names;
+  const auto r = load_hf(*model, d + "/in", lo);
+  EXPECT_EQ(r.elements, 12 * 4 + 24 + 4);
+  std::map<std::string, torch::Tensor> got;
+  for (auto& [n, t] : model->full_state(0)) got[n] = t;
+  auto h = [&](const char* n) { return hf.at(n).to(torch::kFloat16).to(torch::kFloat32); };
+  EXPECT_TRUE(torch::equal(got["qkv"], torch::cat({h("attn.q.weight"), h("attn.k.weight"), h("attn.v.weight")})));
+  EXPECT_TRUE(torch::equal(got["proj"], h("attn.out.weight").t()));
+  EXPECT_TRUE(torch::equal(got["scale"], h("ln.gain")));
+  // Back out under the HF names (fp16: the values came from fp16, exactly).
+  HfSaveOptions so;
+  so.names = names;
+  so.dtype = torch::kFloat16;
+  so.fsync = false;
+  save_hf(*model, d + "/out", so);
+  const auto back = ckpt::read_hf_directory(d + "/out");
+  ASSERT_EQ(back.tensors.size(), hf.size());
+  for (auto& [n, t] : hf) {
+    const auto& e = back.tensors.at(n);
+    auto& f = back.files[static_cast<size_t>(e.file)];
+    auto v = f.reader->read_all(n);
+    EXPECT_TRUE(torch::equal(v, t.to(torch::kFloat16))) << n;
+  }
+  EXPECT_TRUE(ckpt::verify_hf_directory(d + "/out").empty());
+  // Exporting again replaces the export; a directory save_hf did not write is refused.
+  save_hf(*model, d + "/out", so);
+  try {
+    save_hf(*model, d + "/in", so);
+    ADD_FAILURE() << "save_hf replaced a directory it did not write";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is not an export written by save_hf"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::exists(d + "/in/model.safetensors"));
+  fs::remove_all(d);
+}
+
+}  // namespace
+}  // namespace fsdp::testing

@@ -1,0 +1,128 @@
+// fsdp-cpp tests: rank-side logic of tests/test_hf.cpp — a Hugging Face
+// Llama checkpoint (made by transformers) loaded into shards, fine-tuned and
+// exported.
+//
+// hf_load DIR REF [STRATEGY]
+//   builds the Llama of DIR/config.json under DeferredInit, wraps it (a unit
+//   per decoder layer), load_hf(DIR), and prints on every rank
+//   "HFLOAD rank=R bytes_read=.. header_bytes=.. data_bytes=.. elements=..
+//    peak=.. model_bytes=.. dir_header_bytes=.."; rank 0 computes the logits
+//   of REF's ids and prints "LOGITS max_abs_diff=%g max_abs=%g".
+// hf_finetune DIR OUT OURS [DTYPE]
+//   loads DIR as above, trains 10 AdamW steps on fixed batches, save_hf(OUT)
+//   (DTYPE fp32 | bf16, config and tokenizer copied from DIR), writes the
+//   logits of the fixed ids to OURS (rank 0) and prints "EXPORT rank=R
+//   files=.. bytes_written=.. received=..", then loads OUT into a fresh model
+//   and prints "RELOAD max_abs_diff=%g" (its logits against the trained one's).
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "fsdp/fsdp.h"
+#include "fsdp/hf.h"
+#include "llama/model.h"
+#include "scenario.h"
+
+namespace fsdp::testing {
+namespace {
+
+using Model = Sharded<std::shared_ptr<llama::LlamaForCausalLMImpl>>;
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// The Llama of dir/config.json, built without memory and sharded with zeros
+// (load_hf gives every value).
+Model build(const CommPtr& comm, const llama::Config& cfg, const std::string& strategy) {
+  llama::LlamaForCausalLM net{nullptr};
+  {
+    DeferredInit deferred;
+    net = llama::LlamaForCausalLM(cfg);
+  }
+  FsdpOptions o;
+  o.strategy = parse_strategy(strategy);
+  o.wrap = WrapPolicy::module_type<llama::DecoderLayerImpl>("DecoderLayer");
+  o.param_init = zeros_for_loading();
+  return fully_shard(net.ptr(), comm, o);
+}
+
+HfLoadResult load(Model& model, const std::string& dir, const llama::Config& cfg) {
+  HfLoadOptions lo;
+  lo.expect_config = cfg.hf_identity();
+  return load_hf(*model, dir, lo);
+}
+
+}  // namespace
+
+FSDP_SCENARIO(hf_load) {
+  const std::string dir = args.at(0), ref = args.at(1);
+  auto comm = make_communicator_from_env();
+  const auto cfg = llama::Config::from_hf(read_json(dir + "/config.json"));
+  Model model = build(comm, cfg, args.size() > 2 ? args[2] : "full");
+  const auto r = load(model, dir, cfg);
+  const auto st = memory::stats();
+  int64_t dir_headers = 0;
+  for (auto& f : ckpt::read_hf_directory(dir).files) dir_headers += f.header_bytes;
+  std::printf("HFLOAD rank=%d bytes_read=%lld header_bytes=%lld data_bytes=%lld elements=%lld peak=%lld "
+              "model_bytes=%lld dir_header_bytes=%lld files=%d\n",
+              comm->rank(), (long long)r.bytes_read, (long long)r.header_bytes,
+              (long long)(r.bytes_read - r.header_bytes), (long long)r.elements, (long long)st.high_water,
+              (long long)(cfg.num_params() * 4), (long long)dir_headers, r.files);
+  ckpt::SafetensorsReader refs(ref);
+  auto ids = refs.read_all("ids");
+  torch::NoGradGuard ng;
+  auto logits = model.forward(ids);  // collective
+  if (comm->rank() == 0) {
+    auto want = refs.read_all("logits");
+    std::printf("LOGITS max_abs_diff=%.9g max_abs=%.6g\n", (logits - want).abs().max().item<double>(),
+                want.abs().max().item<double>());
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+FSDP_SCENARIO(hf_finetune) {
+  const std::string dir = args.at(0), out = args.at(1), ours = args.at(2);
+  const std::string dtype = args.size() > 3 ? args[3] : "fp32";
+  auto comm = make_communicator_from_env();
+  const int N = comm->world_size(), rank = comm->rank();
+  const auto cfg = llama::Config::from_hf(read_json(dir + "/config.json"));
+  Model model = build(comm, cfg, "full");
+  load(model, dir, cfg);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.0));
+  for (int step = 0; step < 10; ++step) {
+    // The global batch of step s, seeded by s, split over the ranks.
+    torch::manual_seed(900 + step);
+    auto X = torch::randint(cfg.vocab, {6, 17}, torch::kLong);
+    const int64_t b = 6 / N;
+    auto x = X.narrow(0, rank * b, b);
+    opt.zero_grad();
+    auto loss = llama::loss(model.forward(x.narrow(1, 0, 16)), x.narrow(1, 1, 16));
+    loss.backward();
+    opt.step();
+  }
+  HfSaveOptions so;
+  so.dtype = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  so.copy_from = dir;
+  so.max_shard_size = 16 << 10;
+  const auto w = save_hf(*model, out, so);
+  std::printf("EXPORT rank=%d files=%d tensors=%d bytes_written=%lld total_bytes=%lld received=%lld\n", rank, w.files,
+              w.tensors, (long long)w.bytes_written, (long long)w.total_bytes, (long long)w.elements_received);
+  torch::NoGradGuard ng;
+  auto ids = ((torch::arange(2 * 16, torch::kLong) * 7 + 3) % cfg.vocab).reshape({2, 16});
+  auto logits = model.forward(ids);
+  if (rank == 0)
+    ckpt::write_full_safetensors(ours, {{"ids", {2, 16}, torch::kLong}, {"logits", logits.sizes().vec(), torch::kFloat32}},
+                                 [&](const ckpt::TensorSpec& s) { return s.name == "ids" ? ids : logits.contiguous(); });
+  // The export, loaded back at this world size: the same model (fp32).
+  Model again = build(comm, cfg, "full");
+  load(again, out, cfg);
+  auto logits2 = again.forward(ids);
+  if (rank == 0) std::printf("RELOAD max_abs_diff=%.9g\n", (logits2 - logits).abs().max().item<double>());
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace fsdp::testing
