@@ -19,8 +19,8 @@
 # namespace), made by unshare, so nothing outside changes:
 #  - mount: each Debian package of HIDE_DEBS has the folders it owns in the
 #    shared places (headers, CMake package files, sources: /usr/include/X,
-#    /usr/share/cmake/X, /usr/src/X, the libraries' cmake/X) covered by an
-#    empty folder, and its plain files there (a header, a static library)
+#    /usr/share/cmake/X, /usr/src/X, the libraries' cmake/X; a folder no
+#    other package owns) covered by an empty folder, and its plain files there (a header, a static library)
 #    covered by an empty file: find_package and #include can find them
 #    nowhere but in the bundle. Symbolic links are left alone (one such as
 #    libz.so points at a library the whole system runs on). The Python
@@ -70,6 +70,8 @@ for pkg in $HIDE_DEBS; do
   while IFS= read -r p; do
     [[ $SHARED == *" $(dirname "$p") "* ]] && [[ $SHARED != *" $p "* ]] || continue
     if [ -L "$p" ] || [ ! -e "$p" ]; then continue
+    # A folder other packages own too (pkgconfig/) is not this package's.
+    elif [ -d "$p" ] && [ "$(dpkg-query -S "$p" | sed 's/: [^:]*$//' | tr ',' '\n' | grep -c .)" != 1 ]; then continue
     elif [ -d "$p" ]; then mount --bind "$HIDDEN/empty" "$p"
     else mount --bind "$HIDDEN/empty-file" "$p"; fi
     echo "rehearse-gpu: hidden $p ($pkg)"
@@ -85,7 +87,9 @@ done
 # A Python module that fails to import, over each of HIDE_PYTHON_MODULES.
 site=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 mkdir -p "$HIDDEN/pymod"
-echo 'raise ImportError("hidden by make rehearse-gpu: python3 on the device machine may hold torch only")' \
+# ModuleNotFoundError, as for a module that is not there (torch catches that
+# one where numpy is optional).
+echo 'raise ModuleNotFoundError("hidden by make rehearse-gpu: python3 there may hold torch only", name=__name__)' \
   >"$HIDDEN/pymod/__init__.py"
 for m in $HIDE_PYTHON_MODULES; do
   [ -d "$site/$m" ] || continue
