@@ -12,8 +12,9 @@
 # second call's time budget as it is there.
 # What differs: DEVICE=cpu and SPEED_SHAPE=small (no GPU here); JOBS is this
 # machine's; the first call's limits are scaled by TIME_SCALE =
-# ceil(DEVICE_CORES / JOBS), as a build on fewer cores takes that much longer
-# (docs/GPU.md gives the build's time here and what it means there).
+# ceil(DEVICE_CORES / the cores this build can count on), as a build on fewer
+# cores takes that much longer (docs/GPU.md gives the build's time here and
+# what it means there).
 #
 # It runs in namespaces of its own (as root, or mapped to root in a user
 # namespace), made by unshare, so nothing outside changes:
@@ -31,7 +32,8 @@
 #
 # Variables (defaults): PYTHON (python3), JOBS (nproc), OUT (runs/rehearse-gpu:
 # build/ and measure/, one per call), BUILD (build-rehearse), BUNDLE (gpu-bundle),
-# DEVICE_CORES (16), HIDE_DEBS (none), HIDE_PYTHON_MODULES (numpy safetensors).
+# DEVICE_CORES (16), HIDE_DEBS (none), HIDE_PYTHON_MODULES (numpy safetensors),
+# REHEARSE_TIME_SCALE (computed, below).
 # Exit status: the first failing call's (run.sh: 1 a step failed), else 0.
 set -euo pipefail
 
@@ -98,9 +100,15 @@ for m in $HIDE_PYTHON_MODULES; do
 done
 "$PYTHON" -c 'import torch; print("rehearse-gpu: torch", torch.__version__, "at", torch.__file__)'
 
-SCALE=$(( (DEVICE_CORES + JOBS - 1) / JOBS ))
+# The first call's limits, scaled to the cores this build can count on:
+# JOBS of its own among what already loads the machine (other builds on a
+# shared machine: the one-minute load average), at most JOBS; SCALE =
+# ceil(DEVICE_CORES / those cores). REHEARSE_TIME_SCALE overrides it.
+load1=$(cut -d' ' -f1 /proc/loadavg)
+SCALE=${REHEARSE_TIME_SCALE:-$(awk -v n="$(nproc)" -v j="$JOBS" -v l="$load1" -v d="$DEVICE_CORES" \
+  'BEGIN { share = n * j / (l + j); if (share > j) share = j; s = d / share; print (s == int(s)) ? s : int(s) + 1 }')}
 echo "rehearse-gpu: $n_hidden entries of $(wc -w <<<"$HIDE_DEBS") Debian packages hidden; network: loopback only;" \
-  "JOBS=$JOBS, the build call's limits x $SCALE ($DEVICE_CORES cores there)"
+  "JOBS=$JOBS, load average $load1: the build call's limits x $SCALE ($DEVICE_CORES cores there)"
 rm -rf "$OUT/build" "$OUT/measure"
 summary=$OUT/rehearse-gpu.md
 mkdir -p "$OUT"
