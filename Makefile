@@ -9,6 +9,8 @@
 #   make test-asan  the test suite with address+undefined sanitizers (build-asan/)
 #   make test-gpu   on a machine with an NVIDIA GPU: build with FSDP_CUDA, the GPU tests, parity and
 #                   the speed table against PyTorch FSDP2 into one results file (docs/GPU.md)
+#   make gpu-bundle the build packages as one folder, for a GPU machine without them or a network
+#   make rehearse-gpu  test-gpu as that machine runs it, on the CPU, against its torch (2.11) (docs/GPU.md)
 SHELL := /bin/bash
 BUILD ?= build
 JOBS ?= $(shell nproc)

@@ -125,6 +125,11 @@ step_configure() {
   local args=(-S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFSDP_PYTHON="$PYTHON"
               -DFSDP_BUILD_BENCH=ON -DFSDP_BUILD_EXAMPLES=ON -DFSDP_INSTALL=OFF)
   if [ "$DEVICE" = cuda ]; then args+=(-DFSDP_CUDA=ON); fi
+  # Ninja where there is one (a new build folder only: the generator is
+  # fixed at the first configure): it starts a target's compiles without
+  # waiting for the libraries below it to be linked, where Makefiles build
+  # the layers one after another and leave most of 16 cores idle.
+  if [ ! -f "$BUILD/CMakeCache.txt" ] && command -v ninja >/dev/null; then args+=(-G Ninja); fi
   missing=$(missing_packages)
   if [ -n "$missing" ] && [ -f "$BUNDLE/MANIFEST" ]; then
     args+=(-DCMAKE_PREFIX_PATH="$BUNDLE/usr" -DFSDP_GTEST_SOURCE_DIR="$BUNDLE/usr/src/googletest/googletest")
