@@ -9,6 +9,8 @@
 #   make test-asan  the test suite with address+undefined sanitizers (build-asan/)
 #   make test-gpu   on a machine with an NVIDIA GPU: build with FSDP_CUDA, the GPU tests, parity and
 #                   the speed table against PyTorch FSDP2 into one results file (docs/GPU.md)
+#   make gpu-bundle the build packages as one folder, for a GPU machine without them or a network
+#   make rehearse-gpu  test-gpu as that machine runs it, on the CPU, against its torch (2.11) (docs/GPU.md)
 SHELL := /bin/bash
 BUILD ?= build
 JOBS ?= $(shell nproc)
@@ -42,7 +44,8 @@ TORCH_PIP := torch==$(TORCH_VERSION) numpy safetensors
 TEST_PIP := transformers==5.25.0
 TEST_PIP_MARK := $(TORCH_ENV)/.test-$(subst =,-,$(TEST_PIP))
 
-.PHONY: deps debs deps-build torch test-pydeps configure build test demo scale tiny bench clean fuzz test-asan test-asan-ci docs install test-gpu
+.PHONY: deps debs deps-build torch test-pydeps configure build test demo scale tiny bench clean fuzz test-asan test-asan-ci \
+        docs install test-gpu gpu-bundle torch-gpu rehearse-gpu
 
 # The one place that installs Debian packages: those of $(DEBS) that are
 # missing (nothing, not even apt-get update, when all are there). Other
@@ -220,3 +223,37 @@ GPU_OUT ?= runs/test-gpu
 test-gpu:
 	OUT=$(if $(filter command line,$(origin OUT)),$(OUT),$(GPU_OUT)) PYTHON=$(or $(PYTHON),python3) JOBS=$(JOBS) \
 	  BUILD=$(if $(filter command line environment,$(origin BUILD)),$(BUILD),build-gpu) bash tests/gpu/run.sh
+
+# The machine lent for the GPU run (docs/GPU.md, "The device machine") has
+# torch 2.11 in python3, CMake, a compiler, no network and none of the
+# Debian build packages. What travels there with the tree:
+#   make gpu-bundle   $(GPU_BUNDLE)/: the headers and CMake files of the build
+#                     packages and GoogleTest's sources, from the Debian packages
+#                     (downloaded and unpacked, nothing installed; tests/gpu/bundle.sh)
+# and what proves the run here first:
+#   make torch-gpu    that machine's torch ($(GPU_TORCH_VERSION)) in a venv of its own
+#   make rehearse-gpu tests/gpu/run.sh's two calls as made there (BUILD_ONLY=1,
+#                     then SKIP_BUILD=1), DEVICE=cpu, against torch $(GPU_TORCH_VERSION),
+#                     with the packages below hidden and no network (tests/gpu/rehearse.sh;
+#                     root: it makes its own mount and network namespaces).
+#                     Results: runs/rehearse-gpu/ (OUT on make's command line).
+GPU_TORCH_VERSION := 2.11.0
+GPU_TORCH_ENV := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/fsdp-cpp/torch-$(GPU_TORCH_VERSION)
+GPU_BUNDLE ?= gpu-bundle
+GPU_BUNDLE_DEBS := nlohmann-json3-dev libcli11-dev googletest
+# Hidden in the rehearsal: the build packages that machine lacks (BUILD_DEBS
+# less the compiler, CMake and venv) and GoogleTest's sources.
+GPU_HIDE_DEBS := nlohmann-json3-dev libcli11-dev libgtest-dev googletest libbenchmark-dev zlib1g-dev
+REHEARSE_OUT ?= runs/rehearse-gpu
+
+gpu-bundle: $(GPU_BUNDLE)/MANIFEST
+$(GPU_BUNDLE)/MANIFEST:
+	bash tests/gpu/bundle.sh $(GPU_BUNDLE) $(GPU_BUNDLE_DEBS)
+
+torch-gpu:
+	@$(MAKE) --no-print-directory torch TORCH_VERSION=$(GPU_TORCH_VERSION)
+
+rehearse-gpu: gpu-bundle torch-gpu
+	OUT=$(if $(filter command line,$(origin OUT)),$(OUT),$(REHEARSE_OUT)) PYTHON=$(GPU_TORCH_ENV)/bin/python \
+	  JOBS=$(JOBS) BUNDLE=$(GPU_BUNDLE) HIDE_DEBS="$(GPU_HIDE_DEBS)" \
+	  BUILD=$(if $(filter command line environment,$(origin BUILD)),$(BUILD),build-rehearse) bash tests/gpu/rehearse.sh

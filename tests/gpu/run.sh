@@ -4,14 +4,18 @@
 #
 #   bash tests/gpu/run.sh                   # = make test-gpu
 #   BUILD=build SKIP_BUILD=1 DEVICE=cpu SPEED_SHAPE=small bash tests/gpu/run.sh   # the plumbing, on a CPU
+#   BUILD_ONLY=1 bash tests/gpu/run.sh; SKIP_BUILD=1 bash tests/gpu/run.sh
+#                                           # the same in two calls (a machine lent by the
+#                                           # call: docs/GPU.md, "The device machine")
 #
 # Steps, each timed and under `timeout`, each a row of $OUT/test-gpu.md (its
 # log in $OUT/logs/STEP.log); a failed step is recorded as FAILED with its
 # log's last lines and the script goes on:
 #   environment        nvidia-smi -L; torch, CUDA and NCCL versions; the build's
-#                      packages (headers) that are missing
+#                      packages (headers) that are missing, and the bundle
 #   configure, build   cmake with FSDP_CUDA against $PYTHON's torch; only the
-#                      binaries the steps below run
+#                      binaries the steps below run. Where the system lacks the
+#                      build packages, from $BUNDLE (make gpu-bundle)
 #   gpu_tests          fsdp_tests --gtest_filter='Gpu.*'
 #   parity_*           GPT-mini (L=2, d=64) trained $PARITY_STEPS steps in fp32 by
 #                      plain libtorch on the GPU (fsdp_test_worker gpt_reference),
@@ -32,14 +36,23 @@
 #   PYTHON (python3)      an interpreter with torch: libtorch for the build, FSDP2
 #   BUILD (build-gpu)     the build folder;  JOBS (nproc) parallel compile jobs
 #   SKIP_BUILD (0)        1: use BUILD's binaries as they are when all are there
+#                         (else configure and build as without it)
+#   BUILD_ONLY (0)        1: environment, configure and build only
+#   BUNDLE (gpu-bundle)   headers, CMake files and GoogleTest's sources of the build
+#                         packages (make gpu-bundle); used when the system lacks them
 #   DEVICE (cuda)         cpu: the dry run (Gloo, the CPU, no goals judged)
 #   SPEED_SHAPE (full)    small: d=64 L=2 T=128 h=4 (the dry run's)
 #   SPEED_BATCH (8)  SPEED_ROUNDS (3)  SPEED_STEPS (5)  SPEED_WARMUP (3)
 #   PARITY_STEPS (20)     PEAK_TFLOPS (989: an H200's dense bf16, by the datasheet)
-#   TIME_BUDGET (560)     seconds for the whole script: each step's limit is cut
+#   TIME_BUDGET (560; 280 with BUILD_ONLY=1, 300 with SKIP_BUILD=1: one call each
+#                         on a machine lent by the call)
+#                         seconds for the whole script: each step's limit is cut
 #                         to what is left, and one with under 30 s left is not
 #                         started (FAILED)
 #   BUILD_TIMEOUT (330)   the build step's own limit
+#   TIME_SCALE (1)        every limit above and each step's own, times this: a
+#                         machine with fewer cores than the one the limits are
+#                         sized for (the rehearsal's build, make rehearse-gpu)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -48,6 +61,7 @@ export DEVICE=${DEVICE:-cuda}
 export PYTHON=${PYTHON:-python3}
 export JOBS=${JOBS:-$(nproc)}
 export SKIP_BUILD=${SKIP_BUILD:-0}
+export BUILD_ONLY=${BUILD_ONLY:-0}
 export SPEED_SHAPE=${SPEED_SHAPE:-full}
 export SPEED_BATCH=${SPEED_BATCH:-8}
 export SPEED_ROUNDS=${SPEED_ROUNDS:-3}
@@ -55,12 +69,21 @@ export SPEED_STEPS=${SPEED_STEPS:-5}
 export SPEED_WARMUP=${SPEED_WARMUP:-3}
 export PARITY_STEPS=${PARITY_STEPS:-20}
 export PEAK_TFLOPS=${PEAK_TFLOPS:-989}
-TIME_BUDGET=${TIME_BUDGET:-560}
+# The budgets of a machine lent by the call (docs/GPU.md): the build's call
+# and the measuring call each fit one call with room to rerun one of them.
+if [ "$BUILD_ONLY" = 1 ]; then TIME_BUDGET=${TIME_BUDGET:-280}
+elif [ "$SKIP_BUILD" = 1 ]; then TIME_BUDGET=${TIME_BUDGET:-300}
+else TIME_BUDGET=${TIME_BUDGET:-560}; fi
 BUILD_TIMEOUT=${BUILD_TIMEOUT:-330}
+TIME_SCALE=${TIME_SCALE:-1}
+[[ $TIME_SCALE =~ ^[1-9][0-9]*$ ]] || { echo "tests/gpu/run.sh: TIME_SCALE=$TIME_SCALE: expected a whole number >= 1" >&2; exit 2; }
+TIME_BUDGET=$((TIME_BUDGET * TIME_SCALE)) BUILD_TIMEOUT=$((BUILD_TIMEOUT * TIME_SCALE))
 OUT=${OUT:-runs/test-gpu}
 BUILD=${BUILD:-build-gpu}
+BUNDLE=${BUNDLE:-gpu-bundle}
 mkdir -p "$OUT" "$BUILD"
 export OUT=$(cd "$OUT" && pwd) BUILD=$(cd "$BUILD" && pwd) ROOT
+export BUNDLE=$(cd "$BUNDLE" 2>/dev/null && pwd || echo "$ROOT/$BUNDLE")
 export BIN=$BUILD/bin
 case $DEVICE in
   cuda) export FSDP_BACKEND_N1=nccl PARITY_DEVICE_N1=cuda PARITY_DEVICE_N2=cuda:0 REF_DEVICE=cuda:0 ;;
@@ -77,23 +100,54 @@ esac
 # A step writes its log to stdout; a one-line summary to $DETAIL and, where it
 # has a table, Markdown to $FRAGMENT; its exit status is its result.
 
-# Where GoogleTest is missing, the tests are left out and the step fails, but
+# The build packages (the Makefile's BUILD_DEBS) that find_package needs
+# beside torch, each known by one header: prints those the system lacks.
+missing_packages() {
+  local h missing=()
+  for h in nlohmann/json.hpp:nlohmann-json3-dev CLI/CLI.hpp:libcli11-dev gtest/gtest.h:libgtest-dev; do
+    [ -e "/usr/include/${h%%:*}" ] || [ -e "/usr/local/include/${h%%:*}" ] || missing+=("${h#*:}")
+  done
+  echo "${missing[*]}"
+}
+
+# Where the system lacks any build package, the bundle gives all of them
+# (one consistent set: the versions this project's own machines test), with
+# GoogleTest built from its sources by this machine's compiler. Where
+# GoogleTest is still missing, the tests are left out and the step fails, but
 # the build goes on without them: the speed table needs none of them.
 TARGETS_FILE=$OUT/logs/build-targets
+# FSDP_CUDA: ON for a GPU run; on a CPU, CMake's default (ON where torch has
+# CUDA libraries: a CPU rehearsal then still compiles and links the plugin
+# as the GPU run will).
+cuda_of_build() { grep -q '^FSDP_CUDA:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null && echo ON || echo OFF; }
 step_configure() {
-  local cuda=OFF
-  [ "$DEVICE" = cuda ] && cuda=ON
-  local args=(-S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFSDP_PYTHON="$PYTHON" -DFSDP_CUDA=$cuda
+  local cuda missing note=""
+  local args=(-S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFSDP_PYTHON="$PYTHON"
               -DFSDP_BUILD_BENCH=ON -DFSDP_BUILD_EXAMPLES=ON -DFSDP_INSTALL=OFF)
+  if [ "$DEVICE" = cuda ]; then args+=(-DFSDP_CUDA=ON); fi
+  # Ninja where there is one (a new build folder only: the generator is
+  # fixed at the first configure): it starts a target's compiles without
+  # waiting for the libraries below it to be linked, where Makefiles build
+  # the layers one after another and leave most of 16 cores idle.
+  if [ ! -f "$BUILD/CMakeCache.txt" ] && command -v ninja >/dev/null; then args+=(-G Ninja); fi
+  missing=$(missing_packages)
+  if [ -n "$missing" ] && [ -f "$BUNDLE/MANIFEST" ]; then
+    args+=(-DCMAKE_PREFIX_PATH="$BUNDLE/usr" -DFSDP_GTEST_SOURCE_DIR="$BUNDLE/usr/src/googletest/googletest")
+    note="; the system lacks $missing: all from the bundle"
+  elif [ -n "$missing" ]; then
+    note="; the system lacks $missing and there is no bundle ($BUNDLE: make gpu-bundle)"
+  fi
   if cmake "${args[@]}" -DFSDP_BUILD_TESTS=ON; then
+    cuda=$(cuda_of_build)
     echo "fsdp fsdp_tests fsdp_test_worker gpt tiny bench_train$([ $cuda = ON ] && echo ' fsdp_cuda')" >"$TARGETS_FILE"
-    echo "FSDP_CUDA=$cuda, torch of $PYTHON" >"$DETAIL"
+    echo "FSDP_CUDA=$cuda, torch of $PYTHON$note" >"$DETAIL"
     return 0
   fi
   echo "== again without the tests (FSDP_BUILD_TESTS=OFF)"
   cmake "${args[@]}" -DFSDP_BUILD_TESTS=OFF
+  cuda=$(cuda_of_build)
   echo "fsdp gpt tiny bench_train$([ $cuda = ON ] && echo ' fsdp_cuda')" >"$TARGETS_FILE"
-  echo "FSDP_CUDA=$cuda; configured only WITHOUT the tests (see the log: a package missing?)" >"$DETAIL"
+  echo "FSDP_CUDA=$cuda; configured only WITHOUT the tests (see the log: a package missing?)$note" >"$DETAIL"
   return 1
 }
 
@@ -119,11 +173,14 @@ EOF
     echo "cmake $(cmake --version | head -1 | awk '{print $3}'), $(${CXX:-c++} --version | head -1)"
     if command -v nvcc >/dev/null; then nvcc --version | tail -1; else echo "nvcc: not on PATH"; fi
     # What the build finds with find_package beside torch (Makefile's BUILD_DEBS).
-    local h missing=""
-    for h in nlohmann/json.hpp:nlohmann-json3-dev CLI/CLI.hpp:libcli11-dev gtest/gtest.h:libgtest-dev; do
-      [ -e "/usr/include/${h%%:*}" ] || [ -e "/usr/local/include/${h%%:*}" ] || missing+=" ${h#*:} (${h%%:*})"
-    done
-    echo "build packages missing:${missing:- none}"
+    local missing
+    missing=$(missing_packages)
+    echo "build packages missing: ${missing:-none}"
+    if [ -f "$BUNDLE/MANIFEST" ]; then
+      echo "bundle $(basename "$BUNDLE"): $(cut -f1,2 "$BUNDLE/MANIFEST" | tr '\t\n' '= ')"
+    else
+      echo "bundle: none at $BUNDLE"
+    fi
     echo '```'; } >"$FRAGMENT" 2>&1
   cat "$FRAGMENT"
   if [ "$DEVICE" = cuda ] && ! "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
@@ -316,6 +373,7 @@ run_step() {
     record "$name" "FAILED (not started)" 0 "TIME_BUDGET=$TIME_BUDGET s spent before it"
     return 1
   fi
+  limit=$((limit * TIME_SCALE))
   [ "$limit" -le "$left" ] || limit=$left
   export LOG=$OUT/logs/$name.log DETAIL=$OUT/logs/$name.detail FRAGMENT=$OUT/logs/$name.md
   : >"$DETAIL"
@@ -338,7 +396,20 @@ run_step() {
   return "$rc"
 }
 
-echo "tests/gpu/run.sh: DEVICE=$DEVICE BUILD=$BUILD OUT=$OUT (results: $MD)"
+# The results file, the archive beside it, and the exit status.
+goals_missed=0
+finish() {
+  render
+  # Everything but the weights in one file, to carry the run away beside test-gpu.md.
+  tar -czf "$OUT/test-gpu-logs.tar.gz" -C "$OUT" steps.tsv logs speed $(cd "$OUT" && ls parity/*.txt 2>/dev/null) ||
+    echo "tests/gpu/run.sh: could not write $OUT/test-gpu-logs.tar.gz"
+  echo "tests/gpu/run.sh: $(( $(date +%s) - START )) s; results in $MD and $OUT/test-gpu-logs.tar.gz"
+  if [ "$FAILED" != 0 ]; then exit 1; fi
+  if [ "$goals_missed" != 0 ]; then exit 2; fi
+  exit 0
+}
+
+echo "tests/gpu/run.sh: DEVICE=$DEVICE BUILD=$BUILD OUT=$OUT TIME_BUDGET=$TIME_BUDGET s (results: $MD)"
 run_step environment 60 || true
 have_bins=1
 for b in fsdp fsdp_tests fsdp_test_worker bench_train; do [ -x "$BIN/$b" ] || have_bins=0; done
@@ -353,6 +424,8 @@ else
     record build "FAILED (not started)" 0 "configure failed"
   fi
 fi
+# The first of two calls ends here: the second (SKIP_BUILD=1) finds the build.
+if [ "$BUILD_ONLY" = 1 ]; then finish; fi
 run_step gpu_tests 150 || true
 if run_step parity_reference 90; then
   run_step parity_n1 90 || true
@@ -366,7 +439,6 @@ run_step plan 30 || true
 run_step speed 300 || true
 
 # The goals, from the speed step's table.
-goals_missed=0
 {
   if [ -s "$SPEED/goals.tsv" ]; then
     while IFS=$'\t' read -r name value target status; do
@@ -380,11 +452,4 @@ goals_missed=0
   fi
 } >"$OUT/logs/goals.md"
 cat "$OUT/logs/goals.md"
-render
-# Everything but the weights in one file, to carry the run away beside test-gpu.md.
-tar -czf "$OUT/test-gpu-logs.tar.gz" -C "$OUT" steps.tsv logs speed $(cd "$OUT" && ls parity/*.txt 2>/dev/null) ||
-  echo "tests/gpu/run.sh: could not write $OUT/test-gpu-logs.tar.gz"
-echo "tests/gpu/run.sh: $(( $(date +%s) - START )) s; results in $MD and $OUT/test-gpu-logs.tar.gz"
-if [ "$FAILED" != 0 ]; then exit 1; fi
-if [ "$goals_missed" != 0 ]; then exit 2; fi
-exit 0
+finish
