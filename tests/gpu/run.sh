@@ -42,8 +42,10 @@
 #                         packages (make gpu-bundle); used when the system lacks them
 #   DEVICE (cuda)         cpu: the dry run (Gloo, the CPU, no goals judged)
 #   SPEED_SHAPE (full)    small: d=64 L=2 T=128 h=4 (the dry run's)
-#   SPEED_BATCH (8)  SPEED_ROUNDS (3)  SPEED_STEPS (5)  SPEED_WARMUP (3)
+#   SPEED_BATCH (8)  SPEED_ROUNDS (2)  SPEED_STEPS (5)  SPEED_WARMUP (3)
+#   ATTENTIONS ("matmul sdpa")  GPT-mini's attention on both sides, each in every round
 #   PARITY_STEPS (20)     PEAK_TFLOPS (989: an H200's dense bf16, by the datasheet)
+#   MATMUL_TFLOPS (790: what a large bf16 matmul reaches on an H200; a second MFU column)
 #   TIME_BUDGET (560; 280 with BUILD_ONLY=1, 300 with SKIP_BUILD=1: one call each
 #                         on a machine lent by the call)
 #                         seconds for the whole script: each step's limit is cut
@@ -64,11 +66,13 @@ export SKIP_BUILD=${SKIP_BUILD:-0}
 export BUILD_ONLY=${BUILD_ONLY:-0}
 export SPEED_SHAPE=${SPEED_SHAPE:-full}
 export SPEED_BATCH=${SPEED_BATCH:-8}
-export SPEED_ROUNDS=${SPEED_ROUNDS:-3}
+export SPEED_ROUNDS=${SPEED_ROUNDS:-2}
+export ATTENTIONS=${ATTENTIONS:-matmul sdpa}
 export SPEED_STEPS=${SPEED_STEPS:-5}
 export SPEED_WARMUP=${SPEED_WARMUP:-3}
 export PARITY_STEPS=${PARITY_STEPS:-20}
 export PEAK_TFLOPS=${PEAK_TFLOPS:-989}
+export MATMUL_TFLOPS=${MATMUL_TFLOPS:-790}
 # The budgets of a machine lent by the call (docs/GPU.md): the build's call
 # and the measuring call each fit one call with room to rerun one of them.
 if [ "$BUILD_ONLY" = 1 ]; then TIME_BUDGET=${TIME_BUDGET:-280}
@@ -262,14 +266,20 @@ bounded() {
 
 SPEED=$OUT/speed
 step_plan() {
-  "$BIN/fsdp" plan --model gpt --layers "$S_LAYERS" --dim "$S_DIM" --heads "$S_HEADS" --seq "$S_SEQ" \
-    --batch "$SPEED_BATCH" --world 1 --strategy full --dtype bf16 --prefetch 2 --json >"$SPEED/plan.json"
-  "$PYTHON" -c 'import json, sys; p = json.load(open(sys.argv[1]))["plan"]; print("peak %.1f MiB at %s" % (p["peak"] / 2**20, p.get("peak_at", "?")))' \
-    "$SPEED/plan.json" | tee "$DETAIL"
+  local att
+  for att in $ATTENTIONS; do
+    "$BIN/fsdp" plan --model gpt --layers "$S_LAYERS" --dim "$S_DIM" --heads "$S_HEADS" --seq "$S_SEQ" \
+      --batch "$SPEED_BATCH" --world 1 --strategy full --dtype bf16 --prefetch 2 --attention "$att" --json \
+      >"$SPEED/plan-$att.json"
+  done
+  for att in $ATTENTIONS; do
+    "$PYTHON" -c 'import json, sys; p = json.load(open(sys.argv[1]))["plan"]; print("%s: peak %.1f MiB at %s" % (sys.argv[2], p["peak"] / 2**20, p.get("peak_at", "?")))' \
+      "$SPEED/plan-$att.json" "$att"
+  done | tee "$DETAIL"
 }
 
 step_speed() {
-  local round ours_ok=0 peer_ok=0 left
+  local round att ours_ok=0 peer_ok=0 runs=0
   local shape=(--dim "$S_DIM" --layers "$S_LAYERS" --heads "$S_HEADS" --seq "$S_SEQ" --batch "$SPEED_BATCH")
   # bench_train's flags, those at its defaults (cpu, T=128, h=4) left out: the
   # CPU dry run then also runs with a bench_train built before they existed.
@@ -278,25 +288,34 @@ step_speed() {
   [ "$S_SEQ" = 128 ] || ours+=(--seq "$S_SEQ")
   [ "$S_HEADS" = 4 ] || ours+=(--heads "$S_HEADS")
   rm -f "$SPEED/ours.jsonl" "$SPEED/fsdp2.jsonl"
+  # Every round runs each attention on both sides before the next round:
+  # a slow moment of the machine lands on all of them.
   for round in $(seq 1 "$SPEED_ROUNDS"); do
-    echo "== round $round: fsdp-cpp bench_train"
-    if bounded "${SPEED_RUN_TIMEOUT:-120}" env FSDP_BACKEND="$FSDP_BACKEND_N1" "$BIN/fsdp" run -n 1 -- \
-        "$BIN/bench_train" "${ours[@]}" --strategies full --prefetch on \
-        --dtypes bf16 --steps "$SPEED_STEPS" --warmup "$SPEED_WARMUP" --rounds 1 --json "$SPEED/ours.jsonl"; then
-      ours_ok=$((ours_ok + 1))
-    fi
-    echo "== round $round: PyTorch FSDP2"
-    if bounded "${SPEED_RUN_TIMEOUT:-120}" "$PYTHON" "$ROOT/bench/ddp_reference.py" --device "$DEVICE" --world 1 \
-        --modes fsdp2 --dtype bf16 "${shape[@]}" --steps "$SPEED_STEPS" --warmup "$SPEED_WARMUP" \
-        --json "$SPEED/fsdp2.jsonl"; then
-      peer_ok=$((peer_ok + 1))
-    fi
+    for att in $ATTENTIONS; do
+      runs=$((runs + 1))
+      echo "== round $round, attention $att: fsdp-cpp bench_train"
+      if bounded "${SPEED_RUN_TIMEOUT:-120}" env FSDP_BACKEND="$FSDP_BACKEND_N1" "$BIN/fsdp" run -n 1 -- \
+          "$BIN/bench_train" "${ours[@]}" --attention "$att" --strategies full --prefetch on \
+          --dtypes bf16 --steps "$SPEED_STEPS" --warmup "$SPEED_WARMUP" --rounds 1 --json "$SPEED/ours.jsonl"; then
+        ours_ok=$((ours_ok + 1))
+      fi
+      echo "== round $round, attention $att: PyTorch FSDP2"
+      if bounded "${SPEED_RUN_TIMEOUT:-120}" "$PYTHON" "$ROOT/bench/ddp_reference.py" --device "$DEVICE" --world 1 \
+          --modes fsdp2 --dtype bf16 --attention "$att" "${shape[@]}" --steps "$SPEED_STEPS" \
+          --warmup "$SPEED_WARMUP" --json "$SPEED/fsdp2.jsonl"; then
+        peer_ok=$((peer_ok + 1))
+      fi
+    done
   done
-  "$PYTHON" "$ROOT/tests/gpu/speed_table.py" "$SPEED/ours.jsonl" "$SPEED/fsdp2.jsonl" "$SPEED/plan.json" \
-    --peak-tflops "$PEAK_TFLOPS" --device "$DEVICE" --goals "$SPEED/goals.tsv" "${shape[@]}" >"$FRAGMENT" || true
+  local plans=("$SPEED/plan-matmul.json")
+  [ -e "$SPEED/plan-sdpa.json" ] && plans+=(--plan-sdpa "$SPEED/plan-sdpa.json")
+  "$PYTHON" "$ROOT/tests/gpu/speed_table.py" "$SPEED/ours.jsonl" "$SPEED/fsdp2.jsonl" "${plans[@]}" \
+    --peak-tflops "$PEAK_TFLOPS" --matmul-tflops "$MATMUL_TFLOPS" --device "$DEVICE" --goals "$SPEED/goals.tsv" \
+    "${shape[@]}" >"$FRAGMENT" || true
   cat "$FRAGMENT"
-  echo "rounds that ran: fsdp-cpp $ours_ok / $SPEED_ROUNDS, FSDP2 $peer_ok / $SPEED_ROUNDS" >"$DETAIL"
-  [ "$ours_ok" = "$SPEED_ROUNDS" ] && [ "$peer_ok" = "$SPEED_ROUNDS" ]
+  echo "runs that ran ($SPEED_ROUNDS rounds x attentions $ATTENTIONS): fsdp-cpp $ours_ok / $runs, FSDP2 $peer_ok / $runs" \
+    >"$DETAIL"
+  [ "$ours_ok" = "$runs" ] && [ "$peer_ok" = "$runs" ]
 }
 
 if [ "${1:-}" = __step ]; then
