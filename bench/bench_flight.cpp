@@ -27,6 +27,7 @@
 
 #include "fsdp/comm.h"
 #include "fsdp/flight.h"
+#include "observe/flight_hooks.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/init.h"
 #include "gpt/model.h"

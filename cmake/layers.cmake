@@ -1,18 +1,23 @@
 # fsdp-cpp: the layers of the library (see the table in CMakeLists.txt).
 #
-# fsdp_layer(<name> FOLDERS <src folders> [DEPS <layers>] [PRIVATE_LIBS <libs>])
+# fsdp_layer(<name> FOLDERS <src folders> [DEPS <layers>] [EXPORTS <headers>]
+#            [PRIVATE_LIBS <libs>])
 # makes the static library fsdp_<name> (exported as fsdp::<name>) from
 # src/<folder>/**/*.cpp. The sources include their own headers as
 # "<folder>/x.h"; the only path that resolves those is a folder of links made
 # for this layer (<build>/layers/fsdp_<name>/<folder> -> src/<folder>, plus
 # common/), so including another layer's private header is a compile error.
-# fsdp_<name>_internal hands that path to white-box tests; nothing else links it.
+# EXPORTS names the few internal headers (paths under src/, e.g.
+# comm/fail_together.h) a layer offers the layers that list it in DEPS: each
+# gets a link to exactly those files, never to the rest of the folder, and
+# none is installed. fsdp_<name>_internal hands the path to white-box tests;
+# nothing else links it.
 
 set(FSDP_LAYER_TARGETS "")
 set(FSDP_LAYER_TABLE "")
 
 function(fsdp_layer name)
-  cmake_parse_arguments(L "" "" "FOLDERS;DEPS;PRIVATE_LIBS" ${ARGN})
+  cmake_parse_arguments(L "" "" "FOLDERS;DEPS;EXPORTS;PRIVATE_LIBS" ${ARGN})
   set(target fsdp_${name})
   set(root ${PROJECT_BINARY_DIR}/layers/${target})
   file(REMOVE_RECURSE ${root})
@@ -23,6 +28,21 @@ function(fsdp_layer name)
       file(CREATE_LINK ${PROJECT_SOURCE_DIR}/src/${folder} ${root}/${folder} SYMBOLIC)
     endif()
   endforeach()
+  # What the layers below offer this one (their EXPORTS), file by file.
+  foreach(d IN LISTS L_DEPS)
+    get_property(offered GLOBAL PROPERTY FSDP_LAYER_EXPORTS_${d})
+    foreach(header IN LISTS offered)
+      get_filename_component(dir ${root}/${header} DIRECTORY)
+      file(MAKE_DIRECTORY ${dir})
+      file(CREATE_LINK ${PROJECT_SOURCE_DIR}/src/${header} ${root}/${header} SYMBOLIC)
+    endforeach()
+  endforeach()
+  foreach(header IN LISTS L_EXPORTS)
+    if(NOT EXISTS ${PROJECT_SOURCE_DIR}/src/${header})
+      message(FATAL_ERROR "layer ${name}: EXPORTS names src/${header}, which does not exist")
+    endif()
+  endforeach()
+  set_property(GLOBAL PROPERTY FSDP_LAYER_EXPORTS_${name} ${L_EXPORTS})
   foreach(folder IN LISTS L_FOLDERS)
     if(IS_DIRECTORY ${PROJECT_SOURCE_DIR}/src/${folder})
       list(APPEND dirs ${PROJECT_SOURCE_DIR}/src/${folder})

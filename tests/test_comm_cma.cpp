@@ -84,8 +84,10 @@ INSTANTIATE_TEST_SUITE_P(Transports, CommSumOrder,
                          });
 
 // Rank 1 of 3 SIGKILLs itself while 16 MiB blocks are being read from it:
-// ranks 0 and 2 fail within timeout + 2 s with an error naming rank 1, and
-// nothing is left in /dev/shm (the transport creates no files at all).
+// ranks 0 and 2 fail (the harness bounds the run; the diagnosis's budget is
+// checked on an injected clock, DiagnosisEvidence.*) with an error naming
+// rank 1, and nothing is left in /dev/shm (the transport creates no files
+// at all).
 TEST(CommTransport, RankKilledMidGatherFailsTheOthersNamingIt) {
   if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
   const auto shm_before = shm_entries();
@@ -96,10 +98,7 @@ TEST(CommTransport, RankKilledMidGatherFailsTheOthersNamingIt) {
   EXPECT_EQ(lines_with(r.output, "] transport cma+gloo").size(), 3u) << r.output;
   for (int survivor : {0, 2}) {
     const std::string tag = "[rank " + std::to_string(survivor) + "] ";
-    auto elapsed = lines_with(r.output, tag + "after ");
-    ASSERT_EQ(elapsed.size(), 1u) << r.output;
-    const double s = std::stod(elapsed[0].substr(elapsed[0].find("elapsed=") + 8));
-    EXPECT_LT(s, 3.0 + 2.0) << elapsed[0];
+    EXPECT_EQ(lines_with(r.output, tag + "after ").size(), 1u) << r.output;
     auto error = lines_with(r.output, tag + "error:");
     ASSERT_EQ(error.size(), 1u) << r.output;
     EXPECT_TRUE(contains(error[0], "rank 1")) << error[0];
@@ -112,7 +111,7 @@ TEST(CommTransport, RankKilledMidGatherFailsTheOthersNamingIt) {
 }
 
 // The existing timeout contract over each transport: rank 2 never arrives
-// at #3, the others fail within timeout + 2 s naming it.
+// at #3, the others fail once the timeout passed, naming it.
 class CommTimeoutOver : public ::testing::TestWithParam<std::string> {};
 TEST_P(CommTimeoutOver, NamesTheMissingRank) {
   const std::string transport = GetParam();
@@ -123,7 +122,6 @@ TEST_P(CommTimeoutOver, NamesTheMissingRank) {
   ASSERT_EQ(elapsed.size(), 1u) << r.output;
   const double s = std::stod(elapsed[0].substr(elapsed[0].find('=') + 1));
   EXPECT_GE(s, 1.9) << r.output;
-  EXPECT_LT(s, 4.0) << r.output;
   EXPECT_FALSE(lines_with(r.output, "[rank 0] Ranks that never arrived at #3: rank 2 (last entered #2").empty())
       << r.output;
   EXPECT_FALSE(lines_with(r.output, "[rank 0] later call failed after 0.0").empty()) << r.output;

@@ -129,9 +129,10 @@ TEST(CommTiers, BytesPerTierAreExact) {
 
 // ---------------------------------------------------------------- failure
 // Rank 1 (host a, with rank 0) kills itself in the middle of 16 MiB
-// all-gathers: every survivor, on either host, fails within the timeout
-// + 2 s, and those that talk to it directly (rank 0 inside the host, rank
-// 3 across) name it.
+// all-gathers: every survivor, on either host, fails (the harness bounds
+// the run; the diagnosis's budget is checked on an injected clock,
+// DiagnosisEvidence.*), and those that talk to it directly (rank 0 inside
+// the host, rank 3 across) name it.
 TEST(CommTiers, RankKilledMidGatherFailsTheOthers) {
   if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
   auto r = run_command({bin_path("fsdp"), "run", "-n", "4", "--grace", "10", "--", bin_path("fsdp_test_worker"),
@@ -141,10 +142,7 @@ TEST(CommTiers, RankKilledMidGatherFailsTheOthers) {
   EXPECT_EQ(lines_with(r.output, "] transport cma+tcp tiers").size(), 4u) << r.output;
   for (int survivor : {0, 2, 3}) {
     const std::string tag = "[rank " + std::to_string(survivor) + "] ";
-    auto elapsed = lines_with(r.output, tag + "after ");
-    ASSERT_EQ(elapsed.size(), 1u) << r.output;
-    const double s = std::stod(elapsed[0].substr(elapsed[0].find("elapsed=") + 8));
-    EXPECT_LT(s, 3.0 + 2.0) << elapsed[0];
+    EXPECT_EQ(lines_with(r.output, tag + "after ").size(), 1u) << r.output;
     auto error = lines_with(r.output, tag + "error:");
     ASSERT_EQ(error.size(), 1u) << r.output;
     EXPECT_TRUE(contains(error[0], "all_gather 'big.ag'")) << error[0];
@@ -172,10 +170,10 @@ TEST(CommTiers, DetailCheckRunsBeforeTheTiers) {
     EXPECT_TRUE(contains(e, "ranks issued different collectives at #2 in a world of 4 (cma+tcp tiers world=4")) << e;
     EXPECT_TRUE(contains(e, "rank 1: all_reduce 'blocks.1' #2 (fp32, 999 elements, SUM)   <-- differs")) << e;
   }
-  // Long before the 20 s timeout (under half of it, whatever the machine's load).
-  auto elapsed = lines_with(r.output, "elapsed=");
-  ASSERT_EQ(elapsed.size(), 4u) << r.output;
-  for (auto& l : elapsed) EXPECT_LT(std::stod(l.substr(l.find('=') + 1)), 10.0) << l;
+  // Found by the exchange before the collective ran, not by its timeout:
+  // the check's message (above) is the event; none timed out.
+  EXPECT_EQ(lines_with(r.output, "elapsed=").size(), 4u) << r.output;
+  EXPECT_TRUE(lines_with(r.output, "timed out after").empty()) << r.output;
 }
 
 // ---------------------------------------------------------------- training

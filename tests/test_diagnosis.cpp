@@ -11,7 +11,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/diagnosis.h"
 #include "common/proc_state.h"
@@ -129,7 +132,7 @@ TEST(Diagnosis, TheDecisionIsMadeWithoutWordsAndWordedApart) {
   e.time = 99.9;
   e.what = "reduce_scatter 'blocks.1' (fp32, 10 elements, 40 B)";
   ev.entered[2] = e;
-  const auto c = fsdp::comm::diagnose(ev);
+  const auto c = fsdp::comm::classify(ev);
   EXPECT_EQ(c.verdict.elsewhere, (std::vector<int>{2, 3}));
   EXPECT_EQ(c.verdict.desync, std::vector<int>{2});
   EXPECT_EQ(c.verdict.culprits, (std::vector<int>{2, 3}));
@@ -156,6 +159,151 @@ TEST(Diagnosis, TheDecisionIsMadeWithoutWordsAndWordedApart) {
   const auto ox = fsdp::comm::explain(off, o);
   EXPECT_NE(ox.lines.find("rank 1: SILENT, its process (pid 1001) is stopped"), std::string::npos) << ox.lines;
   EXPECT_NE(ox.summary.find("rank 2 on 'far-host' is silent: cut off"), std::string::npos) << ox.summary;
+}
+
+// The message is rendered from data alone (no store, no clock): the call,
+// where its transfer stood, the ranks the evidence shows behind or unknown,
+// the classification, and the transport's own error last.
+TEST(Diagnosis, TheMessageIsRenderedFromTheEvidenceAlone) {
+  Evidence ev = four_ranks();
+  ev.store = "127.0.0.1:29500";
+  ev.store_budget = std::chrono::milliseconds(1500);
+  Entered at6;
+  at6.seq = 6;
+  at6.what = "all_gather 'blocks.0' (fp32, 10 elements, 40 B)";
+  ev.entered[0] = Entered{0, 7, 99.0, 3, "forward", ev.what};
+  ev.entered[1] = ev.entered[0];
+  ev.entered[2] = at6;  // behind: never arrived at #7; rank 3's progress unknown
+  ev.beats[1] = beat(1, 99.9, 7);
+  ev.beats[2] = beat(2, 99.9);
+  fsdp::comm::FailedCall call;
+  call.seq = 7;
+  call.what = ev.what;
+  call.kind = ev.kind;
+  call.unit = ev.unit;
+  call.error = "Timed out waiting 2000ms for recv operation to complete";
+  call.seconds = 2.01;
+  call.timeout_s = 2;
+  call.peer = 1;
+  call.waiting = 1;  // receive
+  call.recv_total = 40;
+  fsdp::comm::Naming names{"", {0, 1, 2, 3}, "gloo/tcp world=4 rank=0"};
+  const auto c = fsdp::comm::classify(ev);
+  const std::string m = fsdp::comm::render_failure(call, ev, c, names, "gloo");
+  EXPECT_EQ(m.rfind("all_gather 'blocks.1' (fp32, 10 elements, 40 B), collective #7 of rank 0 in a world of 4 "
+                    "(gloo/tcp world=4 rank=0), timed out after 2.01 s (timeout 2 s, FSDP_TIMEOUT).",
+                    0),
+            0u)
+      << m;
+  EXPECT_NE(m.find("\nWaiting on: rank 1 (this rank was waiting to receive from it); 0 B of 40 B had arrived."),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("\nRanks that never arrived at #7: rank 2 (last entered #6 all_gather 'blocks.0'"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("\nProgress of ranks 3 is unknown: the store at 127.0.0.1:29500 did not answer within 1500 ms."),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find(c.lines), std::string::npos) << m;
+  EXPECT_EQ(m.substr(m.rfind('\n')), "\n(gloo: Timed out waiting 2000ms for recv operation to complete)") << m;
+  // A group's ranks by their global numbers, and the legend at the end.
+  names = {"shard", {4, 5, 6, 7}, "gloo/tcp group 'shard' of ranks 4, 5, 6, 7 rank=4"};
+  const std::string g = fsdp::comm::render_failure(call, ev, c, names, "gloo");
+  EXPECT_NE(g.find("collective #7 of rank 4 (group rank 0) in a group of 4"), std::string::npos) << g;
+  EXPECT_NE(g.find("rank 6 (group rank 2) (last entered #6"), std::string::npos) << g;
+  EXPECT_NE(g.find("group 'shard' is global ranks 4, 5, 6, 7 in that order)"), std::string::npos) << g;
+}
+
+// The evidence is read on an injected clock (the watchdog's, WatchClock):
+// what the reading may cost is checked against the budget without waiting
+// for it, and the wait for a heartbeat that is neither fresh nor overdue is
+// an event on that clock.
+struct FakeTime {
+  using Clock = fsdp::comm::WatchClock::Clock;
+  Clock::time_point t = Clock::time_point(std::chrono::seconds(1000));
+  double wall = 100;
+  std::vector<std::chrono::milliseconds> budgets;  // of each read
+  std::optional<std::vector<std::optional<std::string>>> answer;  // nullopt: the store is silent
+  void advance(Clock::duration d) {
+    t += d;
+    wall += std::chrono::duration<double>(d).count();
+  }
+  fsdp::comm::EvidenceSource source() {
+    fsdp::comm::EvidenceSource src;
+    src.read = [this](const std::vector<std::string>& keys, std::chrono::milliseconds budget) {
+      budgets.push_back(budget);
+      if (!answer) {
+        advance(budget);  // a silent store takes all the budget it is given
+        return decltype(answer)();
+      }
+      advance(std::chrono::milliseconds(5));
+      return answer;
+    };
+    src.prefix = "fsdp/c0/";
+    src.base = "fsdp/";
+    src.store = "127.0.0.1:1";
+    src.interval = 1;
+    src.silent_after = 3;
+    src.pid_of = [](int) { return -1; };
+    src.gone_peers = [] { return std::string(); };
+    src.gone = [](pid_t) { return false; };
+    src.clock.now = [this] { return t; };
+    src.clock.wall = [this] { return wall; };
+    src.clock.sleep_until = [this](Clock::time_point until) {
+      if (until > t) advance(until - t);
+    };
+    return src;
+  }
+};
+
+fsdp::comm::FailedCall failed_at(uint64_t seq) {
+  fsdp::comm::FailedCall call;
+  call.seq = seq;
+  call.what = "all_gather 'blocks.1' (fp32, 10 elements, 40 B)";
+  call.kind = "all_gather";
+  call.unit = "blocks.1";
+  return call;
+}
+
+TEST(DiagnosisEvidence, ASilentStoreCostsNoMoreThanTheBudget) {
+  FakeTime time;  // the store never answers
+  const auto start = time.t;
+  fsdp::comm::Evidence ev = fsdp::comm::collect_evidence(time.source(), {0, 1, 2}, 0, failed_at(4));
+  EXPECT_FALSE(ev.store_reachable);
+  EXPECT_EQ(ev.store_budget, std::chrono::milliseconds(1500));
+  ASSERT_EQ(time.budgets.size(), 1u);
+  EXPECT_EQ(time.budgets[0], std::chrono::milliseconds(1500));
+  EXPECT_LE(time.t - start, std::chrono::milliseconds(1500));
+  // A store that has not answered the heartbeats for longer than a rank
+  // takes to be silent gets one short try.
+  FakeTime cut;
+  auto src = cut.source();
+  src.store_silent_for = 10;
+  ev = fsdp::comm::collect_evidence(src, {0, 1, 2}, 0, failed_at(4));
+  EXPECT_TRUE(ev.store_silent);
+  ASSERT_EQ(cut.budgets.size(), 1u);
+  EXPECT_EQ(cut.budgets[0], std::chrono::milliseconds(200));
+}
+
+TEST(DiagnosisEvidence, AHeartbeatNeitherFreshNorOverdueIsWaitedForOnTheClock) {
+  FakeTime time;
+  // Rank 1's last heartbeat is 2.5 intervals old: not fresh, not yet silent
+  // (3). The reading waits on the clock until it is overdue, then reads
+  // again, within the budget; rank 2's is fresh.
+  Heartbeat h1 = beat(1, time.wall - 2.5), h2 = beat(2, time.wall - 0.1);
+  time.answer = std::vector<std::optional<std::string>>{"4|99|3|forward|" + failed_at(4).what, "3|99|3|forward|x",
+                                                         "4|99|3|forward|" + failed_at(4).what,
+                                                         std::nullopt, h1.to_json().dump(), h2.to_json().dump()};
+  const auto start = time.t;
+  const fsdp::comm::Evidence ev = fsdp::comm::collect_evidence(time.source(), {0, 1, 2}, 0, failed_at(4));
+  ASSERT_TRUE(ev.store_reachable);
+  ASSERT_EQ(time.budgets.size(), 2u) << "read, waited, read again";
+  EXPECT_LT(time.budgets[1], time.budgets[0]) << "the second read has what is left of the budget";
+  EXPECT_LE(time.t - start, std::chrono::milliseconds(1500));
+  ASSERT_TRUE(ev.beats[1].has_value());
+  EXPECT_GT(ev.beats[1]->age(ev.now), ev.silent_after) << "overdue once the wait is over";
+  const auto c = fsdp::comm::classify(ev);
+  EXPECT_EQ(c.verdict.silent, std::vector<int>{1});
 }
 
 TEST(LaunchDiagnosis, TheFindingIsDecidedBeforeItIsWorded) {

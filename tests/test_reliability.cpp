@@ -75,10 +75,10 @@ TEST(ReliabilityDebug, DetailCheckTurnsASizeMismatchIntoAnErrorOnEveryRank) {
     EXPECT_TRUE(contains(e, "rank 1: all_reduce 'blocks.1' #2 (fp32, 999 elements, SUM)   <-- differs")) << e;
     EXPECT_TRUE(contains(e, "rank 2: all_reduce 'blocks.1' #2 (fp32, 1000 elements, SUM)|")) << e;
   }
-  // Found by the exchange, long before the 20 s timeout.
-  auto elapsed = lines_with(r.output, "elapsed=");
-  ASSERT_EQ(elapsed.size(), 3u) << r.output;
-  for (auto& l : elapsed) EXPECT_LT(std::stod(l.substr(l.find('=') + 1)), 2.0) << l;
+  // Found by the exchange before the collective ran, not by its 20 s
+  // timeout: the check's message (above) is the event; none timed out.
+  EXPECT_EQ(lines_with(r.output, "elapsed=").size(), 3u) << r.output;
+  EXPECT_TRUE(lines_with(r.output, "timed out after").empty()) << r.output;
 }
 
 TEST(ReliabilityDebug, WithoutDetailTheSameMismatchIsNamedOnlyAfterItFails) {
@@ -190,7 +190,10 @@ TEST(ReliabilityStore, BindAllIsTheEscapeHatch) {
 }
 
 TEST(ReliabilityStore, ARankWithAnotherJobTokenFailsFast) {
-  // Rank 1 is started by hand with a different token against rank 0's store.
+  // Rank 1 is started by hand with a different token against rank 0's
+  // store, right after rank 0: its store client waits for rank 0's store to
+  // listen and for its job key (the events), within the rendezvous timeout.
+  // Failing fast is failing on the job check, long before that timeout.
   auto port = std::to_string(29000 + getpid() % 1000);
   std::string worker = fsdp::testing::bin_path("fsdp_test_worker");
   pid_t pid = fork();
@@ -200,22 +203,22 @@ TEST(ReliabilityStore, ARankWithAnotherJobTokenFailsFast) {
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("MASTER_PORT", port.c_str(), 1);
     setenv("FSDP_JOB_TOKEN", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", 1);
-    setenv("FSDP_RENDEZVOUS_TIMEOUT", "8", 1);
+    setenv("FSDP_RENDEZVOUS_TIMEOUT", "60", 1);
     freopen("/dev/null", "w", stdout);
     freopen("/dev/null", "w", stderr);
     execl(worker.c_str(), worker.c_str(), "rel_latency", "1", "1", nullptr);
     _exit(127);
   }
-  usleep(300 * 1000);
   auto r = run_command({worker, "rel_latency", "1", "1"},
                        {"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,
-                        "FSDP_JOB_TOKEN=bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", "FSDP_RENDEZVOUS_TIMEOUT=8"},
-                       30);
+                        "FSDP_JOB_TOKEN=bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", "FSDP_RENDEZVOUS_TIMEOUT=60"},
+                       90);
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "belongs to another job")) << r.output;
-  EXPECT_LT(r.seconds, 6) << r.output;
+  EXPECT_FALSE(contains(r.output, "did not join") || contains(r.output, "did not register")) << r.output;
+  EXPECT_LT(r.seconds, 45) << "waited for the 60 s rendezvous timeout: " << r.output;
 }
 
 TEST(ReliabilityStore, ShortTokenIsRejected) {

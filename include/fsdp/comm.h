@@ -4,10 +4,10 @@
 //          Work, SplitOptions, Communicator, make_communicator_from_env,
 //          make_local_communicator
 //
-// A Communicator runs the collectives that FSDP needs over a distributed engine
-// (CommBackend: Gloo over TCP and cross-memory attach, or NCCL). No engine
+// A Communicator runs the collectives that FSDP needs over a backend
+// (CommBackend: Gloo over TCP and cross-memory attach, or NCCL). No backend
 // type appears here. Tensors may live on the CPU or a GPU, whatever the
-// engine: a communicator's factory stages tensors the engine cannot move
+// backend: a communicator's factory stages tensors the backend cannot move
 // (src/comm/staged.cpp).
 //
 // Ordering contract: every rank must issue the same collectives in the same
@@ -48,7 +48,7 @@ struct CollectiveInfo {
   std::string label;  // e.g. the unit name "blocks.3" or "clip_grad_norm"
 };
 
-// The engine that moves a communicator's bytes (docs/COMM.md).
+// The backend that moves a communicator's bytes (docs/COMM.md).
 //   GLOO  fsdp-cpp's own collectives over c10d's Gloo links and cross-memory
 //         attach: CPU tensors; tensors on a GPU are staged through pinned
 //         host memory (so several ranks may share one GPU, which NCCL
@@ -63,7 +63,7 @@ const char* to_string(CommBackend b);
 // How the communicator factories set a communicator up. The environment
 // variables named below override the fields.
 struct CommOptions {
-  // The engine (FSDP_BACKEND=gloo|nccl overrides; FSDP_BACKEND=auto keeps
+  // The backend (FSDP_BACKEND=gloo|nccl overrides; FSDP_BACKEND=auto keeps
   // this field).
   CommBackend backend = CommBackend::GLOO;
   // NCCL: the CUDA device of this rank; -1: LOCAL_RANK. Ignored by GLOO.
@@ -85,7 +85,7 @@ struct CommOptions {
 };
 
 // Per collective kind: how many calls, bytes this rank sent, seconds spent
-// inside the engine. Bytes are counted from what the algorithm really sends,
+// inside the backend. Bytes are counted from what the algorithm really sends,
 // and split by tier: bytes_inter_host went to ranks on another host (the
 // host identity of the same-host transport, docs/COMM.md: FSDP_HOST_ID, or
 // the host name, boot id and namespaces), the rest stayed on this host.
@@ -97,7 +97,7 @@ struct CommCounters {
     // Bytes this rank sent, both tiers.
     int64_t bytes_sent = 0;
     int64_t bytes_inter_host = 0;  // part of bytes_sent
-    // Seconds spent inside the engine (on the communication thread).
+    // Seconds spent inside the backend (on the communication thread).
     double seconds = 0;
     // The part of bytes_sent that stayed on this host.
     int64_t bytes_intra_host() const { return bytes_sent - bytes_inter_host; }
@@ -206,7 +206,7 @@ class Communicator {
   virtual std::vector<int> hosts() const;
   // Collective over this communicator: every rank passes a color >= 0 and
   // gets a new communicator over the ranks that passed the same color,
-  // ranked in their order here, on the same engine (its own connections,
+  // ranked in their order here, on the same backend (its own connections,
   // communication thread, sequence numbers, counters and timeout; what it
   // sends is also added to this communicator's counters). A group
   // whose ranks share one host keeps the same-host transport. A group of one

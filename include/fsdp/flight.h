@@ -2,9 +2,8 @@
 // of its last collectives.
 //
 // defines: Phase, to_string(Phase), set_phase, current_phase, set_step,
-//          current_step, PhaseScope, flight::Progress, flight::Record,
-//          flight::enabled, flight::capacity, flight::enqueue, flight::start,
-//          flight::finish, flight::snapshot, flight::in_flight, flight::note,
+//          current_step, PhaseScope, flight::Record, flight::enabled,
+//          flight::capacity, flight::snapshot, flight::in_flight, flight::note,
 //          flight::set_identity, flight::set_default_dir, flight::dir,
 //          flight::dump, flight::dump_on_signal, flight::read_dumps,
 //          flight::analyze_dumps, flight::write_report, flight::ReportSummary
@@ -54,12 +53,12 @@
 //    "notes": {key: any}}   (the communicator adds "heartbeats" (the last
 //                            ones it read) and "verdict" after a timeout)
 // Times are wall-clock seconds (system_clock) so the dumps of ranks on
-// different hosts share one axis.
+// different hosts share one axis. The communicators record through hooks
+// of the library's own (src/observe/flight_hooks.h), not part of this API.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -101,32 +100,6 @@ class PhaseScope {
 // Also on SIGUSR1; the file format is in flight.h.
 namespace flight {
 
-// How far a running collective has got, and whom it waits on.
-// Live counters of one running collective, written by the thread that moves
-// its bytes and read by the heartbeat and the dumps (relaxed atomics).
-struct Progress {
-  // What the transfer is blocked on, as dumps and heartbeats spell it.
-  enum Waiting : int { NONE = 0, RECEIVE = 1, SEND = 2, READ = 3 };
-  // Bytes received and sent so far, of the totals the collective moves.
-  std::atomic<int64_t> recv_done{0}, recv_total{0}, sent_done{0}, send_total{0};
-  std::atomic<int> peer{-1};        // the rank waited on now (-1: none)
-  std::atomic<int> waiting{NONE};   // what for
-  std::atomic<int64_t> moved_ns{0}; // steady_clock ns of the last bytes moved (0: none yet)
-
-  // Now blocked on rank `p`, for `w`.
-  void wait_on(int p, Waiting w) {
-    peer.store(p, std::memory_order_relaxed);
-    waiting.store(w, std::memory_order_relaxed);
-  }
-  // No longer blocked.
-  void idle() { waiting.store(NONE, std::memory_order_relaxed); }
-  // `n` more bytes received; bytes moved now.
-  void arrived(int64_t n);
-  // `n` more bytes sent; bytes moved now.
-  void sent(int64_t n);
-};
-const char* to_string(Progress::Waiting w);  // "", "receive", "send", "read"
-
 // One collective as the recorder holds it.
 struct Record {
   // The communicator: the n-th of the process.
@@ -159,7 +132,7 @@ struct Record {
 // What the recorder keeps (fsdp::init sets it from InitOptions; the
 // environment's FSDP_FLIGHT_RECORDER and FSDP_FLIGHT_ENTRIES override).
 struct RecorderOptions {
-  // false: nothing is recorded, enqueue() returns 0.
+  // false: nothing is recorded.
   bool enabled = true;
   // Collectives the ring keeps, in [8, 2^20].
   int entries = 512;
@@ -173,21 +146,10 @@ void configure(const RecorderOptions& options);
 // chose. fsdp::init and make_communicator_from_env call it with the
 // environment they read.
 void apply_env(const config::EnvConfig& env);
-// False when recording is off: nothing is recorded, enqueue() returns 0.
+// False when recording is off: nothing is recorded.
 bool enabled();
 // Collectives the ring keeps (512 unless configured).
 int capacity();
-
-// Recording, by the communicators. enqueue() returns a ticket (0 when
-// recording is off); start() and finish() on a ticket that the ring has
-// since overwritten do nothing. start() returns the counters the transfer
-// updates (never null: a private one when the ticket is gone).
-uint64_t enqueue(int comm, const char* kind, const std::string& unit, const char* dtype, int64_t numel,
-                 int64_t bytes);
-// The ticket's collective runs now, as sequence number `seq`.
-std::shared_ptr<Progress> start(uint64_t ticket, uint64_t seq);
-// The ticket's collective ended; a non-empty `error` marks it failed.
-void finish(uint64_t ticket, const std::string& error = "");
 
 // The recorded collectives, oldest first.
 std::vector<Record> snapshot();

@@ -32,6 +32,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -91,12 +92,19 @@ class StragglerMonitor {
 // Seconds threads spent blocked in Work::wait() (thread-safe).
 class WaitClock {
  public:
+  // `clock`: seconds, monotonic, read before and after each blocking wait
+  // (thread-safe); empty: steady_clock. Tests inject one, as
+  // ProgressOptions::clock.
+  explicit WaitClock(std::function<double()> clock = {}) : clock_(std::move(clock)) {}
+  // The clock's reading now, in seconds.
+  double now() const;
   // The total so far.
   double seconds() const { return double(ns_.load(std::memory_order_relaxed)) * 1e-9; }
   // Adds `s` seconds blocked (with_wait_clock's communicator calls it).
   void add(double s) { ns_.fetch_add(int64_t(s * 1e9), std::memory_order_relaxed); }
 
  private:
+  std::function<double()> clock_;  // constant after construction
   std::atomic<int64_t> ns_{0};
 };
 

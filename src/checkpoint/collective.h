@@ -13,7 +13,7 @@
 
 namespace fsdp::ckpt::detail {
 
-// The checkpoint wording of comm::fail_together (src/common/fail_together.h): when any rank
+// The checkpoint wording of comm::fail_together (src/comm/fail_together.h): when any rank
 // reported an error every rank throws fsdp::Error: its own message, or one
 // naming the failed ranks and `consequence` ("nothing was loaded").
 void fail_together_at(Communicator& comm, const char* phase, const std::string& local_error, const std::string& consequence);

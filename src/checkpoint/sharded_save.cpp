@@ -21,7 +21,7 @@
 #include "checkpoint/collective.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors.h"
-#include "common/fail_together.h"
+#include "comm/fail_together.h"
 #include "fsdp/progress.h"
 
 namespace fsdp::ckpt {

@@ -20,7 +20,7 @@ CommPtr make_world_of_one(const ResolvedOptions& opts, int global_rank = 0, cons
 CommPtr make_nccl_communicator(const WorldEnv& world, const ResolvedOptions& opts);
 
 // `inner` behind a communicator that also takes tensors away from `home`
-// (the device its engine moves), staged through home buffers (staged.cpp).
+// (the device its backend moves), staged through home buffers (staged.cpp).
 // A world of one is returned as it is (make_world_of_one's moves any one
 // device's tensors), unless `alone_too` (NCCL's world of one moves only its
 // GPU's).

@@ -3,7 +3,7 @@
 //          check_broadcast, check_gather, dtype_name, describe_call, ring_chunks
 //
 // Every backend validates a call the same way before queueing it, so a misuse
-// reads the same whatever engine runs it; the message says what was expected,
+// reads the same whatever backend runs it; the message says what was expected,
 // what was found and what to do.
 #pragma once
 

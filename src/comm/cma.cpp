@@ -12,18 +12,19 @@
 
 #include "comm/checks.h"
 #include "comm/mesh.h"
+#include "comm/slots.h"
 #include "comm/local_sum.h"
 #include "fsdp/errors.h"
-#include "fsdp/flight.h"
+#include "observe/flight_hooks.h"
 #include "fsdp/memory.h"
 
 namespace fsdp::comm {
 namespace {
 
-// Steps of the CMA messages, apart from the ring's ([0, 2^19)) and the
-// FSDP_DEBUG=detail check's ([2^19, 2^19 + N)).
-constexpr int kCmaStepBase = (1 << 19) + (1 << 18);
+// The messages of one exchange, each on its own step of the collective's
+// CMA steps (Wire::cma_steps, slots.h).
 enum Msg { kPost = 0, kReduced = 1, kDone = 2 };
+static_assert(kDone < slots::kCmaMessages, "every CMA message has a step of its own in slots.h");
 
 // What a rank tells each peer: where to read, how much; seq and kind guard
 // against a peer that runs a different collective.
@@ -34,10 +35,10 @@ struct Post {
   int64_t msg;
 };
 
-uint64_t slot(const Step& s, Msg m) { return (s.seq << 20) | static_cast<uint64_t>(kCmaStepBase + m); }
+uint64_t slot(const Wire& w, Msg m) { return slots::slot(w.seq, w.cma_steps.begin + m); }
 
-std::chrono::milliseconds remaining(const Step& s) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(s.deadline - Clock::now());
+std::chrono::milliseconds remaining(const Wire& w) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(w.deadline - Clock::now());
   return std::max(left, std::chrono::milliseconds(1));  // Gloo reads <= 0 as "the default"
 }
 
@@ -47,51 +48,51 @@ std::chrono::milliseconds remaining(const Step& s) {
 // operation (waited for, or destroyed only after the mesh failed for good).
 class AllToAll {
  public:
-  AllToAll(const Step& s, Msg m) : s_(s), m_(m), n_(s.mesh->size), r_(s.mesh->rank), table_(n_), recv_(n_) {
+  AllToAll(const Wire& w, Msg m) : w_(w), m_(m), n_(w.mesh->size), r_(w.mesh->rank), table_(n_), recv_(n_) {
     for (int q = 0; q < n_; ++q) {
       if (q == r_) continue;
-      recv_[q] = s.mesh->recv(q, slot(s, m), &table_[q], sizeof(Post));
+      recv_[q] = w.mesh->recv(q, slot(w, m), &table_[q], sizeof(Post));
     }
   }
 
   void send(uint64_t addr, int64_t nbytes) {
-    mine_ = {s_.seq, addr, nbytes, m_};
+    mine_ = {w_.seq, addr, nbytes, m_};
     for (int q = 0; q < n_; ++q)
-      if (q != r_) send_.push_back(s_.mesh->send(q, slot(s_, m_), &mine_, sizeof mine_));
+      if (q != r_) send_.push_back(w_.mesh->send(q, slot(w_, m_), &mine_, sizeof mine_));
   }
 
   // Every peer's message, from r+1 on; names the peer that failed.
   const std::vector<Post>& wait(const char* what) {
     for (int i = 1; i < n_; ++i) {
       const int q = (r_ + i) % n_;
-      if (s_.progress) s_.progress->wait_on(s_.name(q), flight::Progress::RECEIVE);
+      if (w_.progress) w_.progress->wait_on(w_.name(q), flight::Progress::RECEIVE);
       try {
-        if (!recv_[q].wait(remaining(s_))) throw std::runtime_error("receive aborted");
+        if (!recv_[q].wait(remaining(w_))) throw std::runtime_error("receive aborted");
       } catch (const std::exception& e) {
         std::string far;
-        if (s_.progress)
-          far = detail::cat(" (", memory::format_bytes(s_.progress->recv_done.load(std::memory_order_relaxed)), " of ",
-                            memory::format_bytes(s_.progress->recv_total.load(std::memory_order_relaxed)),
+        if (w_.progress)
+          far = detail::cat(" (", memory::format_bytes(w_.progress->recv_done.load(std::memory_order_relaxed)), " of ",
+                            memory::format_bytes(w_.progress->recv_total.load(std::memory_order_relaxed)),
                             " read from the peers so far)");
-        throw std::runtime_error(detail::cat("waiting for ", what, " of rank ", s_.name(q), far, ": ", e.what()));
+        throw std::runtime_error(detail::cat("waiting for ", what, " of rank ", w_.name(q), far, ": ", e.what()));
       }
-      if (s_.progress) s_.progress->idle();
+      if (w_.progress) w_.progress->idle();
       const Post& p = table_[q];
-      if (p.seq != s_.seq || p.msg != m_)
-        throw std::runtime_error(detail::cat("rank ", s_.name(q), " sent message ", p.msg, " of collective #", p.seq,
-                                             " where this rank expected ", what, " of #", s_.seq));
+      if (p.seq != w_.seq || p.msg != m_)
+        throw std::runtime_error(detail::cat("rank ", w_.name(q), " sent message ", p.msg, " of collective #", p.seq,
+                                             " where this rank expected ", what, " of #", w_.seq));
     }
     return table_;
   }
 
   void wait_sent() {
     for (auto& t : send_)
-      if (!t.wait(remaining(s_))) throw std::runtime_error("send aborted");
+      if (!t.wait(remaining(w_))) throw std::runtime_error("send aborted");
     send_.clear();
   }
 
  private:
-  Step s_;
+  Wire w_;
   Msg m_;
   int n_, r_;
   std::vector<Post> table_;
@@ -102,11 +103,11 @@ class AllToAll {
 
 // The peers' buffers, checked against what this rank expects (a peer that
 // posts another size runs another collective: fail, do not read past it).
-const std::vector<Post>& posted(const Step& s, AllToAll& x, int64_t expect, int self) {
+const std::vector<Post>& posted(const Wire& w, AllToAll& x, int64_t expect, int self) {
   const auto& t = x.wait("the buffer address");
   for (size_t q = 0; q < t.size(); ++q)
     if (static_cast<int>(q) != self && t[q].nbytes != expect)
-      throw std::runtime_error(detail::cat("rank ", s.name(static_cast<int>(q)), " posted a buffer of ", t[q].nbytes,
+      throw std::runtime_error(detail::cat("rank ", w.name(static_cast<int>(q)), " posted a buffer of ", t[q].nbytes,
                                            " bytes where this rank expected ", expect,
                                            ": the ranks issued different collectives"));
   return t;
@@ -115,7 +116,7 @@ const std::vector<Post>& posted(const Step& s, AllToAll& x, int64_t expect, int 
 // Elements of one reduce piece: the ring's cut (common/ring_math.h, the
 // step's target), so the staging is never more than the ring's and the
 // planner's prediction (src/plan/plan.cpp) holds.
-int64_t piece_elems(const Step& s, int64_t count, int64_t es) { return ring::piece_numel(count, es, s.piece_bytes); }
+int64_t piece_elems(const Wire& w, int64_t count, int64_t es) { return ring::piece_numel(count, es, w.piece_bytes); }
 
 // Writes to `out` the reduction of elements [off, off + count) of every
 // rank's posted buffer, in the ring's order (cma.h); this rank's own
@@ -123,13 +124,13 @@ int64_t piece_elems(const Step& s, int64_t count, int64_t es) { return ring::pie
 // before it is written); otherwise no peer may read `out`. Staging: one
 // piece when out is own, one more when N > 2 (the ring stages 2 at N = 2
 // in place, 4 at N > 2); torch allocates it, so the ledger sees it.
-void reduce_chunk(const Step& s, const CmaPeers& p, const std::vector<Post>& t, int64_t off, int64_t count,
+void reduce_chunk(const Wire& w, const CmaPeers& p, const std::vector<Post>& t, int64_t off, int64_t count,
                   const char* own, char* out, c10::ScalarType dtype, int divisor) {
-  const int n = s.mesh->size, r = s.mesh->rank;
+  const int n = w.mesh->size, r = w.mesh->rank;
   if (count == 0) return;
   const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
   const bool in_place = out == own;
-  const int64_t pe = piece_elems(s, count, es);
+  const int64_t pe = piece_elems(w, count, es);
   const int slots = (in_place ? 1 : 0) + (n > 2 ? 1 : 0);
   torch::Tensor staging;
   if (slots > 0) staging = torch::empty({slots * pe * es}, torch::kByte);
@@ -142,10 +143,10 @@ void reduce_chunk(const Step& s, const CmaPeers& p, const std::vector<Post>& t, 
     // when that is not our own input.
     char* acc = in_place ? mem : out + lo * es;
     int q = (r + 1) % n;
-    read_peer(s, q, p.pid[q], acc, t[q].addr + at, m * es);
+    read_peer(w, q, p.pid[q], acc, t[q].addr + at, m * es);
     for (int i = 2; i < n; ++i) {
       q = (r + i) % n;
-      read_peer(s, q, p.pid[q], tmp, t[q].addr + at, m * es);
+      read_peer(w, q, p.pid[q], tmp, t[q].addr + at, m * es);
       add_into(acc, acc, tmp, m, dtype, 1);
     }
     add_into(out + lo * es, acc, own + lo * es, m, dtype, divisor);
@@ -163,21 +164,21 @@ uint64_t address(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
 }  // namespace
 
-int64_t cma_all_gather(const Step& s, const CmaPeers& p, const void* in, void* out, int64_t block) {
-  const int n = s.mesh->size, r = s.mesh->rank;
+int64_t cma_all_gather(const Wire& w, const CmaPeers& p, const void* in, void* out, int64_t block) {
+  const int n = w.mesh->size, r = w.mesh->rank;
   char* o = static_cast<char*>(out);
   if (block > 0 && in != o + r * block) std::memmove(o + r * block, in, block);
   if (n == 1 || block == 0) return 0;
-  if (s.progress) s.progress->recv_total.fetch_add((n - 1) * block, std::memory_order_relaxed);
-  AllToAll post(s, kPost), done(s, kDone);
+  if (w.progress) w.progress->recv_total.fetch_add((n - 1) * block, std::memory_order_relaxed);
+  AllToAll post(w, kPost), done(w, kDone);
   // Peers read our block where it now lies in the output: this rank never
   // writes there, whatever `in` aliases.
   post.send(address(o + r * block), block);
-  const auto& t = posted(s, post, block, r);
+  const auto& t = posted(w, post, block, r);
   // Rank r starts at r+1, so the N readers spread over the N sources.
   for (int i = 1; i < n; ++i) {
     const int q = (r + i) % n;
-    read_peer(s, q, p.pid[q], o + q * block, t[q].addr, block);
+    read_peer(w, q, p.pid[q], o + q * block, t[q].addr, block);
   }
   finish(done);
   post.wait_sent();
@@ -185,9 +186,9 @@ int64_t cma_all_gather(const Step& s, const CmaPeers& p, const void* in, void* o
   return (n - 1) * block;
 }
 
-int64_t cma_reduce_scatter(const Step& s, const CmaPeers& p, const void* in, void* out, int64_t count,
+int64_t cma_reduce_scatter(const Wire& w, const CmaPeers& p, const void* in, void* out, int64_t count,
                            c10::ScalarType dtype, int divisor) {
-  const int n = s.mesh->size, r = s.mesh->rank;
+  const int n = w.mesh->size, r = w.mesh->rank;
   const int64_t es = static_cast<int64_t>(c10::elementSize(dtype)), chunk = count * es, total = n * chunk;
   const char* input = static_cast<const char*>(in);
   char* output = static_cast<char*>(out);
@@ -206,11 +207,11 @@ int64_t cma_reduce_scatter(const Step& s, const CmaPeers& p, const void* in, voi
     spare = torch::empty({chunk}, torch::kByte);
     dst = static_cast<char*>(spare.data_ptr());
   }
-  if (s.progress) s.progress->recv_total.fetch_add((n - 1) * chunk, std::memory_order_relaxed);
-  AllToAll post(s, kPost), done(s, kDone);
+  if (w.progress) w.progress->recv_total.fetch_add((n - 1) * chunk, std::memory_order_relaxed);
+  AllToAll post(w, kPost), done(w, kDone);
   post.send(address(input), total);
-  const auto& t = posted(s, post, total, r);
-  reduce_chunk(s, p, t, r * count, count, own, dst, dtype, divisor);
+  const auto& t = posted(w, post, total, r);
+  reduce_chunk(w, p, t, r * count, count, own, dst, dtype, divisor);
   finish(done);
   if (spare.defined()) std::memcpy(output, dst, chunk);
   post.wait_sent();
@@ -218,29 +219,29 @@ int64_t cma_reduce_scatter(const Step& s, const CmaPeers& p, const void* in, voi
   return (n - 1) * chunk;
 }
 
-int64_t cma_all_reduce(const Step& s, const CmaPeers& p, void* data, int64_t numel, c10::ScalarType dtype,
+int64_t cma_all_reduce(const Wire& w, const CmaPeers& p, void* data, int64_t numel, c10::ScalarType dtype,
                        int divisor) {
-  const int n = s.mesh->size, r = s.mesh->rank;
+  const int n = w.mesh->size, r = w.mesh->rank;
   if (n == 1 || numel == 0) return 0;
   const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
   const Chunks c = ring_chunks(numel, n);
   char* d = static_cast<char*>(data);
-  if (s.progress)
-    s.progress->recv_total.fetch_add((n - 1) * c.count[r] * es + (numel - c.count[r]) * es, std::memory_order_relaxed);
-  AllToAll post(s, kPost), reduced(s, kReduced), done(s, kDone);
+  if (w.progress)
+    w.progress->recv_total.fetch_add((n - 1) * c.count[r] * es + (numel - c.count[r]) * es, std::memory_order_relaxed);
+  AllToAll post(w, kPost), reduced(w, kReduced), done(w, kDone);
   post.send(address(d), numel * es);
-  const auto& t = posted(s, post, numel * es, r);
+  const auto& t = posted(w, post, numel * es, r);
   // Phase 1: chunk r, in place. Peers read only their own chunks of our
   // tensor, never chunk r, so writing it is safe while they read.
   char* mine = d + c.offset[r] * es;
-  reduce_chunk(s, p, t, c.offset[r], c.count[r], mine, mine, dtype, divisor);
+  reduce_chunk(w, p, t, c.offset[r], c.count[r], mine, mine, dtype, divisor);
   // Phase 2 overwrites chunk q, which rank q may still be reading in phase
   // 1, with rank q's result, which must be final: both wait for this.
   reduced.send(0, 0);
   reduced.wait("the end of the reduce phase");
   for (int i = 1; i < n; ++i) {
     const int q = (r + i) % n;
-    read_peer(s, q, p.pid[q], d + c.offset[q] * es, t[q].addr + static_cast<uint64_t>(c.offset[q] * es),
+    read_peer(w, q, p.pid[q], d + c.offset[q] * es, t[q].addr + static_cast<uint64_t>(c.offset[q] * es),
               c.count[q] * es);
   }
   finish(done);
@@ -252,8 +253,8 @@ int64_t cma_all_reduce(const Step& s, const CmaPeers& p, void* data, int64_t num
   return (2 * numel - c.count[r] - c.count[(r + 1) % n]) * es;
 }
 
-int64_t cma_gather_segments(const Step& s, const CmaPeers& p, void* buf, int64_t total_bytes, const Segments& seg) {
-  const int n = s.mesh->size, r = s.mesh->rank;
+int64_t cma_gather_segments(const Wire& w, const CmaPeers& p, void* buf, int64_t total_bytes, const Segments& seg) {
+  const int n = w.mesh->size, r = w.mesh->rank;
   char* b = static_cast<char*>(buf);
   auto bytes_of = [&](int q) {
     int64_t t = 0;
@@ -264,15 +265,15 @@ int64_t cma_gather_segments(const Step& s, const CmaPeers& p, void* buf, int64_t
   for (int q = 0; q < n; ++q) theirs += q == r ? 0 : bytes_of(q);
   // Every rank sees the same segments: all skip the exchange or none.
   if (n == 1 || theirs + bytes_of(r) == 0) return 0;
-  if (s.progress) s.progress->recv_total.fetch_add(theirs, std::memory_order_relaxed);
-  AllToAll post(s, kPost), done(s, kDone);
+  if (w.progress) w.progress->recv_total.fetch_add(theirs, std::memory_order_relaxed);
+  AllToAll post(w, kPost), done(w, kDone);
   // Peers read only our own ranges, which this rank never writes.
   post.send(address(b), total_bytes);
-  const auto& t = posted(s, post, total_bytes, r);
+  const auto& t = posted(w, post, total_bytes, r);
   for (int i = 1; i < n; ++i) {
     const int q = (r + i) % n;
     for (const Segment& g : seg[q])
-      if (g.count > 0) read_peer(s, q, p.pid[q], b + g.offset, t[q].addr + static_cast<uint64_t>(g.offset), g.count);
+      if (g.count > 0) read_peer(w, q, p.pid[q], b + g.offset, t[q].addr + static_cast<uint64_t>(g.offset), g.count);
   }
   finish(done);
   post.wait_sent();
@@ -280,9 +281,9 @@ int64_t cma_gather_segments(const Step& s, const CmaPeers& p, void* buf, int64_t
   return theirs + bytes_of(r) - bytes_of((r + 1) % n);
 }
 
-int64_t cma_reduce_segments(const Step& s, const CmaPeers& p, const void* in, int64_t numel, void* out,
+int64_t cma_reduce_segments(const Wire& w, const CmaPeers& p, const void* in, int64_t numel, void* out,
                             const Segments& seg, c10::ScalarType dtype, int divisor) {
-  const int n = s.mesh->size, r = s.mesh->rank;
+  const int n = w.mesh->size, r = w.mesh->rank;
   const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
   const char* input = static_cast<const char*>(in);
   char* output = static_cast<char*>(out);
@@ -297,12 +298,12 @@ int64_t cma_reduce_segments(const Step& s, const CmaPeers& p, const void* in, in
     return 0;
   }
   if (mine + all == 0) return 0;
-  if (s.progress) s.progress->recv_total.fetch_add((n - 1) * mine * es, std::memory_order_relaxed);
-  AllToAll post(s, kPost), done(s, kDone);
+  if (w.progress) w.progress->recv_total.fetch_add((n - 1) * mine * es, std::memory_order_relaxed);
+  AllToAll post(w, kPost), done(w, kDone);
   post.send(address(input), numel * es);
-  const auto& t = posted(s, post, numel * es, r);
+  const auto& t = posted(w, post, numel * es, r);
   for (const Segment& g : seg[r]) {
-    reduce_chunk(s, p, t, g.offset, g.count, input + g.offset * es, output, dtype, divisor);
+    reduce_chunk(w, p, t, g.offset, g.count, input + g.offset * es, output, dtype, divisor);
     output += g.count * es;
   }
   finish(done);

@@ -10,8 +10,8 @@
 // ESRCH at once instead of waiting on memory nobody will ever write.
 //
 // Each collective, on the existing Gloo pairs and slots of its sequence
-// number (steps from kCmaStepBase, apart from the ring's and the call
-// check's):
+// number (the steps Wire::cma_steps names, slots.h, apart from the rings'
+// and the call check's):
 //   1. every rank sends every peer a Post (the address and byte count of
 //      the buffer the peer will read), and receives theirs;
 //   2. reads what it needs, in pieces, with the call's deadline checked
@@ -74,7 +74,7 @@ struct TransportChoice {
 // the mode. Messages name the ranks by `global` and `group` (a group's
 // name; "" for a world).
 // `host_id`: FSDP_HOST_ID ("" unset), host_identity's argument.
-TransportChoice choose_transport(Mesh* ctx, const std::string& mode, const std::string& host_id,
+TransportChoice choose_transport(Mesh* mesh, const std::string& mode, const std::string& host_id,
                                  Clock::time_point deadline, const std::vector<int>& global = {},
                                  const std::string& group = "");
 
@@ -82,7 +82,7 @@ TransportChoice choose_transport(Mesh* ctx, const std::string& mode, const std::
 // in pieces of at most 4 MiB, checking the deadline between pieces. Throws
 // std::runtime_error naming rank q (gone, not permitted, bad address,
 // timed out).
-void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int64_t nbytes);
+void read_peer(const Wire& w, int q, pid_t pid, void* dst, uint64_t remote, int64_t nbytes);
 
 // The peers whose process no longer exists ("rank 1 (pid 4242)", comma
 // separated; empty when all live), for the diagnosis of a failed call: a
@@ -107,13 +107,13 @@ std::string host_identity(const std::string& host_id);
 // all_reduce of gloo_communicator.cpp; return the ring's byte counts.
 // all_gather: `in` holds this rank's block (block_bytes), which lands at
 // out + r * block_bytes (in may be exactly there).
-int64_t cma_all_gather(const Step& s, const CmaPeers& p, const void* in, void* out, int64_t block_bytes);
+int64_t cma_all_gather(const Wire& w, const CmaPeers& p, const void* in, void* out, int64_t block_bytes);
 // Writes the reduction of every rank's chunk r (count elements) of `in` to
 // `out`; out may be chunk r of `in`, nothing else of `in` is written.
-int64_t cma_reduce_scatter(const Step& s, const CmaPeers& p, const void* in, void* out, int64_t count,
+int64_t cma_reduce_scatter(const Wire& w, const CmaPeers& p, const void* in, void* out, int64_t count,
                            c10::ScalarType dtype, int divisor);
 // In place, chunks as ring_chunks(numel, N).
-int64_t cma_all_reduce(const Step& s, const CmaPeers& p, void* data, int64_t numel, c10::ScalarType dtype,
+int64_t cma_all_reduce(const Wire& w, const CmaPeers& p, void* data, int64_t numel, c10::ScalarType dtype,
                        int divisor);
 
 // The same two collectives over ranges that need not be one block per rank
@@ -127,13 +127,13 @@ using Segments = std::vector<std::vector<Segment>>;
 // holds every rank q's ranges seg[q], read from q's buf at the same
 // offsets (rank q has them already). Returns what a ring all-gather of
 // these blocks sends: every rank's bytes but those of the right neighbour.
-int64_t cma_gather_segments(const Step& s, const CmaPeers& p, void* buf, int64_t total_bytes, const Segments& seg);
+int64_t cma_gather_segments(const Wire& w, const CmaPeers& p, void* buf, int64_t total_bytes, const Segments& seg);
 // Writes to `out` the reduction over every rank's `in` (numel elements) of
 // this rank's ranges seg[r], one after the other, each summed in the
 // ring's order. `out` must not overlap `in`, except that with one range
 // it may be exactly that range of `in` (in place). Returns what a ring
 // reduce-scatter of these chunks sends: every rank's elements but ours.
-int64_t cma_reduce_segments(const Step& s, const CmaPeers& p, const void* in, int64_t numel, void* out,
+int64_t cma_reduce_segments(const Wire& w, const CmaPeers& p, const void* in, int64_t numel, void* out,
                             const Segments& seg, c10::ScalarType dtype, int divisor);
 
 }  // namespace fsdp::comm

@@ -22,10 +22,11 @@
 #include <stdexcept>
 
 #include "comm/cma.h"
+#include "comm/slots.h"
 #include "comm/mesh.h"
 #include "common/proc_state.h"
 #include "fsdp/errors.h"
-#include "fsdp/flight.h"
+#include "observe/flight_hooks.h"
 
 namespace fsdp::comm {
 namespace {
@@ -53,13 +54,13 @@ struct ProbeResult {
 };
 
 template <class T>
-std::vector<T> exchange(Mesh* ctx, const T& mine, int step_base, Clock::time_point deadline) {
-  const int n = ctx->size;
+std::vector<T> exchange(Mesh* mesh, const T& mine, slots::Range steps, Clock::time_point deadline) {
+  const int n = mesh->size;
   std::vector<T> all(n);
-  all[ctx->rank] = mine;
+  all[mesh->rank] = mine;
   std::vector<int64_t> offset(n), count(n, sizeof(T));
   for (int q = 0; q < n; ++q) offset[q] = q * static_cast<int64_t>(sizeof(T));
-  ring_all_gather(Step{ctx, 0, deadline}, all.data(), offset, count, step_base);
+  ring_all_gather(Wire{mesh, 0, deadline}, all.data(), offset, count, steps);
   return all;
 }
 
@@ -102,12 +103,12 @@ std::string host_identity(const std::string& host_id) {
 }
 
 
-void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int64_t nbytes) {
+void read_peer(const Wire& w, int q, pid_t pid, void* dst, uint64_t remote, int64_t nbytes) {
   char* d = static_cast<char*>(dst);
-  if (s.progress) s.progress->wait_on(s.name(q), flight::Progress::READ);
-  const int who = s.name(q);
+  if (w.progress) w.progress->wait_on(w.name(q), flight::Progress::READ);
+  const int who = w.name(q);
   for (int64_t done = 0; done < nbytes;) {
-    if (Clock::now() > s.deadline)
+    if (Clock::now() > w.deadline)
       throw std::runtime_error(detail::cat("timed out reading the buffer of rank ", who, " (pid ", pid, ") after ",
                                            done, " of ", nbytes, " bytes"));
     const int64_t m = std::min(kReadPiece, nbytes - done);
@@ -116,7 +117,7 @@ void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int6
     const ssize_t got = process_vm_readv(pid, &local, 1, &far, 1, 0);
     if (got > 0) {
       done += got;  // a partial read continues where it stopped
-      if (s.progress) s.progress->arrived(got);
+      if (w.progress) w.progress->arrived(got);
       continue;
     }
     const int e = got < 0 ? errno : EFAULT;
@@ -129,7 +130,7 @@ void read_peer(const Step& s, int q, pid_t pid, void* dst, uint64_t remote, int6
                                          e == EFAULT ? " (rank died and its pid was reused, or posted a bad address)"
                                                      : ""));
   }
-  if (s.progress) s.progress->idle();
+  if (w.progress) w.progress->idle();
 }
 
 namespace {
@@ -156,10 +157,10 @@ bool process_gone(pid_t pid) {
   return memory_gone(pid);
 }
 
-TransportChoice choose_transport(Mesh* ctx, const std::string& mode, const std::string& host_id,
+TransportChoice choose_transport(Mesh* mesh, const std::string& mode, const std::string& host_id,
                                  Clock::time_point deadline, const std::vector<int>& global,
                                  const std::string& group) {
-  const int n = ctx->size, r = ctx->rank;
+  const int n = mesh->size, r = mesh->rank;
   // Messages name global ranks; a group's name its own rank beside them.
   auto name = [&](int q) {
     if (group.empty() || static_cast<int>(global.size()) != n) return detail::cat("rank ", q);
@@ -184,7 +185,7 @@ TransportChoice choose_transport(Mesh* ctx, const std::string& mode, const std::
 
   TransportChoice out;
   try {
-    auto hello = exchange(ctx, mine, /*step_base=*/0, deadline);
+    auto hello = exchange(mesh, mine, slots::kTransportHello, deadline);
     for (auto& h : hello) out.host.emplace_back(h.host, strnlen(h.host, sizeof h.host));
     for (int q = 0; q < n; ++q)
       if (std::strcmp(hello[q].mode, hello[0].mode) != 0)
@@ -213,7 +214,7 @@ TransportChoice choose_transport(Mesh* ctx, const std::string& mode, const std::
         if (k != static_cast<ssize_t>(sizeof got) || got != hello[q].probe_value)
           res = {0, q, k < 0 ? errno : 0, 0};
       }
-      auto results = exchange(ctx, res, /*step_base=*/1 << 17, deadline);
+      auto results = exchange(mesh, res, slots::kTransportProbe, deadline);
       for (int q = 0; q < n && out.why.empty(); ++q)
         if (!results[q].ok) out.why = why_unreadable(name, q, results[q], hello);
       if (out.why.empty()) {

@@ -78,7 +78,7 @@ CommPtr make_communicator_from_env(const CommOptions& opts) {
   flight::apply_env(env);
   detail::set_rank_for_errors(world.rank);
   if (resolved.device_index < 0) resolved.device_index = world.local_rank;
-  // The one place the engine is chosen. NCCL needs its GPU even alone, and
+  // The one place the backend is chosen. NCCL needs its GPU even alone, and
   // is NCCL even alone: a one-rank ProcessGroupNCCL, so a run at N = 1
   // exercises the same path as N = 8 (a world of one on Gloo is a copy).
   if (resolved.backend == CommBackend::NCCL) {

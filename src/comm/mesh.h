@@ -31,8 +31,8 @@ class Transfer {
   explicit Transfer(c10::intrusive_ptr<c10d::Work> work) : work_(std::move(work)) {}
   // true once the bytes left (a send: the peer took them) or arrived (a
   // receive); false when it was aborted. Throws when `timeout` passes first
-  // or the link broke; after either the mesh is unusable (Gloo fails the
-  // whole context), which the communicator reports as a CollectiveError.
+  // or the link broke; after either the mesh is unusable (Gloo fails all of
+  // its links), which the communicator reports as a CollectiveError.
   bool wait(std::chrono::milliseconds timeout);
   bool posted() const { return work_.defined(); }
 
@@ -54,7 +54,7 @@ class Mesh {
   // `nbytes` bytes at `p` to (from) `peer`, matched by `slot` (only its low
   // 31 bits travel: a slot must not repeat among the messages in flight
   // between two ranks, which a collective's sequence number modulo 2^11
-  // over 2^20 steps guarantees; see ring.cpp).
+  // over 2^20 steps guarantees; slots.h hands the steps out).
   Transfer send(int peer, uint64_t slot, const void* p, int64_t nbytes);
   Transfer recv(int peer, uint64_t slot, void* p, int64_t nbytes);
 

@@ -43,6 +43,7 @@
 #include <mutex>
 
 #include "comm/backends.h"
+#include "comm/call_log.h"
 #include "comm/checks.h"
 #include "comm/cma.h"
 #include "comm/device.h"
@@ -50,7 +51,6 @@
 #include "comm/rendezvous.h"
 #include "comm/watchdog.h"
 #include "fsdp/errors.h"
-#include "fsdp/flight.h"
 #include "fsdp/trace.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -58,11 +58,6 @@
 
 namespace fsdp::comm {
 namespace {
-
-struct CounterBox {
-  mutable std::mutex mu;
-  CommCounters c;  // guarded by mu
-};
 
 std::vector<int> iota_ranks(int n) {
   std::vector<int> v(n);
@@ -89,7 +84,7 @@ class NcclWork final : public Work {
   bool is_completed() const override { return work_->isCompleted(); }
 
  private:
-  NcclCommunicator* comm_;  // the communicator outlives its works (the engine's contract)
+  NcclCommunicator* comm_;  // outlives its works: callers wait for or drop them first (detail::Engine does)
   c10::intrusive_ptr<c10d::Work> work_;
   CallShape shape_;
   uint64_t seq_, ticket_;
@@ -109,17 +104,16 @@ class NcclCommunicator final : public Communicator {
         rdv_(world.world_size > 1 ? std::make_unique<Rendezvous>(world, opts) : nullptr),
         watchdog_(rdv_ ? Watchdog::acquire(world, rdv_->key_base(), opts) : nullptr),
         hosts_(rdv_ ? exchange_hosts() : std::vector<int>{0}),
-        pg_(make_pg()) {}
+        pg_(make_pg()),
+        log_(rdv_ ? rdv_->generation() : 0, rdv_.get(), Counters()) {}
 
   // A group of `parent`'s ranks (split).
   NcclCommunicator(const NcclCommunicator& parent, const std::string& tag, const WorldEnv& group,
                    std::vector<int> global, std::vector<int> hosts, std::string name)
       : world_(group), opts_(parent.opts_), global_(std::move(global)), group_(std::move(name)),
-        ancestors_(parent.ancestors_),
         rdv_(std::make_unique<Rendezvous>(*parent.rdv_, tag, group, global_)),
-        watchdog_(parent.watchdog_), hosts_(std::move(hosts)), pg_(make_pg()) {
-    ancestors_.push_back(parent.box_);
-  }
+        watchdog_(parent.watchdog_), hosts_(std::move(hosts)), pg_(make_pg()),
+        log_(rdv_->generation(), rdv_.get(), Counters::child_of(parent.log_.counters())) {}
 
   ~NcclCommunicator() override {
     if (failed_) return;
@@ -227,13 +221,9 @@ class NcclCommunicator final : public Communicator {
 
   CommCounters counters() const override {
     const_cast<NcclCommunicator*>(this)->harvest_timings();
-    std::lock_guard<std::mutex> lock(box_->mu);
-    return box_->c;
+    return log_.counters().snapshot();
   }
-  void reset_counters() override {
-    std::lock_guard<std::mutex> lock(box_->mu);
-    box_->c = {};
-  }
+  void reset_counters() override { log_.counters().reset(); }
   std::chrono::milliseconds timeout() const override { return opts_.timeout; }
   std::string describe() const override {
     return detail::cat("nccl ", group_ == "world" ? "" : "group '" + group_ + "' ", "world=", world_.world_size,
@@ -289,8 +279,8 @@ class NcclCommunicator final : public Communicator {
   // NcclWork::wait's failure path: one message naming the call and who is gone.
   [[noreturn]] void fail(const CallShape& shape, uint64_t seq, uint64_t ticket, const std::string& what) {
     failed_ = true;
-    watchdog_->mark_failed();
-    flight::finish(ticket, what);
+    if (watchdog_) watchdog_->mark_failed();
+    log_.finished(ticket, what);
     // Who never reached this collective, from the ranks' progress keys
     // (the same the Gloo communicator's diagnosis reads).
     std::string behind;
@@ -306,26 +296,15 @@ class NcclCommunicator final : public Communicator {
                                       behind.empty() ? "" : detail::cat(". Never entered it: ", behind)));
   }
 
-  // One issued collective: a call and its bytes, here and in the ancestors
-  // (a group's traffic is also its parents').
-  void count(CollectiveKind kind, int64_t sent) {
-    const int next = (world_.rank + 1) % world_.world_size;
-    const int64_t inter = hosts_[next] != hosts_[world_.rank] ? sent : 0;
-    add_to_boxes([&](CommCounters::Entry& e) {
-      e.calls += 1;
-      e.bytes_sent += sent;
-      e.bytes_inter_host += inter;
-    }, kind);
-  }
-
   // Adds the GPU time of every collective that completed since the last
   // look (in issue order: NCCL completes one communicator's collectives in
   // that order, so the first unfinished one ends the look).
   void harvest_timings() {
-    timings_.harvest([&](CollectiveKind kind, double seconds) {
-      add_to_boxes([&](CommCounters::Entry& e) { e.seconds += seconds; }, kind);
-    });
+    timings_.harvest([&](CollectiveKind kind, double seconds) { log_.add_seconds(kind, seconds); });
   }
+
+  // The flight recorder's end of a collective that completed (NcclWork::wait).
+  void finished(uint64_t ticket) { log_.finished(ticket); }
 
  private:
   std::string ranks_text() const {
@@ -350,35 +329,24 @@ class NcclCommunicator final : public Communicator {
       throw CollectiveError(detail::cat(describe_call(shape), " on ", describe(),
                                         ": an earlier collective of this communicator failed; it cannot be used again"));
     harvest_timings();
-    const uint64_t ticket = flight::enqueue(rdv_ ? rdv_->generation() : 0, to_string(shape.kind), shape.label,
-                                            shape.kind == CollectiveKind::BARRIER ? "" : dtype_name(shape.dtype),
-                                            shape.numel, shape.numel * shape.elem_size);
-    const uint64_t seq = ++seq_;
-    if (rdv_) rdv_->record_entered(seq, describe_call(shape));
-    flight::start(ticket, seq);
-    trace::Span span(to_string(shape.kind), "comm");
-    if (span.active()) span.arg("unit", shape.label).arg("seq", seq).arg("bytes", sent);
+    const uint64_t ticket = log_.issued(shape);
+    // Issued, entered and counted here, on the issuing thread: NCCL queues
+    // the collective on the stream; its seconds come later (harvest_timings).
+    CallLog::Entered entered(log_, shape, ticket);
+    entered.span.arg("bytes", sent);
     c10::intrusive_ptr<c10d::Work> w;
     try {
       w = call();
     } catch (const std::exception& e) {
-      fail(shape, seq, ticket, e.what());
+      fail(shape, entered.seq, ticket, e.what());
     }
-    count(shape.kind, sent);
+    // Inter-host when the ring's next rank is on another host.
+    const int next = (world_.rank + 1) % world_.world_size;
+    log_.count(shape.kind, sent, hosts_[next] != hosts_[world_.rank] ? sent : 0, 0.0);
     timings_.issued(w, shape.kind);
-    return std::make_shared<NcclWork>(this, std::move(w), shape, seq, ticket, std::move(then), std::move(keep));
+    return std::make_shared<NcclWork>(this, std::move(w), shape, entered.seq, ticket, std::move(then),
+                                      std::move(keep));
   }
-
-  template <class F>
-  void add_to_boxes(F&& f, CollectiveKind kind) {
-    auto add = [&](CounterBox& b) {
-      std::lock_guard<std::mutex> lock(b.mu);
-      f(b.c[kind]);
-    };
-    add(*box_);
-    for (auto& a : ancestors_) add(*a);
-  }
-
 
 
   std::vector<int> exchange_hosts() {
@@ -417,14 +385,12 @@ class NcclCommunicator final : public Communicator {
   ResolvedOptions opts_;
   const std::vector<int> global_;
   const std::string group_;
-  std::vector<std::shared_ptr<CounterBox>> ancestors_;
-  std::shared_ptr<CounterBox> box_ = std::make_shared<CounterBox>();
   std::unique_ptr<Rendezvous> rdv_;
   std::shared_ptr<Watchdog> watchdog_;
   const std::vector<int> hosts_;
   c10::intrusive_ptr<c10d::Backend> pg_;
+  CallLog log_;         // sequence numbers touched on the issuing thread only
   GpuTimings timings_;  // issued collectives, until their GPU time is counted
-  uint64_t seq_ = 0;
   int splits_ = 0;
   bool failed_ = false;
 };
@@ -441,7 +407,7 @@ void NcclWork::wait() {
   // The waiting stream is now ordered after the collective: the inputs'
   // blocks may go back to the allocator.
   keep_.clear();
-  flight::finish(ticket_);
+  comm_->finished(ticket_);
   done_ = true;
 }
 

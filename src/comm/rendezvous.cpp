@@ -209,7 +209,6 @@ Rendezvous::Rendezvous(const WorldEnv& world, const ResolvedOptions& opts)
           ". Start every rank of a job with the same FSDP_JOB_TOKEN (`fsdp run` sets one per single-node "
           "job; export the same value on every node of a multi-node job), and give each job its own "
           "MASTER_PORT."));
-    store_->set(prefix_ + "seq/" + std::to_string(r), bytes("0"));
     if (r == 0) store_->set(prefix_ + "world_size", bytes(std::to_string(n)));
     if (!wait_keys({prefix_ + "world_size"}, deadline).empty())
       throw Error(detail::cat("rank 0 did not publish its world size at ", where_, " within ",
@@ -223,16 +222,8 @@ Rendezvous::Rendezvous(const WorldEnv& world, const ResolvedOptions& opts)
       store_->set(prefix_ + "abort", bytes(why));
       throw Error(why);
     }
-    char host[256] = {0};
-    gethostname(host, sizeof host - 1);
-    store_->set(prefix_ + "joined/" + std::to_string(r),
-                bytes(detail::cat(host, " pid ", getpid())));
-    std::vector<std::string> keys;
-    for (int q = 0; q < n; ++q) keys.push_back(prefix_ + "joined/" + std::to_string(q));
-    auto missing = wait_keys(keys, deadline);
-    if (!missing.empty()) {
-      std::vector<int> ranks;
-      for (auto& k : missing) ranks.push_back(std::stoi(k.substr(k.rfind('/') + 1)));
+    const std::vector<int> ranks = join(deadline);
+    if (!ranks.empty()) {
       throw Error(detail::cat("rank ", r, ": ranks ", join_ranks(ranks), " of a world of ", n,
                               " did not join within ", seconds(timeout), " s (store ", where_,
                               "). Did they start, with the same MASTER_ADDR/MASTER_PORT? "
@@ -250,23 +241,15 @@ Rendezvous::Rendezvous(const Rendezvous& parent, const std::string& tag, const W
     : world_(group), timeout_(parent.timeout_), base_(parent.base_), prefix_(parent.prefix_ + tag),
       generation_(parent.generation_), where_(parent.where_), global_(global), store_(parent.store_) {
   auto deadline = Clock::now() + timeout_;
-  const int n = group.world_size, r = group.rank;
+  const int r = group.rank;
   auto names = [&](const std::vector<int>& ranks) {
     std::string s;
     for (int q : ranks) s += (s.empty() ? "" : ", ") + std::to_string(global_.at(q));
     return s;
   };
   try {
-    store_->set(prefix_ + "seq/" + std::to_string(r), bytes("0"));
-    char host[256] = {0};
-    gethostname(host, sizeof host - 1);
-    store_->set(prefix_ + "joined/" + std::to_string(r), bytes(detail::cat(host, " pid ", getpid())));
-    std::vector<std::string> keys;
-    for (int q = 0; q < n; ++q) keys.push_back(prefix_ + "joined/" + std::to_string(q));
-    auto missing = wait_keys(keys, deadline);
-    if (!missing.empty()) {
-      std::vector<int> ranks;
-      for (auto& k : missing) ranks.push_back(std::stoi(k.substr(k.rfind('/') + 1)));
+    const std::vector<int> ranks = join(deadline);
+    if (!ranks.empty()) {
       throw Error(detail::cat("rank ", global_.at(r), ": ranks ", names(ranks), " of its group (ranks ",
                               join_ranks(global_), ") did not join the group within ", seconds(timeout_),
                               " s (store ", where_, "). Every rank of the parent communicator must call "
@@ -278,6 +261,20 @@ Rendezvous::Rendezvous(const Rendezvous& parent, const std::string& tag, const W
     throw Error(detail::cat("rank ", global_.at(r), ": joining its group (ranks ", join_ranks(global_),
                             ") through the store at ", where_, " failed: ", e.what()));
   }
+}
+
+std::vector<int> Rendezvous::join(Clock::time_point deadline) {
+  const int n = world_.world_size, r = world_.rank;
+  // In no collective yet: what a diagnosis reads of this rank until its first.
+  store_->set(prefix_ + "seq/" + std::to_string(r), bytes("0"));
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  store_->set(prefix_ + "joined/" + std::to_string(r), bytes(detail::cat(host, " pid ", getpid())));
+  std::vector<std::string> keys;
+  for (int q = 0; q < n; ++q) keys.push_back(prefix_ + "joined/" + std::to_string(q));
+  std::vector<int> missing;
+  for (auto& k : wait_keys(keys, deadline)) missing.push_back(std::stoi(k.substr(k.rfind('/') + 1)));
+  return missing;
 }
 
 bool Rendezvous::has(const std::string& key) { return store_->check({key}); }

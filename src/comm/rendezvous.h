@@ -104,6 +104,10 @@ class Rendezvous {
   int generation() const { return generation_; }
 
  private:
+  // Marks this rank joined (and in no collective yet) under prefix_, then
+  // waits for every rank's mark; returns the ranks still missing at the
+  // deadline (empty: all joined). Throws when the abort key appears.
+  std::vector<int> join(Clock::time_point deadline);
   bool has(const std::string& key);
   std::string get(const std::string& key);
   // Missing keys at the deadline (empty: all present). Stops early and throws

@@ -18,32 +18,29 @@
 #include <string>
 
 #include "comm/mesh.h"
+#include "comm/slots.h"
 #include "comm/local_sum.h"
 #include "fsdp/errors.h"
-#include "fsdp/flight.h"
+#include "observe/flight_hooks.h"
 #include "fsdp/memory.h"
 
 namespace fsdp::comm {
 namespace {
 
-// Steps of one collective share the high bits of the slot. A mesh carries
-// 31 bits of it (mesh.h): 2^11 collectives in a row have distinct slots,
-// and a collective's messages are all taken before its ranks can be 2^11
-// collectives apart.
-constexpr int kStepBits = 20;
-
-uint64_t slot(const Step& s, int step) { return (s.seq << kStepBits) | static_cast<uint64_t>(step); }
+// Every message of a collective: its step within the collective's slots
+// (slots.h says which algorithm owns which steps).
+uint64_t slot(const Wire& w, int step) { return slots::slot(w.seq, step); }
 
 // The transfers posted over one region of memory, waited for in the order
 // posted (those to or from one peer complete in that order anyway).
 class Posted {
  public:
-  Posted(const Step& s, const void* base) : s_(s), base_(static_cast<char*>(const_cast<void*>(base))) {}
+  Posted(const Wire& w, const void* base) : w_(w), base_(static_cast<char*>(const_cast<void*>(base))) {}
   void send(int peer, uint64_t slot, int64_t offset, int64_t nbytes) {
-    q_.emplace_back(peer, s_.mesh->send(peer, slot, base_ + offset, nbytes));
+    q_.emplace_back(peer, w_.mesh->send(peer, slot, base_ + offset, nbytes));
   }
   void recv(int peer, uint64_t slot, int64_t offset, int64_t nbytes) {
-    q_.emplace_back(peer, s_.mesh->recv(peer, slot, base_ + offset, nbytes));
+    q_.emplace_back(peer, w_.mesh->recv(peer, slot, base_ + offset, nbytes));
   }
   // The oldest transfer not yet waited for, and its peer.
   std::pair<int, Transfer> take() {
@@ -53,23 +50,23 @@ class Posted {
   }
 
  private:
-  const Step& s_;
+  const Wire& w_;
   char* base_;
   std::deque<std::pair<int, Transfer>> q_;
 };
 using Buffer = std::unique_ptr<Posted>;
 
-std::chrono::milliseconds remaining(const Step& s) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(s.deadline -
+std::chrono::milliseconds remaining(const Wire& w) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(w.deadline -
                                                                    std::chrono::steady_clock::now());
   // Gloo treats a non-positive timeout as "use the default"; 1 ms expires now.
   return std::max(left, std::chrono::milliseconds(1));
 }
 
 // Which neighbour a peer is, for messages.
-std::string neighbour(const Step& s, int peer) {
-  const int n = s.mesh->size, r = s.mesh->rank;
-  const int q = s.name(peer);
+std::string neighbour(const Wire& w, int peer) {
+  const int n = w.mesh->size, r = w.mesh->rank;
+  const int q = w.name(peer);
   if (n > 1 && peer == (r + n - 1) % n && peer == (r + 1) % n) return detail::cat("rank ", q, " (its ring neighbour)");
   if (peer == (r + n - 1) % n) return detail::cat("rank ", q, " (its left neighbour in the ring)");
   if (peer == (r + 1) % n) return detail::cat("rank ", q, " (its right neighbour in the ring)");
@@ -81,67 +78,67 @@ int64_t load(const std::atomic<int64_t>& a) { return a.load(std::memory_order_re
 // Waits for `nbytes` from `peer` (or for `peer` to take what was sent),
 // recording it in the step's progress; a failure names the peer and how far
 // the transfer got.
-void wait_recv(const Step& s, Posted& b, int peer, int64_t nbytes) {
-  if (s.progress) s.progress->wait_on(s.name(peer), flight::Progress::RECEIVE);
+void wait_recv(const Wire& w, Posted& b, int peer, int64_t nbytes) {
+  if (w.progress) w.progress->wait_on(w.name(peer), flight::Progress::RECEIVE);
   try {
-    if (!b.take().second.wait(remaining(s))) throw std::runtime_error("receive aborted");
+    if (!b.take().second.wait(remaining(w))) throw std::runtime_error("receive aborted");
   } catch (const std::exception& e) {
     std::string far;
-    if (s.progress)
-      far = detail::cat(": ", memory::format_bytes(load(s.progress->recv_done)), " of ",
-                        memory::format_bytes(load(s.progress->recv_total)), " had arrived");
-    throw std::runtime_error(detail::cat("waiting to receive from ", neighbour(s, peer), far, " (", e.what(), ")"));
+    if (w.progress)
+      far = detail::cat(": ", memory::format_bytes(load(w.progress->recv_done)), " of ",
+                        memory::format_bytes(load(w.progress->recv_total)), " had arrived");
+    throw std::runtime_error(detail::cat("waiting to receive from ", neighbour(w, peer), far, " (", e.what(), ")"));
   }
-  if (s.progress) s.progress->arrived(nbytes), s.progress->idle();
+  if (w.progress) w.progress->arrived(nbytes), w.progress->idle();
 }
-void wait_send(const Step& s, Posted& b, int peer, int64_t nbytes) {
-  if (s.progress) s.progress->wait_on(s.name(peer), flight::Progress::SEND);
+void wait_send(const Wire& w, Posted& b, int peer, int64_t nbytes) {
+  if (w.progress) w.progress->wait_on(w.name(peer), flight::Progress::SEND);
   try {
-    if (!b.take().second.wait(remaining(s))) throw std::runtime_error("send aborted");
+    if (!b.take().second.wait(remaining(w))) throw std::runtime_error("send aborted");
   } catch (const std::exception& e) {
     std::string far;
-    if (s.progress)
-      far = detail::cat(": ", memory::format_bytes(load(s.progress->sent_done)), " of ",
-                        memory::format_bytes(load(s.progress->send_total)), " had been taken");
-    throw std::runtime_error(detail::cat("waiting for ", neighbour(s, peer), " to take what this rank sent", far, " (",
+    if (w.progress)
+      far = detail::cat(": ", memory::format_bytes(load(w.progress->sent_done)), " of ",
+                        memory::format_bytes(load(w.progress->send_total)), " had been taken");
+    throw std::runtime_error(detail::cat("waiting for ", neighbour(w, peer), " to take what this rank sent", far, " (",
                                          e.what(), ")"));
   }
-  if (s.progress) s.progress->sent(nbytes), s.progress->idle();
+  if (w.progress) w.progress->sent(nbytes), w.progress->idle();
 }
 // Waits for the next of the `pending` peers (posted in that order; the one
 // that completes is removed); a failure names those not heard from.
 template <bool Recv>
-void wait_any(const Step& s, Posted& b, std::vector<int>& pending, int64_t nbytes) {
-  if (s.progress) s.progress->wait_on(pending.empty() ? -1 : s.name(pending.front()), Recv ? flight::Progress::RECEIVE
+void wait_any(const Wire& w, Posted& b, std::vector<int>& pending, int64_t nbytes) {
+  if (w.progress) w.progress->wait_on(pending.empty() ? -1 : w.name(pending.front()), Recv ? flight::Progress::RECEIVE
                                                                                     : flight::Progress::SEND);
   int from = -1;
   try {
     auto [peer, t] = b.take();
     from = peer;
-    if (!t.wait(remaining(s))) throw std::runtime_error(Recv ? "receive aborted" : "send aborted");
+    if (!t.wait(remaining(w))) throw std::runtime_error(Recv ? "receive aborted" : "send aborted");
   } catch (const std::exception& e) {
     std::string who;
-    for (int p : pending) who += detail::cat(who.empty() ? "" : ", ", s.name(p));
+    for (int p : pending) who += detail::cat(who.empty() ? "" : ", ", w.name(p));
     throw std::runtime_error(detail::cat(Recv ? "waiting to receive from rank" : "waiting for rank",
                                          pending.size() > 1 ? "s " : " ", who,
                                          Recv ? " (not heard from yet)" : " to take what this rank sent", " (",
                                          e.what(), ")"));
   }
   pending.erase(std::remove(pending.begin(), pending.end(), from), pending.end());
-  if (s.progress) {
-    if (Recv) s.progress->arrived(nbytes);
-    else s.progress->sent(nbytes);
-    s.progress->idle();
+  if (w.progress) {
+    if (Recv) w.progress->arrived(nbytes);
+    else w.progress->sent(nbytes);
+    w.progress->idle();
   }
 }
 
-void expect(const Step& s, int64_t recv, int64_t send) {
-  if (!s.progress) return;
-  s.progress->recv_total.fetch_add(recv, std::memory_order_relaxed);
-  s.progress->send_total.fetch_add(send, std::memory_order_relaxed);
+void expect(const Wire& w, int64_t recv, int64_t send) {
+  if (!w.progress) return;
+  w.progress->recv_total.fetch_add(recv, std::memory_order_relaxed);
+  w.progress->send_total.fetch_add(send, std::memory_order_relaxed);
 }
 
-Buffer wrap(const Step& s, const void* p, int64_t /*nbytes*/) { return std::make_unique<Posted>(s, p); }
+Buffer wrap(const Wire& w, const void* p, int64_t /*nbytes*/) { return std::make_unique<Posted>(w, p); }
 
 }  // namespace
 
@@ -153,9 +150,8 @@ namespace {
 // forwarded (all-gather) or added to and forwarded (reduce-scatter) at once,
 // so the transfers of one step overlap the next step's and the local work,
 // instead of each step waiting for a whole block. Message (step k, piece j)
-// uses slot base + j (N-1) + k. Ranges: all_gather [step_base, +2^18),
-// reduce_scatter [2^18, 2^19); the call check uses 1 << 19 and up.
-constexpr int kPieceSlotBase = 1 << 18;
+// uses step base + j (N-1) + k of its range (slots.h): the all-gather's
+// is the caller's, the reduce-scatter's slots::kRingReduce.
 constexpr int kGatherWindow = 4;  // all-gather receives posted ahead
 constexpr int kRecvSlots = 2;     // reduce-scatter receives posted ahead (staged)
 constexpr int kSendSlots = 2;     // reduce-scatter partials on their way right
@@ -166,8 +162,8 @@ static_assert(kRecvSlots + kSendSlots == ring::kReduceStagingSlots,
 // Pieces per block for blocks of at most `max_units` units of `unit` bytes
 // cut for the step's target (common/ring_math.h), with at most
 // `max_messages` (step, piece) slots.
-int64_t pieces_for(const Step& s, int64_t max_units, int64_t unit, int n, int64_t max_messages) {
-  return std::max<int64_t>(1, std::min<int64_t>(ring::pieces_for(max_units, unit, s.piece_bytes), max_messages / (n - 1)));
+int64_t pieces_for(const Wire& w, int64_t max_units, int64_t unit, int n, int64_t max_messages) {
+  return std::max<int64_t>(1, std::min<int64_t>(ring::pieces_for(max_units, unit, w.piece_bytes), max_messages / (n - 1)));
 }
 
 // Piece j of `count` units cut into `pieces`: [*lo, *lo + size).
@@ -179,30 +175,28 @@ int64_t piece_of(int64_t count, int64_t pieces, int64_t j, int64_t* lo) {
 
 }  // namespace
 
-int64_t ring_all_gather(const Step& s, void* buf, const std::vector<int64_t>& offset_bytes,
-                        const std::vector<int64_t>& count_bytes, int step_base) {
-  const int n = s.mesh->size, r = s.mesh->rank;
+int64_t ring_all_gather(const Wire& w, void* buf, const std::vector<int64_t>& offset_bytes,
+                        const std::vector<int64_t>& count_bytes, slots::Range steps) {
+  const int n = w.mesh->size, r = w.mesh->rank;
   const int right = (r + 1) % n, left = (r + n - 1) % n;
   const int64_t total = offset_bytes.back() + count_bytes.back();
   if (n == 1 || total == 0) return 0;
-  // Slots stay below the next range: the reduce-scatter's, or the end of
-  // the step bits for the call check's all-gather.
-  const int64_t room = (step_base < kPieceSlotBase ? kPieceSlotBase : (1 << kStepBits)) - step_base;
-  const int64_t pieces = pieces_for(s, *std::max_element(count_bytes.begin(), count_bytes.end()), 1, n, room);
-  auto msg_slot = [&](int step, int64_t j) { return slot(s, step_base + static_cast<int>(j * (n - 1) + step)); };
+  // As many pieces as the range has steps for.
+  const int64_t pieces = pieces_for(w, *std::max_element(count_bytes.begin(), count_bytes.end()), 1, n, steps.size());
+  auto msg_slot = [&](int step, int64_t j) { return slot(w, steps.begin + static_cast<int>(j * (n - 1) + step)); };
   auto send_block = [&](int step) { return (r - step + n) % n; };
   auto recv_block = [&](int step) { return (r - step - 1 + 2 * n) % n; };
 
   // Sends read blocks that are complete (ours, or forwarded after arrival);
   // they wait for nothing but the right's receive, so they are waited for
   // only at the end. Zero-byte pieces are skipped on both sides.
-  Buffer send_b = wrap(s, buf, total);
+  Buffer send_b = wrap(w, buf, total);
   std::vector<int64_t> send_sizes;
   int64_t sent = 0;
   {
     int64_t to_recv = 0, to_send = 0;
     for (int k = 0; k < n - 1; ++k) to_recv += count_bytes[recv_block(k)], to_send += count_bytes[send_block(k)];
-    expect(s, to_recv, to_send);
+    expect(w, to_recv, to_send);
   }
   auto send_piece = [&](int step, int64_t j) {
     const int b = send_block(step);
@@ -223,7 +217,7 @@ int64_t ring_all_gather(const Step& s, void* buf, const std::vector<int64_t>& of
       if (piece_of(count_bytes[recv_block(k)], pieces, j, &lo) > 0) order.emplace_back(k, j);
     }
   std::vector<Buffer> rb;
-  for (size_t w = 0; w < order.size() && w < size_t(kGatherWindow); ++w) rb.push_back(wrap(s, buf, total));
+  for (size_t i = 0; i < order.size() && i < size_t(kGatherWindow); ++i) rb.push_back(wrap(w, buf, total));
   auto post = [&](size_t i) {
     auto [k, j] = order[i];
     const int b = recv_block(k);
@@ -237,19 +231,19 @@ int64_t ring_all_gather(const Step& s, void* buf, const std::vector<int64_t>& of
     auto [k, j] = order[i];
     {
       int64_t lo;
-      wait_recv(s, *rb[i % kGatherWindow], left, piece_of(count_bytes[recv_block(k)], pieces, j, &lo));
+      wait_recv(w, *rb[i % kGatherWindow], left, piece_of(count_bytes[recv_block(k)], pieces, j, &lo));
     }
     if (k < n - 2) send_piece(k + 1, j);  // what arrived at step k leaves at step k+1
     if (i + kGatherWindow < order.size()) post(i + kGatherWindow);
   }
-  for (int64_t m : send_sizes) wait_send(s, *send_b, right, m);
+  for (int64_t m : send_sizes) wait_send(w, *send_b, right, m);
   return sent;
 }
 
-int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
+int64_t ring_reduce_scatter(const Wire& w, const void* in, void* out_chunk,
                             const std::vector<int64_t>& offset, const std::vector<int64_t>& count,
                             c10::ScalarType dtype, int divisor) {
-  const int n = s.mesh->size, r = s.mesh->rank;
+  const int n = w.mesh->size, r = w.mesh->rank;
   const int right = (r + 1) % n, left = (r + n - 1) % n;
   const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
   const char* input = static_cast<const char*>(in);
@@ -261,10 +255,10 @@ int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
   }
   const int64_t max_count = *std::max_element(count.begin(), count.end());
   if (max_count == 0) return 0;
-  const int64_t pieces = pieces_for(s, max_count, es, n, kPieceSlotBase);
+  const int64_t pieces = pieces_for(w, max_count, es, n, slots::kRingReduce.size());
   // Piece j of chunk c: elements [*lo, *lo + size) of the chunk.
   auto piece = [&](int c, int64_t j, int64_t* lo) { return piece_of(count[c], pieces, j, lo); };
-  auto msg_slot = [&](int step, int64_t j) { return slot(s, kPieceSlotBase + static_cast<int>(j * (n - 1) + step)); };
+  auto msg_slot = [&](int step, int64_t j) { return slot(w, slots::kRingReduce.begin + static_cast<int>(j * (n - 1) + step)); };
   auto send_chunk = [&](int step) { return (r - step - 1 + 2 * n) % n; };
   auto recv_chunk = [&](int step) { return (r - step - 2 + 2 * n) % n; };
   const int64_t in_bytes = (offset.back() + count.back()) * es;
@@ -290,11 +284,11 @@ int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
   // so a completion names its piece.
   std::vector<Buffer> rb, ob, sb;
   for (int i = 0; i < kRecvSlots; ++i) {
-    if (staged_recv) rb.push_back(wrap(s, recv_mem + i * slot_bytes, slot_bytes));
-    if (direct) ob.push_back(wrap(s, out, count[r] * es));
+    if (staged_recv) rb.push_back(wrap(w, recv_mem + i * slot_bytes, slot_bytes));
+    if (direct) ob.push_back(wrap(w, out, count[r] * es));
   }
-  for (int i = 0; i < send_slots; ++i) sb.push_back(wrap(s, send_mem + i * slot_bytes, slot_bytes));
-  Buffer in_b = wrap(s, in, in_bytes);
+  for (int i = 0; i < send_slots; ++i) sb.push_back(wrap(w, send_mem + i * slot_bytes, slot_bytes));
+  Buffer in_b = wrap(w, in, in_bytes);
 
   // Step 0: our own input of chunk r-1, straight from `in`, every piece now
   // (a send moves only once the right has posted the receive).
@@ -302,7 +296,7 @@ int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
   {
     int64_t to_recv = 0, to_send = 0;
     for (int k = 0; k < n - 1; ++k) to_recv += count[recv_chunk(k)] * es, to_send += count[send_chunk(k)] * es;
-    expect(s, to_recv, to_send);
+    expect(w, to_recv, to_send);
   }
   std::vector<int64_t> in_sizes;
   for (int64_t j = 0; j < pieces; ++j) {
@@ -344,7 +338,7 @@ int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
     auto [k, j] = order[i];
     const int c = recv_chunk(k);
     int64_t lo, m = piece(c, j, &lo);
-    wait_recv(s, into_out(k) ? *ob[i % kRecvSlots] : *rb[i % kRecvSlots], left, m * es);
+    wait_recv(w, into_out(k) ? *ob[i % kRecvSlots] : *rb[i % kRecvSlots], left, m * es);
     const char* partial = into_out(k) ? out + lo * es : recv_mem + (i % kRecvSlots) * slot_bytes;
     const char* own = input + (offset[c] + lo) * es;
     if (k == n - 2) {
@@ -352,7 +346,7 @@ int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
     } else {
       const int t = next;
       next = (next + 1) % send_slots;
-      if (send_busy[t]) wait_send(s, *sb[t], right, send_bytes[t]);
+      if (send_busy[t]) wait_send(w, *sb[t], right, send_bytes[t]);
       add_into(send_mem + t * slot_bytes, partial, own, m, dtype, 1);
       sb[t]->send(right, msg_slot(k + 1, j), 0, m * es);
       send_busy[t] = true;
@@ -362,63 +356,63 @@ int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
     if (i + kRecvSlots < order.size()) post(i + kRecvSlots);
   }
   for (int t = 0; t < send_slots; ++t)
-    if (send_busy[t]) wait_send(s, *sb[t], right, send_bytes[t]);
-  for (int64_t m : in_sizes) wait_send(s, *in_b, right, m);
+    if (send_busy[t]) wait_send(w, *sb[t], right, send_bytes[t]);
+  for (int64_t m : in_sizes) wait_send(w, *in_b, right, m);
   return sent;
 }
 
-int64_t direct_broadcast(const Step& s, void* buf, int64_t nbytes, int root) {
-  const int n = s.mesh->size, r = s.mesh->rank;
+int64_t direct_broadcast(const Wire& w, void* buf, int64_t nbytes, int root) {
+  const int n = w.mesh->size, r = w.mesh->rank;
   if (n == 1 || nbytes == 0) return 0;
-  Buffer b = wrap(s, buf, nbytes);
+  Buffer b = wrap(w, buf, nbytes);
   if (r != root) {
-    expect(s, nbytes, 0);
-    b->recv(root, slot(s, 0), 0, nbytes);
-    wait_recv(s, *b, root, nbytes);
+    expect(w, nbytes, 0);
+    b->recv(root, slot(w, 0), 0, nbytes);
+    wait_recv(w, *b, root, nbytes);
     return 0;
   }
-  expect(s, 0, (n - 1) * nbytes);
+  expect(w, 0, (n - 1) * nbytes);
   std::vector<int> pending;
   for (int peer = 0; peer < n; ++peer)
-    if (peer != root) b->send(peer, slot(s, 0), 0, nbytes), pending.push_back(peer);
-  for (int peer = 0; peer < n - 1; ++peer) wait_any<false>(s, *b, pending, nbytes);
+    if (peer != root) b->send(peer, slot(w, 0), 0, nbytes), pending.push_back(peer);
+  for (int peer = 0; peer < n - 1; ++peer) wait_any<false>(w, *b, pending, nbytes);
   return (n - 1) * nbytes;
 }
 
-int64_t direct_gather(const Step& s, const void* in, void* out, int64_t nbytes, int root) {
-  const int n = s.mesh->size, r = s.mesh->rank;
+int64_t direct_gather(const Wire& w, const void* in, void* out, int64_t nbytes, int root) {
+  const int n = w.mesh->size, r = w.mesh->rank;
   if (r == root && nbytes > 0 && in != static_cast<char*>(out) + r * nbytes)
     std::memmove(static_cast<char*>(out) + r * nbytes, in, nbytes);
   if (n == 1 || nbytes == 0) return 0;
   if (r != root) {
-    expect(s, 0, nbytes);
-    Buffer b = wrap(s, in, nbytes);
-    b->send(root, slot(s, 0), 0, nbytes);
-    wait_send(s, *b, root, nbytes);
+    expect(w, 0, nbytes);
+    Buffer b = wrap(w, in, nbytes);
+    b->send(root, slot(w, 0), 0, nbytes);
+    wait_send(w, *b, root, nbytes);
     return nbytes;
   }
-  expect(s, (n - 1) * nbytes, 0);
-  Buffer b = wrap(s, out, n * nbytes);
+  expect(w, (n - 1) * nbytes, 0);
+  Buffer b = wrap(w, out, n * nbytes);
   std::vector<int> pending;
   for (int peer = 0; peer < n; ++peer)
-    if (peer != root) b->recv(peer, slot(s, 0), peer * nbytes, nbytes), pending.push_back(peer);
-  for (int peer = 0; peer < n - 1; ++peer) wait_any<true>(s, *b, pending, nbytes);
+    if (peer != root) b->recv(peer, slot(w, 0), peer * nbytes, nbytes), pending.push_back(peer);
+  for (int peer = 0; peer < n - 1; ++peer) wait_any<true>(w, *b, pending, nbytes);
   return 0;
 }
 
-int64_t dissemination_barrier(const Step& s) {
-  const int n = s.mesh->size, r = s.mesh->rank;
+int64_t dissemination_barrier(const Wire& w) {
+  const int n = w.mesh->size, r = w.mesh->rank;
   if (n == 1) return 0;
   char out = 1, in = 0;
-  Buffer out_b = wrap(s, &out, 1), in_b = wrap(s, &in, 1);
+  Buffer out_b = wrap(w, &out, 1), in_b = wrap(w, &in, 1);
   int64_t sent = 0;
   // After round k every rank has (transitively) heard from 2^(k+1) ranks.
   for (int k = 0, dist = 1; dist < n; ++k, dist *= 2) {
-    out_b->send((r + dist) % n, slot(s, k), 0, 1);
-    in_b->recv((r - dist + n) % n, slot(s, k), 0, 1);
-    expect(s, 1, 1);
-    wait_recv(s, *in_b, (r - dist + n) % n, 1);
-    wait_send(s, *out_b, (r + dist) % n, 1);
+    out_b->send((r + dist) % n, slot(w, k), 0, 1);
+    in_b->recv((r - dist + n) % n, slot(w, k), 0, 1);
+    expect(w, 1, 1);
+    wait_recv(w, *in_b, (r - dist + n) % n, 1);
+    wait_send(w, *out_b, (r + dist) % n, 1);
     sent += 1;
   }
   return sent;

@@ -1,12 +1,13 @@
 // fsdp-cpp: the collective algorithms, on a mesh of point-to-point links.
-// defines: Step, ring_all_gather, ring_reduce_scatter, direct_broadcast,
-//          direct_gather, dissemination_barrier
+// defines: Wire, Traffic, ring_all_gather, ring_reduce_scatter,
+//          direct_broadcast, direct_gather, dissemination_barrier
 //
-// Rank r talks to its ring neighbours r+1 (right) and r-1 (left). Each message
-// travels in its own Gloo slot, derived from the collective's sequence number
-// and the step, so two collectives can never match each other's messages.
+// Rank r talks to its ring neighbours r+1 (right) and r-1 (left). A "step"
+// is one round of a ring (or of the barrier). Each message travels in its
+// own Gloo slot, derived from the collective's sequence number and the step
+// (slots.h), so two collectives can never match each other's messages.
 // Every wait is bounded by the call's deadline; Gloo throws on expiry and
-// fails the whole context, which the caller turns into a CollectiveError.
+// fails the whole mesh, which the caller turns into a CollectiveError.
 //
 // Bytes sent by rank r (what the counters record):
 //   all_gather       sum of the blocks except block r+1    ((N-1)/N of output)
@@ -23,6 +24,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "comm/slots.h"
 #include "common/ring_math.h"
 
 namespace fsdp::flight {
@@ -33,46 +35,59 @@ namespace fsdp::comm {
 
 class Mesh;
 
-// One collective's identity on the wire, its deadline, and the counters its
-// transfers update (the peer waited on, bytes arrived and sent; null: none).
-// A wait that times out or fails throws naming the peer and the bytes that
-// had arrived from it.
-// `names`: the communicator's rank of each rank of mesh, when mesh is one
-// tier of a composed collective (tiers.h); messages and progress then
-// name those. Null: mesh is the communicator's own.
-struct Step {
+// One collective on the wire: the mesh it runs on, its sequence number (its
+// slots), its deadline, and the counters its transfers update (the peer
+// waited on, bytes arrived and sent; null: none). A wait that times out or
+// fails throws naming the peer and the bytes that had arrived from it.
+// Borrowed: the mesh and the progress outlive the collective.
+struct Wire {
   Mesh* mesh = nullptr;
   uint64_t seq = 0;
   std::chrono::steady_clock::time_point deadline;
   flight::Progress* progress = nullptr;
+  // The communicator's rank of each rank of mesh, when mesh is one tier of
+  // a composed collective (tiers.h); messages and progress then name
+  // those. Null: mesh is the communicator's own.
   const std::vector<int>* names = nullptr;
   // Target bytes of one piece (ResolvedOptions::ring_piece_bytes; the
   // cutting is common/ring_math.h's).
   int64_t piece_bytes = ring::kDefaultPieceBytes;
+  // The steps of this collective's CMA messages (cma.h): a second CMA
+  // exchange under the same sequence number takes slots::kCmaSecond.
+  slots::Range cma_steps = slots::kCma;
   int name(int q) const { return names && q >= 0 ? (*names)[q] : q; }
 };
 
+// Bytes this rank sent in one collective, and the part that crossed hosts
+// (-1: count it from the ring's neighbour, as the flat algorithms).
+struct Traffic {
+  int64_t bytes = 0;
+  int64_t inter = -1;
+  Traffic(int64_t b = 0, int64_t i = -1) : bytes(b), inter(i) {}  // NOLINT: an int64_t is a flat count
+};
+
 // Blocks are byte ranges of `buf`; rank r already holds block r. Afterwards
-// every rank holds every block. Returns bytes sent. `step_base` offsets the
-// slots so an all_reduce can run this after its reduce-scatter.
-int64_t ring_all_gather(const Step& s, void* buf, const std::vector<int64_t>& offset_bytes,
-                        const std::vector<int64_t>& count_bytes, int step_base = 0);
+// every rank holds every block. Returns bytes sent. Messages take the steps
+// of `steps` (slots.h; an all_reduce gathers from step N, after its
+// reduce-scatter's; a set-up exchange at sequence number 0 names its own).
+int64_t ring_all_gather(const Wire& w, void* buf, const std::vector<int64_t>& offset_bytes,
+                        const std::vector<int64_t>& count_bytes, slots::Range steps = slots::kRing);
 
 // Chunks are element ranges of `in`; writes the reduction of every rank's
 // chunk r to `out_chunk` (which may alias chunk r of `in`; nothing else of
 // `in` is written). divisor N turns the sum into a mean. Returns bytes sent.
-int64_t ring_reduce_scatter(const Step& s, const void* in, void* out_chunk,
+int64_t ring_reduce_scatter(const Wire& w, const void* in, void* out_chunk,
                             const std::vector<int64_t>& offset, const std::vector<int64_t>& count,
                             c10::ScalarType dtype, int divisor);
 
 // root's bytes land on every rank. Returns bytes sent.
-int64_t direct_broadcast(const Step& s, void* buf, int64_t nbytes, int root);
+int64_t direct_broadcast(const Wire& w, void* buf, int64_t nbytes, int root);
 
 // Every rank's `nbytes` at `in` land at root's out + r*nbytes (root copies
 // its own). Non-roots send once; root posts N-1 receives. Returns bytes sent.
-int64_t direct_gather(const Step& s, const void* in, void* out, int64_t nbytes, int root);
+int64_t direct_gather(const Wire& w, const void* in, void* out, int64_t nbytes, int root);
 
 // Returns once every rank entered; bytes sent.
-int64_t dissemination_barrier(const Step& s);
+int64_t dissemination_barrier(const Wire& w);
 
 }  // namespace fsdp::comm

@@ -1,7 +1,7 @@
-// fsdp-cpp: tensors on a device the engine cannot move, staged (backends.h).
+// fsdp-cpp: tensors on a device the backend cannot move, staged (backends.h).
 //
 // Every communicator the factories make for more than one rank is wrapped
-// here, with the device type its engine moves ("home"): Gloo moves host
+// here, with the device type its backend moves ("home"): Gloo moves host
 // memory, NCCL a GPU's. A call whose tensors are all at home goes straight
 // through (the CPU path runs exactly as before). Otherwise each tensor away
 // from home is copied to a home buffer before the call (Gloo: pinned host
@@ -10,11 +10,12 @@
 //
 // Lifetimes: the staging buffers belong to the call's Work and live until
 // its wait() copied the results back. The copy to home is synchronous
-// (the engine's queue reads the bytes on another thread); the copy back
+// (the backend's queue reads the bytes on another thread); the copy back
 // runs on the waiting thread's current stream.
 #include <mutex>
 
 #include "comm/backends.h"
+#include "comm/forwarding.h"
 #include "fsdp/errors.h"
 
 namespace fsdp::comm {
@@ -41,57 +42,45 @@ class StagedWork final : public Work {
   std::vector<torch::Tensor> keep_;                            // staged inputs; guarded by mu_
 };
 
-class Staged final : public Communicator {
+class Staged final : public ForwardingCommunicator {
  public:
-  Staged(CommPtr inner, c10::Device home) : inner_(std::move(inner)), home_(home) {}
-
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  int local_rank() const override { return inner_->local_rank(); }
-  int local_world_size() const override { return inner_->local_world_size(); }
+  Staged(CommPtr inner, c10::Device home) : ForwardingCommunicator(std::move(inner)), home_(home) {}
 
   WorkPtr all_gather(const torch::Tensor& input, torch::Tensor output, const CollectiveInfo& info) override {
-    if (at_home(input) && at_home(output)) return inner_->all_gather(input, output, info);
-    Call c;
+    if (at_home(input) && at_home(output)) return inner()->all_gather(input, output, info);
+    Staging c;
     auto in = c.in(input, *this);
     auto out = c.out(output, *this);
-    return c.done(inner_->all_gather(in, out, info));
+    return c.done(inner()->all_gather(in, out, info));
   }
   WorkPtr reduce_scatter(const torch::Tensor& input, torch::Tensor output, ReduceOp op,
                          const CollectiveInfo& info) override {
-    if (at_home(input) && at_home(output)) return inner_->reduce_scatter(input, output, op, info);
-    Call c;
+    if (at_home(input) && at_home(output)) return inner()->reduce_scatter(input, output, op, info);
+    Staging c;
     auto in = c.in(input, *this);
     auto out = c.out(output, *this);
-    return c.done(inner_->reduce_scatter(in, out, op, info));
+    return c.done(inner()->reduce_scatter(in, out, op, info));
   }
   WorkPtr all_reduce(torch::Tensor tensor, ReduceOp op, const CollectiveInfo& info) override {
-    if (at_home(tensor)) return inner_->all_reduce(tensor, op, info);
-    Call c;
-    return c.done(inner_->all_reduce(c.inout(tensor, *this), op, info));
+    if (at_home(tensor)) return inner()->all_reduce(tensor, op, info);
+    Staging c;
+    return c.done(inner()->all_reduce(c.inout(tensor, *this), op, info));
   }
   WorkPtr broadcast(torch::Tensor tensor, int root, const CollectiveInfo& info) override {
-    if (at_home(tensor)) return inner_->broadcast(tensor, root, info);
-    Call c;
-    return c.done(inner_->broadcast(c.inout(tensor, *this), root, info));
+    if (at_home(tensor)) return inner()->broadcast(tensor, root, info);
+    Staging c;
+    return c.done(inner()->broadcast(c.inout(tensor, *this), root, info));
   }
-  WorkPtr barrier(const CollectiveInfo& info) override { return inner_->barrier(info); }
   WorkPtr gather(const torch::Tensor& input, torch::Tensor output, int root, const CollectiveInfo& info) override {
-    if (at_home(input) && at_home(output)) return inner_->gather(input, output, root, info);
-    Call c;
+    if (at_home(input) && at_home(output)) return inner()->gather(input, output, root, info);
+    Staging c;
     auto in = c.in(input, *this);
     auto out = output.defined() ? c.out(output, *this) : output;
-    return c.done(inner_->gather(in, out, root, info));
+    return c.done(inner()->gather(in, out, root, info));
   }
-
-  CommCounters counters() const override { return inner_->counters(); }
-  void reset_counters() override { inner_->reset_counters(); }
-  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
-  std::string describe() const override { return inner_->describe(); }
-  std::vector<int> global_ranks() const override { return inner_->global_ranks(); }
-  std::vector<int> hosts() const override { return inner_->hosts(); }
+  // The barrier moves no tensor; everything else not here is forwarded.
   CommPtr split(int color, const SplitOptions& opts) override {
-    return stage_away_from(inner_->split(color, opts), home_);
+    return stage_away_from(inner()->split(color, opts), home_);
   }
 
  private:
@@ -107,13 +96,13 @@ class Staged final : public Communicator {
   }
 
   // The staging of one call.
-  struct Call {
+  struct Staging {
     std::vector<std::pair<torch::Tensor, torch::Tensor>> back;
     std::vector<torch::Tensor> keep;
     torch::Tensor in(const torch::Tensor& t, const Staged& s) {
       if (s.at_home(t)) return t;
       auto h = s.home_empty(t);
-      h.copy_(t);  // synchronous: the engine reads it on its own thread
+      h.copy_(t);  // synchronous: the backend reads it on its own thread
       keep.push_back(h);
       return h;
     }
@@ -131,7 +120,6 @@ class Staged final : public Communicator {
     WorkPtr done(WorkPtr w) { return std::make_shared<StagedWork>(std::move(w), std::move(back), std::move(keep)); }
   };
 
-  const CommPtr inner_;
   const c10::Device home_;
 };
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "comm/forwarding.h"
 #include "fsdp/errors.h"
 #include "fsdp/trace.h"
 
@@ -119,6 +120,12 @@ std::string StragglerMonitor::summary() const {
 
 // ---------------------------------------------------------------------------
 // Wait time: a forwarding communicator whose Work times blocking waits.
+
+double WaitClock::now() const {
+  if (clock_) return clock_();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 namespace {
 
 class TimedWork final : public Work {
@@ -126,14 +133,14 @@ class TimedWork final : public Work {
   TimedWork(WorkPtr inner, std::shared_ptr<WaitClock> clock) : inner_(std::move(inner)), clock_(std::move(clock)) {}
   void wait() override {
     if (inner_->is_completed()) return inner_->wait();  // rethrows an error, costs nothing
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = clock_->now();
     try {
       inner_->wait();
     } catch (...) {
-      clock_->add(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      clock_->add(clock_->now() - t0);
       throw;
     }
-    clock_->add(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    clock_->add(clock_->now() - t0);
   }
   bool is_completed() const override { return inner_->is_completed(); }
 
@@ -142,47 +149,36 @@ class TimedWork final : public Work {
   std::shared_ptr<WaitClock> clock_;
 };
 
-class WaitClockCommunicator final : public Communicator {
+class WaitClockCommunicator final : public comm::ForwardingCommunicator {
  public:
   WaitClockCommunicator(CommPtr inner, std::shared_ptr<WaitClock> clock)
-      : inner_(std::move(inner)), clock_(std::move(clock)) {}
+      : ForwardingCommunicator(std::move(inner)), clock_(std::move(clock)) {}
 
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  int local_rank() const override { return inner_->local_rank(); }
-  int local_world_size() const override { return inner_->local_world_size(); }
   WorkPtr all_gather(const torch::Tensor& input, torch::Tensor output, const CollectiveInfo& info) override {
-    return timed(inner_->all_gather(input, std::move(output), info));
+    return timed(ForwardingCommunicator::all_gather(input, std::move(output), info));
   }
   WorkPtr reduce_scatter(const torch::Tensor& input, torch::Tensor output, ReduceOp op,
                          const CollectiveInfo& info) override {
-    return timed(inner_->reduce_scatter(input, std::move(output), op, info));
+    return timed(ForwardingCommunicator::reduce_scatter(input, std::move(output), op, info));
   }
   WorkPtr all_reduce(torch::Tensor tensor, ReduceOp op, const CollectiveInfo& info) override {
-    return timed(inner_->all_reduce(std::move(tensor), op, info));
+    return timed(ForwardingCommunicator::all_reduce(std::move(tensor), op, info));
   }
   WorkPtr broadcast(torch::Tensor tensor, int root, const CollectiveInfo& info) override {
-    return timed(inner_->broadcast(std::move(tensor), root, info));
+    return timed(ForwardingCommunicator::broadcast(std::move(tensor), root, info));
   }
-  WorkPtr barrier(const CollectiveInfo& info) override { return timed(inner_->barrier(info)); }
+  WorkPtr barrier(const CollectiveInfo& info) override { return timed(ForwardingCommunicator::barrier(info)); }
   WorkPtr gather(const torch::Tensor& input, torch::Tensor output, int root, const CollectiveInfo& info) override {
-    return timed(inner_->gather(input, std::move(output), root, info));
+    return timed(ForwardingCommunicator::gather(input, std::move(output), root, info));
   }
-  CommCounters counters() const override { return inner_->counters(); }
-  void reset_counters() override { inner_->reset_counters(); }
-  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
-  std::string describe() const override { return inner_->describe(); }
-  std::vector<int> global_ranks() const override { return inner_->global_ranks(); }
-  std::vector<int> hosts() const override { return inner_->hosts(); }
   // A group's waits count on the same clock (HYBRID's shard and replica groups).
   CommPtr split(int color, const SplitOptions& opts) override {
-    return std::make_shared<WaitClockCommunicator>(inner_->split(color, opts), clock_);
+    return std::make_shared<WaitClockCommunicator>(inner()->split(color, opts), clock_);
   }
 
  private:
   WorkPtr timed(WorkPtr w) { return std::make_shared<TimedWork>(std::move(w), clock_); }
-  CommPtr inner_;
-  std::shared_ptr<WaitClock> clock_;
+  const std::shared_ptr<WaitClock> clock_;
 };
 
 }  // namespace

@@ -7,18 +7,11 @@
 #include <cstring>
 
 #include "comm/checks.h"
+#include "comm/slots.h"
 #include "fsdp/errors.h"
 
 namespace fsdp::comm {
 namespace {
-
-// The agreement after connecting, on the communicator's mesh at sequence
-// number 0, apart from choose_transport's two exchanges (steps 0 and 2^17).
-constexpr int kAgreeStepBase = (1 << 17) + (1 << 16);
-
-// A second CMA collective of the same call (all_reduce's all-gather after
-// its reduce-scatter) runs on its own slots: the same seq with this bit.
-constexpr uint64_t kSecondIntraPhase = uint64_t(1) << 40;
 
 WorldEnv env_of(const WorldEnv& world, const std::vector<int>& members, bool same_host) {
   WorldEnv g = world;
@@ -81,7 +74,7 @@ void Tiers::leave(std::chrono::milliseconds budget) {
   if (inter_rdv) inter_rdv->leave(budget);
 }
 
-std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& world, Mesh* ctx,
+std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& world, Mesh* mesh,
                                      const TierLayout& layout, const std::vector<int>& global,
                                      const ResolvedOptions& opts, std::string* why) {
   auto t = std::make_unique<Tiers>();
@@ -95,22 +88,23 @@ std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& w
   // hosts never wait on each other in a cycle.
   t->intra_rdv = std::make_unique<Rendezvous>(parent, detail::cat("tier/h", h, "/"), env_of(world, intra, true),
                                               intra_global);
-  t->intra_ctx = t->intra_rdv->connect_gloo(opts.ifname);
+  t->intra_mesh = t->intra_rdv->connect_gloo(opts.ifname);
   const std::string host_group = detail::cat("host tier of ranks ", ranks_text(intra_global));
-  TransportChoice c = choose_transport(t->intra_ctx.get(), "auto", opts.host_id,
+  TransportChoice c = choose_transport(t->intra_mesh.get(), "auto", opts.host_id,
                                        Clock::now() + opts.rendezvous_timeout, intra_global, host_group);
   t->inter_rdv = std::make_unique<Rendezvous>(parent, detail::cat("tier/l", s, "/"), env_of(world, inter, false),
                                               inter_global);
-  t->inter_ctx = t->inter_rdv->connect_gloo(opts.ifname);
+  t->inter_mesh = t->inter_rdv->connect_gloo(opts.ifname);
   // Every rank must take the same path: one host that cannot read its
   // ranks' memory sends everybody the flat way.
-  const int n = ctx->size;
+  const int n = mesh->size;
   std::vector<int32_t> ok(n, 0);
-  ok[ctx->rank] = c.cma ? 1 : 0;
+  ok[mesh->rank] = c.cma ? 1 : 0;
   std::vector<int64_t> offset(n), count(n, sizeof(int32_t));
   for (int q = 0; q < n; ++q) offset[q] = q * static_cast<int64_t>(sizeof(int32_t));
   try {
-    ring_all_gather(Step{ctx, 0, Clock::now() + opts.rendezvous_timeout}, ok.data(), offset, count, kAgreeStepBase);
+    ring_all_gather(Wire{mesh, 0, Clock::now() + opts.rendezvous_timeout}, ok.data(), offset, count,
+                    slots::kTiersAgree);
   } catch (const std::exception& e) {
     throw Error(detail::cat("rank ", global.at(world.rank),
                             ": agreeing on the tiers (CMA inside each host, TCP between) failed: a rank stopped or "
@@ -131,7 +125,7 @@ std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& w
   return t;
 }
 
-Traffic tier_all_gather(const Step& s, const Tiers& t, const void* in, void* out, int64_t b) {
+Traffic tier_all_gather(const Wire& w, const Tiers& t, const void* in, void* out, int64_t b) {
   const TierLayout& L = t.layout;
   const int r = t.rank, H = L.hosts, S = L.per_host, n = H * S;
   char* o = static_cast<char*>(out);
@@ -142,17 +136,17 @@ Traffic tier_all_gather(const Step& s, const Tiers& t, const void* in, void* out
   const auto& inter = t.inter_ranks();
   std::vector<int64_t> offset(H), count(H, b);
   for (int j = 0; j < H; ++j) offset[j] = inter[j] * b;
-  const int64_t across = ring_all_gather(t.inter_step(s), o, offset, count);
+  const int64_t across = ring_all_gather(t.inter_wire(w), o, offset, count);
   // 2. Local rank q now holds the H blocks of local index q: read them
   // where they lie in its output.
   Segments seg(S);
   for (int q = 0; q < S; ++q)
     for (int g : L.inter[q]) seg[q].push_back({g * b, b});
-  const int64_t inside = cma_gather_segments(t.intra_step(s), t.peers, o, n * b, seg);
+  const int64_t inside = cma_gather_segments(t.intra_wire(w), t.peers, o, n * b, seg);
   return {across + inside, across};
 }
 
-Traffic tier_reduce_scatter(const Step& s, const Tiers& t, const void* in, void* out, int64_t m,
+Traffic tier_reduce_scatter(const Wire& w, const Tiers& t, const void* in, void* out, int64_t m,
                             c10::ScalarType dtype, int divisor) {
   const TierLayout& L = t.layout;
   const int H = L.hosts, S = L.per_host, n = H * S;
@@ -166,16 +160,16 @@ Traffic tier_reduce_scatter(const Step& s, const Tiers& t, const void* in, void*
   Segments seg(S);
   for (int q = 0; q < S; ++q)
     for (int g : L.inter[q]) seg[q].push_back({g * m, m});
-  const int64_t inside = cma_reduce_segments(t.intra_step(s), t.peers, in, n * m, host_sums, seg, dtype, 1);
+  const int64_t inside = cma_reduce_segments(t.intra_wire(w), t.peers, in, n * m, host_sums, seg, dtype, 1);
   // 2. Across hosts: inter rank j gets the sum of every host's chunk j,
   // which is this rank's chunk.
   std::vector<int64_t> offset(H), count(H, m);
   for (int j = 0; j < H; ++j) offset[j] = j * m;
-  const int64_t across = ring_reduce_scatter(t.inter_step(s), host_sums, out, offset, count, dtype, divisor);
+  const int64_t across = ring_reduce_scatter(t.inter_wire(w), host_sums, out, offset, count, dtype, divisor);
   return {inside + across, across};
 }
 
-Traffic tier_all_reduce(const Step& s, const Tiers& t, void* data, int64_t numel, c10::ScalarType dtype,
+Traffic tier_all_reduce(const Wire& w, const Tiers& t, void* data, int64_t numel, c10::ScalarType dtype,
                         int divisor) {
   const TierLayout& L = t.layout;
   const int H = L.hosts, S = L.per_host, local = L.local[t.rank];
@@ -191,12 +185,12 @@ Traffic tier_all_reduce(const Step& s, const Tiers& t, void* data, int64_t numel
     seg_bytes[q] = {{c.offset[q] * es, c.count[q] * es}};
   }
   char* mine = d + c.offset[local] * es;
-  int64_t inside = cma_reduce_segments(t.intra_step(s), t.peers, d, numel, mine, seg, dtype, 1);
+  int64_t inside = cma_reduce_segments(t.intra_wire(w), t.peers, d, numel, mine, seg, dtype, 1);
   // 2. That chunk over the hosts: ring reduce-scatter + all-gather, in
   // place, as the flat all_reduce does on the whole tensor.
   int64_t across = 0;
   if (c.count[local] > 0) {
-    const Step x = t.inter_step(s);
+    const Wire x = t.inter_wire(w);
     const int j = x.mesh->rank;
     Chunks e = ring_chunks(c.count[local], H);
     across = ring_reduce_scatter(x, mine, mine + e.offset[j] * es, e.offset, e.count, dtype, divisor);
@@ -204,11 +198,12 @@ Traffic tier_all_reduce(const Step& s, const Tiers& t, void* data, int64_t numel
       e.offset[k] *= es;
       e.count[k] *= es;
     }
-    across += ring_all_gather(x, mine, e.offset, e.count, /*step_base=*/H);
+    across += ring_all_gather(x, mine, e.offset, e.count, slots::kRing.from(H));
   }
-  // 3. Every chunk from the local rank that holds it, on slots of its own.
-  Step second = t.intra_step(s);
-  second.seq |= kSecondIntraPhase;
+  // 3. Every chunk from the local rank that holds it: a second CMA exchange
+  // under the same sequence number, on steps of its own.
+  Wire second = t.intra_wire(w);
+  second.cma_steps = slots::kCmaSecond;
   inside += cma_gather_segments(second, t.peers, d, numel * es, seg_bytes);
   return {inside + across, across};
 }

@@ -1,6 +1,6 @@
 // fsdp-cpp: collectives over two tiers: cross-memory attach inside each
 // host, Gloo TCP between hosts.
-// defines: TierLayout, tier_layout, Tiers, connect_tiers, Traffic,
+// defines: TierLayout, tier_layout, Tiers, connect_tiers,
 //          tier_all_gather, tier_reduce_scatter, tier_all_reduce
 //
 // A communicator whose ranks sit on H > 1 hosts with the same S > 1 ranks
@@ -23,7 +23,7 @@
 // Both tiers use the communicator's sequence number, deadline and progress
 // (a tier's mesh is used only by its communicator's thread, so its slots
 // never meet another collective's). Messages name the communicator's ranks
-// (Step::names).
+// (Wire::names).
 //
 // Summation: a chunk is summed first over the ranks of each host (in the
 // CMA ring order of that host), then over the hosts' partial sums (the TCP
@@ -65,16 +65,17 @@ struct Tiers {
   TierLayout layout;
   int rank = 0;  // this rank, in the communicator
   std::unique_ptr<Rendezvous> intra_rdv, inter_rdv;
-  std::shared_ptr<Mesh> intra_ctx, inter_ctx;
+  std::shared_ptr<Mesh> intra_mesh, inter_mesh;
   CmaPeers peers;  // of the intra mesh
   // The communicator's rank of each rank of the two meshes.
   const std::vector<int>& intra_ranks() const { return layout.intra[layout.host[rank]]; }
   const std::vector<int>& inter_ranks() const { return layout.inter[layout.local[rank]]; }
-  Step intra_step(const Step& s) const {
-    return {intra_ctx.get(), s.seq, s.deadline, s.progress, &intra_ranks(), s.piece_bytes};
+  // The communicator's collective `w` on one tier's mesh.
+  Wire intra_wire(const Wire& w) const {
+    return {intra_mesh.get(), w.seq, w.deadline, w.progress, &intra_ranks(), w.piece_bytes, w.cma_steps};
   }
-  Step inter_step(const Step& s) const {
-    return {inter_ctx.get(), s.seq, s.deadline, s.progress, &inter_ranks(), s.piece_bytes};
+  Wire inter_wire(const Wire& w) const {
+    return {inter_mesh.get(), w.seq, w.deadline, w.progress, &inter_ranks(), w.piece_bytes, w.cma_steps};
   }
   // Clean shutdown of both meshes' store keys (as a group's).
   void leave(std::chrono::milliseconds budget);
@@ -83,28 +84,20 @@ struct Tiers {
 // Collective over the communicator (every rank calls it, with the same
 // layout): joins the two meshes under `parent`'s keys (tags "tier/h<h>/",
 // "tier/l<s>/"), probes CMA inside the host, then agrees with every rank on
-// the communicator's own mesh `ctx` (at sequence number 0). Returns null
+// the communicator's own mesh `mesh` (at sequence number 0). Returns null
 // when some host cannot use CMA (*why says which and why); every rank then
 // gets null. `global`: the global rank of each rank (messages).
-std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& world, Mesh* ctx,
+std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& world, Mesh* mesh,
                                      const TierLayout& layout, const std::vector<int>& global,
                                      const ResolvedOptions& opts, std::string* why);
-
-// Bytes this rank sent in one collective, and the part that crossed hosts
-// (-1: count it from the ring's neighbour, as the flat algorithms).
-struct Traffic {
-  int64_t bytes = 0;
-  int64_t inter = -1;
-  Traffic(int64_t b = 0, int64_t i = -1) : bytes(b), inter(i) {}  // NOLINT: an int64_t is a flat count
-};
 
 // The communicator's contracts (fsdp/comm.h, gloo_communicator.cpp).
 // Counted: the inter tier's ring bytes (all across hosts) plus what a ring
 // of the intra tier would send for the same blocks (cma.h's convention).
-Traffic tier_all_gather(const Step& s, const Tiers& t, const void* in, void* out, int64_t block_bytes);
-Traffic tier_reduce_scatter(const Step& s, const Tiers& t, const void* in, void* out, int64_t count,
+Traffic tier_all_gather(const Wire& w, const Tiers& t, const void* in, void* out, int64_t block_bytes);
+Traffic tier_reduce_scatter(const Wire& w, const Tiers& t, const void* in, void* out, int64_t count,
                             c10::ScalarType dtype, int divisor);
-Traffic tier_all_reduce(const Step& s, const Tiers& t, void* data, int64_t numel, c10::ScalarType dtype,
+Traffic tier_all_reduce(const Wire& w, const Tiers& t, void* data, int64_t numel, c10::ScalarType dtype,
                         int divisor);
 
 }  // namespace fsdp::comm

@@ -17,10 +17,6 @@ namespace {
 
 using watchdog::Heartbeat;
 
-double wall_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 std::string host_name() {
   char h[256] = {0};
   gethostname(h, sizeof h - 1);
@@ -38,6 +34,7 @@ constexpr std::chrono::milliseconds kConnectTimeout{2000};
 struct Watchdog::Beats {
   WorldEnv world;
   std::string base;
+  WatchClock clock;
   double interval = 1;
   std::string identity;  // host_identity()
   std::atomic<bool> failed{false};
@@ -53,7 +50,7 @@ struct Watchdog::Beats {
     h.rank = world.rank;
     h.pid = getpid();
     h.host = host_name();
-    h.time = wall_now();
+    h.time = clock.wall();
     h.beat = ++beats;
     h.interval = interval;
     h.left = left;
@@ -123,12 +120,13 @@ std::weak_ptr<Watchdog> g_dog;  // guarded by g_mu: the process's running watchd
 }  // namespace
 
 std::shared_ptr<Watchdog> Watchdog::acquire(const WorldEnv& world, const std::string& base,
-                                            const ResolvedOptions& opts) {
+                                            const ResolvedOptions& opts, WatchClock clock) {
   std::lock_guard<std::mutex> g(g_mu);
   if (auto d = g_dog.lock()) return d;
   auto b = std::make_shared<Beats>();
   b->world = world;
   b->base = base;
+  b->clock = std::move(clock);
   b->identity = host_identity(opts.host_id);
   b->interval = opts.heartbeat_interval.count() / 1000.0;
   flight::set_identity(world.rank, world.world_size);
@@ -159,6 +157,7 @@ std::vector<std::optional<Watchdog::Where>> Watchdog::where() const {
   return b_->where;
 }
 const std::string& Watchdog::identity() const { return b_->identity; }
+const WatchClock& Watchdog::clock() const { return b_->clock; }
 
 std::optional<std::vector<std::optional<std::string>>> Watchdog::read(const std::vector<std::string>& keys,
                                                                      std::chrono::milliseconds budget) {

@@ -1,7 +1,7 @@
 // fsdp-cpp: the heartbeat thread of a process (see include/fsdp/watchdog.h
 // for what is published, and comm/diagnosis.h for how a failed collective
 // is read against it).
-// defines: Watchdog
+// defines: WatchClock, Watchdog
 //
 // One Watchdog per process, shared by its communicators (acquire()). It owns
 // a bounded store client (comm/store_client.h) whose thread writes the
@@ -12,9 +12,11 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/world_env.h"
@@ -24,13 +26,26 @@ namespace fsdp::comm {
 
 class StoreClient;
 
+// The clocks the watchdog and a diagnosis read: steady time for budgets and
+// the sleep in between, wall time for heartbeats (ranks on different hosts
+// compare them). Default: the real ones; a test injects its own, as
+// ProgressOptions::clock, and so waits on its events instead of time.
+struct WatchClock {
+  using Clock = std::chrono::steady_clock;
+  std::function<Clock::time_point()> now = [] { return Clock::now(); };
+  std::function<double()> wall = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  };
+  std::function<void(Clock::time_point)> sleep_until = [](Clock::time_point t) { std::this_thread::sleep_until(t); };
+};
+
 class Watchdog {
  public:
   // The process's watchdog: the running one, or a new one for this world
-  // (keys under `base`, e.g. "fsdp/<token>/"; the interval and host
-  // identity from the first caller's options).
+  // (keys under `base`, e.g. "fsdp/<token>/"; the interval, host identity
+  // and clock from the first caller's).
   static std::shared_ptr<Watchdog> acquire(const WorldEnv& world, const std::string& base,
-                                           const ResolvedOptions& opts);
+                                           const ResolvedOptions& opts, WatchClock clock = {});
   // Stops the heartbeats (a last one says the rank left, unless it failed).
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
@@ -65,6 +80,8 @@ class Watchdog {
   };
   std::vector<std::optional<Where>> where() const;
   const std::string& identity() const;
+  // The clock its heartbeats are stamped with; a diagnosis reads the same.
+  const WatchClock& clock() const;
 
   struct Beats;  // what the heartbeats say; shared with the client's thread
 

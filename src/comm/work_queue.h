@@ -4,8 +4,9 @@
 // Collectives must run in issue order on every rank, so each communicator owns
 // exactly one thread that pops tasks FIFO. The first task that throws poisons
 // the queue: it and every task still queued or submitted later complete with
-// that same exception (a Gloo context is unusable after a timeout, and a rank
-// that skipped a collective is out of step with the others for good).
+// that same exception (a mesh is unusable after a timeout: Gloo fails all of
+// it; and a rank that skipped a collective is out of step with the others
+// for good).
 #pragma once
 
 #include <atomic>

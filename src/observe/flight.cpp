@@ -6,6 +6,7 @@
 // (Progress, atomics), shared between the slot and the transfer. Everything
 // a detached thread may touch at exit is immortal (never destroyed).
 #include "fsdp/flight.h"
+#include "observe/flight_hooks.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -18,7 +18,7 @@
 #include <regex>
 #include <set>
 
-#include "common/fail_together.h"
+#include "comm/fail_together.h"
 #include "common/shard_math.h"
 #include "fsdp/hf.h"
 #include "fsdp/state_dict.h"

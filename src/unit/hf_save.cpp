@@ -32,7 +32,7 @@
 #include <fstream>
 #include <map>
 
-#include "common/fail_together.h"
+#include "comm/fail_together.h"
 #include "fsdp/hf.h"
 #include "fsdp/state_dict.h"
 #include "unit/engine_access.h"

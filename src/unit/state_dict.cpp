@@ -13,7 +13,7 @@
 #include "compat/torch_compat.h"
 #include "fsdp/progress.h"
 #include "fsdp/state_dict.h"
-#include "common/fail_together.h"
+#include "comm/fail_together.h"
 #include "common/shard_math.h"
 #include "unit/engine.h"
 #include "unit/engine_access.h"

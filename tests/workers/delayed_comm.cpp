@@ -10,6 +10,8 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/forwarding.h"
+
 namespace fsdp::testing {
 namespace {
 
@@ -39,10 +41,10 @@ class DelayedWork : public Work {
   std::exception_ptr error_;
 };
 
-class DelayedCommunicator : public Communicator {
+class DelayedCommunicator : public comm::ForwardingCommunicator {
  public:
   DelayedCommunicator(CommPtr inner, std::chrono::milliseconds delay)
-      : inner_(std::move(inner)), delay_(delay), thread_([this] { run(); }) {}
+      : ForwardingCommunicator(std::move(inner)), delay_(delay), thread_([this] { run(); }) {}
   // Drains what is queued: every Work handed out completes.
   ~DelayedCommunicator() override {
     {
@@ -53,43 +55,35 @@ class DelayedCommunicator : public Communicator {
     thread_.join();
   }
 
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  int local_rank() const override { return inner_->local_rank(); }
-  int local_world_size() const override { return inner_->local_world_size(); }
-  std::vector<int> global_ranks() const override { return inner_->global_ranks(); }
-  std::vector<int> hosts() const override { return inner_->hosts(); }
   // The groups are delayed as much as their parent.
   CommPtr split(int color, const SplitOptions& opts) override {
-    return with_comm_delay(inner_->split(color, opts), delay_);
+    return with_comm_delay(inner()->split(color, opts), delay_);
   }
 
   // The lambdas hold the tensors (by value) until inner's collective is done.
   WorkPtr all_gather(const torch::Tensor& input, torch::Tensor output, const CollectiveInfo& info) override {
-    return submit([=, this] { inner_->all_gather(input, output, info)->wait(); });
+    return submit([=, this] { inner()->all_gather(input, output, info)->wait(); });
   }
   WorkPtr reduce_scatter(const torch::Tensor& input, torch::Tensor output, ReduceOp op,
                          const CollectiveInfo& info) override {
-    return submit([=, this] { inner_->reduce_scatter(input, output, op, info)->wait(); });
+    return submit([=, this] { inner()->reduce_scatter(input, output, op, info)->wait(); });
   }
   WorkPtr all_reduce(torch::Tensor tensor, ReduceOp op, const CollectiveInfo& info) override {
-    return submit([=, this] { inner_->all_reduce(tensor, op, info)->wait(); });
+    return submit([=, this] { inner()->all_reduce(tensor, op, info)->wait(); });
   }
   WorkPtr broadcast(torch::Tensor tensor, int root, const CollectiveInfo& info) override {
-    return submit([=, this] { inner_->broadcast(tensor, root, info)->wait(); });
+    return submit([=, this] { inner()->broadcast(tensor, root, info)->wait(); });
   }
   WorkPtr barrier(const CollectiveInfo& info) override {
-    return submit([=, this] { inner_->barrier(info)->wait(); });
+    return submit([=, this] { inner()->barrier(info)->wait(); });
   }
   WorkPtr gather(const torch::Tensor& input, torch::Tensor output, int root, const CollectiveInfo& info) override {
-    return submit([=, this] { inner_->gather(input, output, root, info)->wait(); });
+    return submit([=, this] { inner()->gather(input, output, root, info)->wait(); });
   }
 
-  CommCounters counters() const override { return inner_->counters(); }
-  void reset_counters() override { inner_->reset_counters(); }
-  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  // Counters, timeouts and the ranks are inner's (forwarded).
   std::string describe() const override {
-    return inner_->describe() + " +" + std::to_string(delay_.count()) + " ms per collective";
+    return inner()->describe() + " +" + std::to_string(delay_.count()) + " ms per collective";
   }
 
  private:
@@ -131,7 +125,6 @@ class DelayedCommunicator : public Communicator {
     }
   }
 
-  const CommPtr inner_;
   const std::chrono::milliseconds delay_;
   std::mutex mu_;  // guards jobs_ and stop_
   std::condition_variable cv_;

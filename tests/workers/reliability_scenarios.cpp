@@ -3,7 +3,7 @@
 // rel_trace       collectives under a trace: "comm" spans with unit/bytes/seq
 // rel_mismatch    FSDP_DEBUG=detail: one rank issues a different size
 // rel_latency     per-call latency of small all_reduces (cost of the detail check)
-// rel_straggler   one rank sleeps longer every step; StragglerMonitor names it
+// rel_straggler   one rank works longer every step (on its own clock); StragglerMonitor names it
 // rel_store_bind  where rank 0's rendezvous store listens
 // rel_own_sigusr1 a program with its own SIGUSR1 handler embeds the library:
 //                 after a communicator, fully_shard and a training step the
@@ -88,16 +88,24 @@ FSDP_SCENARIO(rel_latency) {
 }
 
 // args: <slow rank> <steps> <base ms> <slow ms>
+// Each rank's clock is its own count of work (no sleep, no wall clock): a
+// step's work advances it by base ms (the slow rank's by slow ms), and the
+// wait clock reads it around every blocking wait, as a trainer measures
+// busy = wall - blocked. So the monitor sees exactly those times, whatever
+// else the machine runs.
 FSDP_SCENARIO(rel_straggler) {
   const int slow = std::stoi(args.at(0)), steps = std::stoi(args.at(1));
   const int base_ms = std::stoi(args.at(2)), slow_ms = std::stoi(args.at(3));
-  auto c = fsdp::make_communicator_from_env();
+  double now = 0;  // seconds of this rank's work; read on this thread only
+  auto waits = std::make_shared<fsdp::WaitClock>([&now] { return now; });
+  auto c = fsdp::with_wait_clock(fsdp::make_communicator_from_env(), waits);
   fsdp::StragglerMonitor mon(c, 1.5, 5);
   int first_named = -1;
   for (int step = 1; step <= steps; ++step) {
-    auto t0 = Clock::now();
-    std::this_thread::sleep_for(std::chrono::milliseconds(c->rank() == slow ? slow_ms : base_ms));
-    auto rep = mon.observe(std::chrono::duration<double>(Clock::now() - t0).count());
+    const double t0 = now, w0 = waits->seconds();
+    now += (c->rank() == slow ? slow_ms : base_ms) / 1000.0;  // the step's work
+    c->barrier({"step"})->wait();                             // blocked: no work
+    auto rep = mon.observe((now - t0) - (waits->seconds() - w0));
     if (!rep.stragglers.empty() && first_named < 0) {
       first_named = static_cast<int>(step);
       std::printf("stragglers at step %d:", step);

@@ -1,12 +1,12 @@
 // fsdp-cpp: failing together (see fail_together.h).
-#include "common/fail_together.h"
+#include "comm/fail_together.h"
 
 #include "fsdp/errors.h"
 
 namespace fsdp::comm {
 
 void fail_together(Communicator& comm, const std::string& local_error, const CollectiveInfo& info,
-           const std::function<std::string(const std::vector<int>& failed_ranks)>& others_failed) {
+                   const std::function<std::string(const std::vector<int>& failed_ranks)>& others_failed) {
   const int world = comm.world_size();
   auto flags = torch::zeros({world}, torch::kFloat32);
   if (!local_error.empty()) flags[comm.rank()] = 1.0f;

@@ -5,7 +5,9 @@
 //
 // Used wherever a step may fail on some ranks only (a file rank 0 cannot
 // write, a checkpoint a rank cannot read): the engine's full-state files
-// (src/unit/state_dict.cpp) and the sharded checkpoints (src/checkpoint/).
+// (src/unit/state_dict.cpp, hf_*.cpp) and the sharded checkpoints
+// (src/checkpoint/). The comm layer offers this header to those layers
+// (cmake/layers.cmake, EXPORTS); it is not installed.
 #pragma once
 
 #include <functional>
@@ -22,6 +24,6 @@ namespace fsdp::comm {
 // (its own message), the others throw `others_failed(failed_ranks)`.
 // `local_error` empty means this rank succeeded.
 void fail_together(Communicator& comm, const std::string& local_error, const CollectiveInfo& info,
-           const std::function<std::string(const std::vector<int>& failed_ranks)>& others_failed);
+                   const std::function<std::string(const std::vector<int>& failed_ranks)>& others_failed);
 
 }  // namespace fsdp::comm
