@@ -1,4 +1,4 @@
-// Which launcher started a process (common/cluster_env.h), from exactly the
+// Which launcher started a process (config/cluster_env.h), from exactly the
 // variables each launcher sets.
 #include <gtest/gtest.h>
 
@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/cluster_env.h"
+#include "config/cluster_env.h"
 #include "fsdp/config.h"
 #include "fsdp/errors.h"
 #include "test_util.h"

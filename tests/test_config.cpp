@@ -196,7 +196,7 @@ TEST(Config, EveryVariableSetWrongIsOneErrorNamingIt) {
 
 // The table (config::variables()), docs/CONFIG.md and the sources agree:
 // the docs' table is `fsdp env --markdown`'s output; the library reads the
-// environment only in src/common/config.cpp; every FSDP_* name a string of
+// environment only in src/config/config.cpp; every FSDP_* name a string of
 // src/ mentions is in the table, and every variable of the table is read.
 TEST(Config, TheDocsTableAndTheSourcesNameEveryVariable) {
   const auto md = run_command({bin_path("fsdp"), "env", "--markdown"});
@@ -225,8 +225,8 @@ TEST(Config, TheDocsTableAndTheSourcesNameEveryVariable) {
       ++files;
       const std::string text = slurp(e.path().string());
       const std::string rel = fs::relative(e.path(), source_path("")).string();
-      if (rel != "src/common/config.cpp")
-        EXPECT_FALSE(contains(text, "getenv(")) << rel << " reads the environment; read it in src/common/config.cpp";
+      if (rel != "src/config/config.cpp")
+        EXPECT_FALSE(contains(text, "getenv(")) << rel << " reads the environment; read it in src/config/config.cpp";
       for (auto it = std::sregex_iterator(text.begin(), text.end(), literal); it != std::sregex_iterator(); ++it) {
         const std::string s = it->str();
         for (auto v = std::sregex_iterator(s.begin(), s.end(), var); v != std::sregex_iterator(); ++v)
@@ -235,7 +235,7 @@ TEST(Config, TheDocsTableAndTheSourcesNameEveryVariable) {
     }
   }
   EXPECT_GT(files, 50u);
-  // The table's own strings (src/common/config.cpp) name all 17 FSDP_* variables.
+  // The table's own strings (src/config/config.cpp) name all 17 FSDP_* variables.
   EXPECT_GE(mentioned.size(), 17u);
   // CMake options the messages name (how to rebuild), not variables.
   const std::set<std::string> cmake_options = {"FSDP_CUDA"};
@@ -244,7 +244,7 @@ TEST(Config, TheDocsTableAndTheSourcesNameEveryVariable) {
   // Read: config.cpp names each variable of the table in a string, in the
   // table and where parse_env reads it (the launchers' variables: in
   // cluster_env.cpp, the reader parse_env calls).
-  const std::string cfg = slurp(source_path("src/common/config.cpp")) + slurp(source_path("src/common/cluster_env.cpp"));
+  const std::string cfg = slurp(source_path("src/config/config.cpp")) + slurp(source_path("src/config/cluster_env.cpp"));
   for (const auto& t : table) {
     size_t n = 0;
     for (size_t p = cfg.find("\"" + t + "\""); p != std::string::npos; p = cfg.find("\"" + t + "\"", p + 1)) ++n;

@@ -29,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/cluster_env.h"
+#include "config/cluster_env.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

@@ -200,9 +200,9 @@ TEST(WrapDescription, PolicyNestingAndTiedWeightsWithoutACommunicator) {
                                                               d.units[i].name + ".b.weight"}));
   }
   // The root keeps what no nested unit took: the tied embedding once (its
-  // canonical name is the first in the walk, head.weight an alias) and bias.
+  // canonical name is the first in the walk, head.weight a tied name) and bias.
   ASSERT_EQ(names_of(d.units[0]), (std::vector<std::string>{"bias", "emb.weight"}));
-  EXPECT_EQ(d.units[0].params[1].aliases, std::vector<std::string>{"head.weight"});
+  EXPECT_EQ(d.units[0].params[1].tied_names, std::vector<std::string>{"head.weight"});
   EXPECT_TRUE(d.units[0].params[1].tensor.is_same(tree->emb->weight));
   // Every name of the unwrapped model, tied ones included, points at its slot.
   auto named = tree->named_parameters(/*recurse=*/true);
@@ -254,7 +254,7 @@ TEST(WrapDescription, TiedParameterInSiblingUnitsIsAUserError) {
                                                                   int64_t) { return name == "blocks"; }));
   ASSERT_EQ(d.units.size(), 2u);
   EXPECT_EQ(d.units[1].name, "blocks");
-  EXPECT_EQ(d.units[1].params[0].aliases, std::vector<std::string>{"blocks.1.a.tied"});
+  EXPECT_EQ(d.units[1].params[0].tied_names, std::vector<std::string>{"blocks.1.a.tied"});
 }
 
 // --- checked transitions ------------------------------------------------------
@@ -385,7 +385,7 @@ TEST(UnitLayout, TheConstructorFixesTheLayoutWithoutCommunicating) {
   EXPECT_EQ(u.n_grad_params, 2);
   EXPECT_TRUE(u.reshard_after_forward);
   EXPECT_FALSE(u.keeps_unsharded);
-  EXPECT_FALSE(u.aliased);
+  EXPECT_FALSE(u.full_is_shard);
   EXPECT_EQ(u.param_dtype, torch::kFloat32);
   EXPECT_EQ(u.reduce_dtype, torch::kFloat32);
   ASSERT_EQ(u.params().size(), 3u);
@@ -410,7 +410,7 @@ TEST(UnitLayout, TheConstructorFixesTheLayoutWithoutCommunicating) {
   EXPECT_EQ(n.shard_numel, 10);
   EXPECT_EQ(n.shard_begin, 0);
   EXPECT_TRUE(n.keeps_unsharded);
-  EXPECT_FALSE(n.aliased);  // bf16 parameters: full is a copy of the fp32 shard
+  EXPECT_FALSE(n.full_is_shard);  // bf16 parameters: full is a copy of the fp32 shard
   EXPECT_EQ(n.param_dtype, torch::kBFloat16);
   EXPECT_EQ(n.reduce_dtype, torch::kBFloat16);  // defaults to param_dtype
   EXPECT_FALSE(n.reshard_after_forward);
@@ -432,7 +432,7 @@ static_assert(std::is_const_v<decltype(Unit::numel)> && std::is_const_v<decltype
               std::is_const_v<decltype(Unit::shard_numel)> && std::is_const_v<decltype(Unit::shard_begin)> &&
               std::is_const_v<decltype(Unit::param_dtype)> && std::is_const_v<decltype(Unit::reduce_dtype)> &&
               std::is_const_v<decltype(Unit::reshard_after_forward)> &&
-              std::is_const_v<decltype(Unit::keeps_unsharded)> && std::is_const_v<decltype(Unit::aliased)> &&
+              std::is_const_v<decltype(Unit::keeps_unsharded)> && std::is_const_v<decltype(Unit::full_is_shard)> &&
               std::is_const_v<decltype(Unit::n_grad_params)>);
 static_assert(const_ref<decltype(std::declval<Unit&>().params())>, "params() is read-only");
 static_assert(std::is_const_v<decltype(Engine::root)> && std::is_const_v<decltype(Engine::comm)> &&

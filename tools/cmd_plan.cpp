@@ -13,7 +13,7 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
 #include "fsdp/plan.h"
-#include "gpt/plan_gpt.h"  // GPT-mini's units and activations (the fsdp_gpt library)
+#include "gpt/plan_gpt.h"  // GPT-mini's units and activations (tools/gpt, the fsdp_gpt_spec library)
 
 namespace {
 

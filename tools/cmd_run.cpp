@@ -9,7 +9,7 @@
 #include "cli_checks.h"
 #include "usage.h"
 #include "command.h"
-#include "common/cluster_env.h"
+#include "config/cluster_env.h"
 #include "fsdp/errors.h"
 #include "launcher.h"
 
@@ -22,7 +22,7 @@ struct Given {
 };
 
 // Inside a Slurm step (one task per node) or a Kubeflow pod, the node's
-// place comes from the cluster's variables (common/cluster_env.h) where no
+// place comes from the cluster's variables (config/cluster_env.h) where no
 // flag says it: --master-addr and --master-port win; --nnodes, --node-rank
 // and -n must agree with them. Says which launcher placed it.
 void place_node(LaunchOptions& o, const Given& given) {

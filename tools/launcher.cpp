@@ -34,7 +34,7 @@
 #include "fsdp/config.h"
 #include "fsdp/errors.h"
 #include "comm/store_host.h"
-#include "common/cluster_env.h"
+#include "config/cluster_env.h"
 #include "common/proc_state.h"
 #include "fsdp/watchdog.h"
 #include "elastic.h"

@@ -288,9 +288,11 @@ struct Ledger {
   // since the last reset_counters()), by tier: to ranks on this host / on others.
   int64_t sent_intra_host = 0, sent_inter_host = 0;
   int shard_group_size = 0;   // ranks a unit is sharded over (HYBRID: S; else N)
-  // Predictions from the guide's formulas with this run's sizes.
-  int64_t predicted_rest = 0;  // (P+G+O)/N (+ replicas for NO_SHARD / SHARD_GRAD_OP params)
-  int64_t predicted_peak = 0;  // P/N + G/N + O/N + P_block (+ prefetched units) + A (+ A_recompute) (+ C)
+  // The planner's prediction (fsdp::plan::make_plan, the one place a peak is
+  // computed) for this run's units and options, with O, A and A_recompute
+  // as measured here.
+  int64_t predicted_rest = 0;  // the plan's rest: (P+G+O)/N (NO_SHARD: P+G+O)
+  int64_t predicted_peak = 0;  // the plan's peak: rest + its working set + A (+ C), at its worst moment
   std::string str() const;     // the table printed by the examples
 };
 
@@ -395,7 +397,9 @@ class FullyShardedModel {
 
 // Throws fsdp::Error when `opt` holds tensors that are not this model's
 // shards (e.g. an optimizer built on the unwrapped model's parameters, which
-// FSDP frees between steps: it would train nothing).
+// FSDP frees between steps: it would train nothing), or when it cannot step
+// on shards: LBFGS, whose line search and dot products span every element,
+// with a strategy that splits the parameters across ranks.
 void verify_optimizer(const FullyShardedModel& model, const torch::optim::Optimizer& opt);
 
 // Runs module->forward(args...) through its unit when it is one; a plain call

@@ -281,7 +281,7 @@ struct HfSaveResult {
 // through rooted gathers, in rounds of bounded size. All ranks write at
 // once into a temporary directory beside `dir` that replaces `dir` only
 // once every file is durable: a crash leaves the previous export or
-// nothing, never a mix. Tied names (a parameter's aliases) are not written,
+// nothing, never a mix. A tied parameter's further names are not written,
 // as transformers does for tied embeddings.
 HfSaveResult save_hf(const FullyShardedModel& model, const std::string& dir, const HfSaveOptions& opts = {});
 

@@ -9,7 +9,7 @@
 //          plan::TierTraffic, plan::tier_traffic, plan::compare_tiers, plan::tiers_str
 //
 // Needs only the standard library (no torch): a planner runs where no engine
-// is linked in. GPT-mini described by its flags is examples/gpt/plan_gpt.h.
+// is linked in. GPT-mini described by its flags is tools/gpt/plan_gpt.h.
 //
 // The core takes a list of units {name, numel} and an activation estimate, so
 // it plans a real wrapped model as well as a model described by flags:
@@ -110,6 +110,9 @@ struct PlanOptions {
   // snapshot, this rank's parameter shards and optimizer state, is held
   // while training goes on (Plan::C).
   bool async_checkpoint = false;
+  // O as a running job measured it (bytes per rank): what the ledger
+  // (FullyShardedModel::ledger) plans with; -1: state_per_param(optimizer) x P.
+  int64_t optimizer_state_bytes = -1;
   // The shard group's size S: shard_group, else the ranks of one host.
   int group() const { return shard_group > 0 ? shard_group : world / hosts; }
   // Throws fsdp::Error naming the field.

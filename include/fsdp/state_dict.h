@@ -50,10 +50,12 @@ struct CheckpointOptions {
 // Collective. Writes root/step-<step> and moves root/latest to it (with
 // opts.async, in the background: the call returns once the snapshot is
 // taken, with in_background set and `seconds` the time it blocked). The
-// optimizer (may be null) must be built on model.parameters(); AdamW, Adam
-// and SGD state is saved per original parameter (exp_avg, exp_avg_sq, step;
-// momentum_buffer). `train_state` is stored as given (step, data position,
-// RNG state...).
+// optimizer (may be null) must be built on model.parameters(); the state of
+// SGD, Adam, AdamW (fsdp::FusedAdamW too), Adagrad and RMSprop is saved per
+// original parameter (their state tensors, e.g. exp_avg and exp_avg_sq, and
+// the step); any other optimizer (LBFGS: one state for all parameters) is
+// refused before anything is written. `train_state` is stored as given (step,
+// data position, RNG state...).
 ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::Optimizer* opt,
                                  const std::string& root, int64_t step, const nlohmann::json& train_state,
                                  const CheckpointOptions& opts = {});

@@ -49,6 +49,8 @@ void PlanOptions::validate() const {
                   "plan: reduce dtype bytes must be 2 or 4, found ", reduce_bytes);
   FSDP_USER_CHECK(micro_steps >= 1, "plan: micro_steps must be >= 1, found ", micro_steps);
   FSDP_USER_CHECK(prefetch >= 0, "plan: prefetch must be >= 0, found ", prefetch);
+  FSDP_USER_CHECK(optimizer_state_bytes >= -1, "plan: optimizer_state_bytes must be >= 0 (or -1: from the optimizer), found ",
+                  optimizer_state_bytes);
   FSDP_USER_CHECK(bandwidth >= 0, "plan: bandwidth must be >= 0, found ", bandwidth);
   FSDP_USER_CHECK(intra_bandwidth >= 0 && inter_bandwidth >= 0, "plan: --intra-bw and --inter-bw must be >= 0");
   FSDP_USER_CHECK(hosts >= 1 && world % hosts == 0, "plan: --hosts must divide --world (every host runs the same "
@@ -129,7 +131,7 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
   const int64_t resident_numel = no_shard ? p.padded_numel : p.padded_numel / N;
   p.P = resident_numel * opts.master_bytes;
   p.G = p.P;
-  p.O = k * p.P;
+  p.O = opts.optimizer_state_bytes >= 0 ? opts.optimizer_state_bytes : k * p.P;
   p.rest = p.P + p.G + p.O;
   FSDP_USER_CHECK(activation_bytes >= 0 && recompute.activation_bytes >= 0, "plan: negative activation bytes");
   p.A_start = activation_bytes;
@@ -263,7 +265,8 @@ std::string Plan::str() const {
   const bool ns = o.strategy == ShardingStrategy::NO_SHARD;
   os << line("P  params resident", b(P), ns ? "full replica" : "P/N (fp32 master shard)");
   os << line("G  grads resident", b(G), ns ? "full replica" : "G/N");
-  os << line("O  optimizer state", b(O), std::to_string(k) + " x P" + (ns ? "" : "/N"));
+  os << line("O  optimizer state", b(O),
+             o.optimizer_state_bytes >= 0 ? std::string("as measured") : std::to_string(k) + " x P" + (ns ? "" : "/N"));
   os << line("rest = P + G + O", b(rest), ns ? "" : "(P+G+O)/N, the FSDP guide's ledger");
   os << line("P_block (largest unit)", b(P_block), "unit " + (P_block_unit.empty() ? std::string("<root>") : P_block_unit));
   std::string wnote = peak_at == "recompute"

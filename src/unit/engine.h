@@ -3,15 +3,17 @@
 // defines: Engine
 //
 // The data's path through one step, and where each stage lives:
-//   wrap       src/wrap/wrap.cpp         module tree -> unit descriptions -> units
-//   shard      src/shard/flat_param.cpp  flat buffer, padding (shard_math.h), views
-//   all-gather src/unit/unshard.cpp      unshard / reshard, prefetch
+//   wrap       src/wrap/wrap.cpp         module tree -> unit descriptions (pure)
+//   construct  src/unit/engine.cpp       descriptions -> units; the engine's tables
+//   layout     src/unit/layout.cpp       flat buffer, padding (shard_math.h), views
+//   unit       src/unit/unit.cpp         every checked transition of a unit
+//   all-gather src/unit/prefetch.cpp     which unit unshards ahead of its use
 //   compute    src/unit/unit_call.cpp    pre/post-forward, pre-backward hooks
-//   reduce     src/unit/grad_reduce.cpp  post-backward reduce-scatter, no_sync
+//   reduce     src/unit/grad_reduce.cpp  the reductions in flight, no_sync, end of backward
 //   hybrid     src/unit/hybrid.cpp       HYBRID's groups, the replicas' all-reduce
 //   recompute  src/unit/recompute.cpp    activation recomputation: forward again in backward
-//   optimizer  src/unit/model.cpp        shard grads, global-norm clipping
-//   observe    src/unit/model.cpp        the ledger, measured
+//   optimizer  src/optim/                clipping, each optimizer's state (optimizer_state.h)
+//   observe    src/unit/ledger.cpp       the ledger, measured, and the planner's prediction
 //   checkpoint src/unit/state_dict.cpp   shards <-> checkpoints (through engine_access.h)
 //
 // Each Unit (unit.h) owns its buffers and its state; the Engine keeps only
@@ -84,7 +86,7 @@ class Engine {
   const std::shared_ptr<torch::nn::Module> root;
   const CommPtr comm;  // the world it was wrapped on: buffers, state dicts, checkpoint files
   // The options, validated, the deprecated FsdpOptions::checkpoint already
-  // folded into `recompute` (adopt_deprecated_checkpoint, src/wrap/wrap.h).
+  // folded into `recompute` (adopt_deprecated_checkpoint, below).
   const FsdpOptions opts;
   // GPU: the all-gather and reduce streams (device_streams.h); inactive on
   // the CPU.
@@ -154,7 +156,7 @@ class Engine {
   void check_recompute_routed();
 
  private:
-  // The constructor's arguments checked and validated (model.cpp), the
+  // The constructor's arguments checked and validated (engine.cpp), the
   // groups made and the wrap described: what the constant members are
   // initialised from.
   struct Checked;
@@ -165,22 +167,22 @@ class Engine {
   };
   // hybrid.cpp: shard_comm and replica_comm (HYBRID splits the world).
   static Groups make_groups(const CommPtr& comm, const FsdpOptions& opts);
-  // wrap.cpp: the described units, materialised (after the groups).
+  // engine.cpp: the described units, materialised (after the groups).
   std::vector<std::unique_ptr<Unit>> build_units(const WrapDescription& d);
-  // wrap.cpp: named_parameters() order -> the slots of `built`.
+  // engine.cpp: named_parameters() order -> the slots of `built`.
   static std::vector<std::pair<std::string, const ParamSlot*>> name_slots(
       const WrapDescription& d, const std::vector<std::unique_ptr<Unit>>& built);
   // recompute.cpp: FsdpOptions::recompute -> sites (after the units).
   std::vector<std::unique_ptr<RecomputeSite>> build_recompute_sites();
 
-  // unshard.cpp: the prefetch policy over the recorded forward order.
+  // prefetch.cpp: the prefetch policy over the recorded forward order.
   int unsharded_prefetch_count() const;
   void prefetch_after(Unit& u, bool backward);
   // grad_reduce.cpp
   void post_backward(Unit& u);
   void fold_finished_reduces();      // the ones already completed
   void finish_reduces(size_t count);  // the oldest `count`, waiting
-  void publish_trace_metadata() const;  // model.cpp: the unit table for the report
+  void publish_trace_metadata() const;  // engine.cpp: the unit table for the report
 
   // The engine's entries in the process's tables (units by module for
   // fsdp::call, recompute sites, the OOM explainer). Made by the last line
@@ -196,5 +198,12 @@ class Engine {
   };
   std::optional<Registration> registration_;
 };
+
+// `o` with the deprecated FsdpOptions::checkpoint folded into
+// FsdpOptions::recompute (which it replaces when only it is set) and reset
+// to its default. Throws fsdp::Error when both are set to different
+// policies. The one place the library reads the deprecated field
+// (options.cpp; FsdpOptions::validate and Engine::check call it).
+FsdpOptions adopt_deprecated_checkpoint(FsdpOptions o);
 
 }  // namespace fsdp::detail

@@ -163,7 +163,7 @@ std::vector<std::vector<hf::Piece>> resolve(const std::vector<const ParamSlot*>&
     const auto parts = opts.names.parts_of(s.name);
     // Tied names share the canonical parameter's values: their HF tensors,
     // when the checkpoint has them, are known but not read.
-    for (auto& a : s.aliases)
+    for (auto& a : s.tied_names)
       for (auto& p : opts.names.parts_of(a)) used.insert(p.name);
     int64_t dst = 0;
     bool ok = true, shape_ok = true;  // every part found and floating; shapes fit

@@ -64,23 +64,9 @@ std::unordered_map<const torch::nn::Module*, RecomputeSite*>& sites() {
   return m;
 }
 
-// --- The unit's side ---
 }  // namespace
 
-void Unit::begin_recompute() {
-  expect(__FILE__, __LINE__, "begin_recompute", {TrainingState::BACKWARD});
-  if (!empty() && state_ != UnitState::UNSHARDED)
-    illegal(__FILE__, __LINE__, "begin_recompute", to_string(state_),
-            "UNSHARDED (the recompute computes on pre_backward's all-gather)");
-  ++recompute_depth_;
-}
-
-void Unit::end_recompute() {
-  if (recompute_depth_ <= 0) illegal(__FILE__, __LINE__, "end_recompute", "not recomputing", "recomputing");
-  --recompute_depth_;
-}
-
-// --- The engine's side ---
+// --- The engine's side (the unit's, begin_recompute / end_recompute: unit.cpp) ---
 
 std::vector<std::unique_ptr<RecomputeSite>> Engine::build_recompute_sites() {
   std::vector<std::unique_ptr<RecomputeSite>> built;

@@ -15,6 +15,7 @@
 #include "fsdp/state_dict.h"
 #include "comm/fail_together.h"
 #include "common/shard_math.h"
+#include "optim/optimizer_state.h"
 #include "unit/engine.h"
 #include "unit/engine_access.h"
 
@@ -43,89 +44,10 @@ std::pair<int64_t, int64_t> saved_range(const FullyShardedModel& m, const ParamS
   return {s.lo, s.hi};
 }
 
-enum class OptKind { NONE, ADAM, ADAMW, SGD };
-OptKind kind_of(const torch::optim::Optimizer* opt) {
-  if (!opt) return OptKind::NONE;
-  if (dynamic_cast<const torch::optim::AdamW*>(opt)) return OptKind::ADAMW;
-  if (dynamic_cast<const torch::optim::Adam*>(opt)) return OptKind::ADAM;
-  if (dynamic_cast<const torch::optim::SGD*>(opt)) return OptKind::SGD;
-  throw Error("checkpoints save the state of Adam, AdamW and SGD; this optimizer is another type. "
-              "Fix: use one of those, or save the model alone (pass no optimizer).");
-}
+using detail::OptimizerKind;
 
-std::vector<std::string> state_fields(OptKind k, bool amsgrad) {
-  switch (k) {
-    case OptKind::ADAM:
-    case OptKind::ADAMW:
-      return amsgrad ? std::vector<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}
-                     : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
-    case OptKind::SGD: return {"momentum_buffer"};
-    default: return {};
-  }
-}
-
-bool amsgrad_of(const torch::optim::Optimizer* opt, OptKind k) {
-  if (k == OptKind::ADAM)
-    return static_cast<const torch::optim::AdamOptions&>(opt->param_groups()[0].options()).amsgrad();
-  if (k == OptKind::ADAMW)
-    return static_cast<const torch::optim::AdamWOptions&>(opt->param_groups()[0].options()).amsgrad();
-  return false;
-}
-
-torch::Tensor state_tensor(const torch::optim::OptimizerParamState* st, OptKind k, const std::string& f) {
-  if (!st) return {};
-  if (k == OptKind::ADAM) {
-    auto* a = static_cast<const torch::optim::AdamParamState*>(st);
-    return f == "exp_avg" ? a->exp_avg() : f == "exp_avg_sq" ? a->exp_avg_sq() : a->max_exp_avg_sq();
-  }
-  if (k == OptKind::ADAMW) {
-    auto* a = static_cast<const torch::optim::AdamWParamState*>(st);
-    return f == "exp_avg" ? a->exp_avg() : f == "exp_avg_sq" ? a->exp_avg_sq() : a->max_exp_avg_sq();
-  }
-  if (k == OptKind::SGD) return static_cast<const torch::optim::SGDParamState*>(st)->momentum_buffer();
-  return {};
-}
-
-int64_t state_step(const torch::optim::OptimizerParamState* st, OptKind k) {
-  if (!st) return 0;
-  if (k == OptKind::ADAM) return static_cast<const torch::optim::AdamParamState*>(st)->step();
-  if (k == OptKind::ADAMW) return static_cast<const torch::optim::AdamWParamState*>(st)->step();
-  return 0;
-}
-
-const char* kind_name(OptKind k) {
-  switch (k) {
-    case OptKind::ADAM: return "adam";
-    case OptKind::ADAMW: return "adamw";
-    case OptKind::SGD: return "sgd";
-    default: return "none";
-  }
-}
-
-// The optimizer's state of one parameter shard, rebuilt from loaded tensors
-// (`get(field)`, each [hi-lo] like the shard view) and its step.
-void install_state(torch::optim::Optimizer& opt, OptKind k, bool ams, const ParamSlot& s, int64_t step,
-                   const std::function<torch::Tensor(const std::string&)>& get) {
-  std::unique_ptr<torch::optim::OptimizerParamState> st;
-  if (k == OptKind::ADAM) {
-    auto a = std::make_unique<torch::optim::AdamParamState>();
-    a->step(step).exp_avg(get("exp_avg")).exp_avg_sq(get("exp_avg_sq"));
-    if (ams) a->max_exp_avg_sq(get("max_exp_avg_sq"));
-    st = std::move(a);
-  } else if (k == OptKind::ADAMW) {
-    auto a = std::make_unique<torch::optim::AdamWParamState>();
-    a->step(step).exp_avg(get("exp_avg")).exp_avg_sq(get("exp_avg_sq"));
-    if (ams) a->max_exp_avg_sq(get("max_exp_avg_sq"));
-    st = std::move(a);
-  } else if (k == OptKind::SGD) {
-    auto a = std::make_unique<torch::optim::SGDParamState>();
-    a->momentum_buffer(get("momentum_buffer"));
-    st = std::move(a);
-  } else {
-    return;
-  }
-  opt.state()[compat::optimizer_state_key(s.shard_view)] = std::move(st);
-}
+// The optimizer's name in a checkpoint ("none" without one).
+const char* type_of(const OptimizerKind* k) { return k ? k->type : "none"; }
 
 const torch::optim::OptimizerParamState* find_state(const torch::optim::Optimizer* opt, const ParamSlot& s) {
   if (!opt) return nullptr;
@@ -133,13 +55,27 @@ const torch::optim::OptimizerParamState* find_state(const torch::optim::Optimize
   return it == opt->state().end() ? nullptr : it->second.get();
 }
 
-// Field `f` of every parameter of unit u laid out like u's master shard
-// ([shard_numel], zeros where no state exists), ready for gather_flat.
-torch::Tensor optim_flat(const detail::Unit& u, const torch::optim::Optimizer& opt, OptKind k, const std::string& f) {
+// One state tensor of a parameter shard (undefined when it has none yet).
+torch::Tensor state_tensor(const OptimizerKind& k, const torch::optim::OptimizerParamState* st, const std::string& f) {
+  return st ? k.tensor(*st, f) : torch::Tensor();
+}
+
+// The optimizer's state of one parameter shard, rebuilt by its kind from
+// loaded tensors (`get(name)`, each [hi-lo] like the shard view) and its
+// step, with the tensors its group keeps.
+void install_state(torch::optim::Optimizer& opt, const OptimizerKind& k, const detail::GroupOptions& groups,
+                   const ParamSlot& s, int64_t step, const detail::TensorOf& get) {
+  opt.state()[compat::optimizer_state_key(s.shard_view)] = k.make(groups.of(s.shard_view), step, get);
+}
+
+// State tensor `f` of every parameter of unit u laid out like u's master
+// shard ([shard_numel], zeros where no state exists), ready for gather_flat.
+torch::Tensor optim_flat(const detail::Unit& u, const torch::optim::Optimizer& opt, const OptimizerKind& k,
+                         const std::string& f) {
   auto flat = torch::zeros({u.shard_numel}, torch::kFloat32);
   for (auto& s : u.params()) {
     if (s.hi <= s.lo) continue;
-    torch::Tensor t = state_tensor(find_state(&opt, s), k, f);
+    torch::Tensor t = state_tensor(k, find_state(&opt, s), f);
     if (t.defined()) flat.narrow(0, s.offset + s.lo - u.shard_begin, s.hi - s.lo).copy_(t.detach().reshape(-1));
   }
   return flat;
@@ -148,30 +84,13 @@ torch::Tensor optim_flat(const detail::Unit& u, const torch::optim::Optimizer& o
 // The hyper-parameters of each group and the names of its parameters, for
 // the consolidated optimizer file's metadata (informational: loads keep the
 // optimizer's own hyper-parameters, as built).
-nlohmann::json describe_groups(const FullyShardedModel& m, const torch::optim::Optimizer& opt, OptKind k) {
+nlohmann::json describe_groups(const FullyShardedModel& m, const torch::optim::Optimizer& opt,
+                               const OptimizerKind& k) {
   std::unordered_map<const c10::TensorImpl*, std::string> names;
   for (auto* s : slots(m)) names[s->shard_view.unsafeGetTensorImpl()] = s->name;
   nlohmann::json groups = nlohmann::json::array();
   for (auto& g : opt.param_groups()) {
-    nlohmann::json j;
-    if (k == OptKind::ADAM || k == OptKind::ADAMW) {
-      double lr, eps, wd;
-      std::tuple<double, double> betas;
-      bool ams;
-      if (k == OptKind::ADAM) {
-        auto& o = static_cast<const torch::optim::AdamOptions&>(g.options());
-        lr = o.lr(), eps = o.eps(), wd = o.weight_decay(), betas = o.betas(), ams = o.amsgrad();
-      } else {
-        auto& o = static_cast<const torch::optim::AdamWOptions&>(g.options());
-        lr = o.lr(), eps = o.eps(), wd = o.weight_decay(), betas = o.betas(), ams = o.amsgrad();
-      }
-      j = {{"lr", lr}, {"betas", {std::get<0>(betas), std::get<1>(betas)}}, {"eps", eps}, {"weight_decay", wd},
-           {"amsgrad", ams}};
-    } else if (k == OptKind::SGD) {
-      auto& o = static_cast<const torch::optim::SGDOptions&>(g.options());
-      j = {{"lr", o.lr()}, {"momentum", o.momentum()}, {"dampening", o.dampening()},
-           {"weight_decay", o.weight_decay()}, {"nesterov", o.nesterov()}};
-    }
+    nlohmann::json j = k.hyper(g.options());
     nlohmann::json params = nlohmann::json::array();
     for (auto& p : g.params()) {
       auto it = names.find(p.unsafeGetTensorImpl());
@@ -186,11 +105,14 @@ nlohmann::json describe_groups(const FullyShardedModel& m, const torch::optim::O
 // Each parameter's optimizer step as rank 0 will save it: the largest any
 // rank holds (a rank whose slice of a tiny parameter is empty may hold no
 // state for it). Collective; the result is meaningful on rank 0.
-std::vector<int64_t> saved_steps(Communicator& comm, const torch::optim::Optimizer* opt, OptKind k,
+std::vector<int64_t> saved_steps(Communicator& comm, const torch::optim::Optimizer* opt, const OptimizerKind* k,
                                  const std::vector<const ParamSlot*>& all) {
   auto steps = torch::zeros({static_cast<int64_t>(all.size())}, torch::kLong);
   auto acc = steps.accessor<int64_t, 1>();
-  for (size_t i = 0; i < all.size(); ++i) acc[i] = state_step(find_state(opt, *all[i]), k);
+  for (size_t i = 0; i < all.size(); ++i) {
+    const torch::optim::OptimizerParamState* st = k ? find_state(opt, *all[i]) : nullptr;
+    acc[i] = st ? k->step(*st) : 0;
+  }
   const bool root = comm.rank() == 0;
   torch::Tensor gathered = root ? torch::empty({comm.world_size() * steps.numel()}, torch::kLong) : torch::Tensor();
   comm.gather(steps, gathered, 0, {"optimizer steps"})->wait();
@@ -235,15 +157,15 @@ std::unique_ptr<Progress> save_progress(int rank, const std::string& path,
 }
 
 // Rank 0 writes unit u's parameters from their gathered flat buffer, in
-// u.params() order (with_aliases: once more under each tied name, as the model
+// u.params() order (with_tied_names: once more under each tied name, as the model
 // file lists them), and reports the bytes; a write error is kept for the
 // agreement.
-void write_unit(ckpt::SafetensorsWriter* w, const detail::Unit& u, const torch::Tensor& full, bool with_aliases,
+void write_unit(ckpt::SafetensorsWriter* w, const detail::Unit& u, const torch::Tensor& full, bool with_tied_names,
                 int64_t& written, Progress& progress, std::string& error) {
   if (!w || !error.empty()) return;
   try {
     for (auto& s : u.params())
-      for (size_t i = 0; i <= (with_aliases ? s.aliases.size() : 0); ++i) {
+      for (size_t i = 0; i <= (with_tied_names ? s.tied_names.size() : 0); ++i) {
         w->write(full.narrow(0, s.offset, s.numel));
         written += s.numel * 4;
       }
@@ -279,8 +201,7 @@ void prepare_background_saves(FullyShardedModel& model, const torch::optim::Opti
   // A snapshot's blocks, written once and freed: the counting allocator
   // caches them (fsdp/memory.h), so the first snapshot's copies do not
   // fault in fresh pages while training waits.
-  const OptKind k = kind_of(opt);
-  const size_t copies = 1 + (opt ? state_fields(k, amsgrad_of(opt, k)).size() : 0);
+  const size_t copies = 1 + detail::saved_tensors(detail::checkpoint_kind(opt), opt).size();
   std::vector<torch::Tensor> warm;
   for (const ParamSlot* s : slots(model)) {
     auto [lo, hi] = saved_range(model, *s);
@@ -302,11 +223,13 @@ ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::O
                                  const std::string& root, int64_t step, const nlohmann::json& train_state,
                                  const CheckpointOptions& copts) {
   const auto began = std::chrono::steady_clock::now();
+  // An optimizer no checkpoint can hold is refused first, before anything
+  // waits or is written (the same on every rank).
+  const OptimizerKind* k = detail::checkpoint_kind(opt);
+  const std::vector<std::string> fields = detail::saved_tensors(k, opt);
   model.wait_pending();
   wait_for_checkpoint(model);  // one save at a time: the previous one first (its error, here)
   trace::Span span("checkpoint_save", "ckpt", {{"step", step}, {"async", copts.async}});
-  const OptKind k = kind_of(opt);
-  const bool ams = amsgrad_of(opt, k);
   const bool no_shard = model.options().strategy == ShardingStrategy::NO_SHARD;
   std::vector<ckpt::Slice> optim;
   nlohmann::json steps = nlohmann::json::object();
@@ -317,8 +240,8 @@ ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::O
     const torch::optim::OptimizerParamState* st = find_state(opt, *s);
     steps[s->name] = step_of[i];
     auto [lo, hi] = saved_range(model, *s);
-    for (auto& f : state_fields(k, ams)) {
-      torch::Tensor t = state_tensor(st, k, f);
+    for (auto& f : fields) {
+      torch::Tensor t = state_tensor(*k, st, f);
       // No state yet (before the first step): zeros, which is what the
       // optimizers initialise it to.
       torch::Tensor data = t.defined() ? t.detach().reshape(-1) : torch::zeros({s->hi - s->lo});
@@ -328,7 +251,7 @@ ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::O
     }
   }
   nlohmann::json ts = train_state;
-  ts["optimizer"] = {{"type", kind_name(k)}, {"step", steps}};
+  ts["optimizer"] = {{"type", type_of(k)}, {"step", steps}};
   ckpt::SaveOptions so;
   so.keep_last = copts.keep_last;
   so.fsync = copts.fsync;
@@ -353,6 +276,10 @@ ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::O
 
 ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimizer* opt,
                                  const std::string& path_or_root, const ckpt::LoadOptions& lopts) {
+  // Refused first, also when there is no checkpoint yet: a job that resumes
+  // learns at its start that its saves would fail.
+  const OptimizerKind* k = detail::checkpoint_kind(opt);
+  const std::vector<std::string> fields = detail::saved_tensors(k, opt);
   model.wait_pending();
   wait_for_checkpoint(model);  // a background save is committed (or failed, here) before anything is read
   // A checkpoint root that was never created is "no checkpoint yet": a
@@ -363,8 +290,6 @@ ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimiz
     return none;
   }
   trace::Span span("checkpoint_load", "ckpt");
-  const OptKind k = kind_of(opt);
-  const bool ams = amsgrad_of(opt, k);
   // Destinations: temporaries for everything, copied into the model and the
   // optimizer only once load_sharded succeeded on every rank.
   std::vector<ckpt::Slice> want_model, want_optim;
@@ -379,7 +304,7 @@ ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimiz
     auto t = torch::empty({s->hi - s->lo}, torch::kFloat32);
     want_model.push_back({s->name, s->shape, torch::kFloat32, s->lo, s->hi, t});
     param_tmp.emplace_back(s, t);
-    for (auto& f : state_fields(k, ams)) {
+    for (auto& f : fields) {
       auto o = torch::empty({s->hi - s->lo}, torch::kFloat32);
       want_optim.push_back({s->name + "." + f, s->shape, torch::kFloat32, s->lo, s->hi, o});
       opt_tmp.push_back({s, f, o});
@@ -389,16 +314,17 @@ ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimiz
   if (!r.found) return r;
   // The optimizer type must match what was saved (its state has other fields).
   std::string saved_type = r.train_state.contains("optimizer") ? r.train_state["optimizer"].value("type", "none") : "none";
-  if (k != OptKind::NONE && saved_type != kind_name(k))
+  if (k && saved_type != type_of(k))
     throw Error("checkpoint " + r.path + " holds " + saved_type + " optimizer state, but the optimizer given is " +
-                kind_name(k) + ". Fix: build the same optimizer type as when saving.");
+                type_of(k) + ". Fix: build the same optimizer type as when saving.");
   torch::NoGradGuard ng;
   for (auto& [s, t] : param_tmp) s->shard_view.detach().copy_(t);
-  if (k != OptKind::NONE) {
+  if (k) {
+    const detail::GroupOptions groups(*opt);
     auto& steps = r.train_state["optimizer"]["step"];
     for (auto* s : slots(model)) {
       const int64_t step = steps.value(s->name, int64_t(0));
-      install_state(*opt, k, ams, *s, step, [&](const std::string& f) {
+      install_state(*opt, *k, groups, *s, step, [&](const std::string& f) {
         for (auto& o : opt_tmp)
           if (o.slot == s && o.field == f) return o.tmp;
         return torch::Tensor();
@@ -409,24 +335,6 @@ ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimiz
   return r;
 }
 
-namespace detail {
-
-torch::Tensor gather_flat(const Unit& u, const torch::Tensor& shard_flat, int to_rank, const std::string& what) {
-  const bool keep = to_rank < 0 || u.owner->rank() == to_rank;
-  if (u.keeps_unsharded) return keep ? shard_flat : torch::Tensor();
-  const CollectiveInfo info{what + " " + u.display_name()};
-  // HYBRID: the unit's shards are those of this rank's shard group; only
-  // the group holding `to_rank` gathers (each group's copy is whole).
-  const int root = to_rank < 0 ? -1 : u.owner->shard_rank_of(to_rank);
-  if (to_rank >= 0 && root < 0) return torch::Tensor();
-  torch::Tensor full = keep ? torch::empty({u.padded_numel}, shard_flat.options()) : torch::Tensor();
-  if (to_rank < 0) u.comm->all_gather(shard_flat, full, info)->wait();
-  else u.comm->gather(shard_flat, full, root, info)->wait();
-  return full;
-}
-
-}  // namespace detail
-
 void save_full(const FullyShardedModel& model, const std::string& path) {
   const EngineAccess engine(model);
   engine.finish_pending_reductions();
@@ -436,7 +344,7 @@ void save_full(const FullyShardedModel& model, const std::string& path) {
   for (auto& u : engine.units())
     for (auto& s : u->params()) {
       specs.push_back({s.name, s.shape, torch::kFloat32});
-      for (auto& a : s.aliases) specs.push_back({a, s.shape, torch::kFloat32});
+      for (auto& a : s.tied_names) specs.push_back({a, s.shape, torch::kFloat32});
     }
   auto buffers = model.module().named_buffers(/*recurse=*/true);
   for (auto& b : buffers) specs.push_back({b.key(), b.value().sizes().vec(), b.value().scalar_type()});
@@ -451,7 +359,7 @@ void save_full(const FullyShardedModel& model, const std::string& path) {
   for (auto& u : engine.units()) {
     if (u->empty()) continue;
     torch::Tensor full = detail::gather_flat(*u, u->shard, 0, "save_full");
-    write_unit(w.get(), *u, full, /*with_aliases=*/true, written, *progress, error);
+    write_unit(w.get(), *u, full, /*with_tied_names=*/true, written, *progress, error);
   }
   if (w && error.empty()) try {
       for (auto& b : buffers) {
@@ -467,15 +375,14 @@ void save_full(const FullyShardedModel& model, const std::string& path) {
 }
 
 void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimizer& opt, const std::string& path) {
+  const OptimizerKind& k = *detail::checkpoint_kind(&opt);  // before anything waits or is written
   const EngineAccess engine(model);
   engine.finish_pending_reductions();
   Communicator& comm = *model.comm();
   trace::Span span("checkpoint_save_full_optim", "ckpt");
-  const OptKind k = kind_of(&opt);
-  const bool ams = amsgrad_of(&opt, k);
-  const auto fields = state_fields(k, ams);
+  const auto fields = detail::saved_tensors(&k, &opt);
   const auto all = slots(model);
-  const auto steps = saved_steps(comm, &opt, k, all);
+  const auto steps = saved_steps(comm, &opt, &k, all);
 
   // Data order: unit by unit, field by field, parameter by parameter, so
   // each gathered [padded] buffer is written out before the next is made;
@@ -489,7 +396,7 @@ void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimiz
   std::string error;
   auto w = open_writer(comm.rank(), path, specs,
                        {{"format", "fsdp-optim"},
-                        {"optimizer", kind_name(k)},
+                        {"optimizer", k.type},
                         {"param_groups", describe_groups(model, opt, k).dump()}},
                        error);
   auto progress = save_progress(comm.rank(), path, specs);
@@ -499,7 +406,7 @@ void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimiz
     if (u->empty()) continue;
     for (auto& f : fields) {
       torch::Tensor full = detail::gather_flat(*u, optim_flat(*u, opt, k, f), 0, "save_full_optim");
-      write_unit(w.get(), *u, full, /*with_aliases=*/false, written, *progress, error);
+      write_unit(w.get(), *u, full, /*with_tied_names=*/false, written, *progress, error);
     }
   }
   if (w && error.empty()) try {
@@ -514,12 +421,11 @@ void save_full_optim(const FullyShardedModel& model, const torch::optim::Optimiz
 
 void load_full_optim(FullyShardedModel& model, torch::optim::Optimizer& opt, const std::string& path,
                      const ckpt::LoadOptions& lopts) {
+  const OptimizerKind& k = *detail::checkpoint_kind(&opt);  // before anything waits or is read
   model.wait_pending();
   wait_for_snapshot(model);  // a background save's snapshot is copied before the state changes
   Communicator& comm = *model.comm();
   trace::Span span("checkpoint_load_full_optim", "ckpt");
-  const OptKind k = kind_of(&opt);
-  const bool ams = amsgrad_of(&opt, k);
   // What the file is: checked on every rank before any tensor is read; the
   // ranks agree, so a wrong file fails everywhere with the same message.
   std::string error;
@@ -531,8 +437,8 @@ void load_full_optim(FullyShardedModel& model, torch::optim::Optimizer& opt, con
     if (format != "fsdp-optim")
       error = "'" + path + "' is not a consolidated optimizer file: expected metadata format 'fsdp-optim', found '" +
               format + "'. Fix: pass the file written by fsdp::save_full_optim (model weights load with load_full).";
-    else if (saved != kind_name(k))
-      error = "'" + path + "' holds " + saved + " optimizer state, but the optimizer given is " + kind_name(k) +
+    else if (saved != k.type)
+      error = "'" + path + "' holds " + saved + " optimizer state, but the optimizer given is " + k.type +
               ". Fix: build the same optimizer type as when saving.";
   } catch (const std::exception& e) {
     error = e.what();
@@ -541,7 +447,7 @@ void load_full_optim(FullyShardedModel& model, torch::optim::Optimizer& opt, con
     return "loading the optimizer state from '" + path + "' failed on another rank";
   });
 
-  const auto fields = state_fields(k, ams);
+  const auto fields = detail::saved_tensors(&k, &opt);
   std::vector<ckpt::Slice> want;
   struct Tmp {
     const ParamSlot* slot;
@@ -560,13 +466,14 @@ void load_full_optim(FullyShardedModel& model, torch::optim::Optimizer& opt, con
     tmps.push_back({s, "step", step});
   }
   ckpt::load_full_safetensors(comm, path, want, lopts);
+  const detail::GroupOptions groups(opt);
   for (auto* s : slots(model)) {
     auto get = [&](const std::string& f) {
       for (auto& t : tmps)
         if (t.slot == s && t.field == f) return t.tmp;
       return torch::Tensor();
     };
-    install_state(opt, k, ams, *s, get("step").item<int64_t>(), get);
+    install_state(opt, k, groups, *s, get("step").item<int64_t>(), get);
   }
 }
 
@@ -580,7 +487,7 @@ int64_t load_full(FullyShardedModel& model, const std::string& path, const ckpt:
     auto t = torch::empty({s->hi - s->lo}, torch::kFloat32);
     want.push_back({s->name, s->shape, torch::kFloat32, s->lo, s->hi, t});
     copies.emplace_back(s->shard_view.detach(), t);
-    for (auto& a : s->aliases)  // tied names: present in the file, read and dropped
+    for (auto& a : s->tied_names)  // tied names: present in the file, read and dropped
       want.push_back({a, s->shape, torch::kFloat32, s->lo, s->hi, torch::empty({s->hi - s->lo})});
   }
   for (auto& b : model.module().named_buffers(/*recurse=*/true)) {

@@ -10,15 +10,9 @@
 // units (forward order, prefetch, pending reductions, no_sync, the
 // end-of-backward callback) is the Engine's (src/unit/engine.h).
 //
-// Where each transition lives:
-//   init_flat_param                    src/shard/flat_param.cpp
-//   unshard, wait_for_unshard, reshard src/unit/unshard.cpp
-//   pre_forward, post_forward,
-//   forward_failed, pre_backward       src/unit/unit_call.cpp
-//   grad_ready, join_backward,
-//   post_backward, reduce,
-//   accept_reduced, end_backward       src/unit/grad_reduce.cpp
-//   begin_recompute, end_recompute     src/unit/recompute.cpp
+// Where it lives: the constructor (the layout) and init_flat_param (its
+// first tensors) in src/unit/layout.cpp; every transition below in
+// src/unit/unit.cpp.
 #pragma once
 
 #include <torch/csrc/autograd/variable.h>
@@ -44,8 +38,8 @@ using InitTargetOf = std::function<InitTarget(const ParamSlot&)>;
 
 // One original parameter inside a unit's flat buffer.
 struct ParamSlot {
-  std::string name;                  // canonical (first) name in the unwrapped model
-  std::vector<std::string> aliases;  // further names of the same tensor (tied weights)
+  std::string name;                     // canonical (first) name in the unwrapped model
+  std::vector<std::string> tied_names;  // further names of the same tensor (tied weights)
   torch::Tensor param;               // the module's parameter; its TensorImpl is never replaced
   std::vector<int64_t> shape;
   int64_t numel = 0;
@@ -104,9 +98,9 @@ struct PendingReduce {
 class Unit {
  public:
   // Its place in the model (src/wrap/wrap.cpp), its parameters (each
-  // slot's name, aliases and param; the constructor lays them out back to
-  // back) and the options: everything below that is const is fixed here
-  // (src/shard/flat_param.cpp). The tensors come with init_flat_param.
+  // slot's name, tied names and param; the constructor lays them out back
+  // to back) and the options: everything below that is const is fixed here
+  // (src/unit/layout.cpp). The tensors come with init_flat_param.
   Unit(int index, std::string name, torch::nn::Module* module, Unit* parent, Engine* owner, Communicator* comm,
        std::vector<ParamSlot> slots, const FsdpOptions& opts);
   Unit(const Unit&) = delete;
@@ -133,7 +127,7 @@ class Unit {
   const torch::ScalarType reduce_dtype;
   const bool reshard_after_forward;  // FULL_SHARD, HYBRID_SHARD
   const bool keeps_unsharded;        // NO_SHARD: `full` always resident
-  const bool aliased;                // NO_SHARD in fp32: full and shard are one tensor
+  const bool full_is_shard;          // NO_SHARD in fp32: full and shard are one tensor
   const int n_grad_params;           // parameters that require grad
   // The parameters in flat-buffer order, read-only: the layout is the
   // constructor's, the views and hooks init_flat_param's.
@@ -253,9 +247,12 @@ class Unit {
   std::unique_ptr<trace::Span> backward_span_;  // pre_backward .. post_backward
 };
 
-// A tensor sharing `base`'s storage without being an autograd view (so
-// optimizers may detach_() or replace its grad, and it can be a leaf).
-torch::Tensor alias(const torch::Tensor& base, int64_t offset, c10::IntArrayRef shape);
+// A tensor over elements [offset, offset + numel(shape)) of `base`'s storage,
+// without being an autograd view of `base` (so optimizers may detach_() or
+// replace its grad, and it can be a leaf): a parameter pointed into `full`,
+// a shard view into `shard`, a .grad into `full_grad` or `shard_grad`. It
+// keeps the storage alive, not `base`.
+torch::Tensor storage_slice(const torch::Tensor& base, int64_t offset, c10::IntArrayRef shape);
 
 // Labels the engine's own large allocations (a unit's all-gather output, its
 // unsharded gradients) for the out-of-memory diagnosis (oom.cpp).
@@ -272,7 +269,8 @@ struct AllocPurpose {
   }
 };
 
-// Registry of unit roots (module -> unit), filled at wrap, emptied at destruction.
+// Registry of unit roots (module -> unit), filled at wrap, emptied at
+// destruction (unit_call.cpp).
 void register_unit(const torch::nn::Module* m, Unit* u);
 void unregister_unit(const torch::nn::Module* m);
 

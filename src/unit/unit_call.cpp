@@ -1,6 +1,10 @@
 // fsdp-cpp: compute — what happens around one unit's forward, and the hook
 // that brings its parameters back for backward.
 //
+// defines: register_unit, unregister_unit, unit_of, Engine::pre_forward,
+//          post_forward, forward_failed, pre_backward, UnitCall,
+//          run_sequential
+//
 //   pre_forward:  unshard (waiting for a prefetch), prefetch the next unit
 //   forward:      the module's own code, on the unsharded parameters
 //   post_forward: FULL_SHARD frees the parameters again; a hook on every
@@ -10,8 +14,11 @@
 //   pre_backward: unshard again (prefetching the unit before it), keep .grad
 //                 pointing into full_grad under no_sync, make sure the
 //                 end-of-backward callback is queued
-// Each step is the Unit's checked transition (Unit::pre_forward, ...) inside
-// the Engine's entry point, which adds what spans units.
+// Each step is the Unit's checked transition (Unit::pre_forward, ...,
+// unit.cpp) inside the Engine's entry point here, which adds what spans
+// units. Also here: the process's table of units by module (what
+// fsdp::call looks a module up in), fsdp::call's frame (UnitCall) and the
+// routing of Sequential children.
 #include <mutex>
 #include <unordered_map>
 
@@ -41,53 +48,6 @@ Unit* unit_of(const torch::nn::Module* m) {
   std::lock_guard<std::mutex> g(g_registry_mu);
   auto it = registry().find(m);
   return it == registry().end() ? nullptr : it->second;
-}
-
-// --- The unit's side ---
-
-void Unit::pre_forward() {
-  expect(__FILE__, __LINE__, "pre_forward", {TrainingState::IDLE, TrainingState::FORWARD_DONE});
-  if (keeps_unsharded && !aliased && training_ == TrainingState::IDLE) {
-    // NO_SHARD with mixed precision: refresh the low-precision copy from the
-    // fp32 master the optimizer updated.
-    torch::NoGradGuard ng;
-    full.copy_(shard);
-  }
-  unshard();
-  wait_for_unshard();
-  training_ = TrainingState::FORWARD;
-}
-
-void Unit::post_forward(bool will_backward, bool in_recompute) {
-  expect(__FILE__, __LINE__, "post_forward", {TrainingState::FORWARD});
-  // In a recompute the backward of this forward comes next: resharding now
-  // would cost its pre_backward a second all-gather.
-  if (!(will_backward && in_recompute) && (reshard_after_forward || !will_backward)) reshard();
-  training_ = will_backward ? TrainingState::FORWARD_DONE : TrainingState::IDLE;
-}
-
-void Unit::forward_failed() {
-  training_ = TrainingState::IDLE;
-  if (!keeps_unsharded) reshard();
-}
-
-void Unit::forget_forward() {
-  if (training_ == TrainingState::FORWARD_DONE) training_ = TrainingState::IDLE;
-}
-
-bool Unit::pre_backward(const std::function<void()>& after_unshard) {
-  if (training_ == TrainingState::BACKWARD || training_ == TrainingState::BACKWARD_DONE) return false;
-  expect(__FILE__, __LINE__, "pre_backward", {TrainingState::IDLE, TrainingState::FORWARD_DONE});
-  if (trace::enabled()) backward_span_ = std::make_unique<trace::Span>("backward", "backward", nlohmann::json{{"unit", name}});
-  unshard();
-  wait_for_unshard();
-  after_unshard();
-  // Gradients accumulated under no_sync stay where they are and .grad keeps
-  // pointing into them; otherwise nothing is allocated here.
-  if (n_grad_params > 0 && full_grad.defined()) collect_into_full_grad();
-  grads_ready_ = 0;
-  training_ = TrainingState::BACKWARD;
-  return true;
 }
 
 // --- The engine's side: what spans units ---

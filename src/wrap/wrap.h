@@ -3,8 +3,9 @@
 //
 // describe_wrap is a pure function of the module tree and the policy: it
 // reads parameters' identities and shapes, changes nothing and needs no
-// communicator (tests/test_wrap.cpp runs it on its own). The engine then
-// materialises units from the description (Engine::build_units).
+// communicator (tests/test_unit_layout.cpp runs it on module trees alone).
+// The engine then materialises units from the description
+// (Engine::build_units, src/unit/engine.cpp).
 #pragma once
 
 #include <string>
@@ -16,8 +17,8 @@ namespace fsdp::detail {
 
 // One original parameter as a unit will hold it.
 struct ParamDesc {
-  std::string name;                  // canonical: its first name in the tree walk (pre-order)
-  std::vector<std::string> aliases;  // its further names (tied weights), in walk order
+  std::string name;                     // canonical: its first name in the tree walk (pre-order)
+  std::vector<std::string> tied_names;  // its further names (tied weights), in walk order
   torch::Tensor tensor;              // the module's parameter (a handle, no copy)
 };
 
@@ -47,16 +48,5 @@ struct WrapDescription {
 // the first of its owners' units that encloses all the others; when none
 // does (owners in sibling units) this throws fsdp::Error naming them.
 WrapDescription describe_wrap(torch::nn::Module& root, const WrapPolicy& policy);
-
-// describe_wrap, after checking that no module of the tree is already part
-// of a wrapped model (fsdp::Error naming it otherwise): what a new engine is
-// built from.
-WrapDescription describe_new_wrap(torch::nn::Module& root, const WrapPolicy& policy);
-
-// `o` with the deprecated FsdpOptions::checkpoint folded into
-// FsdpOptions::recompute (which it replaces when only it is set) and reset
-// to its default. Throws fsdp::Error when both are set to different
-// policies. The one place the library reads the deprecated field.
-FsdpOptions adopt_deprecated_checkpoint(FsdpOptions o);
 
 }  // namespace fsdp::detail

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <initializer_list>
 
-#include "common/cluster_env.h"
+#include "config/cluster_env.h"
 #include "fsdp/errors.h"
 
 namespace fsdp::config {
@@ -23,7 +23,7 @@ const std::vector<Variable>& variables() {
       {"GROUP_RANK", "an integer in [0, nodes)", "RANK / LOCAL_WORLD_SIZE", "this rank's node (torchrun's convention)"},
       // Slurm's (inside an srun step), Open MPI's, PMI's and Kubeflow's, when
       // torchrun's RANK and WORLD_SIZE are not set: the innermost launcher's
-      // (common/cluster_env.h).
+      // (config/cluster_env.h).
       {"SLURM_STEP_ID", "any (only whether it is set counts)", "not inside an srun step",
        "set inside an srun step: Slurm's variables place the rank"},
       {"SLURM_STEPID", "any (only whether it is set counts)", "SLURM_STEP_ID", "the same, as older Slurm names it"},
@@ -209,7 +209,7 @@ EnvConfig parse(const Lookup& lookup, const Lineage& lineage) {
   EnvConfig c;
   // The world: torchrun's variables first (what `fsdp run` sets), read as
   // they always were; else Slurm's, Open MPI's, PMI's or Kubeflow's
-  // (common/cluster_env.h). Kubeflow sets RANK and WORLD_SIZE per pod:
+  // (config/cluster_env.h). Kubeflow sets RANK and WORLD_SIZE per pod:
   // beside PET_* without LOCAL_RANK they are the pod's, read as Kubeflow's.
   const Lookup set = [&](const char* name) { return r.raw(name); };
   const bool pod = (r.raw("PET_NNODES") || r.raw("PET_NODE_RANK")) && !r.raw("LOCAL_RANK");

@@ -1,5 +1,5 @@
 // fsdp-cpp: recognising the launcher (see cluster_env.h).
-#include "common/cluster_env.h"
+#include "config/cluster_env.h"
 
 #include <unistd.h>
 

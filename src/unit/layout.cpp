@@ -1,4 +1,8 @@
-// fsdp-cpp: shard — a unit's parameters become one flat buffer and 1/N of it.
+// fsdp-cpp: a unit's flat layout — its parameters become one flat buffer
+// and this rank keeps 1/N of it.
+//
+// defines: storage_slice, Unit::Unit (the layout), Unit::init_flat_param,
+//          Unit::init_shard_from
 //
 // Layout of a unit (docs/DESIGN.md#vocabulary):
 //   flat     = concat(param_0.flatten(), param_1.flatten(), ...) + zero padding
@@ -9,8 +13,10 @@
 //   full     = the unsharded flat buffer in param_dtype (all-gather output);
 //              each module parameter is re-pointed (set_data) at its slice of
 //              `full`, so its TensorImpl — and the autograd identity — stay.
-// After this, `full`'s storage is freed (FULL_SHARD, SHARD_GRAD_OP): the
-// module's parameters keep their shapes but hold no bytes until unshard().
+// The constructor fixes the layout (const fields, each slot's offset and
+// [lo, hi)); init_flat_param gives it its tensors. After it `full`'s storage
+// is freed (FULL_SHARD, SHARD_GRAD_OP): the module's parameters keep their
+// shapes but hold no bytes until Unit::unshard (unit.cpp).
 #include "compat/torch_compat.h"
 #include "common/shard_math.h"
 #include "fsdp/deferred.h"
@@ -20,7 +26,7 @@ namespace fsdp::detail {
 
 // A tensor sharing `base`'s storage without being an autograd view (so
 // optimizers may detach_() or replace its grad, and it can be a leaf).
-torch::Tensor alias(const torch::Tensor& base, int64_t offset, c10::IntArrayRef shape) {
+torch::Tensor storage_slice(const torch::Tensor& base, int64_t offset, c10::IntArrayRef shape) {
   torch::NoGradGuard ng;
   auto t = torch::empty({0}, base.options());
   t.set_(base.storage(), base.storage_offset() + offset, shape, c10::contiguous_strides(shape));
@@ -65,7 +71,7 @@ Unit::Unit(int index, std::string name, torch::nn::Module* module, Unit* parent,
       reshard_after_forward(opts.strategy == ShardingStrategy::FULL_SHARD ||
                             opts.strategy == ShardingStrategy::HYBRID_SHARD),
       keeps_unsharded(is_no_shard(opts)),
-      aliased(is_no_shard(opts) && param_dtype_of(opts) == torch::kFloat32),
+      full_is_shard(is_no_shard(opts) && param_dtype_of(opts) == torch::kFloat32),
       n_grad_params(count_grad_params(slots)),
       params_(std::move(slots)) {
   // Back to back in the flat buffer; this rank's [lo, hi) of each.
@@ -106,18 +112,18 @@ void Unit::init_flat_param(const FsdpOptions& opts, const InitTargetOf& target_o
       owner->comm->broadcast(flat, 0, {"sync_module_states " + display_name()})->wait();
     shard = keeps_unsharded ? flat : flat.narrow(0, shard_begin, shard_numel).clone();
   }
-  full = aliased ? shard : torch::empty({padded_numel}, torch::TensorOptions(param_dtype).device(device));
+  full = full_is_shard ? shard : torch::empty({padded_numel}, torch::TensorOptions(param_dtype).device(device));
   // NO_SHARD keeps the unsharded copy (shard is the whole flat buffer); the
   // sharded strategies free `full` below, so its values do not matter.
-  if (!aliased && keeps_unsharded) full.copy_(shard);
+  if (!full_is_shard && keeps_unsharded) full.copy_(shard);
 
   for (auto& s : params_) {
     // set_data keeps the parameter's TensorImpl (modules hold it as a member)
     // but points it at `full`; a dtype change here drops the accumulator, so
     // the accumulator is taken only afterwards.
-    s.param.set_data(alias(full, s.offset, s.shape));
+    s.param.set_data(storage_slice(full, s.offset, s.shape));
     const shard::Range r{s.lo, s.hi};  // laid out by the constructor
-    s.shard_view = r.empty() ? alias(shard, 0, {0}) : alias(shard, s.offset + r.lo - shard_begin, {r.size()});
+    s.shard_view = r.empty() ? storage_slice(shard, 0, {0}) : storage_slice(shard, s.offset + r.lo - shard_begin, {r.size()});
     s.shard_view.requires_grad_(s.requires_grad);
     if (s.requires_grad) {
       s.accumulator = compat::grad_accumulator(s.param);
