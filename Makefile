@@ -21,7 +21,7 @@ PREFIX ?= /usr/local
 # ClusterLaunch.RealMpirun*, Slurm and munge for the tests RealSlurm.*, which
 # start a one-host cluster of their own); the API reference; the fuzz targets.
 BUILD_DEBS := build-essential cmake python3-venv nlohmann-json3-dev libcli11-dev \
-        libgtest-dev libbenchmark-dev zlib1g-dev
+        libgtest-dev libbenchmark-dev zlib1g-dev ccache
 TEST_DEBS := chromium fortunes doxygen openmpi-bin slurmctld slurmd slurm-client munge
 DOCS_DEBS := doxygen
 FUZZ_DEBS := clang-14 libclang-rt-14-dev
@@ -82,8 +82,17 @@ $(TEST_PIP_MARK): | $(TORCH_ENV)/.complete
 	$(TORCH_PYTHON) -c 'import transformers'
 	touch $@
 
+# ccache (Debian's), with its cache beside the torch environment: a rebuild
+# of the same tree (make clean, a CI rerun in the same folder) compiles
+# nothing it compiled before. The shared precompiled header needs the
+# sloppiness below and -fpch-preprocess (cmake/build_speed.cmake adds it).
+# CCACHE= (empty) builds without it.
+CCACHE ?= $(shell command -v ccache 2>/dev/null)
+CCACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/fsdp-cpp/ccache
+CCACHE_LAUNCHER = $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER='/usr/bin/env;CCACHE_DIR=$(CCACHE_DIR);CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime;$(CCACHE)')
+
 $(BUILD)/CMakeCache.txt: | deps-build
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFSDP_PYTHON=$(TORCH_PYTHON)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFSDP_PYTHON=$(TORCH_PYTHON) $(CCACHE_LAUNCHER)
 
 configure: $(BUILD)/CMakeCache.txt
 

@@ -10,11 +10,8 @@
 namespace fsdp::ckpt {
 namespace {
 
-std::string tmpdir(const std::string& tag) {
-  std::string d = "/tmp/fsdp_ckpt_test_" + tag + "_" + std::to_string(::getpid());
-  std::system(("rm -rf " + d + " && mkdir -p " + d).c_str());
-  return d;
-}
+// Removed when the test ends (fsdp::testing::temp_dir).
+std::string tmpdir(const std::string& tag) { return fsdp::testing::temp_dir("ckpt-" + tag); }
 
 // What a save killed part-way leaves: a temp dir, a half-renamed pointer, a
 // trash dir, or a published step newer than `latest`.

@@ -31,7 +31,7 @@ bool python_has_torch() {
 
 TEST(CheckpointPython, PyTorchReadsOurFullFile) {
   if (!python_has_torch()) GTEST_SKIP() << kPython << " with torch not available";
-  std::string path = "/tmp/fsdp_ckpt_py_read_" + std::to_string(::getpid()) + ".safetensors";
+  std::string path = testing::temp_dir("ckpt-py-read") + "/full.safetensors";
   auto sp = specs();
   int k = 0;
   write_full_safetensors(path, sp, [&](const TensorSpec& s) { return expected(k++, s); });
@@ -44,7 +44,7 @@ TEST(CheckpointPython, PyTorchReadsOurFullFile) {
 
 TEST(CheckpointPython, WeLoadAFileWrittenFromAPyTorchStateDict) {
   if (!python_has_torch()) GTEST_SKIP() << kPython << " with torch not available";
-  std::string path = "/tmp/fsdp_ckpt_py_write_" + std::to_string(::getpid()) + ".safetensors";
+  std::string path = testing::temp_dir("ckpt-py-write") + "/full.safetensors";
   auto r = testing::run_command({kPython, testing::source_path("tests/python/check_safetensors.py"), "write", path},
                                 {}, 300);
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -7,15 +7,13 @@
 
 #include "fsdp/checkpoint.h"
 #include "test_checkpoint_util.h"
+#include "test_util.h"
 
 namespace fsdp::ckpt {
 namespace {
 
-std::string tmpdir(const std::string& tag) {
-  std::string d = "/tmp/fsdp_ckpt_test_" + tag + "_" + std::to_string(::getpid());
-  std::system(("rm -rf " + d + " && mkdir -p " + d).c_str());
-  return d;
-}
+// Removed when the test ends (fsdp::testing::temp_dir).
+std::string tmpdir(const std::string& tag) { return fsdp::testing::temp_dir("ckpt-" + tag); }
 
 void write_raw(const std::string& path, const std::string& header_json, const std::string& data,
                int64_t len_override = -1) {

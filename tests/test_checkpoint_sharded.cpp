@@ -20,11 +20,8 @@ using testing::make_param_set;
 using testing::Param;
 using testing::run_threads;
 
-std::string tmpdir(const std::string& tag) {
-  std::string d = "/tmp/fsdp_ckpt_test_" + tag + "_" + std::to_string(::getpid());
-  std::system(("rm -rf " + d + " && mkdir -p " + d).c_str());
-  return d;
-}
+// Removed when the test ends (fsdp::testing::temp_dir).
+std::string tmpdir(const std::string& tag) { return fsdp::testing::temp_dir("ckpt-" + tag); }
 using fsdp::testing::slurp;
 void spit(const std::string& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
 

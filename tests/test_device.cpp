@@ -284,8 +284,7 @@ TEST(Device, GptRefusesAnUnknownDevice) {
 // host memory; NCCL refuses two ranks on one GPU).
 TEST(Gpu, GptOnOneGpuMatchesPlainLibtorchAtOneAndTwoRanks) {
   SKIP_WITHOUT_GPUS(1);
-  const auto dir = fs::temp_directory_path() / ("fsdp_gpu_parity_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const fs::path dir = fsdp::testing::temp_dir("gpu-parity");
   const std::string ref_file = (dir / "reference.safetensors").string();
   auto ref = run_command({bin_path("fsdp_test_worker"), "gpt_reference", ref_file, "device=cuda:0", "steps=20"}, {},
                          300);
@@ -338,8 +337,7 @@ TEST(Gpu, RecomputeDrawsTheSameDropoutMasksOnTheGpu) {
 // NCCL, one GPU per rank: the same run at N = 2 equals plain libtorch.
 TEST(Gpu, NcclAtTwoRanksMatchesPlainLibtorch) {
   SKIP_WITHOUT_GPUS(2);
-  const auto dir = fs::temp_directory_path() / ("fsdp_gpu_nccl_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const fs::path dir = fsdp::testing::temp_dir("gpu-nccl");
   const std::string ref_file = (dir / "reference.safetensors").string();
   auto ref = run_command({bin_path("fsdp_test_worker"), "gpt_reference", ref_file, "device=cuda:0", "steps=20"}, {},
                          300);
@@ -358,8 +356,7 @@ TEST(Gpu, NcclAtTwoRanksMatchesPlainLibtorch) {
 // recomputed: it trains, and reports the device's memory beside the ledger.
 TEST(Gpu, GptTrainsInBf16WithRecomputationAndReportsDeviceMemory) {
   SKIP_WITHOUT_GPUS(1);
-  const auto dir = fs::temp_directory_path() / ("fsdp_gpu_gpt_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const fs::path dir = fsdp::testing::temp_dir("gpu-gpt");
   std::ofstream(dir / "t.txt") << std::string(20000, 'a') + "the cat sat on the mat\n";
   auto r = run_command({bin_path("gpt"), "--text", (dir / "t.txt").string(), "--device", "cuda", "--dtype", "bf16",
                         "--ac", "block", "--steps", "10", "--layers", "2", "--dim", "64", "--heads", "4", "--seq",

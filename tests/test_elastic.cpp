@@ -31,6 +31,10 @@ using fsdp::testing::bin_path;
 using fsdp::testing::slurp;
 
 constexpr int kSteps = 40, kEvery = 4;
+// Every wait below is for an event (a line in a log, a launcher's end); this
+// bound only turns a job that hangs into a failure. It is far above what the
+// events take, on a loaded machine and under the sanitizers alike.
+constexpr double kHang = 600;
 
 // A launcher in a process group of its own (so the test can kill the whole
 // group, as a lost node), stdout and stderr into `log`.
@@ -58,7 +62,7 @@ Launcher start(const std::vector<std::string>& argv, const std::string& log, con
 }
 
 // Waits for the launcher (killing its group after timeout_s); returns its exit code.
-int finish(Launcher& l, double timeout_s) {
+int finish(Launcher& l, double timeout_s = kHang) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
   int status = 0;
   while (waitpid(l.pid, &status, WNOHANG) == 0) {
@@ -72,11 +76,26 @@ int finish(Launcher& l, double timeout_s) {
   return l.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-// Waits until `log` contains `needle`, or the time runs out.
-bool wait_for(const std::string& log, const std::string& needle, double timeout_s) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
+// Whether the launcher has ended (not reaped: finish() still reads its code).
+bool ended(const Launcher& l) {
+  siginfo_t si{};
+  return waitid(P_PID, l.pid, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid != 0;
+}
+
+// Waits until the launcher's log shows `needle` after the first `after`
+// (from the start when empty). False when the launcher ended without it
+// (or after kHang).
+bool wait_for(const Launcher& l, const std::string& needle, const std::string& after = "") {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(kHang * 1000));
+  auto seen = [&] {
+    const std::string log = slurp(l.log);
+    const size_t from = after.empty() ? 0 : log.find(after);
+    return from != std::string::npos && log.find(needle, from) != std::string::npos;
+  };
   while (Clock::now() < deadline) {
-    if (slurp(log).find(needle) != std::string::npos) return true;
+    const bool over = ended(l);  // read before the log: a line written before the end is seen
+    if (seen()) return true;
+    if (over) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
@@ -158,7 +177,7 @@ class Elastic : public ::testing::Test {
       std::vector<std::string> argv{bin_path("fsdp"), "run", "-n", std::to_string(n), "--"};
       auto g = gpt_args(dir);
       argv.insert(argv.end(), g.begin(), g.end());
-      return fsdp::testing::run_command(argv, {}, 120);
+      return fsdp::testing::run_command(argv, {}, kHang);
     };
     auto r = run(old_world, a);
     EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -192,12 +211,12 @@ class Elastic : public ::testing::Test {
       // file system, as on a cluster): node 0's folder.
       nodes.push_back(node(id, nnodes, port, root_ + "/node0"));
     }
-    const bool saw = wait_for(nodes[0].log, "step-000008", 90);
+    const bool saw = wait_for(nodes[0], "step-000008");
     kill(-nodes[victim].pid, SIGKILL);
-    finish(nodes[victim], 10);
-    ASSERT_TRUE(saw) << "no checkpoint of step 8 within 90 s:\n" << slurp(nodes[0].log);
+    finish(nodes[victim]);
+    ASSERT_TRUE(saw) << "no checkpoint of step 8:\n" << slurp(nodes[0].log);
     for (int id = 0; id < k; ++id)
-      if (id != victim) EXPECT_EQ(finish(nodes[id], 150), 0) << "node " << id << ":\n" << slurp(nodes[id].log);
+      if (id != victim) EXPECT_EQ(finish(nodes[id]), 0) << "node " << id << ":\n" << slurp(nodes[id].log);
     const std::string log0 = slurp(nodes[0].log);
     // The launcher's restart line, then the ranks' resume line.
     const std::string old_w = std::to_string(k), new_w = std::to_string(k - 1);
@@ -234,11 +253,11 @@ TEST_F(Elastic, LosingNodeZeroEndsTheJobNamingTheStore) {
   const int port = fsdp::testing::free_port();
   Launcher n0 = node(0, "1:2", port, root_ + "/job", {}, 4000);
   Launcher n1 = node(1, "1:2", port, root_ + "/job", {}, 4000);
-  const bool saw = wait_for(n0.log, "[rank 0] step     2", 90);
+  const bool saw = wait_for(n0, "[rank 0] step     2");
   kill(-n0.pid, SIGKILL);
-  finish(n0, 10);
+  finish(n0);
   ASSERT_TRUE(saw) << slurp(n0.log);
-  EXPECT_EQ(finish(n1, 60), 1) << slurp(n1.log);
+  EXPECT_EQ(finish(n1), 1) << slurp(n1.log);
   const std::string log1 = slurp(n1.log);
   EXPECT_NE(log1.find("fsdp run: node 0 is gone: the launcher that hosts the rendezvous store at 127.0.0.1:" +
                       std::to_string(port)),
@@ -251,11 +270,11 @@ TEST_F(Elastic, FewerThanMinNodesEndsTheJobClearly) {
   const int port = fsdp::testing::free_port();
   Launcher n0 = node(0, "2:3", port, root_ + "/job", {"--rdzv-timeout", "3"}, 4000);
   Launcher n1 = node(1, "2:3", port, root_ + "/job", {"--rdzv-timeout", "3"}, 4000);
-  const bool saw = wait_for(n0.log, "[rank 0] step     2", 90);
+  const bool saw = wait_for(n0, "[rank 0] step     2");
   kill(-n1.pid, SIGKILL);
-  finish(n1, 10);
+  finish(n1);
   ASSERT_TRUE(saw) << slurp(n0.log);
-  EXPECT_EQ(finish(n0, 60), 1) << slurp(n0.log);
+  EXPECT_EQ(finish(n0), 1) << slurp(n0.log);
   const std::string log0 = slurp(n0.log);
   EXPECT_NE(log0.find("fsdp run: the job needs at least 2 nodes (--nnodes 2:3) but only 1 joined round 1 within "
                       "3.0 s (node 0); ending the job"),
@@ -265,19 +284,23 @@ TEST_F(Elastic, FewerThanMinNodesEndsTheJobClearly) {
 
 // A node started again joins at the next round: node 0 sees it waiting and
 // ends the running round (no restart spent), the job grows back to two nodes.
+// It returns once the round of one node has saved a checkpoint, so the job
+// grows back from a step saved at world size 1.
 TEST_F(Elastic, AReturningLauncherGrowsTheJobBack) {
   const int port = fsdp::testing::free_port();
   const int steps = 80;
   Launcher n0 = node(0, "1:2", port, root_ + "/job", {}, steps);
   Launcher n1 = node(1, "1:2", port, root_ + "/job", {}, steps);
-  const bool saw = wait_for(n0.log, "step-000008", 90);
+  const bool saw = wait_for(n0, "step-000008");
   kill(-n1.pid, SIGKILL);
-  finish(n1, 10);
+  finish(n1);
   ASSERT_TRUE(saw) << slurp(n0.log);
-  ASSERT_TRUE(wait_for(n0.log, ": world size 2 -> 1, nodes 0,1 -> 0", 60)) << slurp(n0.log);
+  const std::string shrunk = ": world size 2 -> 1, nodes 0,1 -> 0";
+  ASSERT_TRUE(wait_for(n0, "[rank 0] checkpoint ", shrunk)) << "no checkpoint after the round shrank:\n"
+                                                                << slurp(n0.log);
   Launcher back = node(1, "1:2", port, root_ + "/job", {}, steps, "-back");
-  EXPECT_EQ(finish(n0, 150), 0) << slurp(n0.log);
-  EXPECT_EQ(finish(back, 30), 0) << slurp(back.log);
+  EXPECT_EQ(finish(n0), 0) << slurp(n0.log);
+  EXPECT_EQ(finish(back), 0) << slurp(back.log);
   const std::string log0 = slurp(n0.log), log1 = slurp(back.log);
   EXPECT_NE(log0.find("node 1 is waiting to join: the next round grows to 2 nodes"), std::string::npos) << log0;
   std::smatch m;

@@ -18,12 +18,7 @@ using fsdp::testing::run_command;
 
 namespace {
 
-std::string temp_dir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("fsdp_gpt_cli_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+std::string temp_dir(const std::string& name) { return fsdp::testing::temp_dir("gpt-cli-" + name); }
 
 fsdp::testing::ProcResult gpt(std::vector<std::string> args) {
   args.insert(args.begin(), bin_path("gpt"));

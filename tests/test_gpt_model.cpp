@@ -176,8 +176,7 @@ TEST(GptModel, MatchesPyTorch) {
   tensors.push_back({"__config__", torch::tensor({cfg.vocab, cfg.seq, cfg.dim, cfg.layers, cfg.heads})});
   std::vector<fsdp::ckpt::TensorSpec> specs;
   for (auto& [name, t] : tensors) specs.push_back({name, t.sizes().vec(), t.scalar_type()});
-  const auto dir = fs::temp_directory_path() / ("fsdp_gpt_ref_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const fs::path dir = fsdp::testing::temp_dir("gpt-ref");
   const std::string file = (dir / "gpt.safetensors").string();
   size_t next = 0;
   fsdp::ckpt::write_full_safetensors(file, specs, [&](const fsdp::ckpt::TensorSpec&) {

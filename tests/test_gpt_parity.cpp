@@ -65,8 +65,7 @@ class GptParity : public ::testing::TestWithParam<std::string> {};
 
 // `env` goes to every rank (e.g. FSDP_TRANSPORT).
 static void expect_gpt_parity(const std::string& strategy, const std::vector<std::string>& env) {
-  const auto dir = fs::temp_directory_path() / ("fsdp_gpt_parity_" + strategy + "_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const fs::path dir = fsdp::testing::temp_dir("gpt-parity-" + strategy);
 
   const std::string ref_file = (dir / "reference.safetensors").string();
   auto ref = fsdp::testing::run_command({bin_path("fsdp_test_worker"), "gpt_reference", ref_file});
@@ -125,8 +124,7 @@ INSTANTIATE_TEST_SUITE_P(Strategies, GptParity, ::testing::Values("full", "grad-
 // give the parameters of FULL_SHARD at N = 4 and of plain libtorch on the
 // whole batch (4 rows per micro-step), 1e-5 relative, and the same losses.
 TEST(GptParityHybrid, TwoByTwoMatchesFullShardAndThePlainModel) {
-  const auto dir = fs::temp_directory_path() / ("fsdp_gpt_hybrid_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const fs::path dir = fsdp::testing::temp_dir("gpt-hybrid");
   const std::string ref_file = (dir / "reference.safetensors").string();
   auto ref = fsdp::testing::run_command({bin_path("fsdp_test_worker"), "gpt_reference", ref_file, "4"});
   ASSERT_EQ(ref.exit_code, 0) << ref.output;

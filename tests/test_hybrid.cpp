@@ -225,8 +225,8 @@ TEST(HybridTraffic, FullShardOverTwoHostsComposesTheTiers) {
 // replicas' all-reduce), the hosts of the ranks and the shard group for the
 // shard map, and the formula lines of HYBRID.
 TEST(HybridTraffic, TraceAndReportSplitTheTiers) {
-  const auto dir = (std::filesystem::temp_directory_path() / ("fsdp-hybrid-trace-" + std::to_string(getpid()))).string();
-  std::filesystem::remove_all(dir);
+  const std::string dir = fsdp::testing::temp_dir("hybrid-trace");
+  std::filesystem::remove(dir);  // the trace makes it
   auto r = run_ranks(4, "hybrid_traffic", {"hybrid", "2"}, {"FSDP_TEST_HOSTS=2", "FSDP_TEST_TRACE=" + dir});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto lines = traffic_lines(r);
@@ -335,9 +335,7 @@ int64_t checkpoint_bytes(const std::string& root) {
 // replica group wrote: the checkpoint holds the bytes of FULL_SHARD at N = 2
 // (plus the other group's empty files), not twice the model.
 TEST(HybridCheckpoint, SavedUnderHybridLoadsUnderFullAndNoShardAndBack) {
-  const auto d = (std::filesystem::temp_directory_path() / ("fsdp-hybrid-ckpt-" + std::to_string(getpid()))).string();
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
+  const std::string d = fsdp::testing::temp_dir("hybrid-ckpt");
   auto ok = [](int n, const std::vector<std::string>& args) {
     auto r = run_ranks(n, "core_resume", args);
     EXPECT_EQ(r.exit_code, 0) << r.output;

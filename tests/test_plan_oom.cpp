@@ -22,8 +22,7 @@ const std::vector<std::string> kModel = {"--layers", "8", "--dim", "256", "--hea
 constexpr int64_t kBudget = int64_t(96) << 20;
 
 std::string text_file() {
-  auto d = fs::temp_directory_path() / ("fsdp_plan_oom_" + std::to_string(::getpid()));
-  fs::create_directories(d);
+  const fs::path d = fsdp::testing::temp_dir("plan-oom");
   auto path = (d / "t.txt").string();
   std::ofstream f(path);
   for (int i = 0; i < 400; ++i) f << "FSDP shards parameters, gradients and optimizer state across ranks. " << i << "\n";

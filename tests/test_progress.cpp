@@ -292,9 +292,7 @@ TEST_F(ProgressTest, Durations) {
 // saves (--progress-every 0 reaches the library's reporter too). Only rank 0
 // prints: rank 1 runs the same loop and must print none.
 TEST(ProgressGpt, TrainerPrintsProgressOnRankZeroOnly) {
-  auto d = fs::temp_directory_path() / ("fsdp_progress_gpt_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
+  const fs::path d = fsdp::testing::temp_dir("progress-gpt");
   {
     std::ofstream f(d / "t.txt");
     for (int i = 0; i < 300; i++) f << "hello fsdp world. ";

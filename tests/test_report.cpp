@@ -251,10 +251,7 @@ json write_synthetic_trace(const std::string& dir, int world = kWorld, RunShape 
 }
 
 std::string fresh_dir(const std::string& tag) {
-  std::string d = ::testing::TempDir() + "fsdp_report_" + tag + "_" + std::to_string(::getpid());
-  std::system(("rm -rf '" + d + "'").c_str());
-  ::mkdir(d.c_str(), 0755);
-  return d;
+  return fsdp::testing::temp_dir("report-" + tag);
 }
 
 using fsdp::testing::slurp;

@@ -560,11 +560,15 @@ TEST_F(RealSlurm, MpirunInsideAnSrunStepFormsOneWorld) {
 // launcher is left to restart anything; the same command run again (a
 // requeued job, the script's next srun) resumes from the newest checkpoint.
 TEST_F(RealSlurm, CancelledStepResumesFromItsCheckpoint) {
-  // 100 ms per step on rank 0: the cancel lands long before step 30.
-  const auto argv =
-      cat({cluster().program("srun"), "-N", "1", "--ntasks-per-node=1", bin_path("fsdp"), "run", "-n", "2",
-           "--max-restarts", "3", "--"},
-          tiny("30", {"--ckpt-dir", "ck", "--ckpt-every", "5", "--resume", "--straggler-factor", "0"}));
+  // 100 ms per step on rank 0: the cancel lands long before step 30. (The
+  // test worker's tiny, tests/workers/trainer_scenarios.cpp: the same
+  // trainer, with the delay.)
+  auto slowed = tiny("30", {"--ckpt-dir", "ck", "--ckpt-every", "5", "--resume", "--straggler-factor", "0"});
+  slowed[0] = bin_path("fsdp_test_worker");
+  slowed.insert(slowed.begin() + 1, "tiny");
+  const auto argv = cat({cluster().program("srun"), "-N", "1", "--ntasks-per-node=1", bin_path("fsdp"), "run", "-n",
+                         "2", "--max-restarts", "3", "--"},
+                        slowed);
   const std::vector<std::string> delay = {"FSDP_INJECT_STEP_DELAY=0:100"};
   std::printf("[ SLURM    ] %s   (FSDP_INJECT_STEP_DELAY=0:100, in the background)\n", command_line(argv).c_str());
   const Started first = cluster().start_command(argv, delay, "cancelled");

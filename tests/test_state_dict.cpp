@@ -13,12 +13,7 @@ namespace fs = std::filesystem;
 namespace fsdp::testing {
 namespace {
 
-std::string tmpdir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("fsdp-state-" + name + "-" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+std::string tmpdir(const std::string& name) { return temp_dir("state-" + name); }
 
 std::map<std::string, torch::Tensor> read_all(const std::string& path) {
   ckpt::SafetensorsReader r(path);

@@ -1,6 +1,7 @@
 // The straggler monitor in the trainers: every step each rank's busy time
 // (wall - time blocked in collectives) is gathered; one rank slowed by
-// FSDP_INJECT_STEP_DELAY=RANK:MS is named in the log, an even run names
+// FSDP_INJECT_STEP_DELAY=RANK:MS (the trainers run by the test worker,
+// tests/workers/trainer_scenarios.cpp) is named in the log, an even run names
 // nobody and prints nothing per step (quiet when healthy), and both end with
 // one summary line; the flags and the variable are checked.
 #include <gtest/gtest.h>
@@ -14,8 +15,8 @@
 #include "fsdp/comm.h"
 #include "fsdp/errors.h"
 #include "fsdp/straggler.h"
-#include "fault_injection.h"
 #include "test_util.h"
+#include "workers/fault_injection.h"
 
 namespace fs = std::filesystem;
 using fsdp::testing::bin_path;
@@ -48,11 +49,16 @@ using fsdp::testing::temp_dir;
 
 // tiny on 2 ranks: 8 steps, a rank named after 3 steps in a row at more than
 // 4x the other's busy time. A slowed rank sleeps 150 ms on steps of ~10 ms;
-// the factor leaves room for CPU contention on a loaded test machine.
+// the factor leaves room for CPU contention on a loaded test machine. With a
+// fault in `env`, the test worker's tiny (the same trainer) runs.
 fsdp::testing::ProcResult tiny(const std::string& dir, const std::vector<std::string>& env) {
-  return run_command({bin_path("fsdp"), "run", "-n", "2", "--", bin_path("tiny"), "--epochs", "8", "--accum", "1",
-                      "--straggler-factor", "4", "--straggler-window", "3", "--save", dir + "/w.safetensors"},
-                     env, 120);
+  const std::vector<std::string> program =
+      env.empty() ? std::vector<std::string>{bin_path("tiny")} : std::vector<std::string>{bin_path("fsdp_test_worker"), "tiny"};
+  std::vector<std::string> argv{bin_path("fsdp"), "run", "-n", "2", "--"};
+  argv.insert(argv.end(), program.begin(), program.end());
+  argv.insert(argv.end(), {"--epochs", "8", "--accum", "1",
+                           "--straggler-factor", "4", "--straggler-window", "3", "--save", dir + "/w.safetensors"});
+  return run_command(argv, env, 120);
 }
 
 }  // namespace
@@ -100,7 +106,7 @@ TEST(StragglerTrainers, GptNamesTheSlowedRank) {
     std::ofstream f(d + "/t.txt");
     for (int i = 0; i < 300; i++) f << "hello fsdp world. ";
   }
-  auto r = run_command({bin_path("fsdp"), "run", "-n", "2", "--", bin_path("gpt"), "--text", d + "/t.txt", "--seq",
+  auto r = run_command({bin_path("fsdp"), "run", "-n", "2", "--", bin_path("fsdp_test_worker"), "gpt", "--text", d + "/t.txt", "--seq",
                         "32", "--dim", "32", "--layers", "1", "--heads", "2", "--batch", "2", "--steps", "6",
                         "--log-every", "5", "--eval-every", "0", "--threads", "1", "--straggler-factor", "4",
                         "--straggler-window", "3"},
@@ -127,15 +133,15 @@ TEST(StragglerTrainers, BadFactorAndDelayAreClearErrors) {
     EXPECT_EQ(r.exit_code, 2) << f << ": " << r.output;
     EXPECT_NE(r.output.find("--straggler-factor"), std::string::npos) << r.output;
   }
-  auto r = run_command({bin_path("tiny"), "--epochs", "1", "--save", ""}, {"FSDP_INJECT_STEP_DELAY=slow"}, 60);
+  auto r = run_command({bin_path("fsdp_test_worker"), "tiny", "--epochs", "1", "--save", ""}, {"FSDP_INJECT_STEP_DELAY=slow"}, 60);
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("FSDP_INJECT_STEP_DELAY='slow': expected RANK:MS"), std::string::npos) << r.output;
   for (const char* v : {"1", ":5", "1:", "-1:5", "1:x", "1:5ms", "1:-3"}) {
     ::setenv("FSDP_INJECT_STEP_DELAY", v, 1);
-    EXPECT_THROW(examples::inject_step_delay(0), fsdp::UsageError) << v;
+    EXPECT_THROW(fsdp::testing::inject_step_delay(0), fsdp::UsageError) << v;
   }
   ::setenv("FSDP_INJECT_STEP_DELAY", "1:0.5", 1);
-  EXPECT_NO_THROW(examples::inject_step_delay(0));
+  EXPECT_NO_THROW(fsdp::testing::inject_step_delay(0));
   ::unsetenv("FSDP_INJECT_STEP_DELAY");
   fs::remove_all(d);
 }

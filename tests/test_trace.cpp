@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "fsdp/errors.h"
 #include "fsdp/memory.h"
 #include "fsdp/trace.h"
+#include "test_util.h"
 
 namespace {
 
@@ -24,8 +26,8 @@ fsdp::trace::Options opts(size_t max_events) {
 }
 
 std::string fresh_dir(const std::string& tag) {
-  std::string d = ::testing::TempDir() + "fsdp_trace_" + tag + "_" + std::to_string(::getpid());
-  std::system(("rm -rf '" + d + "'").c_str());
+  std::string d = fsdp::testing::temp_dir("trace-" + tag);
+  std::filesystem::remove(d);  // absent: the trace makes it
   return d;
 }
 

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -212,11 +213,75 @@ long long Fields::operator[](const std::string& key) const {
 
 Fields parse_kv(const std::string& line) { return Fields(line); }
 
+namespace {
+
+// The directories temp_dir made, removed when the test (or, made outside a
+// test, the test suite) that made them ends. A gtest listener, installed
+// before main() runs the tests.
+class TempDirs : public ::testing::EmptyTestEventListener {
+ public:
+  static TempDirs& get() {
+    static TempDirs* dirs = [] {
+      auto* d = new TempDirs;  // owned by gtest's listener list
+      ::testing::UnitTest::GetInstance()->listeners().Append(d);
+      return d;
+    }();
+    return *dirs;
+  }
+  void add(const std::string& path) {
+    std::lock_guard<std::mutex> g(mu_);
+    (in_test_ ? test_ : suite_).push_back(path);
+  }
+  void OnTestStart(const ::testing::TestInfo&) override {
+    std::lock_guard<std::mutex> g(mu_);
+    in_test_ = true;
+  }
+  void OnTestEnd(const ::testing::TestInfo& t) override {
+    std::lock_guard<std::mutex> g(mu_);
+    in_test_ = false;
+    remove(test_, t.result()->Failed(), std::string(t.test_suite_name()) + "." + t.name());
+  }
+  void OnTestSuiteEnd(const ::testing::TestSuite& s) override {
+    std::lock_guard<std::mutex> g(mu_);
+    remove(suite_, s.failed_test_count() > 0, s.name());
+  }
+  void OnTestProgramEnd(const ::testing::UnitTest& u) override {
+    std::lock_guard<std::mutex> g(mu_);
+    remove(test_, u.failed_test_count() > 0, "the test program");
+    remove(suite_, u.failed_test_count() > 0, "the test program");
+  }
+
+ private:
+  static void remove(std::vector<std::string>& dirs, bool failed, const std::string& who) {
+    const char* keep = std::getenv("FSDP_TEST_KEEP");
+    const bool keep_failed = failed && keep && std::string(keep) == "1";
+    for (const auto& d : dirs) {
+      std::error_code ec;
+      if (!std::filesystem::exists(d, ec)) continue;
+      if (keep_failed) {
+        std::printf("[ KEPT     ] %s: %s (FSDP_TEST_KEEP=1; remove it when done)\n", who.c_str(), d.c_str());
+        continue;
+      }
+      std::filesystem::remove_all(d, ec);
+    }
+    dirs.clear();
+  }
+  std::mutex mu_;
+  bool in_test_ = false;
+  std::vector<std::string> test_, suite_;
+};
+
+// Installed at start-up, so it sees the first test start.
+[[maybe_unused]] const bool temp_dirs_installed = (TempDirs::get(), true);
+
+}  // namespace
+
 std::string temp_dir(const std::string& tag) {
   namespace fs = std::filesystem;
   auto d = fs::temp_directory_path() / ("fsdp-test-" + tag + "-" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
+  TempDirs::get().add(d.string());
   return d.string();
 }
 

@@ -74,8 +74,12 @@ bool run_in_ranks(int n, double timeout_s = 120);
 // ranks with FSDP_TRANSPORT=auto chose it (run once, then cached).
 bool cma_available();
 
-// A fresh, empty directory under the system's temp directory, named after
-// `tag` and this process (removed first if a previous run left it).
+// A fresh, empty directory under the system's temp directory ($TMPDIR, else
+// /tmp), named after `tag` and this process (removed first if a previous
+// run left it). A test leaves no files behind: the directory is removed
+// when the test that made it ends, pass or fail (one made outside a test,
+// e.g. in SetUpTestSuite, when its test suite ends). FSDP_TEST_KEEP=1 keeps
+// the directories of a test that failed and prints where they are.
 std::string temp_dir(const std::string& tag);
 // A file's bytes ("" when it cannot be read).
 std::string slurp(const std::string& path);

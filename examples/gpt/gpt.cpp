@@ -1,9 +1,10 @@
-// build/bin/gpt: train GPT-mini (docs/GPT_MINI.md) with FSDP on byte-level text.
+// build/bin/gpt: train GPT-mini (docs/GPT_MINI.md) with FSDP on byte-level text
+// (gpt::run here; main.cpp calls it).
 //
 //   fsdp prepare --text a.txt b.txt --out data/x
 //   fsdp run -n 2 -- build/bin/gpt --data data/x/train.bin --val data/x/val.bin --steps 300
 //
-// main() reads like the run: flags -> communicator -> data -> model ->
+// train() reads like the run: flags -> communicator -> data -> model ->
 // fully_shard -> AdamW -> for each step { micro-steps (no_sync but the last),
 // clip, lr, step } with a log line and validation -> ledger -> sample -> save.
 // Rank 0 prints; every rank runs every collective (forward, evaluation,
@@ -22,7 +23,6 @@
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/init.h"
-#include "fsdp/memory.h"
 #include "fsdp/memory.h"
 #include "gpt/plan_gpt.h"
 #include "gpt/train.h"
@@ -202,7 +202,9 @@ bool parse_args(int argc, char** argv, Args& a) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace gpt {
+
+int run(int argc, char** argv, const examples::StepHooks& hooks) {
   try {
     fsdp::init();  // the counting allocator (ledger, --max-memory) and SIGPIPE, before any tensor
   } catch (const std::exception& e) {  // an environment variable set wrong (docs/CONFIG.md)
@@ -230,7 +232,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    return gpt::train(a);
+    return gpt::train(a, hooks);
   } catch (const fsdp::UsageError& e) {
     std::fprintf(stderr, "gpt: usage error: %s\n", e.what());
     return 2;
@@ -244,3 +246,5 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+}  // namespace gpt

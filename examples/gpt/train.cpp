@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "fault_injection.h"
+#include "step_hooks.h"
 #include "traffic_line.h"
 #include "usage.h"
 #include "fsdp/checkpoint.h"
@@ -212,11 +212,6 @@ struct Run {
 };
 
 Run start_run(const Args& a) {
-  // Communicator first: it installs the counting allocator, so every tensor
-  // below (the model included) is in the memory numbers.
-  // The flags reach the library's reporters (checkpoint saves) through the environment.
-  if (a.no_progress) ::setenv("FSDP_PROGRESS", "off", 1);
-  if (a.progress_every >= 0) ::setenv("FSDP_PROGRESS_EVERY", std::to_string(a.progress_every).c_str(), 1);
   try {  // a bad FSDP_PROGRESS / FSDP_PROGRESS_EVERY is the user's flag error (exit 2), found before step 1
     fsdp::ProgressOptions check;
     check.enabled = false;
@@ -495,9 +490,15 @@ struct StepResult {
   double waited0 = 0;      // the wait clock at t0
 };
 
+// Bytes this rank sent in the training steps (the ledger's traffic lines).
+struct Sent {
+  int64_t total = 0, inter_host = 0;  // of which to ranks on another host
+  void add(const StepResult& r) { total += r.sent, inter_host += r.sent_inter; }
+};
+
 // One optimizer step inside its trace span: K micro-steps, clip, AdamW.
 StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim::Optimizer& opt, const Data& d,
-                      int64_t step) {
+                      int64_t step, const examples::StepHooks& hooks) {
   // The step span covers training only: evaluation traffic stays outside
   // the report's per-step traffic (compared with 3P / 2P).
   fsdp::trace::Span step_span("step", "step");
@@ -507,7 +508,7 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
   const int64_t inter0 = run.comm->counters().total_bytes_inter_host();
   r.t0 = Clock::now();
   r.waited0 = run.waits->seconds();
-  examples::inject_step_delay(run.rank);  // fault injection: FSDP_INJECT_STEP_DELAY=RANK:MS (tests of the monitor)
+  if (hooks.step) hooks.step(run.rank, step);
   r.lr = lr_at(a, step);
   set_lr(opt, r.lr);
 
@@ -519,7 +520,7 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
     gpt::data::Batch b;
     {
       fsdp::PhaseScope phase(fsdp::Phase::DATA);
-      examples::inject_data_hang(run.rank, step);  // fault injection: FSDP_INJECT_DATA_HANG=RANK:STEP (watchdog tests)
+      if (hooks.data) hooks.data(run.rank, step);
       b = on_device(gpt::data::batch(d.train, d.order, step, k, run.rank), model);  // x, y [B,T]
     }
     auto micro = [&] {
@@ -555,6 +556,104 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
   return r;
 }
 
+// Mean validation loss, printed by rank 0 as "step N | val loss X". Collective.
+void validate(const Args& a, const Run& run, Model& model, const Data& d, int64_t step) {
+  fsdp::PhaseScope phase(fsdp::Phase::EVALUATION);
+  const double vl = evaluate(model, *run.comm, d.val, d.order, a.eval_batches);
+  if (run.lead) fsdp::progress::clear_line(), std::printf("step %5lld | val loss %.4f\n", (long long)step, vl), std::fflush(stdout);
+}
+
+// How rank 0 shows progress (fsdp/progress.h): --no-progress, --progress-every.
+// The checkpoint saves and the final --save show theirs the same way.
+fsdp::ProgressOptions progress_options(const Args& a, const Run& run) {
+  fsdp::ProgressOptions po;
+  po.rank = run.rank;
+  po.enabled = !a.no_progress;
+  po.interval_s = a.progress_every;
+  return po;
+}
+
+// The training steps' progress: steps, ETA, loss, tokens/s.
+fsdp::ProgressOptions train_progress(const Args& a, fsdp::ProgressOptions po, int64_t first_step,
+                                     int64_t tokens_per_step) {
+  po.label = "train";
+  po.unit = "steps";
+  po.total = a.steps;
+  po.initial = std::min(first_step, a.steps);
+  po.rate_scale = double(tokens_per_step);
+  po.rate_unit = "tok/s";
+  return po;
+}
+
+// --ckpt-dir: sharded checkpoints of the model and AdamW (--save-async: in
+// the background), each reported by rank 0.
+class Checkpoints {
+ public:
+  Checkpoints(const Args& a, const Run& run, Model& model, torch::optim::Optimizer& opt,
+              const fsdp::ProgressOptions& progress)
+      : a_(a), run_(run), model_(model), opt_(opt) {
+    opts_.async = a.save_async;
+    opts_.progress = progress;
+    if (a.save_async) fsdp::prepare_background_saves(*model, &opt);  // not inside the first save
+  }
+
+  // Collective: the checkpoint of `done` steps, after the previous one is committed.
+  void save(int64_t done) {
+    fsdp::PhaseScope phase(fsdp::Phase::CHECKPOINT);
+    committed();
+    auto r = fsdp::save_checkpoint(*model_, &opt_, a_.ckpt_dir, done,
+                                   {{"step", done}, {"seed", a_.seed}, {"shuffle", a_.shuffle}, {"world", run_.N},
+                                    {"global_batch", run_.N * a_.batch * a_.accum}},
+                                   opts_);
+    if (!run_.lead) return;
+    fsdp::progress::clear_line();
+    if (r.in_background)
+      std::printf("checkpoint %s in the background (training blocked %.3f s; snapshot %s)\n", r.path.c_str(),
+                  r.seconds, fsdp::memory::format_bytes(r.snapshot_bytes).c_str());
+    else
+      std::printf("checkpoint %s (%.2f s)\n", r.path.c_str(), r.seconds);
+    std::fflush(stdout);
+  }
+
+  // The previous background save (--save-async), once committed: reported once.
+  void committed() {
+    const std::optional<fsdp::ckpt::SaveResult> w = fsdp::wait_for_checkpoint(*model_);
+    if (!w || !run_.lead) return;
+    fsdp::progress::clear_line();
+    std::printf("checkpoint %s committed (%.2f s in the background; training waited %.3f s for the snapshot)\n",
+                w->path.c_str(), w->seconds, w->snapshot_wait_seconds);
+    std::fflush(stdout);
+  }
+
+ private:
+  const Args& a_;
+  const Run& run_;
+  Model& model_;
+  torch::optim::Optimizer& opt_;
+  fsdp::CheckpointOptions opts_;
+};
+
+// Per-rank busy time (wall - blocked in collectives) every step; a rank
+// slower than --straggler-factor x the median for --straggler-window steps
+// in a row is named. Quiet when healthy: nothing per step, one summary line
+// at the end. None with --straggler-factor 0.
+std::optional<fsdp::StragglerMonitor> straggler_monitor(const Args& a, const Run& run) {
+  std::optional<fsdp::StragglerMonitor> m;
+  if (a.straggler_factor <= 0) return m;
+  m.emplace(run.comm, a.straggler_factor, int(a.straggler_window));
+  m->set_logging(false);  // report_straggler prints, between the step lines
+  return m;
+}
+
+// Collective: this step's busy seconds to the monitor; rank 0 prints a rank it names.
+void report_straggler(const Run& run, fsdp::StragglerMonitor& m, double busy_seconds) {
+  const fsdp::StragglerReport rep = m.observe(busy_seconds);
+  if (!run.lead || rep.message.empty()) return;
+  fsdp::progress::clear_line();
+  std::printf("%s\n", rep.message.c_str());
+  std::fflush(stdout);
+}
+
 // The step line every --log-every steps. Collective: every rank takes this
 // branch at the same steps.
 void log_step(const Args& a, const Run& run, int64_t step, const StepResult& r, double ms, int64_t tokens_per_step) {
@@ -571,8 +670,7 @@ void log_step(const Args& a, const Run& run, int64_t step, const StepResult& r, 
 // The ledger: measured memory terms against the FSDP guide's formulas (and the
 // plan's peak and traffic against the measured ones with --plan).
 void print_ledger(const Run& run, Model& model, torch::optim::Optimizer& opt, const std::optional<fsdp::plan::Plan>& plan,
-                  int64_t steps_run, double seconds, int64_t train_bytes, int64_t train_inter_bytes,
-                  int64_t tokens_per_step) {
+                  int64_t steps_run, double seconds, const Sent& sent, int64_t tokens_per_step) {
   const fsdp::Ledger ledger = model->ledger(&opt);
   if (!run.lead) return;
   std::printf("trained %lld steps in %.1f s (%.0f tokens/s)\n", (long long)steps_run, seconds,
@@ -590,17 +688,46 @@ void print_ledger(const Run& run, Model& model, torch::optim::Optimizer& opt, co
   }
   // Exact integers for the tests (tests/test_hybrid.cpp): bytes rank 0 sent
   // in the training steps, by tier (hosts as the same-host transport sees them).
-  std::printf("%s", examples::traffic_by_tier_line(train_bytes, train_inter_bytes, steps_run).c_str());
+  std::printf("%s", examples::traffic_by_tier_line(sent.total, sent.inter_host, steps_run).c_str());
   if (plan) {
-    const int64_t sent = train_bytes;
     std::printf("plan vs measured (rank 0): peak %s predicted, %s measured (%.3f); traffic %s/step predicted, "
                 "%s/step measured in the training steps (%.3f)\n",
                 fsdp::memory::format_bytes(plan->peak).c_str(), fsdp::memory::format_bytes(ledger.peak).c_str(),
                 double(plan->peak) / std::max<double>(1, ledger.peak),
                 fsdp::memory::format_bytes(plan->traffic.total()).c_str(),
-                fsdp::memory::format_bytes(steps_run > 0 ? sent / steps_run : 0).c_str(),
-                steps_run > 0 && sent > 0 ? double(plan->traffic.total()) * steps_run / double(sent) : 0.0);
+                fsdp::memory::format_bytes(steps_run > 0 ? sent.total / steps_run : 0).c_str(),
+                steps_run > 0 && sent.total > 0 ? double(plan->traffic.total()) * steps_run / double(sent.total) : 0.0);
   }
+  std::fflush(stdout);
+}
+
+// --rank-memory: one line per rank, the tensors against the plan, then the
+// process's peak resident memory (VmHWM) in its parts (fsdp/memory.h,
+// ProcessMemory), as text and as bytes for scripts (make scale's table).
+void print_rank_memory(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts, Model& model,
+                       const std::optional<fsdp::plan::Plan>& plan, int64_t construction_peak) {
+  using fsdp::memory::format_bytes;
+  const auto ms = fsdp::memory::stats();
+  const int64_t planned =
+      plan ? plan->peak : gpt_plan(a, run.N, fopts.strategy, fsdp::plan::units_from(model->units())).peak;
+  const fsdp::memory::ProcessMemory pm = fsdp::memory::process_memory();
+  std::printf("rank %d memory: plan peak %s | construction %s | training peak %s | from start %s | VmHWM %s = "
+              "%s at start + %s code since + %s tensors + %s comm + %s cache + %s malloc used + %s malloc free + "
+              "%s unexplained + %s elsewhere (comm buffers at most %s) "
+              "| bytes: plan_peak=%lld construction=%lld training_peak=%lld from_start=%lld vmhwm=%lld "
+              "at_start=%lld code_since=%lld tensors=%lld comm=%lld cache=%lld malloc_used=%lld malloc_free=%lld "
+              "unexplained=%lld elsewhere=%lld comm_high=%lld fixed=%lld\n",
+              run.rank, format_bytes(planned).c_str(), format_bytes(construction_peak).c_str(),
+              format_bytes(ms.peak).c_str(), format_bytes(ms.high_water).c_str(), format_bytes(pm.vmhwm).c_str(),
+              format_bytes(pm.at_start).c_str(), format_bytes(pm.code_since).c_str(),
+              format_bytes(pm.tensors).c_str(), format_bytes(pm.comm).c_str(), format_bytes(pm.cache).c_str(),
+              format_bytes(pm.malloc_other).c_str(), format_bytes(pm.malloc_free).c_str(),
+              format_bytes(pm.unexplained).c_str(), format_bytes(pm.elsewhere).c_str(),
+              format_bytes(pm.comm_high).c_str(), (long long)planned,
+              (long long)construction_peak, (long long)ms.peak, (long long)ms.high_water, (long long)pm.vmhwm,
+              (long long)pm.at_start, (long long)pm.code_since, (long long)pm.tensors, (long long)pm.comm,
+              (long long)pm.cache, (long long)pm.malloc_other, (long long)pm.malloc_free,
+              (long long)pm.unexplained, (long long)pm.elsewhere, (long long)pm.comm_high, (long long)pm.fixed());
   std::fflush(stdout);
 }
 
@@ -650,7 +777,7 @@ int64_t choose_accum(const Args& a, int N) {
 
 }  // namespace
 
-int train(const Args& args) {
+int train(const Args& args, const examples::StepHooks& hooks) {
   const Run run = start_run(args);
   Args a = args;
   a.accum = choose_accum(args, run.N);
@@ -665,83 +792,24 @@ int train(const Args& args) {
   if (run.lead) print_run(a, run, data, fopts, model, tokens_per_step);
   std::optional<fsdp::plan::Plan> plan;
   if (a.plan) plan = plan_run(a, run, fopts, model);
-  auto validate = [&](int64_t step) {
-    fsdp::PhaseScope phase(fsdp::Phase::EVALUATION);
-    const double vl = evaluate(model, *run.comm, data.val, data.order, a.eval_batches);
-    if (run.lead) fsdp::progress::clear_line(), std::printf("step %5lld | val loss %.4f\n", (long long)step, vl), std::fflush(stdout);
-  };
+  const int64_t first_step = resume(a, run, model, *opt);
+  const fsdp::ProgressOptions popts = progress_options(a, run);
+  Checkpoints checkpoints(a, run, model, *opt, popts);
+  fsdp::Progress progress(train_progress(a, popts, first_step, tokens_per_step));
+  std::optional<fsdp::StragglerMonitor> stragglers = straggler_monitor(a, run);
 
   // The training loop.
-  const int64_t first_step = resume(a, run, model, *opt);
-  if (a.save_async) fsdp::prepare_background_saves(*model, opt.get());  // not inside the first save
-  // The previous background save (--save-async), committed: reported once.
-  auto committed = [&] {
-    const std::optional<fsdp::ckpt::SaveResult> w = fsdp::wait_for_checkpoint(*model);
-    if (w && run.lead)
-      fsdp::progress::clear_line(),
-          std::printf("checkpoint %s committed (%.2f s in the background; training waited %.3f s for the snapshot)\n",
-                      w->path.c_str(), w->seconds, w->snapshot_wait_seconds),
-          std::fflush(stdout);
-  };
-  auto checkpoint = [&](int64_t done) {
-    fsdp::PhaseScope phase(fsdp::Phase::CHECKPOINT);
-    committed();
-    fsdp::CheckpointOptions co;
-    co.async = a.save_async;
-    auto r = fsdp::save_checkpoint(*model, opt.get(), a.ckpt_dir, done,
-                                   {{"step", done}, {"seed", a.seed}, {"shuffle", a.shuffle}, {"world", run.N},
-                                    {"global_batch", run.N * a.batch * a.accum}},
-                                   co);
-    if (!run.lead) return;
-    fsdp::progress::clear_line();
-    if (r.in_background)
-      std::printf("checkpoint %s in the background (training blocked %.3f s; snapshot %s)\n", r.path.c_str(),
-                  r.seconds, fsdp::memory::format_bytes(r.snapshot_bytes).c_str());
-    else
-      std::printf("checkpoint %s (%.2f s)\n", r.path.c_str(), r.seconds);
-    std::fflush(stdout);
-  };
-  // Progress on rank 0 (fsdp/progress.h): steps, ETA, loss, tokens/s.
-  fsdp::ProgressOptions popts;
-  popts.rank = run.rank;
-  popts.enabled = !a.no_progress;
-  popts.interval_s = a.progress_every;
-  fsdp::ProgressOptions train_popts = popts;
-  train_popts.label = "train";
-  train_popts.unit = "steps";
-  train_popts.total = a.steps;
-  train_popts.initial = std::min(first_step, a.steps);
-  train_popts.rate_scale = double(tokens_per_step);
-  train_popts.rate_unit = "tok/s";
-  fsdp::Progress progress(train_popts);
-  // Per-rank busy time (wall - blocked in collectives) every step; a rank
-  // slower than factor x the median for `window` steps in a row is named.
-  // Quiet when healthy: nothing per step, one summary line at the end.
-  std::optional<fsdp::StragglerMonitor> stragglers;
-  if (a.straggler_factor > 0) {
-    stragglers.emplace(run.comm, a.straggler_factor, int(a.straggler_window));
-    stragglers->set_logging(false);  // printed below, between the step lines
-  }
   const auto run_start = Clock::now();
-  int64_t train_bytes = 0;  // sent inside the steps' spans (what the plan predicts)
-  int64_t train_inter_bytes = 0;  // of which to ranks on another host
+  Sent sent;  // inside the steps' spans (what the plan predicts)
   for (int64_t step = first_step; step < a.steps; step++) {
     fsdp::set_step(step);
-    if (data.eval_on && step % a.eval_every == 0) validate(step);
-    const StepResult r = train_step(a, run, model, *opt, data, step);
-    train_bytes += r.sent;
-    train_inter_bytes += r.sent_inter;
+    if (data.eval_on && step % a.eval_every == 0) validate(a, run, model, data, step);
+    const StepResult r = train_step(a, run, model, *opt, data, step, hooks);
+    sent.add(r);
     if (!a.ckpt_dir.empty() && a.ckpt_every > 0 && (step + 1) % a.ckpt_every == 0 && step + 1 < a.steps)
-      checkpoint(step + 1);
-
+      checkpoints.save(step + 1);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - r.t0).count();
-    fsdp::StragglerReport srep;
-    if (stragglers) srep = stragglers->observe(ms / 1000.0 - (run.waits->seconds() - r.waited0));  // collective
-    if (run.lead && !srep.message.empty()) {
-      fsdp::progress::clear_line();
-      std::printf("%s\n", srep.message.c_str());
-      std::fflush(stdout);
-    }
+    if (stragglers) report_straggler(run, *stragglers, ms / 1000.0 - (run.waits->seconds() - r.waited0));
     log_step(a, run, step, r, ms, tokens_per_step);
     char loss_text[32];
     std::snprintf(loss_text, sizeof loss_text, "%.4f", r.loss);
@@ -750,40 +818,13 @@ int train(const Args& args) {
   progress.finish();
   if (stragglers && run.lead && !stragglers->summary().empty())
     std::printf("%s\n", stragglers->summary().c_str()), std::fflush(stdout);
-  if (data.eval_on) validate(a.steps);
-  if (!a.ckpt_dir.empty() && first_step < a.steps) checkpoint(a.steps);
-  committed();  // the last one is on disk before the run reports
+  if (data.eval_on) validate(a, run, model, data, a.steps);
+  if (!a.ckpt_dir.empty() && first_step < a.steps) checkpoints.save(a.steps);
+  checkpoints.committed();  // the last one is on disk before the run reports
   const double seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
 
-  print_ledger(run, model, *opt, plan, a.steps - first_step, seconds, train_bytes, train_inter_bytes, tokens_per_step);
-  if (a.rank_memory) {
-    // One line per rank: the tensors against the plan, then the process's
-    // peak resident memory (VmHWM) in its parts (fsdp/memory.h,
-    // ProcessMemory), as text and as bytes for scripts (make scale's table).
-    using fsdp::memory::format_bytes;
-    const auto ms = fsdp::memory::stats();
-    const int64_t planned =
-        plan ? plan->peak : gpt_plan(a, run.N, fopts.strategy, fsdp::plan::units_from(model->units())).peak;
-    const fsdp::memory::ProcessMemory pm = fsdp::memory::process_memory();
-    std::printf("rank %d memory: plan peak %s | construction %s | training peak %s | from start %s | VmHWM %s = "
-                "%s at start + %s code since + %s tensors + %s comm + %s cache + %s malloc used + %s malloc free + "
-                "%s unexplained + %s elsewhere (comm buffers at most %s) "
-                "| bytes: plan_peak=%lld construction=%lld training_peak=%lld from_start=%lld vmhwm=%lld "
-                "at_start=%lld code_since=%lld tensors=%lld comm=%lld cache=%lld malloc_used=%lld malloc_free=%lld "
-                "unexplained=%lld elsewhere=%lld comm_high=%lld fixed=%lld\n",
-                run.rank, format_bytes(planned).c_str(), format_bytes(construction_peak).c_str(),
-                format_bytes(ms.peak).c_str(), format_bytes(ms.high_water).c_str(), format_bytes(pm.vmhwm).c_str(),
-                format_bytes(pm.at_start).c_str(), format_bytes(pm.code_since).c_str(),
-                format_bytes(pm.tensors).c_str(), format_bytes(pm.comm).c_str(), format_bytes(pm.cache).c_str(),
-                format_bytes(pm.malloc_other).c_str(), format_bytes(pm.malloc_free).c_str(),
-                format_bytes(pm.unexplained).c_str(), format_bytes(pm.elsewhere).c_str(),
-                format_bytes(pm.comm_high).c_str(), (long long)planned,
-                (long long)construction_peak, (long long)ms.peak, (long long)ms.high_water, (long long)pm.vmhwm,
-                (long long)pm.at_start, (long long)pm.code_since, (long long)pm.tensors, (long long)pm.comm,
-                (long long)pm.cache, (long long)pm.malloc_other, (long long)pm.malloc_free,
-                (long long)pm.unexplained, (long long)pm.elsewhere, (long long)pm.comm_high, (long long)pm.fixed());
-    std::fflush(stdout);
-  }
+  print_ledger(run, model, *opt, plan, a.steps - first_step, seconds, sent, tokens_per_step);
+  if (a.rank_memory) print_rank_memory(a, run, fopts, model, plan, construction_peak);
   finish(a, run, model, popts);
   return 0;
 }

@@ -1,5 +1,6 @@
-// GPT-mini's trainer (train.cpp), the flags it runs with (gpt.cpp parses them).
-// defines: gpt::Args, gpt::train
+// GPT-mini's trainer (train.cpp), the flags it runs with (gpt.cpp parses them;
+// main.cpp is the program).
+// defines: gpt::Args, gpt::train, gpt::run
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "gpt/model.h"
+#include "step_hooks.h"
 
 namespace gpt {
 
@@ -68,7 +70,12 @@ struct Args {
 // The whole run on this rank: communicator, data, model, the steps, the
 // ledger, then sample / save / trace as the flags ask. Collective. Returns
 // the exit code; throws fsdp::Error (and fsdp::UsageError for flag values
-// only a rank can check, e.g. --resume without --ckpt-dir).
-int train(const Args& a);
+// only a rank can check, e.g. --resume without --ckpt-dir). `hooks`: empty
+// in the gpt program; the tests slow a rank down or stop its data loader.
+int train(const Args& a, const examples::StepHooks& hooks = {});
+
+// The gpt program (gpt.cpp): flags, then train(). Returns the exit code: 0;
+// 1 for an error; 2 for a usage error (said on stderr).
+int run(int argc, char** argv, const examples::StepHooks& hooks = {});
 
 }  // namespace gpt

@@ -35,6 +35,7 @@
 
 #include "fsdp/comm.h"
 #include "fsdp/errors.h"
+#include "fsdp/progress.h"
 
 // Checkpoint files on their own: safetensors, sharded checkpoint directories,
 // resharding. Works on slices, without the FSDP engine (fsdp/state_dict.h
@@ -195,6 +196,12 @@ struct SaveOptions {
   // disk allows), so that a background save shares the disk and the memory
   // bandwidth with training.
   int64_t max_write_bytes_per_second = 0;
+  // Progress lines of rank 0's writes (fsdp/progress.h; a save shows them
+  // only when it takes more than a few seconds): the label, unit, totals,
+  // rank and rate are the save's own, the rest (enabled, interval_s, tty,
+  // out, clock...) is taken from here. A program's progress flags
+  // (--no-progress, --progress-every) go here, so its saves follow them.
+  ProgressOptions progress;
 };
 
 // Where save_sharded wrote, and how much.

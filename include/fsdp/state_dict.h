@@ -45,6 +45,9 @@ struct CheckpointOptions {
   bool snapshot_on_thread = true;
   // Each rank writes at most this many bytes per second (0: no limit).
   int64_t max_write_bytes_per_second = 0;
+  // How rank 0 shows a save's progress (ckpt::SaveOptions::progress): e.g.
+  // enabled = false for a program's --no-progress.
+  ProgressOptions progress;
 };
 
 // Collective. Writes root/step-<step> and moves root/latest to it (with
@@ -93,8 +96,9 @@ ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimiz
 // buffer under the unwrapped model's names (fp32 parameters), streaming unit
 // by unit. Each unit is gathered to rank 0 alone (Communicator::gather), so
 // rank 0 holds at most one unsharded unit beside its shards and the other
-// ranks hold nothing beyond their shards.
-void save_full(const FullyShardedModel& model, const std::string& path);
+// ranks hold nothing beyond their shards. `progress`: how rank 0 shows the
+// write's progress (as ckpt::SaveOptions::progress).
+void save_full(const FullyShardedModel& model, const std::string& path, const ProgressOptions& progress = {});
 
 // Collective: the optimizer's state consolidated by parameter name, written
 // by rank 0 as one safetensors file streamed unit by unit like save_full:

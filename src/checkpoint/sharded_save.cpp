@@ -199,10 +199,14 @@ SaveResult detail::save_sharded_checked(Communicator& comm, const std::string& r
       }
     // Progress of rank 0's shard (the ranks write in parallel), shown when
     // the save takes more than a few seconds (fsdp/progress.h).
-    ProgressOptions po;
+    ProgressOptions po = opts.progress;  // how the caller wants progress shown; what is shown is ours
     po.label = cat("saving ", detail::step_dir_name(step), " (rank 0 of ", world, ")");
     po.unit = "bytes";
     po.rank = rank;
+    po.total = 0;
+    po.initial = 0;
+    po.rate_scale = 1;
+    po.rate_unit.clear();
     for (auto* s : src) po.total += (s->hi - s->lo) * int64_t(c10::elementSize(s->dtype));
     Progress prog(po);
     int64_t written = 0;

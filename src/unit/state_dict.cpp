@@ -143,11 +143,13 @@ std::unique_ptr<ckpt::SafetensorsWriter> open_writer(int rank, const std::string
 // Rank 0's progress of a full-file save (bytes; shown when it takes more
 // than a few seconds, fsdp/progress.h).
 std::unique_ptr<Progress> save_progress(int rank, const std::string& path,
-                                        const std::vector<ckpt::TensorSpec>& specs) {
-  ProgressOptions po;
+                                        const std::vector<ckpt::TensorSpec>& specs, ProgressOptions po = {}) {
   po.label = "saving " + path;
   po.unit = "bytes";
   po.rank = rank;
+  po.total = po.initial = 0;
+  po.rate_scale = 1;
+  po.rate_unit.clear();
   for (auto& sp : specs) {
     int64_t n = 1;
     for (auto d : sp.shape) n *= d;
@@ -256,6 +258,7 @@ ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::O
   so.keep_last = copts.keep_last;
   so.fsync = copts.fsync;
   so.max_write_bytes_per_second = copts.max_write_bytes_per_second;
+  so.progress = copts.progress;
   so.strategy = to_string(model.options().strategy);
   if (model.replica_group())
     so.strategy += detail::cat(" (shard groups of ", model.shard_group()->world_size(), " x ",
@@ -335,7 +338,7 @@ ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimiz
   return r;
 }
 
-void save_full(const FullyShardedModel& model, const std::string& path) {
+void save_full(const FullyShardedModel& model, const std::string& path, const ProgressOptions& progress_opts) {
   const EngineAccess engine(model);
   engine.finish_pending_reductions();
   Communicator& comm = *model.comm();
@@ -353,7 +356,7 @@ void save_full(const FullyShardedModel& model, const std::string& path) {
   // failure to write on rank 0 is agreed on at the end so no rank hangs.
   std::string error;
   auto w = open_writer(comm.rank(), path, specs, {{"format", "pt"}}, error);
-  auto progress = save_progress(comm.rank(), path, specs);
+  auto progress = save_progress(comm.rank(), path, specs, progress_opts);
   int64_t written = 0;
   torch::NoGradGuard ng;
   for (auto& u : engine.units()) {

@@ -21,18 +21,10 @@ using fsdp::testing::source_path;
 
 namespace {
 
-// A fresh directory per test under $TMPDIR; removed when the test passed,
-// kept (and named in the failure) when it did not.
+// A fresh directory per test under $TMPDIR, removed when the test ends
+// (fsdp::testing::temp_dir; FSDP_TEST_KEEP=1 keeps a failed test's).
 struct TempDir {
-  std::string path;
-  TempDir() {
-    const char* t = std::getenv("TMPDIR");
-    std::string tmpl = std::string(t && *t ? t : "/tmp") + "/fsdp-install-XXXXXX";
-    path = mkdtemp(tmpl.data()) ? tmpl : "";
-  }
-  ~TempDir() {
-    if (!path.empty() && !::testing::Test::HasFailure()) fs::remove_all(path);
-  }
+  std::string path = fsdp::testing::temp_dir("install");
 };
 
 // Runs one step; fails the test with the step's output when it fails.
@@ -88,7 +80,7 @@ TEST(Install, FindPackage) {
     for (const char* bad : {"libc10", "/usr/lib", "/usr/local/lib"})
       EXPECT_EQ(text.find(bad), std::string::npos) << e.path() << " names " << bad << ":\n" << text;
   }
-  if (HasFailure()) GTEST_SKIP() << "kept " << tmp.path;
+  if (HasFailure()) GTEST_SKIP() << "the installed tree is wrong: not building the consumer";
 
   // As the README tells an outside project: the package's prefix, and the
   // torch wheel's root (its cmake files and, first, its libraries).

@@ -1,12 +1,14 @@
-// fsdp-cpp examples: fault-injection variables of the example trainers (tiny,
-// gpt), for the tests and demos of the straggler monitor and the watchdog.
-// Not library code.
-// defines: examples::inject_step_delay, examples::inject_data_hang
+// fsdp-cpp tests: faults injected into the example trainers (tiny, gpt) that
+// the worker runs (`fsdp_test_worker tiny|gpt FLAGS...`, trainer_scenarios.cpp),
+// for the tests of the straggler monitor and the watchdog. The trainers
+// call them through examples::StepHooks.
+// defines: fsdp::testing::inject_step_delay, fsdp::testing::inject_data_hang,
+//          fsdp::testing::fault_hooks
 //
 // With the environment FSDP_INJECT_STEP_DELAY="RANK:MS" (e.g. 1:50), sleeps
 // MS milliseconds when called on rank RANK and does nothing elsewhere; the
-// trainers call it once per step, before the forward. Unset: no-op. A
-// malformed value throws fsdp::UsageError naming the variable.
+// trainers call it once per step, at its start. Unset: no-op. A malformed
+// value throws fsdp::UsageError naming the variable.
 #pragma once
 
 #include <chrono>
@@ -17,9 +19,10 @@
 #include <thread>
 
 #include "fsdp/errors.h"
+#include "step_hooks.h"
 #include "usage.h"
 
-namespace examples {
+namespace fsdp::testing {
 
 inline void inject_step_delay(int rank) {
   const char* v = std::getenv("FSDP_INJECT_STEP_DELAY");
@@ -69,4 +72,13 @@ inline void inject_data_hang(int rank, int64_t step) {
   for (;;) spin = spin + 1;  // a data loader that never returns
 }
 
-}  // namespace examples
+// Both, for a trainer's StepHooks. Each reads its variable at every call,
+// so a malformed value fails the first step, before any collective of it.
+inline examples::StepHooks fault_hooks() {
+  examples::StepHooks h;
+  h.step = [](int rank, int64_t) { inject_step_delay(rank); };
+  h.data = [](int rank, int64_t step) { inject_data_hang(rank, step); };
+  return h;
+}
+
+}  // namespace fsdp::testing
