@@ -89,7 +89,9 @@ $(TEST_PIP_MARK): | $(TORCH_ENV)/.complete
 # CCACHE= (empty) builds without it.
 CCACHE ?= $(shell command -v ccache 2>/dev/null)
 CCACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/fsdp-cpp/ccache
-CCACHE_LAUNCHER = $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER='/usr/bin/env;CCACHE_DIR=$(CCACHE_DIR);CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime;$(CCACHE)')
+comma := ,
+CCACHE_SLOPPINESS := pch_defines$(comma)time_macros$(comma)include_file_mtime$(comma)include_file_ctime
+CCACHE_LAUNCHER = $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER='/usr/bin/env;CCACHE_DIR=$(CCACHE_DIR);CCACHE_SLOPPINESS=$(CCACHE_SLOPPINESS);$(CCACHE)')
 
 $(BUILD)/CMakeCache.txt: | deps-build
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFSDP_PYTHON=$(TORCH_PYTHON) $(CCACHE_LAUNCHER)

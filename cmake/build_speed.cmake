@@ -85,7 +85,9 @@ function(fsdp_speed_up)
         continue()
       endif()
       fsdp_uses_torch(torch "${path}")
-      if(NOT torch)
+      # fsdp_common builds the precompiled header the others reuse: CMake
+      # makes it only for a target with a file that takes it.
+      if(NOT torch AND NOT t STREQUAL "fsdp_common")
         set_source_files_properties("${path}" PROPERTIES SKIP_PRECOMPILE_HEADERS ON SKIP_UNITY_BUILD_INCLUSION ON)
       endif()
     endforeach()

@@ -22,6 +22,15 @@ if(TARGET fsdp_cuda)
   install(TARGETS fsdp_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
 install(EXPORT fsdpTargets NAMESPACE fsdp:: DESTINATION ${FSDP_CMAKE_DIR})
+# The libtorch this package was built with, for fsdpConfig.cmake to refuse
+# any other: its version, its C++ ABI (from TorchConfig's flags) and its root
+# (the CMAKE_PREFIX_PATH entry that finds it again).
+set(FSDP_BUILT_TORCH_VERSION ${Torch_VERSION})
+set(FSDP_BUILT_TORCH_ABI 1)  # g++'s default, where TorchConfig names none (torch 2.x wheels)
+if(TORCH_CXX_FLAGS MATCHES "_GLIBCXX_USE_CXX11_ABI=([01])")
+  set(FSDP_BUILT_TORCH_ABI ${CMAKE_MATCH_1})
+endif()
+get_filename_component(FSDP_BUILT_TORCH_ROOT ${Torch_DIR}/../../.. ABSOLUTE)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/fsdpConfig.cmake.in
   ${PROJECT_BINARY_DIR}/fsdpConfig.cmake
   INSTALL_DESTINATION ${FSDP_CMAKE_DIR}

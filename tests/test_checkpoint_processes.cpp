@@ -11,7 +11,7 @@ namespace fsdp::ckpt {
 namespace {
 
 // Removed when the test ends (fsdp::testing::temp_dir).
-std::string tmpdir(const std::string& tag) { return fsdp::testing::temp_dir("ckpt-" + tag); }
+std::string processes_dir(const std::string& tag) { return fsdp::testing::temp_dir("ckpt-" + tag); }
 
 // What a save killed part-way leaves: a temp dir, a half-renamed pointer, a
 // trash dir, or a published step newer than `latest`.
@@ -33,7 +33,7 @@ bool launcher_available() {
 
 TEST(CheckpointProcesses, SaveAtFourLoadAtThreeOneTwo) {
   if (!launcher_available()) GTEST_SKIP() << "`fsdp run` not built yet";
-  auto root = tmpdir("proc");
+  auto root = processes_dir("proc");
   auto r = testing::run_ranks(4, "ckpt_save", {root, "3"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (int m : {3, 1, 2}) {
@@ -49,7 +49,7 @@ TEST(CheckpointProcesses, SaveAtFourLoadAtThreeOneTwo) {
 TEST(CheckpointProcesses, SigkillDuringSaveLeavesLatestLoadable) {
   std::string worker = testing::bin_path("fsdp_test_worker");
   if (::access(worker.c_str(), X_OK) != 0) GTEST_SKIP() << "fsdp_test_worker not built";
-  auto root = tmpdir("kill");
+  auto root = processes_dir("kill");
   int64_t last = 0;
   int kills_mid_save = 0;
   for (double t : {0.3, 0.45, 0.6, 0.8, 1.0, 1.3, 1.7, 2.2}) {
@@ -90,7 +90,7 @@ TEST(CheckpointCompat, Libtorch113CheckpointsStillLoad) {
   if (!launcher_available()) GTEST_SKIP() << "`fsdp run` not built yet";
   const std::string fix = testing::source_path("tests/fixtures/libtorch-1.13");
   EXPECT_TRUE(verify_checkpoint(fix + "/ckpt/step-000003").empty());
-  auto root = tmpdir("compat113");
+  auto root = processes_dir("compat113");
   for (int n : {2, 3}) {
     const std::string ckpt = root + "/ckpt" + std::to_string(n), out = root + "/out" + std::to_string(n) + ".safetensors";
     std::system(("cp -r " + fix + "/ckpt " + ckpt).c_str());

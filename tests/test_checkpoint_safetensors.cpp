@@ -13,7 +13,7 @@ namespace fsdp::ckpt {
 namespace {
 
 // Removed when the test ends (fsdp::testing::temp_dir).
-std::string tmpdir(const std::string& tag) { return fsdp::testing::temp_dir("ckpt-" + tag); }
+std::string safetensors_dir(const std::string& tag) { return fsdp::testing::temp_dir("ckpt-" + tag); }
 
 void write_raw(const std::string& path, const std::string& header_json, const std::string& data,
                int64_t len_override = -1) {
@@ -33,7 +33,7 @@ std::string open_error(const std::string& path) {
 }
 
 TEST(CheckpointSafetensors, RoundTripEveryDtype) {
-  auto d = tmpdir("st_dtypes");
+  auto d = safetensors_dir("st_dtypes");
   std::vector<torch::ScalarType> types = {torch::kFloat32, torch::kBFloat16, torch::kFloat16, torch::kFloat64,
                                           torch::kInt64,   torch::kInt32,    torch::kInt16,   torch::kInt8,
                                           torch::kUInt8,   torch::kBool};
@@ -64,7 +64,7 @@ TEST(CheckpointSafetensors, RoundTripEveryDtype) {
 }
 
 TEST(CheckpointSafetensors, RangeReadReturnsOnlyThoseElements) {
-  auto d = tmpdir("st_range");
+  auto d = safetensors_dir("st_range");
   auto t = torch::randn({37, 11});
   write_full_safetensors(d + "/r.safetensors", {{"w", {37, 11}, torch::kFloat32}},
                          [&](const TensorSpec&) { return t; });
@@ -76,7 +76,7 @@ TEST(CheckpointSafetensors, RangeReadReturnsOnlyThoseElements) {
 }
 
 TEST(CheckpointSafetensors, StreamingWriterTakesPartsAndChecksSizes) {
-  auto d = tmpdir("st_stream");
+  auto d = safetensors_dir("st_stream");
   {
     SafetensorsWriter w(d + "/s.safetensors", {{"a", {10}, torch::kFloat32}, {"b", {4}, torch::kInt64}});
     w.write(torch::arange(0, 4, torch::kFloat32));
@@ -98,7 +98,7 @@ TEST(CheckpointSafetensors, StreamingWriterTakesPartsAndChecksSizes) {
 }
 
 TEST(CheckpointSafetensors, ReaderRejectsDamagedHeaders) {
-  auto d = tmpdir("st_bad");
+  auto d = safetensors_dir("st_bad");
   auto p = d + "/x.safetensors";
   std::string eight(8, '\0');
 

@@ -24,7 +24,7 @@ using fsdp::testing::run_command;
 
 namespace {
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool mentions(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 std::string plugin_path() { return bin_path("../lib/libfsdp_cuda.so"); }
 
@@ -45,7 +45,7 @@ std::string maps() {
 std::string ldd_line(const std::string& out, const std::string& soname) {
   std::istringstream in(out);
   for (std::string line; std::getline(in, line);)
-    if (contains(line, soname)) return line;
+    if (mentions(line, soname)) return line;
   return "";
 }
 
@@ -92,11 +92,11 @@ TEST(Device, CpuProgramsLinkNoCudaLibrary) {
   for (const std::string prog : {"gpt", "fsdp_test_worker", "fsdp"}) {
     auto r = run_command({"/usr/bin/ldd", bin_path(prog)});
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    ASSERT_TRUE(contains(r.output, "libtorch_cpu.so")) << prog << ":\n" << r.output;
+    ASSERT_TRUE(mentions(r.output, "libtorch_cpu.so")) << prog << ":\n" << r.output;
     for (const char* lib : {"libtorch_cuda", "libc10_cuda", "libnccl"})
-      EXPECT_FALSE(contains(r.output, lib)) << prog << " links " << lib << ":\n" << r.output;
+      EXPECT_FALSE(mentions(r.output, lib)) << prog << " links " << lib << ":\n" << r.output;
     const std::string rt = ldd_line(r.output, "libcudart");
-    if (!rt.empty()) EXPECT_TRUE(contains(rt, site)) << prog << ": a CUDA runtime outside the torch install: " << rt;
+    if (!rt.empty()) EXPECT_TRUE(mentions(rt, site)) << prog << ": a CUDA runtime outside the torch install: " << rt;
   }
 }
 
@@ -106,7 +106,7 @@ TEST(Device, ThePluginUsesTheTorchInstallsCudaRuntimeAndNccl) {
   if (!fs::exists(plugin_path())) GTEST_SKIP() << "this build has no CUDA plugin (FSDP_CUDA=OFF)";
   auto r = run_command({"/usr/bin/ldd", plugin_path()});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_FALSE(contains(r.output, "not found")) << r.output;
+  EXPECT_FALSE(mentions(r.output, "not found")) << r.output;
   const std::string site = torch_site();
   for (const char* lib : {"libtorch_cuda.so", "libnccl.so.2", "libcudart.so."}) {
     const std::string line = ldd_line(r.output, lib);
@@ -118,8 +118,8 @@ TEST(Device, ThePluginUsesTheTorchInstallsCudaRuntimeAndNccl) {
   // The plugin itself links no CUDA library directly but libtorch's.
   auto d = run_command({"/usr/bin/readelf", "-d", plugin_path()});
   ASSERT_EQ(d.exit_code, 0) << d.output;
-  EXPECT_FALSE(contains(d.output, "[libnccl")) << d.output;
-  EXPECT_FALSE(contains(d.output, "[libcudart")) << d.output;
+  EXPECT_FALSE(mentions(d.output, "[libnccl")) << d.output;
+  EXPECT_FALSE(mentions(d.output, "[libcudart")) << d.output;
 }
 
 // Loading CUDA is the one process-wide change, and only on request: a CPU
@@ -134,10 +134,10 @@ TEST(Device, CudaIsLoadedOnlyWhenAsked) {
   auto comm = fsdp::make_local_communicator();
   auto model = fsdp::fully_shard(torch::nn::Linear(4, 3).ptr(), comm, {});
   model.forward(torch::ones({2, 4})).sum().backward();
-  EXPECT_FALSE(contains(maps(), "libtorch_cuda.so")) << "a CPU job mapped libtorch_cuda";
+  EXPECT_FALSE(mentions(maps(), "libtorch_cuda.so")) << "a CPU job mapped libtorch_cuda";
   const std::string why = fsdp::cuda_libraries();
-  EXPECT_TRUE(contains(why, "settled on having no CUDA before fsdp-cpp loaded its CUDA plugin")) << why;
-  EXPECT_TRUE(contains(why, "fsdp::parse_device")) << why;
+  EXPECT_TRUE(mentions(why, "settled on having no CUDA before fsdp-cpp loaded its CUDA plugin")) << why;
+  EXPECT_TRUE(mentions(why, "fsdp::parse_device")) << why;
   EXPECT_EQ(fsdp::cuda_device_count(), 0);
 }
 
@@ -146,14 +146,14 @@ TEST(Device, CudaIsLoadedOnlyWhenAsked) {
 TEST(Device, CudaLoadedFirstNamesItsLibraries) {
   if (!fs::exists(plugin_path())) GTEST_SKIP() << "this build has no CUDA plugin (FSDP_CUDA=OFF)";
   const std::string libs = fsdp::cuda_libraries();
-  EXPECT_TRUE(contains(maps(), "libtorch_cuda.so"));
-  EXPECT_TRUE(contains(libs, "NCCL 2.")) << libs;
-  EXPECT_TRUE(contains(libs, torch_site())) << libs;
-  EXPECT_TRUE(contains(libs, "libfsdp_cuda.so")) << libs;
-  EXPECT_TRUE(contains(libs, "TORCH_NCCL_ASYNC_ERROR_HANDLING=3: a timed-out NCCL collective aborts the process"))
+  EXPECT_TRUE(mentions(maps(), "libtorch_cuda.so"));
+  EXPECT_TRUE(mentions(libs, "NCCL 2.")) << libs;
+  EXPECT_TRUE(mentions(libs, torch_site())) << libs;
+  EXPECT_TRUE(mentions(libs, "libfsdp_cuda.so")) << libs;
+  EXPECT_TRUE(mentions(libs, "TORCH_NCCL_ASYNC_ERROR_HANDLING=3: a timed-out NCCL collective aborts the process"))
       << libs;
   if (fsdp::cuda_device_count() == 0)
-    EXPECT_TRUE(contains(fsdp::cuda_unavailable_reason(), "sees no CUDA device")) << fsdp::cuda_unavailable_reason();
+    EXPECT_TRUE(mentions(fsdp::cuda_unavailable_reason(), "sees no CUDA device")) << fsdp::cuda_unavailable_reason();
   else
     EXPECT_EQ(fsdp::cuda_unavailable_reason(), "");
 }
@@ -171,17 +171,17 @@ TEST(Device, EveryEntryPointLoadsCudaBeforeLibtorchDecides) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     auto lines = fsdp::testing::lines_with(r.output, "CUDAHOOKS");
     ASSERT_EQ(lines.size(), 1u) << r.output;
-    EXPECT_TRUE(contains(lines[0], "hooks_built=1")) << lines[0];
-    EXPECT_FALSE(contains(lines[0], "settled on having no CUDA")) << lines[0];
+    EXPECT_TRUE(mentions(lines[0], "hooks_built=1")) << lines[0];
+    EXPECT_FALSE(mentions(lines[0], "settled on having no CUDA")) << lines[0];
   }
   for (const char* first : {"seed", "backward", "device_count"}) {
     auto r = run_command({bin_path("fsdp_test_worker"), "cuda_hooks", "parse_device", first});
     ASSERT_EQ(r.exit_code, 0) << r.output;
     auto lines = fsdp::testing::lines_with(r.output, "CUDAHOOKS");
     ASSERT_EQ(lines.size(), 1u) << r.output;
-    EXPECT_TRUE(contains(lines[0], "hooks_built=0")) << lines[0];
-    EXPECT_TRUE(contains(lines[0], "settled on having no CUDA before fsdp-cpp loaded its CUDA plugin")) << lines[0];
-    EXPECT_TRUE(contains(lines[0], "Fix: call fsdp::parse_device(\"cuda\")")) << lines[0];
+    EXPECT_TRUE(mentions(lines[0], "hooks_built=0")) << lines[0];
+    EXPECT_TRUE(mentions(lines[0], "settled on having no CUDA before fsdp-cpp loaded its CUDA plugin")) << lines[0];
+    EXPECT_TRUE(mentions(lines[0], "Fix: call fsdp::parse_device(\"cuda\")")) << lines[0];
   }
 }
 
@@ -222,8 +222,8 @@ TEST(Device, ProgramsNameTheirDeviceBeforeAskingLibtorch) {
     std::string cmd;
     for (auto& a : c.argv) cmd += fs::path(a).filename().string() + " ";
     EXPECT_NE(r.exit_code, 0) << cmd << "ran on a machine without a GPU:\n" << r.output;
-    EXPECT_TRUE(contains(r.output, "sees no CUDA device")) << cmd << "\n" << r.output;
-    EXPECT_FALSE(contains(r.output, "settled on having no CUDA")) << cmd << "\n" << r.output;
+    EXPECT_TRUE(mentions(r.output, "sees no CUDA device")) << cmd << "\n" << r.output;
+    EXPECT_FALSE(mentions(r.output, "settled on having no CUDA")) << cmd << "\n" << r.output;
   }
   fs::remove_all(dir);
 }
@@ -240,16 +240,16 @@ TEST(Device, ADeviceTheProcessCannotUseIsOneError) {
     FAIL() << "fully_shard accepted cuda:" << have;
   } catch (const fsdp::Error& e) {
     const std::string m = e.what();
-    EXPECT_TRUE(contains(m, "FsdpOptions::device is cuda:" + std::to_string(have))) << m;
-    EXPECT_TRUE(contains(m, "Fix:")) << m;
-    if (have == 0 && fs::exists(plugin_path())) EXPECT_TRUE(contains(m, "sees no CUDA device")) << m;
+    EXPECT_TRUE(mentions(m, "FsdpOptions::device is cuda:" + std::to_string(have))) << m;
+    EXPECT_TRUE(mentions(m, "Fix:")) << m;
+    if (have == 0 && fs::exists(plugin_path())) EXPECT_TRUE(mentions(m, "sees no CUDA device")) << m;
   }
   o.device = c10::Device(c10::kMeta);
   try {
     fsdp::fully_shard(torch::nn::Linear(4, 3).ptr(), comm, o);
     FAIL() << "fully_shard accepted the meta device";
   } catch (const fsdp::Error& e) {
-    EXPECT_TRUE(contains(e.what(), "FsdpOptions.device is meta; expected cpu or cuda:K")) << e.what();
+    EXPECT_TRUE(mentions(e.what(), "FsdpOptions.device is meta; expected cpu or cuda:K")) << e.what();
   }
 }
 
@@ -261,8 +261,8 @@ TEST(Device, NcclWithoutItsGpuIsOneError) {
     fsdp::make_communicator_from_env(o);
     FAIL() << "NCCL on a missing GPU was accepted";
   } catch (const fsdp::Error& e) {
-    EXPECT_TRUE(contains(e.what(), "CommOptions::backend = NCCL (or FSDP_BACKEND=nccl)")) << e.what();
-    EXPECT_TRUE(contains(e.what(), "cuda:" + std::to_string(o.device_index))) << e.what();
+    EXPECT_TRUE(mentions(e.what(), "CommOptions::backend = NCCL (or FSDP_BACKEND=nccl)")) << e.what();
+    EXPECT_TRUE(mentions(e.what(), "cuda:" + std::to_string(o.device_index))) << e.what();
   }
 }
 
@@ -270,11 +270,11 @@ TEST(Device, NcclWithoutItsGpuIsOneError) {
 TEST(Device, GptRefusesAnUnknownDevice) {
   auto r = run_command({bin_path("gpt"), "--device", "tpu:0"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "--device")) << r.output;
-  EXPECT_TRUE(contains(r.output, "expected cpu, cuda or cuda:K")) << r.output;
+  EXPECT_TRUE(mentions(r.output, "--device")) << r.output;
+  EXPECT_TRUE(mentions(r.output, "expected cpu, cuda or cuda:K")) << r.output;
   r = run_command({bin_path("gpt"), "--backend", "mpi"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "--backend")) << r.output;
+  EXPECT_TRUE(mentions(r.output, "--backend")) << r.output;
 }
 
 // ---- On a GPU ---------------------------------------------------------------

@@ -18,7 +18,7 @@ using fsdp::testing::run_command;
 
 namespace {
 
-std::string temp_dir(const std::string& name) { return fsdp::testing::temp_dir("gpt-cli-" + name); }
+std::string cli_dir(const std::string& name) { return fsdp::testing::temp_dir("gpt-cli-" + name); }
 
 fsdp::testing::ProcResult gpt(std::vector<std::string> args) {
   args.insert(args.begin(), bin_path("gpt"));
@@ -28,7 +28,7 @@ fsdp::testing::ProcResult gpt(std::vector<std::string> args) {
 }  // namespace
 
 TEST(GptCli, BadFlagsExitTwoAndNameTheFlag) {
-  const std::string d = temp_dir("flags");
+  const std::string d = cli_dir("flags");
   std::ofstream(d + "/t.txt") << std::string(1000, 'a');
   const std::string t = d + "/t.txt";
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
@@ -56,7 +56,7 @@ TEST(GptCli, BadFlagsExitTwoAndNameTheFlag) {
 }
 
 TEST(GptCli, BadDataIsAClearError) {
-  const std::string d = temp_dir("data");
+  const std::string d = cli_dir("data");
   std::ofstream(d + "/odd.bin") << "abc";
   std::ofstream(d + "/short.txt") << "tiny";
   auto r = gpt({"--data", d + "/odd.bin"});
@@ -74,7 +74,7 @@ TEST(GptCli, BadDataIsAClearError) {
 // One process, a tiny model on a repetitive text: the loss falls, the sample
 // and the weights come out, and --init of those weights reproduces them.
 TEST(GptCli, TinyRunTrainsSamplesSavesAndReloads) {
-  const std::string d = temp_dir("run");
+  const std::string d = cli_dir("run");
   {
     std::ofstream f(d + "/t.txt");
     for (int i = 0; i < 300; i++) f << "hello fsdp world. ";
@@ -119,7 +119,7 @@ TEST(GptCli, TinyRunTrainsSamplesSavesAndReloads) {
 // --plan: the planner's ledger from the real wrapped model's units before
 // step 1, and its peak and traffic against the measured ones at the end.
 TEST(GptCli, PlanBeforeStepOneMatchesTheMeasuredRun) {
-  const std::string d = temp_dir("plan");
+  const std::string d = cli_dir("plan");
   std::ofstream(d + "/t.txt") << std::string(4000, 'x') << "the quick brown fox jumps over the lazy dog\n";
   for (const char* strategy : {"full", "grad-op"}) {
     auto r = run_command({bin_path("fsdp"), "run", "-n", "2", "--", bin_path("gpt"), "--text", d + "/t.txt",
@@ -158,7 +158,7 @@ TEST(GptCli, PlanBeforeStepOneMatchesTheMeasuredRun) {
 // lines are equal to --ac none's), the planner's peak with recomputation is
 // within 10% of the measured one, and the peak is lower.
 TEST(GptCli, ActivationCheckpointingTrainsTheSameAndThePlanKnowsIt) {
-  const std::string d = temp_dir("ac");
+  const std::string d = cli_dir("ac");
   std::ofstream(d + "/t.txt") << std::string(4000, 'x') << "the quick brown fox jumps over the lazy dog\n";
   std::map<std::string, std::vector<std::string>> losses;
   std::map<std::string, double> peaks;
@@ -200,7 +200,7 @@ TEST(GptCli, ActivationCheckpointingTrainsTheSameAndThePlanKnowsIt) {
 // Mixed precision: bf16 parameters (compute and all-gather; fp32 master
 // shards) track fp32 over 200 GPT-mini steps: validation loss within 1%.
 TEST(GptCli, Bf16ValidationLossAfter200StepsIsWithinOnePercentOfFp32) {
-  const std::string d = temp_dir("bf16");
+  const std::string d = cli_dir("bf16");
   {
     std::ofstream f(d + "/t.txt");
     for (int i = 0; i < 60; ++i) f << "line " << i << ": the quick brown fox jumps over the lazy dog; pack my box.\n";

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,75 @@ TEST(Install, FindPackage) {
   step("build the consumer", {FSDP_CMAKE, "--build", build, "-j", "2"}, 1200);
   if (HasFailure()) return;
   expect_two_ranks_ok(run_command({prefix + "/bin/fsdp", "run", "-n", "2", "--", build + "/consumer"}, {}, 300));
+}
+
+// A TorchConfig of another libtorch first on CMAKE_PREFIX_PATH (as
+// Debian's libtorch-dev 1.13 is on CMake's default paths): the package
+// refuses it at configure time, naming what it found, what it needs and the
+// line that fixes it, instead of failing the link with undefined symbols.
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+  ASSERT_TRUE(f.good()) << "could not write " << path;
+}
+
+std::string decoy_torch(const std::string& root, const std::string& version, int abi) {
+  const std::string dir = root + "/share/cmake/Torch";
+  fs::create_directories(dir);
+  write_text(dir + "/TorchConfigVersion.cmake",
+                            "set(PACKAGE_VERSION \"" + version + "\")\nset(PACKAGE_VERSION_COMPATIBLE TRUE)\n");
+  write_text(dir + "/TorchConfig.cmake",
+                            "set(TORCH_CXX_FLAGS \"-D_GLIBCXX_USE_CXX11_ABI=" + std::to_string(abi) +
+                                "\")\nset(TORCH_LIBRARIES torch)\nset(Torch_FOUND TRUE)\n");
+  return dir;
+}
+
+// The version of the libtorch this build used (its TorchConfigVersion.cmake).
+std::string built_torch_version() {
+  const std::string text = fsdp::testing::slurp(std::string(FSDP_TORCH_DIR) + "/TorchConfigVersion.cmake");
+  const std::string key = "set(PACKAGE_VERSION \"";
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return "";
+  return text.substr(at + key.size(), text.find('"', at + key.size()) - at - key.size());
+}
+
+TEST(Install, RefusesATorchItWasNotBuiltWith) {
+  TempDir tmp;
+  ASSERT_FALSE(tmp.path.empty());
+  const std::string prefix = tmp.path + "/prefix", version = built_torch_version();
+  ASSERT_FALSE(version.empty()) << "no PACKAGE_VERSION in " << FSDP_TORCH_DIR << "/TorchConfigVersion.cmake";
+  step("cmake --install", {FSDP_CMAKE, "--install", FSDP_BUILD_DIR, "--prefix", prefix}, 300);
+  if (HasFailure()) return;
+  struct Case {
+    std::string name, version;
+    int abi;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"older", "1.13.0", 1, "but find_package(Torch) found libtorch 1.13.0 at "},
+      {"other-abi", version, 0, "is built for _GLIBCXX_USE_CXX11_ABI=0"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string decoy_root = tmp.path + "/decoy-" + c.name, build = tmp.path + "/build-" + c.name;
+    const std::string decoy_dir = decoy_torch(decoy_root, c.version, c.abi);
+    ProcResult r = run_command(configure(build, {"-DCMAKE_PREFIX_PATH=" + prefix + ";" + decoy_root + ";" + torch_root()}),
+                               {}, 300);
+    EXPECT_NE(r.exit_code, 0) << "the consumer configured against a decoy libtorch " << c.version << ":\n" << r.output;
+    // One message, whole: CMake may wrap it, so compare it with the lines joined.
+    std::string joined;
+    for (char ch : r.output) {
+      if (ch == '\n') continue;
+      joined += ch;
+    }
+    std::string squeezed;
+    for (char ch : joined)
+      if (!(ch == ' ' && !squeezed.empty() && squeezed.back() == ' ')) squeezed += ch;
+    for (const std::string& want : {"fsdp-cpp was built with libtorch " + version, c.says, decoy_dir,
+                                    std::string("Fix: put the torch it was built with first: -DCMAKE_PREFIX_PATH="),
+                                    torch_root()})
+      EXPECT_NE(squeezed.find(want), std::string::npos) << "expected '" << want << "' in:\n" << r.output;
+  }
 }
 
 TEST(Install, AddSubdirectory) {
