@@ -91,7 +91,19 @@ function(fsdp_speed_up)
         set_source_files_properties("${path}" PROPERTIES SKIP_PRECOMPILE_HEADERS ON SKIP_UNITY_BUILD_INCLUSION ON)
       endif()
     endforeach()
-    if(FSDP_UNITY)
+    # Not the tests' programs: their files keep helpers of the same name
+    # in anonymous namespaces (tiny(dir, env) beside tiny(dir, epochs, ...)),
+    # and in one batch overload resolution silently calls the other file's.
+    # The library's files were checked for such names (a redefinition is an
+    # error; an overload that could take the same call would not be).
+    set(in_tests FALSE)
+    foreach(s IN LISTS srcs)
+      get_filename_component(path "${s}" ABSOLUTE BASE_DIR "${dir}")
+      if(path MATCHES "^${PROJECT_SOURCE_DIR}/(tests|bench|fuzz)/")
+        set(in_tests TRUE)
+      endif()
+    endforeach()
+    if(FSDP_UNITY AND NOT in_tests)
       set_target_properties(${t} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${FSDP_UNITY_BATCH})
     endif()
     # ccache (the Makefile's launcher) caches files compiled with the
