@@ -257,7 +257,9 @@ TEST(Watchdog, ASigkilledRankIsNamedDeadByItsSignal) {
 TEST(Watchdog, SigusrOneToTheLauncherDumpsEveryRank) {
   const std::string d = temp_dir("usr1");
   Job job(wd_train(2, {"1000000", "4096"}, d + "/flight"), kEnv, d);
-  ASSERT_GT(job.wait_for("step 20", kHang), 0) << job.output();
+  // Three collectives a step: by step 40 each rank has recorded more than
+  // the 100 the dumps are checked for below (rank 1 is at most a step behind).
+  ASSERT_GT(job.wait_for("step 40", kHang), 0) << job.output();
   // The launcher asks the ranks whose heartbeat says they can dump; until
   // both have published one it names the others "not yet": ask again then.
   const std::string asked = "fsdp run: SIGUSR1: asked ";

@@ -172,7 +172,9 @@ class GlooCommunicator final : public Communicator {
   std::string describe() const override {
     const char* path = algorithms_->name();
     if (group_.empty()) return detail::cat(path, " world=", world_.world_size, " rank=", world_.rank);
-    return detail::cat(path, " group '", group_, "' of ranks ", names().ranks_text(), " rank=", global_[world_.rank]);
+    // Naming's ranks_text without names(), which calls describe().
+    return detail::cat(path, " group '", group_, "' of ranks ", Naming{group_, global_, ""}.ranks_text(),
+                       " rank=", global_[world_.rank]);
   }
   std::vector<int> global_ranks() const override { return global_; }
   std::vector<int> hosts() const override { return host_index_; }
