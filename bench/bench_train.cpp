@@ -51,6 +51,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -170,11 +171,26 @@ std::vector<torch::optim::OptimizerParamGroup> adamw_groups(const std::vector<to
   return g;
 }
 
+// A "Key: N kB" line of a /proc file, in bytes (0: absent).
+int64_t proc_kb(const char* path, const char* key) {
+  std::ifstream in(path);
+  std::string line;
+  const size_t k = std::strlen(key);
+  while (std::getline(in, line))
+    if (line.compare(0, k, key) == 0) return std::stoll(line.substr(k)) * 1024;
+  return 0;
+}
+
 struct Measured {
   std::vector<double> step_s;  // slowest rank per step
   std::vector<double> opt_s;   // the optimizer step's part of each step, rank 0
   int64_t peak = 0;            // counting allocator, largest rank
   int64_t rss = 0;             // largest rank
+  // The host: every rank's peak less its shared memory, plus the shared
+  // memory once (host-shared units: every rank maps it, the host holds it
+  // once; an upper bound, the ranks' peaks may fall at different moments),
+  // and the sum of the ranks' proportional set sizes after the steps.
+  int64_t host_rss = 0, host_pss = 0, shared = 0;
   double faults = 0;           // page faults per measured step, largest rank
   int64_t cached = 0;          // allocator cache after the measured steps, largest rank
   int64_t device_peak = -1;    // CUDA caching allocator's peak, largest rank (-1: not known)
@@ -216,6 +232,8 @@ Measured measure(fsdp::Communicator& c, const Settings& s, const double& opt_las
   local.push_back(faults);
   local.push_back(double(ms.cached));
   local.push_back(double(device_peak_bytes(s.device)));
+  local.push_back(double(proc_kb("/proc/self/status", "RssShmem:")));
+  local.push_back(double(proc_kb("/proc/self/smaps_rollup", "Pss:")));
   const size_t w = local.size();
   auto all = gather(c, local, s.device);
   m.step_s.assign(s.steps, 0.0);
@@ -226,7 +244,12 @@ Measured measure(fsdp::Communicator& c, const Settings& s, const double& opt_las
     m.faults = std::max(m.faults, all[r * w + s.steps + 2]);
     m.cached = std::max<int64_t>(m.cached, int64_t(all[r * w + s.steps + 3]));
     m.device_peak = std::max<int64_t>(m.device_peak, int64_t(all[r * w + s.steps + 4]));
+    const int64_t shmem = int64_t(all[r * w + s.steps + 5]);
+    m.host_rss += int64_t(all[r * w + s.steps + 1]) - shmem;
+    m.shared = std::max(m.shared, shmem);
+    m.host_pss += int64_t(all[r * w + s.steps + 6]);
   }
+  m.host_rss += m.shared;
   return m;
 }
 
@@ -243,6 +266,9 @@ void fold(Measured& total, const Measured& round, int rounds_before) {
   total.opt_s.insert(total.opt_s.end(), round.opt_s.begin(), round.opt_s.end());
   total.peak = std::max(total.peak, round.peak);
   total.rss = std::max(total.rss, round.rss);
+  total.host_rss = std::max(total.host_rss, round.host_rss);
+  total.host_pss = std::max(total.host_pss, round.host_pss);
+  total.shared = std::max(total.shared, round.shared);
   total.faults = (total.faults * rounds_before + round.faults) / (rounds_before + 1);
   total.cached = std::max(total.cached, round.cached);
   total.device_peak = std::max(total.device_peak, round.device_peak);
@@ -470,6 +496,10 @@ int main(int argc, char** argv) {
                         {"step_vs_compute", base > 0 ? step / base : 0.0},
                         {"peak_bytes", m.peak},
                         {"peak_rss_bytes", m.rss},
+                        {"host_peak_rss_bytes", m.host_rss},
+                        {"host_pss_bytes", m.host_pss},
+                        {"shared_bytes", m.shared},
+                        {"host_shared", comm->shares_host_memory()},
                         {"cached_bytes", m.cached},
                         {"device_peak_bytes", m.device_peak},
                         {"page_faults_per_step", m.faults},

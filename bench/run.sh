@@ -126,6 +126,30 @@ run_vs_fsdp2() {
   done
 }
 
+# Host-shared units (docs/COMM.md, "Host-shared units") against the copying
+# path (FSDP_SHARE_HOST=off, cross-memory attach) and PyTorch DDP, at N = 2
+# and 4: FULL_SHARD and compute only in every round, the two paths and DDP in
+# turn, each figure the median over all rounds' steps. bf16 is timed only
+# where the CPU has bf16 instructions (avx512_bf16 or amx_bf16); elsewhere
+# libtorch emulates it about 20 x slower and the section says so instead.
+run_bench_shared() {
+  dts=fp32
+  if grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+    dts=fp32,bf16
+  else
+    echo "bench/run.sh: this CPU has no bf16 instructions (avx512_bf16, amx_bf16): bf16 not timed (emulated ~20 x slower)"
+  fi
+  for r in $(seq "$BENCH_ROUNDS"); do
+    for n in 2 4; do
+      for mode in on off; do
+        FSDP_SHARE_HOST=$mode "$BIN/fsdp" run -n "$n" -- "$BIN/bench_train" --strategies full --prefetch on --dtypes "$dts" \
+          --rounds 1 --steps "$BENCH_STEPS" --json "$RUN_DIR/shared_$mode.jsonl"
+      done
+      "$PYTHON" bench/ddp_reference.py --world "$n" --modes ddp --steps "$BENCH_STEPS" --json "$RUN_DIR/shared_ddp.jsonl"
+    done
+  done
+}
+
 # The flight recorder's cost (fsdp/flight.h): ns per recorded collective,
 # and GPT-mini FULL_SHARD steps at N=2 with the recorder on and off in
 # alternating rounds (bench_flight prints the estimate: collectives per step
@@ -140,7 +164,7 @@ run_bench_flight() {
   done
 }
 
-BENCHES=${BENCHES:-"vs_fsdp2 bench_single bench_comm bench_train bench_threads bench_flight bench_ac bench_optim peers"}
+BENCHES=${BENCHES:-"bench_shared vs_fsdp2 bench_single bench_comm bench_train bench_threads bench_flight bench_ac bench_optim peers"}
 
 # The machine must be quiet for a figure to mean anything. Before each
 # section (when none of ours runs) the CPU time that every process of the
@@ -174,7 +198,7 @@ status=0
 for b in $BENCHES; do
   bin=$b
   case $b in bench_threads | bench_single | bench_ac | bench_optim) bin=bench_train ;; esac
-  case $b in vs_fsdp2) bin=bench_train ;; esac
+  case $b in vs_fsdp2 | bench_shared) bin=bench_train ;; esac
   if [ "$b" != peers ] && [ ! -x "$BIN/$bin" ]; then
     echo "bench/run.sh: $BIN/$bin is missing; build first (make build)" >&2
     status=1
@@ -192,7 +216,7 @@ echo "bench/run.sh: results appended to $BENCH_JSON"
 
 # Side by side, and the ratios of issue 6.
 if ls "$RUN_DIR"/bench_train.jsonl "$RUN_DIR"/bench_single.jsonl >/dev/null 2>&1 || [ -e "$RUN_DIR"/bench_ac.jsonl ] ||
-   [ -e "$RUN_DIR"/vs_ours.jsonl ] || [ -e "$RUN_DIR"/bench_optim.jsonl ]; then
+   [ -e "$RUN_DIR"/vs_ours.jsonl ] || [ -e "$RUN_DIR"/bench_optim.jsonl ] || [ -e "$RUN_DIR"/shared_on.jsonl ]; then
   echo "== summary"
   BENCH_MAX_BUSY=$BENCH_MAX_BUSY "$PYTHON" - "$RUN_DIR" "$RESULTS" <<'EOF' || status=1
 import json, os, sys
@@ -209,6 +233,7 @@ single, single_peer, loads = lines("bench_single.jsonl"), lines("single_peer.jso
 ac_rows = lines("bench_ac.jsonl")
 optim_rows = lines("bench_optim.jsonl")
 vs_ours, vs_peer = lines("vs_ours.jsonl"), lines("vs_peer.jsonl")
+sh_on, sh_off, sh_ddp = lines("shared_on.jsonl"), lines("shared_off.jsonl"), lines("shared_ddp.jsonl")
 
 def median(v):
     v = sorted(v)
@@ -379,6 +404,55 @@ if vs_ours:
         target("vs_full_shard_over_compute_N%d_fp32" % n, R.get("vs_full_shard_over_compute_N%d_fp32" % n), 1.10, "<=")
         target("vs_full_shard_over_compute_N%d_bf16" % n, R.get("vs_full_shard_over_compute_N%d_bf16" % n), 1.25, "<=")
 
+# Host-shared units against the copying path and PyTorch DDP (run_bench_shared):
+# the same rounds, medians over all rounds' steps.
+if sh_on:
+    print("host-shared units (FSDP_SHARE_HOST=on) against the copying path (off) and PyTorch DDP, GPT-mini, batch %d "
+          "x %d, %d thread(s) per rank; step ms = median over %d rounds" % (
+              sh_on[0]["batch"], sh_on[0]["seq"], sh_on[0]["threads"],
+              len([r for r in sh_on if r["world"] == sh_on[0]["world"] and r["dtype"] == sh_on[0]["dtype"]
+                   and r["strategy"] == "FULL_SHARD"])))
+    print("  %2s %5s | %9s %9s %9s %9s | %8s %8s %8s | %10s %10s %10s" % (
+        "N", "dtype", "compute", "shared", "copying", "DDP", "sh/comp", "sh/DDP", "cp/comp", "host peak",
+        "(copying)", "host PSS"))
+    def host_pool(rows):
+        p = pooled(rows)
+        if p:
+            p["host_peak_rss_bytes"] = max(r.get("host_peak_rss_bytes", 0) for r in rows)
+            p["host_pss_bytes"] = max(r.get("host_pss_bytes", 0) for r in rows)
+        return p
+    for n in sorted({r["world"] for r in sh_on}):
+        for dt in ("fp32", "bf16"):
+            on = host_pool([r for r in sh_on if r["world"] == n and r["dtype"] == dt and r["strategy"] == "FULL_SHARD"])
+            off = host_pool([r for r in sh_off if r["world"] == n and r["dtype"] == dt and r["strategy"] == "FULL_SHARD"])
+            comp = pooled([r for r in sh_on + sh_off if r["world"] == n and r["dtype"] == dt
+                           and r["strategy"] == "compute-only"])
+            ddp = pooled([r for r in sh_ddp if r["world"] == n and r["impl"] == "pytorch-ddp"]) if dt == "fp32" else None
+            if not on:
+                continue
+            a, b, c = ratio(step(on), step(comp)), ratio(step(on), step(ddp)), ratio(step(off), step(comp))
+            R["shared_over_compute_N%d_%s" % (n, dt)] = a
+            R["copying_over_compute_N%d_%s" % (n, dt)] = c
+            if b:
+                R["shared_over_ddp_N%d" % n] = b
+            if off:
+                R["shared_host_peak_over_copying_N%d_%s" % (n, dt)] = on["host_peak_rss_bytes"] / off["host_peak_rss_bytes"]
+            ms = lambda r: "%9.1f" % (r["step_s_median"] * 1e3) if r else "%9s" % "-"
+            mib = lambda b: "%10.1f" % (b / 2**20) if b else "%10s" % "-"
+            f3 = lambda q: "%8.3f" % q if q else "%8s" % "-"
+            print("  %2d %5s | %s %s %s %s | %s %s %s | %s %s %s" % (
+                n, dt, ms(comp), ms(on), ms(off), ms(ddp), f3(a), f3(b), f3(c), mib(on["host_peak_rss_bytes"]),
+                mib(off["host_peak_rss_bytes"] if off else None), mib(on["host_pss_bytes"])))
+    print("  (compute: the same model unwrapped; host peak: the ranks' VmHWM less their shared memory, plus the shared "
+          "memory once, MiB; host PSS: the ranks' proportional set sizes summed after the steps)")
+    for n in sorted({r["world"] for r in sh_on}):
+        target("shared_over_compute_N%d_fp32" % n, R.get("shared_over_compute_N%d_fp32" % n), 1.05, "<=")
+        target("shared_over_compute_N%d_bf16" % n, R.get("shared_over_compute_N%d_bf16" % n), 1.15, "<=")
+        target("shared_over_ddp_N%d" % n, R.get("shared_over_ddp_N%d" % n), 0.95, "<=")
+        for dt in ("fp32", "bf16"):
+            target("shared_host_peak_over_copying_N%d_%s" % (n, dt),
+                   R.get("shared_host_peak_over_copying_N%d_%s" % (n, dt)), 1.00, "<=")
+
 # Activation checkpointing: step time and peak with --ac block over without,
 # side by side (same run, alternating rounds, medians).
 def ac_row(n, dtype, ac):
@@ -460,7 +534,8 @@ busy = [l for l in loads if l.get("busy_cores") is not None and
 res["busy"] = bool(busy)
 res["runs"] = {"bench_train": train, "peers": peers, "bench_comm": comm, "bench_threads": threads2,
                "bench_single": single, "single_peer": single_peer, "bench_ac": ac_rows, "bench_optim": optim_rows,
-               "vs_ours": vs_ours, "vs_fsdp2": vs_peer}
+               "vs_ours": vs_ours, "vs_fsdp2": vs_peer,
+               "shared_on": sh_on, "shared_off": sh_off, "shared_ddp": sh_ddp}
 with open(out, "w") as f:
     json.dump(res, f, indent=1)
 print("before each section, cores busy with other work (/proc/stat over 1 s) / the 1-min load average: " +

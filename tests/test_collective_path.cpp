@@ -30,7 +30,25 @@ TEST(CollectivePath, EveryBranchAndItsReason) {
   Facts one;
   one.ranks = 3;
   EXPECT_EQ(choose(one).path, Path::CMA);
-  EXPECT_EQ(choose(one).reason, "all 3 ranks are on this host and may read each other's memory");
+  EXPECT_EQ(choose(one).reason,
+            "all 3 ranks are on this host and may read each other's memory; units keep one copy of their parameters "
+            "per host and reduce gradients where they lie");
+  EXPECT_TRUE(choose(one).host_shared);
+
+  Facts unshared = one;
+  unshared.share_host = false;
+  EXPECT_EQ(choose(unshared).path, Path::CMA);
+  EXPECT_FALSE(choose(unshared).host_shared);
+  EXPECT_EQ(choose(unshared).reason,
+            "all 3 ranks are on this host and may read each other's memory; each rank keeps its own copy of the "
+            "parameters (FSDP_SHARE_HOST=off)");
+  Facts unmappable = one;
+  unmappable.share_blocked = "rank 1 could not map rank 0's memory (pidfd_getfd: Operation not permitted (errno 1))";
+  EXPECT_EQ(choose(unmappable).path, Path::CMA);
+  EXPECT_FALSE(choose(unmappable).host_shared);
+  EXPECT_EQ(choose(unmappable).reason,
+            "all 3 ranks are on this host and may read each other's memory; each rank keeps its own copy of the "
+            "parameters: " + unmappable.share_blocked);
 
   Facts blocked = one;
   blocked.cma_blocked = "rank 1 cannot read rank 0's memory (EPERM)";
@@ -40,8 +58,11 @@ TEST(CollectivePath, EveryBranchAndItsReason) {
   blocked.transport = "cma";
   EXPECT_EQ(choose(blocked).refused, blocked.cma_blocked);
 
+  EXPECT_FALSE(choose(blocked).host_shared) << "no shared memory without the CMA path";
+
   Facts tiers = several_hosts();
   EXPECT_EQ(choose(tiers).path, Path::TIERS);
+  EXPECT_FALSE(choose(tiers).host_shared) << "across hosts nothing changes";
   Facts off = several_hosts();
   off.tiers = false;
   off.transport = "cma";

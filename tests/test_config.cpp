@@ -117,6 +117,7 @@ TEST(Config, EveryVariableSetWrongIsOneErrorNamingIt) {
       {"FSDP_TRANSPORT", "shm"},
       {"FSDP_BACKEND", "mpi"},
       {"FSDP_TIERS", "maybe"},
+      {"FSDP_SHARE_HOST", "maybe"},
       {"FSDP_STORE_BIND", "some"},
       {"FSDP_STORE_HOSTED", "yes"},
       {"FSDP_RING_PIECE_KIB", "1"},

@@ -222,6 +222,49 @@ TEST(Plan, ABackgroundCheckpointCountsItsSnapshot) {
   EXPECT_EQ(make_plan(u, 0, o).C, 3 * 1000 * 4);
 }
 
+// Host-shared units (docs/COMM.md): one copy of every unit per host, in the
+// compute dtype; the allocator's peak leaves out what lies there (nothing is
+// gathered into it; in fp32 the master shards are slices of it). The host's
+// peak is its ranks' peaks plus the shared memory once. Across hosts, NO_SHARD
+// and with the option off nothing changes.
+TEST(Plan, HostSharedUnitsAreCountedOncePerHost) {
+  const std::vector<UnitSpec> u = {{"", 1000}, {"a", 3000}, {"b", 3000}};
+  for (int bytes : {4, 2}) {
+    auto o = opts(4);
+    o.param_bytes = bytes;
+    const Plan copying = make_plan(u, 100, o);
+    o.share_host = true;
+    const Plan shared = make_plan(u, 100, o);
+    EXPECT_EQ(copying.shared_per_host, 0);
+    EXPECT_EQ(shared.shared_per_host, shared.padded_numel * bytes);
+    EXPECT_EQ(shared.host_ranks, 4);
+    EXPECT_EQ(shared.rest, copying.rest) << "(P+G+O)/N is each rank's share either way";
+    // Working set: the root's gradients and one unit's, as autograd makes
+    // them, until they are copied where the peers read them.
+    EXPECT_EQ(shared.working, 1000 * bytes + 3000 * bytes - 0);
+    const int64_t in_shared = bytes == 4 ? shared.P : 0;
+    EXPECT_EQ(shared.peak, shared.rest - in_shared + shared.working + shared.A);
+    EXPECT_LT(shared.peak, copying.peak);
+    EXPECT_EQ(shared.rank_peak(), shared.peak + shared.shared_per_host / 4);
+    EXPECT_EQ(shared.host_peak(), 4 * shared.peak + shared.shared_per_host);
+    EXPECT_LE(shared.host_peak(), 4 * copying.peak) << "a host holds no more than with copies";
+    EXPECT_EQ(shared.traffic.total(), copying.traffic.total()) << "the same collectives, counted alike";
+    EXPECT_NE(shared.str().find("host-shared units"), std::string::npos) << shared.str();
+    EXPECT_EQ(nlohmann::json::parse(shared.to_json()).at("host_peak").get<int64_t>(), shared.host_peak());
+  }
+  auto across = opts(4);
+  across.share_host = true;
+  across.hosts = 2;
+  EXPECT_EQ(make_plan(u, 100, across).shared_per_host, 0) << "across hosts nothing changes";
+  auto none = opts(4, ShardingStrategy::NO_SHARD);
+  none.share_host = true;
+  EXPECT_EQ(make_plan(u, 100, none).shared_per_host, 0);
+  auto hybrid = opts(4, ShardingStrategy::HYBRID_SHARD);
+  hybrid.share_host = true;
+  hybrid.shard_group = 2;
+  EXPECT_EQ(make_plan(u, 100, hybrid).host_ranks, 2) << "HYBRID's shard group shares its host's memory";
+}
+
 // The row of one (strategy, wrapping) among what recommend() weighed.
 const CandidateFit& row(const Recommendation& r, ShardingStrategy s, const std::string& wrap) {
   for (auto& f : r.candidates)

@@ -46,7 +46,9 @@ nlohmann::json plan_json(const Config& c, int N) {
                         std::to_string(c.d), "--heads", std::to_string(c.h), "--vocab", std::to_string(c.V), "--seq",
                         std::to_string(c.T), "--batch", std::to_string(c.B), "--world", std::to_string(N),
                         "--strategy", c.strategy, "--wrap", c.wrap, "--dtype", c.dtype, "--prefetch",
-                        std::to_string(c.prefetch), "--ac", c.ac});
+                        std::to_string(c.prefetch), "--ac", c.ac,
+                        // The runs below share the host's memory (the default for CPU ranks on one host).
+                        "--share-host", "on"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   return nlohmann::json::parse(r.output);
 }

@@ -89,6 +89,11 @@ int cmd_plan(int argc, char** argv) {
                  "communication the compute time cannot cover (needs link rates)");
   app.add_option("--bandwidth", bandwidth_text, "link rate per rank for time estimates, e.g. 2GB/s");
   app.add_flag("--measure", measure, "measure this host's loopback TCP rate and use it as --bandwidth");
+  std::string share_host = "off";
+  app.add_option("--share-host", share_host,
+                 "on|off: ranks of one host share one copy of each unit, as CPU ranks on one host do by default "
+                 "(FSDP_SHARE_HOST); off: each rank keeps its own, as on GPUs")
+      ->capture_default_str();
   app.add_flag("--json", as_json, "print JSON instead of tables");
   try {
     app.parse(argc, argv);
@@ -125,6 +130,9 @@ int cmd_plan(int argc, char** argv) {
     o.micro_steps = micro_steps;
     o.prefetch = prefetch;
     o.async_checkpoint = save_async;
+    if (share_host != "on" && share_host != "off")
+      throw fsdp::UsageError("--share-host: expected on|off, found '" + share_host + "'");
+    o.share_host = share_host == "on";
     if (!bandwidth_text.empty()) parse_bandwidth(bandwidth_text);  // checked here, used below
     o.hosts = hosts;
     o.shard_group = shard_group;

@@ -93,27 +93,32 @@ t1=$(date +%s)
 grep -E '^\[rank 0\] (gpt:|step )' "$RUN/train.log" | sed 's/^\[rank 0\] //'
 echo
 echo "per rank, MiB: the tensors against the plan (limit $LIMIT bytes), then VmHWM in its parts against the process budget $BUDGET_RSS"
-printf '%-5s %9s %9s %9s | %9s %9s %9s %9s %9s %9s %9s %9s\n' rank "plan" "constr." "training" "at start" "tensors" "comm" "cache" \
-  "malloc" "rest" "VmHWM" "budget"
+printf '%-5s %9s %9s %9s | %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' rank "plan" "constr." "training" "at start" "tensors" "comm" "cache" \
+  "malloc" "rest" "shared" "VmHWM" "its share" "PSS" "budget"
 LINES=$(grep -o 'rank [0-9]* memory:.*' "$RUN/train.log" | sort -t' ' -k2 -n)
 if [[ $(grep -c . <<< "$LINES") -ne $N ]]; then
   echo "scale: expected $N 'rank N memory:' lines in $RUN/train.log" >&2
   exit 1
 fi
 RSS_BYTES=$("$BUILD/bin/fsdp" "${PLAN[@]}" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["process_budget"]["rss"])')
-awk -v rss="$RSS_BYTES" '
+awk -v rss="$RSS_BYTES" -v n="$N" '
   function m(x) { return x / 1048576 }
   { for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[2] != "") f[kv[1]] = kv[2] }
-    over = f["vmhwm"] > rss
+    # Host-shared units: VmHWM counts the memory every rank maps whole; the
+    # rank holds its share of it (the host holds it once).
+    share = f["vmhwm"] - f["shared"] + f["shared"] / n
+    over = share > rss
     if (over) bad++
-    printf "%-5s %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9s\n", $2, m(f["plan_peak"]), m(f["construction"]),
+    printf "%-5s %9.1f %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9s\n", $2, m(f["plan_peak"]), m(f["construction"]),
            m(f["training_peak"]), m(f["at_start"]), m(f["tensors"]), m(f["comm"]), m(f["cache"]),
            m(f["malloc_used"] + f["malloc_free"]), m(f["code_since"] + f["unexplained"] + f["elsewhere"]),
-           m(f["vmhwm"]), over ? "OVER" : "ok" }
+           m(f["shared"]), m(f["vmhwm"]), m(share), m(f["pss"]), over ? "OVER" : "ok" }
   END { exit bad > 0 }' <<< "$LINES" || {
   echo "scale: a rank's VmHWM passed the process budget $BUDGET_RSS the planner answered for" >&2
   exit 1
 }
-echo "(malloc: in use beside the allocator + freed but kept; rest: library code paged in since start, stacks, unexplained)"
+echo "(malloc: in use beside the allocator + freed but kept; rest: library code paged in since start, stacks, unexplained;"
+echo " shared: host-shared units every rank maps, counted whole in VmHWM; its share: VmHWM less shared + shared / $N,"
+echo " what the budget bounds; PSS: the proportional set size at the end, shared pages divided among the ranks)"
 echo
 echo "training run: $((t1 - t0)) s; all of make scale: $(( $(date +%s) - start )) s"

@@ -339,6 +339,8 @@ fsdp::plan::Plan gpt_plan(const Args& a, int N, fsdp::ShardingStrategy strategy,
   po.micro_steps = static_cast<int>(a.accum);
   po.prefetch = a.prefetch ? 1 : 0;
   po.async_checkpoint = a.save_async;
+  // Host-shared units are CPU memory (ranks on GPUs move bytes with NCCL).
+  po.share_host = a.device == "cpu";
   const int act_bytes = po.param_bytes;
   return fsdp::plan::make_plan(units, gpt::gpt_activations(shape, act_bytes, a.ac).total, po,
                                gpt::gpt_released(shape, a.wrap, act_bytes, a.ac),
@@ -713,21 +715,23 @@ void print_rank_memory(const Args& a, const Run& run, const fsdp::FsdpOptions& f
   const fsdp::memory::ProcessMemory pm = fsdp::memory::process_memory();
   std::printf("rank %d memory: plan peak %s | construction %s | training peak %s | from start %s | VmHWM %s = "
               "%s at start + %s code since + %s tensors + %s comm + %s cache + %s malloc used + %s malloc free + "
-              "%s unexplained + %s elsewhere (comm buffers at most %s) "
+              "%s unexplained + %s elsewhere (comm buffers at most %s; host-shared %s, PSS now %s) "
               "| bytes: plan_peak=%lld construction=%lld training_peak=%lld from_start=%lld vmhwm=%lld "
               "at_start=%lld code_since=%lld tensors=%lld comm=%lld cache=%lld malloc_used=%lld malloc_free=%lld "
-              "unexplained=%lld elsewhere=%lld comm_high=%lld fixed=%lld\n",
+              "unexplained=%lld elsewhere=%lld comm_high=%lld fixed=%lld shared=%lld pss=%lld\n",
               run.rank, format_bytes(planned).c_str(), format_bytes(construction_peak).c_str(),
               format_bytes(ms.peak).c_str(), format_bytes(ms.high_water).c_str(), format_bytes(pm.vmhwm).c_str(),
               format_bytes(pm.at_start).c_str(), format_bytes(pm.code_since).c_str(),
               format_bytes(pm.tensors).c_str(), format_bytes(pm.comm).c_str(), format_bytes(pm.cache).c_str(),
               format_bytes(pm.malloc_other).c_str(), format_bytes(pm.malloc_free).c_str(),
               format_bytes(pm.unexplained).c_str(), format_bytes(pm.elsewhere).c_str(),
-              format_bytes(pm.comm_high).c_str(), (long long)planned,
+              format_bytes(pm.comm_high).c_str(), format_bytes(pm.shared).c_str(),
+              pm.pss >= 0 ? format_bytes(pm.pss).c_str() : "unknown", (long long)planned,
               (long long)construction_peak, (long long)ms.peak, (long long)ms.high_water, (long long)pm.vmhwm,
               (long long)pm.at_start, (long long)pm.code_since, (long long)pm.tensors, (long long)pm.comm,
               (long long)pm.cache, (long long)pm.malloc_other, (long long)pm.malloc_free,
-              (long long)pm.unexplained, (long long)pm.elsewhere, (long long)pm.comm_high, (long long)pm.fixed());
+              (long long)pm.unexplained, (long long)pm.elsewhere, (long long)pm.comm_high, (long long)pm.fixed(),
+              (long long)pm.shared, (long long)pm.pss);
   std::fflush(stdout);
 }
 

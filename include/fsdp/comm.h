@@ -82,6 +82,12 @@ struct CommOptions {
   // (FSDP_HEARTBEAT_INTERVAL overrides). The first communicator of the
   // process starts the heartbeat; later ones share it.
   std::chrono::milliseconds heartbeat_interval{0};
+  // Ranks of one host that may map each other's memory keep one copy of each
+  // unit's parameters per host and reduce gradients where they lie
+  // (Communicator::shares_host_memory, docs/COMM.md "Host-shared units").
+  // false: every rank keeps its own copies and collectives move bytes
+  // (FSDP_SHARE_HOST=on|off overrides).
+  bool share_host_memory = true;
 };
 
 // Per collective kind: how many calls, bytes this rank sent, seconds spent
@@ -214,6 +220,28 @@ class Communicator {
   // communicators that cannot be split (the default: anything with more
   // than one rank).
   virtual CommPtr split(int color, const SplitOptions& opts = {});
+
+  // --- Memory shared by the ranks of one host (docs/COMM.md, "Host-shared units") ---
+
+  // Whether shared_tensor and peer_tensor are offered: every rank of this
+  // communicator is on this host and may map its peers' memory, and
+  // CommOptions::share_host_memory (FSDP_SHARE_HOST) is on. The collective
+  // path decides it once, the same on every rank (FSDP_DEBUG=info says why).
+  // The default: false.
+  virtual bool shares_host_memory() const { return false; }
+  // Collective: `numel` zeroed elements of `dtype` over one piece of memory
+  // that every rank of this communicator maps, so what one rank writes the
+  // others read. all_gather into it, each rank's input being its own block of
+  // it (or copied there), moves no bytes: it is a barrier. The memory is
+  // freed when the last rank's tensor is; no crash leaves it behind.
+  // Throws fsdp::Error when !shares_host_memory().
+  virtual torch::Tensor shared_tensor(int64_t numel, torch::ScalarType dtype, const CollectiveInfo& info = {});
+  // Not collective: `numel` uninitialised elements of `dtype` in memory that
+  // this communicator's ranks can map. reduce_scatter from it reads every
+  // rank's chunk where it lies and sums it in rank order (0, 1, ..., N-1;
+  // bf16 and fp16 in fp32, rounded once), copying nothing. Throws
+  // fsdp::Error when !shares_host_memory().
+  virtual torch::Tensor peer_tensor(int64_t numel, torch::ScalarType dtype);
 };
 
 // Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,

@@ -70,6 +70,7 @@ struct EnvConfig {
   std::string transport = "auto";                // FSDP_TRANSPORT: auto, tcp, cma
   std::string backend = "auto";                  // FSDP_BACKEND: auto (the program's), gloo, nccl
   bool tiers = true;                             // FSDP_TIERS
+  std::optional<bool> share_host;                // FSDP_SHARE_HOST, unset: CommOptions::share_host_memory
   std::string job_token;                         // FSDP_JOB_TOKEN, "" unset
   std::string host_id;                           // FSDP_HOST_ID, "" unset
   std::string cuda_plugin;                       // FSDP_CUDA_PLUGIN, "" unset (fsdp/device.h)

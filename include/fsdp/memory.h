@@ -115,6 +115,9 @@ struct ProcessMemory {
                             // and data, the C++ runtime (what fsdp::init finds)
   int64_t code_since = 0;   // library pages (file-backed: code, read-only data) first touched after
                             // that, at the sample: kernels first used in training
+  int64_t shared = 0;       // host-shared memory mapped at the sample (units' parameters and peer
+                            // gradients that every rank of the host maps: Communicator::
+                            // shares_host_memory); each rank counts it whole, the host holds it once
   int64_t tensors = 0;      // bytes held by tensors at the sample, communication buffers excluded
   int64_t comm = 0;         // communication buffers at the sample (CommBuffers)
   int64_t cache = 0;        // the allocator's cache at the sample: freed blocks kept, headers, rounding
@@ -125,6 +128,9 @@ struct ProcessMemory {
   int64_t sample = 0;       // resident at the sample (<= vmhwm)
   int64_t elsewhere = 0;    // vmhwm - sample: a peak reached at another moment (or between samples)
   int64_t comm_high = 0;    // the most communication buffers held at once (not a part of the sum)
+  int64_t pss = -1;         // proportional set size when asked (not a part): shared pages divided
+                            // among the processes mapping them, so a host's ranks sum to what it
+                            // holds; -1 where the kernel does not say
   // VmHWM less the allocator's footprint at the sample (tensors, comm,
   // cache): what a process holds beside what a --max-memory limit bounds.
   int64_t fixed() const;

@@ -113,6 +113,13 @@ struct PlanOptions {
   // O as a running job measured it (bytes per rank): what the ledger
   // (FullyShardedModel::ledger) plans with; -1: state_per_param(optimizer) x P.
   int64_t optimizer_state_bytes = -1;
+  // Ranks of one host keep one copy of each unit in memory they all map
+  // (CommOptions::share_host_memory, FSDP_SHARE_HOST; docs/COMM.md
+  // "Host-shared units"), where the run's collective path allows it (asked of
+  // path::choose with the facts above). false (the default): each rank
+  // keeps its own copies, as with FSDP_SHARE_HOST=off or on GPUs; `fsdp plan`
+  // (--share-host), the ledger and the examples set it as their run does.
+  bool share_host = false;
   // The shard group's size S: shard_group, else the ranks of one host.
   int group() const { return shard_group > 0 ? shard_group : world / hosts; }
   // Throws fsdp::Error naming the field.
@@ -165,8 +172,20 @@ struct Plan {
   // A background checkpoint's snapshot (options.async_checkpoint): this
   // rank's fp32 parameter shards and optimizer state; 0 otherwise.
   int64_t C = 0;
-  // The predicted peak: rest + working set + A (+ C), at peak_at.
+  // Host-shared units (options.share_host, one host): every unit's
+  // parameters in the compute dtype, once per host, mapped by host_ranks
+  // ranks; not the allocator's (peak leaves them out, and in fp32 the
+  // master shards, which are slices of it). 0: none.
+  int64_t shared_per_host = 0;
+  // The ranks that map shared_per_host (the host's, or HYBRID's shard group).
+  int host_ranks = 1;
+  // The predicted peak: rest + working set + A (+ C), at peak_at: what the
+  // allocator holds (host-shared: less the shared memory above).
   int64_t peak = 0;
+  // A rank's whole share: peak + shared_per_host / host_ranks.
+  int64_t rank_peak() const { return peak + (host_ranks > 0 ? shared_per_host / host_ranks : 0); }
+  // A host's: host_ranks x peak + shared_per_host.
+  int64_t host_peak() const { return static_cast<int64_t>(host_ranks) * peak + shared_per_host; }
   Traffic traffic;                                  // for options.strategy
   Traffic full_shard, shard_grad_op, no_shard;      // all three, for comparison
   double comm_seconds = 0;                          // traffic / bandwidth (0 when unknown)

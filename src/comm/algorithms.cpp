@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "comm/checks.h"
+#include "comm/host_shared.h"
 #include "comm/rendezvous.h"
 #include "comm/tiers.h"
 #include "fsdp/errors.h"
@@ -60,15 +61,23 @@ class RingAlgorithms final : public Algorithms {
 // on this host.
 class CmaAlgorithms final : public Algorithms {
  public:
-  CmaAlgorithms(CmaPeers peers, int rank) : peers_(std::move(peers)), rank_(rank) {}
+  // `shared`: the host-shared memory, when the path's choice says so.
+  CmaAlgorithms(CmaPeers peers, int rank, std::shared_ptr<HostShared> shared)
+      : peers_(std::move(peers)), rank_(rank), shared_(std::move(shared)) {}
 
+  // Every rank passes the same kind of buffer (the engine decides the same
+  // on every rank), so every rank takes the same algorithm.
   Traffic all_gather(const Wire& w, const void* in, void* out, int64_t block) override {
+    if (shared_ && shared_->is_common(out, block * w.mesh->size)) return shared_->all_gather(w, in, out, block);
     return cma_all_gather(w, peers_, in, out, block);
   }
   Traffic reduce_scatter(const Wire& w, const void* in, void* out, int64_t m, c10::ScalarType dtype,
                          int divisor) override {
+    if (shared_ && shared_->is_block(in, m * w.mesh->size * static_cast<int64_t>(c10::elementSize(dtype))))
+      return shared_->reduce_scatter(w, in, out, m, dtype, divisor);
     return cma_reduce_scatter(w, peers_, in, out, m, dtype, divisor);
   }
+  std::shared_ptr<HostShared> host_shared() const override { return shared_; }
   Traffic all_reduce(const Wire& w, void* data, int64_t numel, c10::ScalarType dtype, int divisor) override {
     return cma_all_reduce(w, peers_, data, numel, dtype, divisor);
   }
@@ -84,6 +93,7 @@ class CmaAlgorithms final : public Algorithms {
   // Constant after construction.
   const CmaPeers peers_;  // every rank's process, in rank order
   const int rank_;        // this rank (its own process is never gone)
+  const std::shared_ptr<HostShared> shared_;  // null: each rank keeps its own copies
 };
 
 // Across hosts: CMA inside each host, TCP between the ranks of one local
@@ -132,6 +142,7 @@ ChosenPath choose_algorithms(const PathInputs& in) {
   path::Facts f;
   f.transport = in.opts.transport;
   f.tiers = in.opts.tiers;
+  f.share_host = in.opts.share_host;
   f.ranks = n;
   if (in.opts.transport != "tcp") {
     if (in.transport.one_host)
@@ -139,6 +150,10 @@ ChosenPath choose_algorithms(const PathInputs& in) {
     else
       f.hosts_differ = in.transport.why;
   }
+  // Whether the ranks can also map each other's memory: asked only where
+  // it would be used (one host, memory readable, sharing on).
+  if (n > 1 && in.opts.transport != "tcp" && in.transport.one_host && in.transport.cma && f.share_host)
+    f.share_blocked = probe_host_sharing(in.mesh, in.transport.peers.pid, Clock::now() + in.opts.rendezvous_timeout);
   std::optional<TierLayout> layout;
   if (!f.hosts_differ.empty()) {
     for (int q = 0; q < n; ++q)
@@ -168,12 +183,17 @@ ChosenPath choose_algorithms(const PathInputs& in) {
                             ". Use FSDP_TRANSPORT=auto (falls back to TCP) or FSDP_TRANSPORT=tcp."));
   if (!out.algorithms) {
     if (out.choice.path == path::Path::CMA)
-      out.algorithms = std::make_unique<CmaAlgorithms>(in.transport.peers, in.world.rank);
+      out.algorithms = std::make_unique<CmaAlgorithms>(
+          in.transport.peers, in.world.rank,
+          out.choice.host_shared ? std::make_shared<HostShared>(in.transport.peers.pid, in.world.rank) : nullptr);
     else
       out.algorithms = std::make_unique<RingAlgorithms>();
   }
   trace::set_metadata(in.group.empty() ? "collective_path" : "collective_path/" + in.group,
-                      {{"path", path::words(out.choice.path)}, {"reason", out.choice.reason}, {"ranks", in.global}});
+                      {{"path", path::words(out.choice.path)},
+                       {"reason", out.choice.reason},
+                       {"host_shared", out.choice.host_shared},
+                       {"ranks", in.global}});
   return out;
 }
 

@@ -11,6 +11,10 @@
 //
 //   return algorithms_->reduce_scatter(w, in, out, count, dtype, divisor(op, n));
 //
+// On the CMA path with host-shared memory (host_shared.h) an all_gather
+// into a shared tensor is a barrier and a reduce_scatter from peer memory
+// sums where the gradients lie; other buffers take the CMA algorithms.
+//
 // broadcast, gather, barrier and the FSDP_DEBUG=detail check run the direct
 // and ring algorithms (ring.h) on the communicator's own mesh whatever the
 // path: they are small, or once per run.
@@ -34,6 +38,7 @@
 namespace fsdp::comm {
 
 class Rendezvous;
+class HostShared;
 
 // One path's collectives over a communicator's ranks. Called only by the
 // communicator's thread, with a Wire on the communicator's own mesh.
@@ -72,6 +77,10 @@ class Algorithms {
   // A clean shutdown of what the path connected beside the communicator's
   // own mesh (the tiers' meshes and their store keys).
   virtual void leave(std::chrono::milliseconds budget) {}
+
+  // The memory this path's ranks share (host_shared.h), when the choice
+  // says so (path::Choice::host_shared); null otherwise.
+  virtual std::shared_ptr<HostShared> host_shared() const { return nullptr; }
 };
 
 // What turns a sum over `ranks` ranks into `op`'s result: the one place AVG

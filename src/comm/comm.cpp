@@ -52,6 +52,18 @@ std::vector<int> Communicator::global_ranks() const {
 
 std::vector<int> Communicator::hosts() const { return std::vector<int>(world_size(), 0); }
 
+torch::Tensor Communicator::shared_tensor(int64_t, torch::ScalarType, const CollectiveInfo& info) {
+  throw Error(detail::cat("shared_tensor", info.label.empty() ? "" : " for '" + info.label + "'", ": this communicator (",
+                          describe(), ") shares no memory between its ranks. Expected: shares_host_memory() "
+                          "true (every rank on one host, FSDP_SHARE_HOST on); ask it before calling"));
+}
+
+torch::Tensor Communicator::peer_tensor(int64_t, torch::ScalarType) {
+  throw Error(detail::cat("peer_tensor: this communicator (", describe(), ") shares no memory between its ranks. "
+                          "Expected: shares_host_memory() true (every rank on one host, FSDP_SHARE_HOST on); ask "
+                          "it before calling"));
+}
+
 CommPtr Communicator::split(int color, const SplitOptions& opts) {
   FSDP_USER_CHECK(color >= 0, "Communicator::split: the color must be >= 0, found ", color,
                   " (every rank names the group it joins by a color >= 0)");

@@ -50,6 +50,13 @@ class ForwardingCommunicator : public Communicator {
   std::vector<int> global_ranks() const override { return inner_->global_ranks(); }
   std::vector<int> hosts() const override { return inner_->hosts(); }
   CommPtr split(int color, const SplitOptions& opts) override { return inner_->split(color, opts); }
+  bool shares_host_memory() const override { return inner_->shares_host_memory(); }
+  torch::Tensor shared_tensor(int64_t numel, torch::ScalarType dtype, const CollectiveInfo& info) override {
+    return inner_->shared_tensor(numel, dtype, info);
+  }
+  torch::Tensor peer_tensor(int64_t numel, torch::ScalarType dtype) override {
+    return inner_->peer_tensor(numel, dtype);
+  }
 
  protected:
   // The communicator every call goes to; constant after construction.

@@ -36,6 +36,7 @@
 #include "comm/call_log.h"
 #include "comm/checks.h"
 #include "comm/diagnosis.h"
+#include "comm/host_shared.h"
 #include "comm/mesh.h"
 #include "comm/rendezvous.h"
 #include "comm/ring.h"
@@ -171,13 +172,48 @@ class GlooCommunicator final : public Communicator {
   std::chrono::milliseconds timeout() const override { return opts_.timeout; }
   std::string describe() const override {
     const char* path = algorithms_->name();
-    if (group_.empty()) return detail::cat(path, " world=", world_.world_size, " rank=", world_.rank);
+    const char* shared = algorithms_->host_shared() ? " host-shared" : "";
+    if (group_.empty()) return detail::cat(path, " world=", world_.world_size, " rank=", world_.rank, shared);
     // Naming's ranks_text without names(), which calls describe().
     return detail::cat(path, " group '", group_, "' of ranks ", Naming{group_, global_, ""}.ranks_text(),
-                       " rank=", global_[world_.rank]);
+                       " rank=", global_[world_.rank], shared);
   }
   std::vector<int> global_ranks() const override { return global_; }
   std::vector<int> hosts() const override { return host_index_; }
+
+  bool shares_host_memory() const override { return algorithms_->host_shared() != nullptr; }
+
+  // Collective: rank 0's memfd, mapped by every rank on the communication
+  // thread (in issue order, under a sequence number of its own); the
+  // tensor's deleter unmaps it, holding the HostShared alive.
+  torch::Tensor shared_tensor(int64_t numel, torch::ScalarType dtype, const CollectiveInfo& info) override {
+    auto hs = algorithms_->host_shared();
+    if (!hs) return Communicator::shared_tensor(numel, dtype, info);
+    FSDP_USER_CHECK(numel > 0, "shared_tensor: numel must be positive, found ", numel);
+    const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+    CallShape shape;
+    shape.kind = CollectiveKind::BROADCAST;
+    shape.label = "host-shared memory" + (info.label.empty() ? std::string() : " for " + info.label);
+    shape.dtype = dtype;
+    shape.numel = numel;
+    shape.elem_size = static_cast<int64_t>(c10::elementSize(dtype));
+    shape.root = 0;
+    auto base = std::make_shared<void*>(nullptr);
+    submit(shape, [hs, bytes, base](const Wire& w) {
+      *base = hs->map_common(w, bytes);
+      return Traffic(0);
+    })->wait();
+    void* p = *base;
+    return torch::from_blob(p, {numel}, [hs](void* q) { hs->release(q); }, torch::TensorOptions(dtype));
+  }
+
+  torch::Tensor peer_tensor(int64_t numel, torch::ScalarType dtype) override {
+    auto hs = algorithms_->host_shared();
+    if (!hs) return Communicator::peer_tensor(numel, dtype);
+    const int64_t bytes = std::max<int64_t>(1, numel) * static_cast<int64_t>(c10::elementSize(dtype));
+    void* p = hs->take_block(bytes);
+    return torch::from_blob(p, {numel}, [hs](void* q) { hs->release(q); }, torch::TensorOptions(dtype));
+  }
 
   CommPtr split(int color, const SplitOptions& so) override {
     FSDP_USER_CHECK(color >= 0, "Communicator::split: the color must be >= 0, found ", color,

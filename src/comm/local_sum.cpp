@@ -13,6 +13,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "fsdp/errors.h"
@@ -140,7 +141,84 @@ void add_half(void* dst, const void* a, const void* b, int64_t n, int divisor) {
   }
 }
 
+// The tile the ordered sums accumulate in: small enough to stay in L1.
+constexpr int64_t kTile = 2048;
+
+// bf16 widened in lanes (add_bf16_pairs' layout), summed in fp32 in order,
+// rounded once.
+void sum_bf16(char* d, const char* const* src, int k, int64_t n, float div, bool divide) {
+  F32x4 ev[kTile / 8], od[kTile / 8];
+  for (int64_t t = 0; t < n; t += kTile) {
+    const int64_t m = std::min(kTile, n - t), vec = m / 8 * 8, lanes = vec / 8;
+    for (int q = 0; q < k; ++q) {
+      const char* x = src[q] + t * 2;
+      for (int64_t l = 0; l < lanes; ++l) {
+        const U32x4 a = load<U32x4>(x + 16 * l);
+        if (q == 0) {
+          ev[l] = as_f(a << 16);
+          od[l] = as_f(a & 0xFFFF0000u);
+        } else {
+          ev[l] += as_f(a << 16);
+          od[l] += as_f(a & 0xFFFF0000u);
+        }
+      }
+    }
+    for (int64_t l = 0; l < lanes; ++l) {
+      F32x4 e = ev[l], o = od[l];
+      if (divide) {
+        e = e / div;
+        o = o / div;
+      }
+      store(d + t * 2 + 16 * l, (round_hi(e) >> 16) | (round_hi(o) & 0xFFFF0000u));
+    }
+    for (int64_t i = vec; i < m; ++i) {
+      float s = 0;
+      for (int q = 0; q < k; ++q) s += static_cast<float>(reinterpret_cast<const c10::BFloat16*>(src[q])[t + i]);
+      reinterpret_cast<c10::BFloat16*>(d)[t + i] = c10::BFloat16(divide ? s / div : s);
+    }
+  }
+}
+
+void sum_half(void* dst, const void* const* src, int k, int64_t n, float div, bool divide) {
+  for (int64_t i = 0; i < n; ++i) {
+    float s = 0;
+    for (int q = 0; q < k; ++q) s += static_cast<float>(static_cast<const c10::Half*>(src[q])[i]);
+    static_cast<c10::Half*>(dst)[i] = c10::Half(divide ? s / div : s);
+  }
+}
+
 }  // namespace
+
+void sum_in_rank_order(void* dst, const void* const* src, int k, int64_t n, c10::ScalarType dtype, int divisor) {
+  FSDP_CHECK(k >= 1, "sum_in_rank_order needs a source");
+  const bool divide = divisor != 1;
+  if (dtype == c10::kBFloat16) return sum_bf16(static_cast<char*>(dst), reinterpret_cast<const char* const*>(src), k, n,
+                                               static_cast<float>(divisor), divide);
+  if (dtype == c10::kHalf) return sum_half(dst, src, k, n, static_cast<float>(divisor), divide);
+  // Same-type: dst accumulates tile by tile, ((s0 + s1) + s2) + ..., the
+  // last addition divided.
+  const int64_t es = c10::elementSize(dtype);
+  auto* d = static_cast<char*>(dst);
+  for (int64_t t = 0; t < n; t += kTile) {
+    const int64_t m = std::min(kTile, n - t), o = t * es;
+    const char* s0 = static_cast<const char*>(src[0]) + o;
+    if (k == 1) {
+      if (d + o != s0) std::memcpy(d + o, s0, m * es);
+      if (divide) {
+        // x / divisor as a sum with zeros would not be exact for integers; AVG
+        // of one rank only happens for floating point.
+        FSDP_CHECK(dtype == c10::kFloat || dtype == c10::kDouble, "integer AVG must be rejected at issue time");
+        if (dtype == c10::kFloat)
+          for (int64_t i = 0; i < m; ++i) reinterpret_cast<float*>(d + o)[i] /= static_cast<float>(divisor);
+        else
+          for (int64_t i = 0; i < m; ++i) reinterpret_cast<double*>(d + o)[i] /= static_cast<double>(divisor);
+      }
+      continue;
+    }
+    for (int q = 1; q < k; ++q)
+      add_into(d + o, q == 1 ? s0 : d + o, static_cast<const char*>(src[q]) + o, m, dtype, q == k - 1 ? divisor : 1);
+  }
+}
 
 void add_into(void* dst, const void* a, const void* b, int64_t n, c10::ScalarType dtype, int divisor) {
   switch (dtype) {

@@ -24,6 +24,14 @@ Choice choose(const Facts& f) {
     if (f.cma_blocked.empty()) {
       c.path = Path::CMA;
       c.reason = detail::cat("all ", f.ranks, " ranks are on this host and may read each other's memory");
+      if (!f.share_host) {
+        c.reason += "; each rank keeps its own copy of the parameters (FSDP_SHARE_HOST=off)";
+      } else if (!f.share_blocked.empty()) {
+        c.reason += "; each rank keeps its own copy of the parameters: " + f.share_blocked;
+      } else {
+        c.host_shared = true;
+        c.reason += "; units keep one copy of their parameters per host and reduce gradients where they lie";
+      }
       return c;
     }
     c.reason = f.cma_blocked;

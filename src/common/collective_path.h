@@ -41,6 +41,10 @@ struct Facts {
   std::string layout_blocked;
   // Several hosts: why connecting the tiers failed ("" it did not, or not tried).
   std::string tiers_blocked;
+  // FSDP_SHARE_HOST / CommOptions::share_host_memory.
+  bool share_host = true;
+  // One host: why its ranks cannot map each other's memory ("" they can).
+  std::string share_blocked;
 };
 
 struct Choice {
@@ -49,11 +53,16 @@ struct Choice {
   // FSDP_TRANSPORT=cma cannot be honoured: why (the caller's message reads
   // "FSDP_TRANSPORT=cma<where>, but <refused>. Use ..."); "" otherwise.
   std::string refused;
+  // CMA only: the ranks also map each other's memory, so units keep one copy
+  // of their parameters per host and reduce gradients where they lie
+  // (comm/host_shared.h; Communicator::shares_host_memory).
+  bool host_shared = false;
 };
 
 // The one decision:
 //   FSDP_TRANSPORT=tcp                              -> TCP
-//   one host, memory readable                       -> CMA
+//   one host, memory readable                       -> CMA (host-shared: FSDP_SHARE_HOST
+//                                                      on and memory mappable)
 //   one host, not readable                          -> TCP (cma: refused)
 //   several hosts, FSDP_TIERS=off                   -> TCP
 //   several hosts, the layout composes and connects -> TIERS

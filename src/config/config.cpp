@@ -74,6 +74,9 @@ const std::vector<Variable>& variables() {
        "what ProcessGroupNCCL does with a timed-out collective (3, 1: abort the process; 2: fail the next wait; 0: "
        "nothing); fsdp-cpp only reports it (docs/COMM.md, \"NCCL\")"},
       {"FSDP_TIERS", "on or off", "on", "across hosts: cross-memory attach inside each host, TCP between"},
+      {"FSDP_SHARE_HOST", "on or off", "CommOptions::share_host_memory (on)",
+       "ranks of one host keep one copy of each unit's parameters and reduce gradients where they lie "
+       "(docs/COMM.md, \"Host-shared units\")"},
       {"FSDP_JOB_TOKEN", "16 to 128 of [A-Za-z0-9_-]", "none", "the secret shared by the ranks of one job (`fsdp run` sets it)"},
       {"FSDP_HOST_ID", "any text", "host name, boot id and namespaces",
        "which ranks count as one host (tests run two hosts on one machine)"},
@@ -254,6 +257,10 @@ EnvConfig parse(const Lookup& lookup, const Lineage& lineage) {
   c.tiers = r.on_off("FSDP_TIERS", true,
                      "on, the default: across hosts, cross-memory attach inside each host and TCP between; off: TCP "
                      "for everything across hosts");
+  if (r.raw("FSDP_SHARE_HOST"))
+    c.share_host = r.on_off("FSDP_SHARE_HOST", true,
+                            "on, the default: ranks of one host share one copy of each unit's parameters; off: each "
+                            "rank keeps its own and collectives move bytes");
   if (const char* t = r.raw("FSDP_JOB_TOKEN")) {
     const std::string tok = t;
     bool ok = tok.size() >= 16 && tok.size() <= 128;

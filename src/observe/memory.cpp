@@ -21,7 +21,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <mutex>
+#include <string>
 
 #include <fcntl.h>
 #include <malloc.h>
@@ -240,10 +242,31 @@ constexpr int64_t kSampleStep = 1 << 20;
 
 struct Resident {
   int64_t total = 0;  // resident bytes
-  int64_t file = 0;   // of which file-backed or shared (library code and data)
+  int64_t file = 0;   // of which file-backed or shared (library code and data, shared memory)
+  int64_t shmem = 0;  // of which shared memory (RssShmem: the host-shared units' memfds)
 };
+// One "Key:   N kB" line of a /proc file read into `buf`, in bytes (0: absent).
+int64_t kb_field(const char* buf, const char* key) {
+  const char* at = std::strstr(buf, key);
+  if (!at) return 0;
+  long long kb = 0;
+  if (std::sscanf(at + std::strlen(key), " %lld", &kb) != 1) return 0;
+  return kb * 1024;
+}
+// RssShmem from /proc/self/status, without allocating.
+int64_t read_rss_shmem() {
+  const int fd = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[4096];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  return kb_field(buf, "RssShmem:");
+}
 Resident read_statm() {
   Resident r;
+  r.shmem = read_rss_shmem();
   const int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return r;
   char buf[160];
@@ -558,6 +581,17 @@ int64_t process_peak_rss() {
 CommBuffers::CommBuffers() { ++tl_comm_depth; }
 CommBuffers::~CommBuffers() { --tl_comm_depth; }
 
+// The process's proportional set size now (/proc/self/smaps_rollup "Pss:"):
+// resident bytes with each shared page divided among the processes that map
+// it; -1 where the kernel does not say.
+int64_t read_pss() {
+  std::ifstream in("/proc/self/smaps_rollup");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("Pss:", 0) == 0) return std::stoll(line.substr(4)) * 1024;
+  return -1;
+}
+
 ProcessMemory process_memory() {
   ProcessMemory m;
   if (!installed()) {
@@ -581,7 +615,9 @@ ProcessMemory process_memory() {
   // counters are kept per CPU and reach /proc/self/status and statm a page
   // or so apart.
   m.vmhwm = std::max(process_peak_rss(), m.sample);
-  m.code_since = std::max<int64_t>(0, best.resident.file - start.resident.file);
+  m.shared = std::max<int64_t>(0, best.resident.shmem - start.resident.shmem);
+  m.code_since = std::max<int64_t>(0, (best.resident.file - best.resident.shmem) -
+                                          (start.resident.file - start.resident.shmem));
   m.comm = best.comm;
   m.tensors = best.current - best.comm;
   m.cache = best.footprint - best.current;
@@ -589,7 +625,9 @@ ProcessMemory process_memory() {
   // map itself): the rest is everyone else's, counted from what it was at start.
   m.malloc_other = std::max<int64_t>(0, best.malloc.used - (best.footprint - best.mapped) - start.malloc.used);
   m.malloc_free = std::max<int64_t>(0, best.malloc.free - start.malloc.free);
-  m.unexplained = m.sample - m.at_start - m.code_since - m.tensors - m.comm - m.cache - m.malloc_other - m.malloc_free;
+  m.unexplained = m.sample - m.at_start - m.code_since - m.shared - m.tensors - m.comm - m.cache - m.malloc_other -
+                  m.malloc_free;
+  m.pss = read_pss();
   m.elsewhere = std::max<int64_t>(0, m.vmhwm - m.sample);
   m.comm_high = g_comm_high.load(std::memory_order_relaxed);
   return m;
@@ -606,6 +644,7 @@ std::string ProcessMemory::str() const {
   };
   row("at start", at_start, "resident when the allocator was installed: libtorch's code and data");
   row("code since", code_since, "library pages first touched later (kernels first used)");
+  if (shared > 0) row("shared", shared, "host-shared memory mapped (one copy per host: every local rank maps it)");
   row("tensors", tensors, "held by tensors (the ledger's terms and the rest of the step's)");
   row("comm", comm, "communication buffers (staging on the communication thread)");
   row("cache", cache, "the allocator's cache: freed blocks kept for reuse, headers, rounding");
@@ -615,6 +654,8 @@ std::string ProcessMemory::str() const {
   row("= sample", sample, "resident at the largest sample (taken as the allocator's footprint grew)");
   if (elsewhere > 0) row("+ elsewhere", elsewhere, "VmHWM reached at another moment (between samples)");
   row("(comm high)", comm_high, "the most communication buffers held at once in the run (not a part: at any moment)");
+  if (pss >= 0)
+    row("(PSS now)", pss, "resident now with each shared page divided among the processes mapping it (per host: the sum)");
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
 #include "plan/names.h"
+#include "common/collective_path.h"
 #include "common/ring_math.h"
 #include "common/shard_math.h"
 #include "common/traffic_math.h"
@@ -158,7 +159,33 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
       p.peak_at = "recompute";
     }
   };
-  switch (opts.strategy) {
+  // Host-shared units: the one decision, with the planner's facts (its
+  // ranks on `hosts` hosts of equal size, memory readable inside a host).
+  path::Facts facts;
+  facts.ranks = opts.world;
+  facts.share_host = opts.share_host;
+  if (opts.hosts > 1) facts.hosts_differ = detail::cat("the ranks are on ", opts.hosts, " hosts");
+  const bool host_shared = !no_shard && N > 1 && path::choose(facts).host_shared &&
+                           (opts.strategy == ShardingStrategy::FULL_SHARD ||
+                            opts.strategy == ShardingStrategy::SHARD_GRAD_OP);
+  int64_t in_shared = 0;  // of rest, what lies in the shared memory (fp32: the master shards)
+  if (host_shared) {
+    p.shared_per_host = p.padded_numel * opts.param_bytes;
+    p.host_ranks = static_cast<int>(N);
+    if (opts.param_bytes == opts.master_bytes) in_shared = p.P;
+    // Nothing gathered is the allocator's: autograd's gradients of the root
+    // (alive through backward) and of the unit about to reduce, until they
+    // are copied into the memory the peers read (src/unit/unit.cpp).
+    const int64_t at_reduce = p.units.size() == 1
+                                  ? p.G_block - activation_bytes
+                                  : root_grad + p.G_block - std::min(released_activation_bytes, activation_bytes);
+    p.working = std::max<int64_t>(0, at_reduce);
+    p.peak_at = at_reduce > 0 ? "first reduce-scatter" : "backward start";
+    // (The finished unit's gradients have left the allocator by the next
+    // recompute: copied to peer memory, freed.)
+    consider_recompute(0, recompute.activation_bytes);
+  }
+  if (!host_shared) switch (opts.strategy) {
     case ShardingStrategy::FULL_SHARD: {
       // Two moments compete for the peak (the engine: src/unit/grad_reduce.cpp,
       // src/comm/ring.cpp):
@@ -221,7 +248,7 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
   // A background save writes each byte once: NO_SHARD's ranks each save
   // 1/N of the replica (src/unit/state_dict.cpp).
   if (opts.async_checkpoint) p.C = no_shard ? (p.P + p.O + N - 1) / N : p.P + p.O;
-  p.peak = p.rest + p.working + p.A + p.C;
+  p.peak = p.rest - in_shared + p.working + p.A + p.C;
   p.full_shard = traffic(ShardingStrategy::FULL_SHARD, p.padded_numel, opts);
   p.shard_grad_op = traffic(ShardingStrategy::SHARD_GRAD_OP, p.padded_numel, opts);
   p.no_shard = traffic(ShardingStrategy::NO_SHARD, p.padded_numel, opts);
@@ -287,7 +314,15 @@ std::string Plan::str() const {
                                    " kept by forward, " + b(A_recompute) + " during the worst recompute)"
                              : "");
   if (C > 0) os << line("C  checkpoint snapshot", b(C), "P + O of this rank, held while a background save writes");
-  os << line("predicted peak", b(peak), C > 0 ? "rest + working + A + C" : "rest + working + A");
+  os << line("predicted peak", b(peak),
+               std::string(C > 0 ? "rest + working + A + C" : "rest + working + A") +
+                   (shared_per_host > 0 ? " (the allocator's; host-shared memory below)" : ""));
+  if (shared_per_host > 0) {
+    os << line("host-shared units", b(shared_per_host),
+               detail::cat("every unit once per host, mapped by its ", host_ranks, " ranks (docs/COMM.md)"));
+    os << line("per rank, its share", b(rank_peak()), "predicted peak + host-shared / ranks of the host");
+    os << line("per host", b(host_peak()), "ranks x predicted peak + host-shared");
+  }
   os << "\ntraffic per step, bytes sent per rank (N = " << o.world << ")\n";
   auto tl = [&](const char* name, const Traffic& t, const char* formula) {
     std::string note = formula;
@@ -360,6 +395,10 @@ std::string Plan::to_json() const {
           {"recompute_grad", recompute_grad},
           {"C", C},
           {"peak", peak},
+          {"shared_per_host", shared_per_host},
+          {"host_ranks", host_ranks},
+          {"rank_peak", rank_peak()},
+          {"host_peak", host_peak()},
           {"traffic", tj(traffic)},
           {"traffic_by_strategy",
            {{"FULL_SHARD", tj(full_shard)}, {"SHARD_GRAD_OP", tj(shard_grad_op)}, {"NO_SHARD", tj(no_shard)}}},

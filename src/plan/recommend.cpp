@@ -28,7 +28,7 @@ constexpr double kTie = 0.01;      // within 1%: a tie, the next key decides
 std::string b(int64_t x) { return fsdp::memory::format_bytes(x); }
 
 bool fits(const Plan& p, int64_t budget) {
-  return budget <= 0 || p.peak <= static_cast<int64_t>(budget * kHeadroom);
+  return budget <= 0 || p.rank_peak() <= static_cast<int64_t>(budget * kHeadroom);
 }
 
 std::string pct(int64_t part, int64_t whole) {
@@ -131,7 +131,7 @@ Recommendation recommend(const std::vector<Candidate>& cands, int64_t A, const P
       f.units = static_cast<int>(c.units.size());
       f.prefetch = o.prefetch;
       f.fits = fits(p, budget);
-      f.peak = p.peak;
+      f.peak = p.rank_peak();  // host-shared: its share of the shared memory too
       f.rest = p.rest;
       f.comm = comm_cost(s, c.units, o);
       r.candidates.push_back(f);

@@ -72,6 +72,8 @@ Unit::Unit(int index, std::string name, torch::nn::Module* module, Unit* parent,
                             opts.strategy == ShardingStrategy::HYBRID_SHARD),
       keeps_unsharded(is_no_shard(opts)),
       full_is_shard(is_no_shard(opts) && param_dtype_of(opts) == torch::kFloat32),
+      host_shared(!is_no_shard(opts) && opts.device.is_cpu() && total_numel(slots) > 0 && comm->world_size() > 1 &&
+                  comm->shares_host_memory()),
       n_grad_params(count_grad_params(slots)),
       params_(std::move(slots)) {
   // Back to back in the flat buffer; this rank's [lo, hi) of each.
@@ -112,7 +114,18 @@ void Unit::init_flat_param(const FsdpOptions& opts, const InitTargetOf& target_o
       owner->comm->broadcast(flat, 0, {"sync_module_states " + display_name()})->wait();
     shard = keeps_unsharded ? flat : flat.narrow(0, shard_begin, shard_numel).clone();
   }
-  full = full_is_shard ? shard : torch::empty({padded_numel}, torch::TensorOptions(param_dtype).device(device));
+  if (host_shared) {
+    // One copy per host that every rank maps (unit.h). fp32: the master
+    // shard becomes this rank's slice of it, so the optimizer's updates land
+    // where every rank reads them.
+    full = comm->shared_tensor(padded_numel, param_dtype, {display_name()});
+    if (param_dtype == torch::kFloat32 && shard_numel > 0) {
+      full.narrow(0, shard_begin, shard_numel).copy_(shard);
+      shard = full.narrow(0, shard_begin, shard_numel);
+    }
+  } else {
+    full = full_is_shard ? shard : torch::empty({padded_numel}, torch::TensorOptions(param_dtype).device(device));
+  }
   // NO_SHARD keeps the unsharded copy (shard is the whole flat buffer); the
   // sharded strategies free `full` below, so its values do not matter.
   if (!full_is_shard && keeps_unsharded) full.copy_(shard);
@@ -132,6 +145,8 @@ void Unit::init_flat_param(const FsdpOptions& opts, const InitTargetOf& target_o
   }
   if (keeps_unsharded) {
     state_ = UnitState::UNSHARDED;
+  } else if (host_shared) {
+    state_ = UnitState::SHARDED;  // resident, not yet gathered: the first unshard is a barrier
   } else {
     compat::free_storage(full);
     state_ = UnitState::SHARDED;

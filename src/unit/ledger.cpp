@@ -39,6 +39,9 @@ plan::PlanOptions plan_options(const detail::Engine& e, const Ledger& l) {
   const bool prefetch = o.forward_prefetch || o.backward_prefetch != BackwardPrefetch::NONE;
   po.prefetch = prefetch ? o.limit_all_gathers - 1 : 0;
   po.optimizer_state_bytes = l.O;
+  // What the run does, not what it might: its units share the host's memory or not.
+  po.share_host = false;
+  for (auto& u : e.units) po.share_host = po.share_host || u->host_shared;
   po.async_checkpoint = l.C > 0;
   return po;
 }
@@ -56,6 +59,7 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
     l.P += tensor_bytes(u->shard);
     if (u->keeps_unsharded && !u->full_is_shard) l.P += tensor_bytes(u->full);
     l.G += tensor_bytes(u->shard_grad);
+    if (u->host_shared) l.shared_per_host += tensor_bytes(u->full);
     const int64_t block = u->padded_numel * static_cast<int64_t>(c10::elementSize(u->param_dtype));
     if (block > l.P_block) {
       l.P_block = block;
@@ -89,7 +93,7 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
   l.predicted_peak = p.peak;
   trace::set_metadata("ledger", {{"P_full", l.P_full}, {"P", l.P}, {"G", l.G}, {"O", l.O}, {"P_block", l.P_block},
                                  {"P_block_unit", l.P_block_unit}, {"A", l.A}, {"A_recompute", l.A_recompute}, {"C", l.C},
-                                 {"predicted_rest", l.predicted_rest},
+                                 {"predicted_rest", l.predicted_rest}, {"shared_per_host", l.shared_per_host},
                                  {"predicted_peak", l.predicted_peak}});
   if (l.process.at_start > 0) {
     const memory::ProcessMemory& m = l.process;
@@ -97,7 +101,8 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
                                            {"tensors", m.tensors}, {"comm", m.comm}, {"cache", m.cache},
                                            {"malloc_used", m.malloc_other}, {"malloc_free", m.malloc_free},
                                            {"unexplained", m.unexplained}, {"sample", m.sample},
-                                           {"elsewhere", m.elsewhere}, {"comm_high", m.comm_high}});
+                                           {"elsewhere", m.elsewhere}, {"comm_high", m.comm_high},
+                                           {"shared", m.shared}, {"pss", m.pss}});
   }
   return l;
 }
@@ -120,6 +125,11 @@ std::string Ledger::str() const {
   // HYBRID shards over its group: the guide's divisor is S there.
   const std::string div = shard_group_size > 0 && shard_group_size < world_size ? "S" : "N";
   row("P+G+O", P + G + O, "model state at rest  | guide: (P+G+O)/" + div + " = " + format_bytes(predicted_rest));
+  if (shared_per_host > 0)
+    row("shared", shared_per_host,
+        "host-shared units: every unit's parameters once per host, mapped by its " + std::to_string(shard_group_size) +
+            " ranks (this rank's share " + format_bytes(shared_per_host / std::max(1, shard_group_size)) +
+            "; not in the allocator's peak)");
   row("P_block", P_block, "largest unit unsharded: '" + P_block_unit + "'");
   row("A", A, "activations of the last forward (measured)");
   if (A_recompute > 0) row("A_recomp", A_recompute, "activations of one recompute in backward (activation checkpointing)");

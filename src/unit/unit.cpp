@@ -84,6 +84,17 @@ void Unit::unshard(bool prefetch) {
   torch::NoGradGuard ng;
   // On a GPU: on the all-gather stream, after what compute queued (the
   // optimizer's last write to the shard); `full` is allocated there.
+  if (host_shared) {
+    // `full` is resident (one copy per host): this rank writes its slice
+    // (fp32: the shard is that slice already) and the all-gather is the
+    // barrier after which every rank's slice is there.
+    gather_input_ = full.narrow(0, shard_begin, shard_numel);
+    if (param_dtype != torch::kFloat32) gather_input_.copy_(shard);
+    gather_work_ = comm->all_gather(gather_input_, full, {display_name()});
+    state_ = UnitState::UNSHARDING;
+    if (prefetch) prefetched_ = true;
+    return;
+  }
   owner->streams.on_all_gather([&] {
     {
       AllocPurpose purpose("all-gather output (unsharded parameters)", *this);
@@ -121,7 +132,9 @@ void Unit::reshard() {
   // backward needs them next (recompute.cpp).
   if (recompute_depth_ > 0) illegal(__FILE__, __LINE__, "reshard", "UNSHARDED, recomputing", "not recomputing");
   wait_for_unshard();  // the comm thread may still be writing into `full`
-  compat::free_storage(full);
+  // Host-shared: the memory stays (one copy per host); SHARDED says the
+  // next use must gather again, after the optimizer changed the shards.
+  if (!host_shared) compat::free_storage(full);
   state_ = UnitState::SHARDED;
   prefetched_ = false;
 }
@@ -145,6 +158,9 @@ void Unit::post_forward(bool will_backward, bool in_recompute) {
   expect(__FILE__, __LINE__, "post_forward", {TrainingState::FORWARD});
   // In a recompute the backward of this forward comes next: resharding now
   // would cost its pre_backward a second all-gather.
+  // Host-shared units reshard too (their memory stays; SHARDED only says
+  // the backward gathers again): the same collectives as every other path,
+  // so traffic, plans and traces read alike, for one barrier per unit.
   if (!(will_backward && in_recompute) && (reshard_after_forward || !will_backward)) reshard();
   training_ = will_backward ? TrainingState::FORWARD_DONE : TrainingState::IDLE;
 }
@@ -205,13 +221,21 @@ torch::Tensor Unit::flat_grads_for_reduce() {
     // Gradients accumulated under no_sync (plus any that bypassed the buffer).
     collect_into_full_grad();
     flat = full_grad.scalar_type() == reduce_dtype ? full_grad : full_grad.to(reduce_dtype);
+    if (host_shared) {
+      // Where the peers read it (unit.h).
+      torch::Tensor peer = comm->peer_tensor(padded_numel, reduce_dtype);
+      peer.copy_(flat);
+      flat = peer;
+    }
   } else {
     // Written once: every landed gradient is copied in, and only what no
     // gradient covers (padding, gaps, parameters without one) is zeroed, so
     // the buffer (P_block, reused from the allocator's cache) is not first
     // cleared in full and then overwritten.
     AllocPurpose purpose("unsharded gradients", *this);
-    flat = torch::empty({padded_numel}, torch::TensorOptions(reduce_dtype).device(device));
+    // Host-shared: in memory the peers map, where the reduce sums it.
+    flat = host_shared ? comm->peer_tensor(padded_numel, reduce_dtype)
+                       : torch::empty({padded_numel}, torch::TensorOptions(reduce_dtype).device(device));
     std::vector<const ParamSlot*> by_offset;
     by_offset.reserve(params_.size());
     for (auto& s : params_) by_offset.push_back(&s);

@@ -128,6 +128,16 @@ class Unit {
   const bool reshard_after_forward;  // FULL_SHARD, HYBRID_SHARD
   const bool keeps_unsharded;        // NO_SHARD: `full` always resident
   const bool full_is_shard;          // NO_SHARD in fp32: full and shard are one tensor
+  // The shard group's ranks share one host's memory (Communicator::
+  // shares_host_memory; FULL_SHARD, SHARD_GRAD_OP, HYBRID's shard group, on
+  // the CPU): `full` is one piece of memory per host that every rank maps,
+  // never freed; in fp32 `shard` is this rank's slice of it (the optimizer
+  // updates it in place), otherwise each rank casts its shard into its
+  // slice. The all-gather is then a barrier, reshard frees nothing (it
+  // only marks the unit SHARDED, so the collectives are those of every
+  // other path), and the gradients go to the reduce in peer memory
+  // (Communicator::peer_tensor), summed where they lie.
+  const bool host_shared;
   const int n_grad_params;           // parameters that require grad
   // The parameters in flat-buffer order, read-only: the layout is the
   // constructor's, the views and hooks init_flat_param's.

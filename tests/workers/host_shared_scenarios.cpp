@@ -1,0 +1,120 @@
+// fsdp-cpp tests: rank-side logic of the host-shared tests
+// (tests/test_host_shared.cpp).
+//
+// hs_train DTYPE STEPS OUT FAULT FROZEN: FULL_SHARD training of the core Net
+//   (units Block x3 and Gate; uneven sizes, a parameter smaller than N) on
+//   fixed data, AdamW, clip_grad_norm; prints
+//   "HS shares=<0|1> path=<describe()> loss=<last loss>". OUT ("-": none):
+//   rank 0 saves the final parameters (torch::save, in named order).
+//   FAULT ("-": none): "kill:R:S" or "stop:R:S": rank R raises SIGKILL or
+//   SIGSTOP on itself at the start of step S, so the others wait in the
+//   first unit's all-gather. FROZEN 1: blocks.0 does not train.
+// hs_ckpt save|load DIR DTYPE: save: 2 steps, a sharded checkpoint, then one
+//   more step; load: the checkpoint, then that step. Both print
+//   "HSCK loss=<the last step's loss>", equal when the load restored the
+//   state exactly.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "../core_model.h"
+#include "fsdp/comm.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/state_dict.h"
+#include "scenario.h"
+
+namespace fsdp::testing {
+namespace {
+
+FsdpOptions hs_options(const std::string& dtype) {
+  FsdpOptions o;
+  o.strategy = ShardingStrategy::FULL_SHARD;
+  o.wrap = WrapPolicy::predicate(
+      [](const std::string&, const torch::nn::Module& m, int64_t) {
+        return dynamic_cast<const BlockImpl*>(&m) || dynamic_cast<const GateImpl*>(&m);
+      },
+      "Block and Gate");
+  o.backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
+  if (dtype == "bf16") o.mixed_precision.param_dtype = torch::kBFloat16;
+  return o;
+}
+
+// One step on rank r's rows of batch `step`; returns the mean loss over ranks.
+template <class Model>
+double hs_step(Model& model, torch::optim::Optimizer& opt, Communicator& comm, int step) {
+  const int N = comm.world_size(), r = comm.rank(), B = 3;
+  torch::manual_seed(100 + step);
+  auto X = torch::randn({N * B, 7}), Y = torch::randn({N * B, 5});
+  auto rows = torch::arange(int64_t(r) * B, int64_t(r + 1) * B);
+  torch::Tensor out = model.forward(X.index_select(0, rows)).to(torch::kFloat32);
+  torch::Tensor loss = (out - Y.index_select(0, rows)).pow(2).mean();
+  loss.backward();
+  model->clip_grad_norm(0.5);
+  opt.step();
+  opt.zero_grad();
+  return all_reduce_mean(comm, loss.item<double>());
+}
+
+void maybe_fault(const std::string& fault, int rank, int step) {
+  if (fault == "-") return;
+  const auto a = fault.find(':'), b = fault.rfind(':');
+  const std::string kind = fault.substr(0, a);
+  const int who = std::stoi(fault.substr(a + 1, b - a - 1)), at = std::stoi(fault.substr(b + 1));
+  if (who != rank || at != step) return;
+  std::printf("HS rank %d raises %s at step %d\n", rank, kind.c_str(), step);
+  std::fflush(stdout);
+  ::raise(kind == "kill" ? SIGKILL : SIGSTOP);
+}
+
+}  // namespace
+
+FSDP_SCENARIO(hs_train) {
+  const std::string dtype = args.at(0), out_path = args.at(2), fault = args.at(3);
+  const int steps = std::stoi(args.at(1));
+  const bool frozen = args.at(4) == "1";
+  auto comm = make_communicator_from_env();
+  torch::manual_seed(1234);
+  Net net;
+  if (frozen)
+    for (auto& p : net->block_list[0]->parameters()) p.set_requires_grad(false);
+  auto model = fully_shard(net, comm, hs_options(dtype));
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(2e-3).weight_decay(0.1));
+  double loss = 0;
+  for (int s = 0; s < steps; ++s) {
+    maybe_fault(fault, comm->rank(), s);
+    loss = hs_step(model, opt, *comm, s);
+  }
+  std::printf("HS shares=%d path=%s loss=%.9g\n", comm->shares_host_memory() ? 1 : 0, comm->describe().c_str(), loss);
+  if (out_path != "-") {
+    auto full = model->full_state(0);
+    if (comm->rank() == 0) {
+      std::vector<torch::Tensor> values;
+      for (auto& [name, t] : full) values.push_back(t.to(torch::kFloat32).contiguous());
+      torch::save(values, out_path);
+    }
+  }
+  return 0;
+}
+
+FSDP_SCENARIO(hs_ckpt) {
+  const std::string mode = args.at(0), dir = args.at(1), dtype = args.at(2);
+  auto comm = make_communicator_from_env();
+  torch::manual_seed(1234);
+  Net net;
+  auto model = fully_shard(net, comm, hs_options(dtype));
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(2e-3).weight_decay(0.1));
+  if (mode == "save") {
+    for (int s = 0; s < 2; ++s) hs_step(model, opt, *comm, s);
+    save_checkpoint(*model, &opt, dir, 2, nlohmann::json{{"step", 2}});
+  } else {
+    auto r = load_checkpoint(*model, &opt, dir);
+    FSDP_USER_CHECK(r.found, "no checkpoint in ", dir);
+  }
+  const double loss = hs_step(model, opt, *comm, 2);
+  std::printf("HSCK shares=%d loss=%.9g\n", comm->shares_host_memory() ? 1 : 0, loss);
+  return 0;
+}
+
+}  // namespace fsdp::testing
