@@ -138,6 +138,15 @@ TEST_P(CoreLedger, RestingStateAndTrafficMatchTheGuideFormulas) {
     EXPECT_EQ(l.G, numel * 4);
   }
   EXPECT_EQ(l.O, 2 * 4 * local);
+  // Host-shared units (ranks of one host, the default): every unit once per
+  // host in fp32, of which this rank's share is its P.
+  if (comm->shares_host_memory() && c.strategy != "none") {
+    EXPECT_EQ(l.shared_per_host, padded_bytes);
+    EXPECT_EQ(l.shared_per_host / N, l.P);
+    EXPECT_NE(l.str().find("host-shared units"), std::string::npos) << l.str();
+  } else {
+    EXPECT_EQ(l.shared_per_host, 0);
+  }
 
   // Over all ranks (fp64 sums: exact at these sizes).
   auto sums = torch::tensor({double(local), double(ar)}, torch::kFloat64);

@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <atomic>
 #include <mutex>
 #include <thread>
 
@@ -365,9 +366,16 @@ std::string dump(const std::string& reason, const std::string& where) {
   for (auto& x : snapshot()) list.push_back(x.to_json());
   j["collectives"] = std::move(list);
   const std::string path = d + "/flight-rank" + std::to_string(rank) + ".json";
+  // Two dumps of one process may run at once (a failed collective's, on the
+  // communication thread, and the launcher's SIGUSR1, on the signal
+  // thread): one at a time, each through a file of its own, so the file
+  // renamed into place is always one whole dump (the later one).
+  static std::mutex write_mu;
+  static std::atomic<uint64_t> writes{0};
+  std::lock_guard<std::mutex> one_at_a_time(write_mu);
   try {
     std::filesystem::create_directories(d);
-    const std::string tmp = path + ".tmp" + std::to_string(getpid());
+    const std::string tmp = path + ".tmp" + std::to_string(getpid()) + "." + std::to_string(++writes);
     {
       std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
       f << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";

@@ -82,8 +82,6 @@ void Unit::unshard(bool prefetch) {
   if (empty() || state_ != UnitState::SHARDED) return;
   if (gather_work_) illegal(__FILE__, __LINE__, "unshard", "SHARDED with an all-gather in flight", "none in flight");
   torch::NoGradGuard ng;
-  // On a GPU: on the all-gather stream, after what compute queued (the
-  // optimizer's last write to the shard); `full` is allocated there.
   if (host_shared) {
     // `full` is resident (one copy per host): this rank writes its slice
     // (fp32: the shard is that slice already) and the all-gather is the
@@ -95,6 +93,8 @@ void Unit::unshard(bool prefetch) {
     if (prefetch) prefetched_ = true;
     return;
   }
+  // On a GPU: on the all-gather stream, after what compute queued (the
+  // optimizer's last write to the shard); `full` is allocated there.
   owner->streams.on_all_gather([&] {
     {
       AllocPurpose purpose("all-gather output (unsharded parameters)", *this);
