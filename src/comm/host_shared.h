@@ -14,9 +14,11 @@
 //
 // Nothing is named: the memory is a memfd (memfd_create(2)), which a peer
 // reaches through pidfd_getfd(2) (the same permission as cross-memory
-// attach) and maps; every descriptor is closed once mapped, so the memory
-// goes away with the last mapping and no crash can leave it behind (no
-// /dev/shm file, nothing to unlink).
+// attach), maps and closes its copy of. A unit's segment is closed by rank
+// 0 too once every rank mapped it; a rank keeps its own gradient blocks'
+// descriptors for its peers to take until it exits. So the memory lives only
+// as long as a process of the job maps or holds it, and no crash can leave
+// it behind (no /dev/shm file, nothing to unlink).
 //
 // Ordering: every exchange runs on the communicator's thread under the
 // collective's sequence number (the Gloo messages of slots::kHostShared,
