@@ -220,12 +220,12 @@ torch::Tensor Unit::flat_grads_for_reduce() {
   if (full_grad.defined()) {
     // Gradients accumulated under no_sync (plus any that bypassed the buffer).
     collect_into_full_grad();
-    flat = full_grad.scalar_type() == reduce_dtype ? full_grad : full_grad.to(reduce_dtype);
     if (host_shared) {
-      // Where the peers read it (unit.h).
-      torch::Tensor peer = comm->peer_tensor(padded_numel, reduce_dtype);
-      peer.copy_(flat);
-      flat = peer;
+      // Where the peers read it (unit.h); copy_ casts on the way, once.
+      flat = comm->peer_tensor(padded_numel, reduce_dtype);
+      flat.copy_(full_grad);
+    } else {
+      flat = full_grad.scalar_type() == reduce_dtype ? full_grad : full_grad.to(reduce_dtype);
     }
   } else {
     // Written once: every landed gradient is copied in, and only what no
