@@ -118,6 +118,8 @@ TEST(Config, EveryVariableSetWrongIsOneErrorNamingIt) {
       {"FSDP_BACKEND", "mpi"},
       {"FSDP_TIERS", "maybe"},
       {"FSDP_SHARE_HOST", "maybe"},
+      {"FSDP_COORDINATOR", "nowhere"},
+      {"FSDP_REPLICA_GROUP", "-1"},
       {"FSDP_STORE_BIND", "some"},
       {"FSDP_STORE_HOSTED", "yes"},
       {"FSDP_RING_PIECE_KIB", "1"},

@@ -73,6 +73,8 @@ struct EnvConfig {
   std::optional<bool> share_host;                // FSDP_SHARE_HOST, unset: CommOptions::share_host_memory
   std::string job_token;                         // FSDP_JOB_TOKEN, "" unset
   std::string host_id;                           // FSDP_HOST_ID, "" unset
+  std::string coordinator;                       // FSDP_COORDINATOR ("host:port"), "" unset
+  std::optional<int> replica_group;              // FSDP_REPLICA_GROUP
   std::string cuda_plugin;                       // FSDP_CUDA_PLUGIN, "" unset (fsdp/device.h)
   std::string nccl_async_error_handling = "3";   // TORCH_NCCL_ASYNC_ERROR_HANDLING, as given (torch's)
   bool store_bind_all = false;                   // FSDP_STORE_BIND=all

@@ -11,5 +11,6 @@
 #include "fsdp/memory.h"
 #include "fsdp/optim.h"
 #include "fsdp/param_init.h"
+#include "fsdp/replicas.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/trace.h"

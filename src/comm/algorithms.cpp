@@ -36,19 +36,8 @@ class RingAlgorithms final : public Algorithms {
     return ring_reduce_scatter(w, in, out, offset, count, dtype, divisor);
   }
 
-  // Ring reduce-scatter into our own chunk, then ring all-gather of the
-  // chunks (uneven when numel % N != 0), all in place.
   Traffic all_reduce(const Wire& w, void* data, int64_t numel, c10::ScalarType dtype, int divisor) override {
-    const int n = w.mesh->size, r = w.mesh->rank;
-    const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
-    Chunks c = ring_chunks(numel, n);
-    char* d = static_cast<char*>(data);
-    const int64_t sent = ring_reduce_scatter(w, d, d + c.offset[r] * es, c.offset, c.count, dtype, divisor);
-    for (int j = 0; j < n; ++j) {
-      c.offset[j] *= es;
-      c.count[j] *= es;
-    }
-    return sent + ring_all_gather(w, d, c.offset, c.count, slots::kRing.from(n));
+    return ring_all_reduce(w, data, numel, dtype, divisor);
   }
 
   path::Path path() const override { return path::Path::TCP; }

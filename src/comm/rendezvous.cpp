@@ -176,6 +176,19 @@ c10d::TCPStore* host_store(const std::string& addr, int port, std::chrono::milli
 
 void close_hosted_store(c10d::TCPStore* store) { delete store; }
 
+std::shared_ptr<Mesh> connect_mesh_through(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
+                                           int rank, int size, const std::string& addr, int port,
+                                           std::chrono::milliseconds timeout) {
+  const std::string hostname = local_address_toward(addr, port);
+  try {
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, c10::make_intrusive<PollingStore>(store));
+    return connect_gloo_mesh(prefixed, rank, size, "", hostname, timeout);
+  } catch (const std::exception& e) {
+    throw Error(detail::cat("connecting the Gloo TCP links of ", size, " ranks (this one at ", hostname,
+                            ", keys under ", prefix, ") failed: ", e.what()));
+  }
+}
+
 Rendezvous::Rendezvous(const WorldEnv& world, const ResolvedOptions& opts)
     : world_(world), timeout_(opts.rendezvous_timeout) {
   const std::string& job_token = opts.job_token;

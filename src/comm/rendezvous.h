@@ -58,6 +58,12 @@ c10::intrusive_ptr<c10d::TCPStore> connect_store_client(const std::string& addr,
 // to addr's interface, or with `bind_all` (FSDP_STORE_BIND=all) to every one.
 c10d::TCPStore* host_store(const std::string& addr, int port, std::chrono::milliseconds timeout, bool bind_all);
 void close_hosted_store(c10d::TCPStore* store);
+// A full mesh of Gloo TCP links between `size` ranks through `store`'s
+// keys under `prefix` (waits polled, as the rendezvous's), on the address
+// of this host toward addr:port. Throws fsdp::Error naming the address.
+std::shared_ptr<Mesh> connect_mesh_through(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
+                                           int rank, int size, const std::string& addr, int port,
+                                           std::chrono::milliseconds timeout);
 
 class Rendezvous {
  public:

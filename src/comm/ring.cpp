@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/checks.h"
 #include "comm/mesh.h"
 #include "comm/slots.h"
 #include "comm/local_sum.h"
@@ -416,6 +417,19 @@ int64_t dissemination_barrier(const Wire& w) {
     sent += 1;
   }
   return sent;
+}
+
+int64_t ring_all_reduce(const Wire& w, void* data, int64_t numel, c10::ScalarType dtype, int divisor) {
+  const int n = w.mesh->size, r = w.mesh->rank;
+  const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
+  Chunks c = ring_chunks(numel, n);
+  char* d = static_cast<char*>(data);
+  const int64_t sent = ring_reduce_scatter(w, d, d + c.offset[r] * es, c.offset, c.count, dtype, divisor);
+  for (int j = 0; j < n; ++j) {
+    c.offset[j] *= es;
+    c.count[j] *= es;
+  }
+  return sent + ring_all_gather(w, d, c.offset, c.count, slots::kRing.from(n));
 }
 
 }  // namespace fsdp::comm

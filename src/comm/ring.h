@@ -1,6 +1,6 @@
 // fsdp-cpp: the collective algorithms, on a mesh of point-to-point links.
 // defines: Wire, Traffic, ring_all_gather, ring_reduce_scatter,
-//          direct_broadcast, direct_gather, dissemination_barrier
+//          ring_all_reduce, direct_broadcast, direct_gather, dissemination_barrier
 //
 // Rank r talks to its ring neighbours r+1 (right) and r-1 (left). A "step"
 // is one round of a ring (or of the barrier). Each message travels in its
@@ -79,6 +79,11 @@ int64_t ring_all_gather(const Wire& w, void* buf, const std::vector<int64_t>& of
 int64_t ring_reduce_scatter(const Wire& w, const void* in, void* out_chunk,
                             const std::vector<int64_t>& offset, const std::vector<int64_t>& count,
                             c10::ScalarType dtype, int divisor);
+
+// In place over `numel` elements of `dtype` at `data`, chunks as
+// ring_chunks(numel, N): the ring reduce-scatter into this rank's chunk,
+// then the ring all-gather of the chunks from step N. Returns bytes sent.
+int64_t ring_all_reduce(const Wire& w, void* data, int64_t numel, c10::ScalarType dtype, int divisor);
 
 // root's bytes land on every rank. Returns bytes sent.
 int64_t direct_broadcast(const Wire& w, void* buf, int64_t nbytes, int root);

@@ -58,6 +58,12 @@ constexpr Range kCmaSecond{kCma.end, kCma.end + kCmaMessages};
 constexpr int kHostSharedMessages = 2;
 constexpr Range kHostShared{kCmaSecond.end, kCmaSecond.end + kHostSharedMessages};
 
+// A replica link's point-to-point copies (quorum.h: a heal), numbered per
+// pair of ranks; its all-reduces take the rings' steps.
+constexpr Range kPeerCopy{kHostShared.end, kHostShared.end + 1};
+
+static_assert(kPeerCopy.valid() && kPeerCopy.apart(kRing) && kPeerCopy.apart(kRingReduce),
+              "a replica link's copies must not meet its all-reduces");
 static_assert(kTransportHello.valid() && kTransportProbe.valid() && kTiersAgree.valid());
 static_assert(kShareProbe.valid() && kShareProbe.apart(kTransportHello) && kShareProbe.apart(kTransportProbe) &&
                   kShareProbe.apart(kTiersAgree),

@@ -20,6 +20,12 @@ int64_t steady_ns() {
 
 void StoreSession::set(const std::string& key, const std::string& value) { store_.set(key, bytes(value)); }
 
+int64_t StoreSession::add(const std::string& key, int64_t delta) {
+  const int64_t v = store_.add(key, delta);
+  answered_();
+  return v;
+}
+
 bool StoreSession::check(const std::string& key) {
   const bool there = store_.check({key});
   answered_();
@@ -40,6 +46,8 @@ struct StoreClient::State {
   struct Request {
     std::vector<std::string> keys;
     std::vector<std::pair<std::string, std::string>> writes;
+    std::optional<std::pair<std::string, int64_t>> add;
+    int64_t added = 0;
     bool done = false, ok = false;
     std::vector<std::optional<std::string>> values;
   };
@@ -96,6 +104,7 @@ struct StoreClient::State {
     q.values.assign(q.keys.size(), std::nullopt);
     q.ok = on_store([&](StoreSession& s) {
       for (auto& [k, v] : q.writes) s.set(k, v);
+      if (q.add) q.added = s.add(q.add->first, q.add->second);
       for (size_t i = 0; i < q.keys.size(); ++i) q.values[i] = s.get(q.keys[i]);
     });
   }
@@ -187,6 +196,13 @@ std::optional<std::vector<std::optional<std::string>>> StoreClient::read(const s
   q->keys = keys;
   if (!s_->submit(q, budget)) return std::nullopt;
   return q->values;
+}
+
+std::optional<int64_t> StoreClient::add(const std::string& key, int64_t delta, std::chrono::milliseconds budget) {
+  auto q = std::make_shared<State::Request>();
+  q->add = std::make_pair(key, delta);
+  if (!s_->submit(q, budget)) return std::nullopt;
+  return q->added;
 }
 
 bool StoreClient::write(const std::string& key, const std::string& value, std::chrono::milliseconds budget) {

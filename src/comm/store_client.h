@@ -39,6 +39,8 @@ class StoreSession {
   void set(const std::string& key, const std::string& value);
   // Whether `key` exists (a round trip).
   bool check(const std::string& key);
+  // Adds `delta` to the counter `key` (0 when absent); its new value.
+  int64_t add(const std::string& key, int64_t delta);
   // `key`'s value; nullopt when it is absent (check first: a get of an
   // absent key would wait for it).
   std::optional<std::string> get(const std::string& key);
@@ -79,6 +81,9 @@ class StoreClient {
   // store did not answer within `budget` (or the client is stuck).
   std::optional<std::vector<std::optional<std::string>>> read(const std::vector<std::string>& keys,
                                                               std::chrono::milliseconds budget);
+  // Adds `delta` to the counter `key`; its new value, or nullopt when the
+  // store did not answer within `budget`.
+  std::optional<int64_t> add(const std::string& key, int64_t delta, std::chrono::milliseconds budget);
   // Sets `key`; true once sent within `budget`.
   bool write(const std::string& key, const std::string& value, std::chrono::milliseconds budget);
   // A caller gave up on a request the thread is still inside: calls fail

@@ -1,6 +1,8 @@
 // fsdp-cpp: the environment, parsed in one place (see include/fsdp/config.h).
 #include "fsdp/config.h"
 
+#include <algorithm>
+
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -77,6 +79,10 @@ const std::vector<Variable>& variables() {
       {"FSDP_SHARE_HOST", "on or off", "CommOptions::share_host_memory (on)",
        "ranks of one host keep one copy of each unit's parameters and reduce gradients where they lie "
        "(docs/COMM.md, \"Host-shared units\")"},
+      {"FSDP_COORDINATOR", "host:port", "ReplicaOptions::coordinator (none)",
+       "the coordinator of replica groups (`fsdp coordinator`; fsdp/replicas.h)"},
+      {"FSDP_REPLICA_GROUP", "an integer in [0, 1048576)", "ReplicaOptions::group (none)",
+       "this process's replica group (fsdp/replicas.h)"},
       {"FSDP_JOB_TOKEN", "16 to 128 of [A-Za-z0-9_-]", "none", "the secret shared by the ranks of one job (`fsdp run` sets it)"},
       {"FSDP_HOST_ID", "any text", "host name, boot id and namespaces",
        "which ranks count as one host (tests run two hosts on one machine)"},
@@ -272,6 +278,19 @@ EnvConfig parse(const Lookup& lookup, const Lineage& lineage) {
     c.job_token = tok;
   }
   if (const char* h = r.raw("FSDP_HOST_ID")) c.host_id = h;
+  if (const char* a = r.raw("FSDP_COORDINATOR")) {
+    const std::string v = a;
+    const auto colon = v.rfind(':');
+    const std::string port = colon == std::string::npos ? "" : v.substr(colon + 1);
+    const bool digits = !port.empty() && port.size() <= 5 &&
+                        std::all_of(port.begin(), port.end(), [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)); });
+    if (colon == 0 || colon == std::string::npos || !digits || std::stoi(port) < 1 || std::stoi(port) > 65535)
+      throw Error(detail::cat("FSDP_COORDINATOR='", v, "': expected host:port (e.g. 10.0.0.5:29400), the address "
+                              "`fsdp coordinator` listens on"));
+    c.coordinator = v;
+  }
+  if (auto g = r.integer("FSDP_REPLICA_GROUP", 0, (1 << 20) - 1, "this process's replica group"))
+    c.replica_group = static_cast<int>(*g);
   if (const char* p = r.raw("FSDP_CUDA_PLUGIN")) c.cuda_plugin = p;
   if (const char* m = r.raw("TORCH_NCCL_ASYNC_ERROR_HANDLING")) c.nccl_async_error_handling = m;
   c.store_bind_all = r.choice("FSDP_STORE_BIND", {"all"}, "", "known",

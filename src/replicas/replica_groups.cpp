@@ -1,0 +1,319 @@
+// fsdp-cpp: a replica group's side of per-step fault tolerance
+// (fsdp/replicas.h): the quorum of each step, the gradients' mean across
+// groups, the vote, and healing from a peer.
+#include "fsdp/replicas.h"
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "comm/quorum.h"
+#include "compat/torch_compat.h"
+#include "fsdp/comm.h"
+#include "fsdp/errors.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/trace.h"
+#include "optim/optimizer_state.h"
+
+namespace fsdp {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// What the coordinator compares between groups: the parameters' names and
+// full shapes, and how they are sharded.
+std::string model_fingerprint(const FullyShardedModel& model) {
+  size_t h = 1469598103934665603ull;
+  int64_t elements = 0;
+  auto mix = [&h](const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  };
+  const auto shards = model.named_shards();
+  for (const auto& s : shards) {
+    mix(s.name);
+    int64_t n = 1;
+    for (int64_t d : s.full_shape) {
+      mix("," + std::to_string(d));
+      n *= d;
+    }
+    elements += n;
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016zx", h);
+  return detail::cat(shards.size(), " tensors, ", elements, " elements, names and shapes ", hex);
+}
+
+std::string sharding_of(const FullyShardedModel& model) {
+  const auto& mp = model.options().mixed_precision;
+  return detail::cat(to_string(model.options().strategy), ", params ",
+                     mp.param_dtype ? c10::toString(*mp.param_dtype) : "fp32");
+}
+
+std::vector<torch::Tensor> optimizer_params(const torch::optim::Optimizer& opt) {
+  std::vector<torch::Tensor> out;
+  for (const auto& g : opt.param_groups())
+    for (const auto& p : g.params()) out.push_back(p);
+  return out;
+}
+
+// An error's message without the C++ stack c10::Error appends.
+std::string message_of(const std::exception& e) {
+  std::string m = e.what();
+  const auto cut = m.find("\nException raised from");
+  return cut == std::string::npos ? m : m.substr(0, cut);
+}
+
+}  // namespace
+
+struct ReplicaGroups::Impl {
+  FullyShardedModel& model;
+  torch::optim::Optimizer& opt;
+  comm::ReplicaPlace place;
+  std::unique_ptr<comm::QuorumClient> client;
+  std::unique_ptr<comm::ReplicaLink> link;
+  comm::QuorumView view;
+  StepQuorum q;
+  int64_t step = 0;
+  int64_t sent_before = 0;  // bytes sent by links already closed
+
+  Impl(FullyShardedModel& m, torch::optim::Optimizer& o, const ReplicaOptions& opts)
+      : model(m), opt(o), place(comm::resolve_replica_place(opts.coordinator, opts.group)) {
+    const CommPtr& c = model.comm();
+    // One launch of the group: a number every rank agrees on and a later
+    // launch exceeds (rank 0's clock).
+    auto inc = torch::tensor(
+        {static_cast<int64_t>(
+            std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count())},
+        torch::kInt64);
+    if (c->world_size() > 1) c->broadcast(inc, 0, {"replica group launch"})->wait();
+    detail::checkpoint_kind(&opt);  // refuses an optimizer whose state cannot travel, before hello
+    comm::GroupIdentity id;
+    id.group = place.group;
+    id.rank = c->rank();
+    id.group_size = c->world_size();
+    id.incarnation = inc.item<int64_t>();
+    id.model = model_fingerprint(model);
+    id.sharding = sharding_of(model);
+    client = std::make_unique<comm::QuorumClient>(place.host, place.port, id, opts.connect_timeout);
+  }
+
+  comm::ReplicaLink& link_for(const comm::QuorumView& v) {
+    if (!link || link->comm() != v.comm) {
+      drop_link();
+      link = std::make_unique<comm::ReplicaLink>(*client, v);
+    }
+    return *link;
+  }
+  void drop_link() {
+    if (link) sent_before += link->bytes_sent();
+    link.reset();
+  }
+
+  // The state that makes a step: every shard the optimizer steps, its
+  // state, and the module's buffers, in one order on every group.
+  void heal(const comm::QuorumView& v) {
+    std::vector<int> healing;
+    for (int g : v.members)
+      if (std::find(v.sources.begin(), v.sources.end(), g) == v.sources.end()) healing.push_back(g);
+    if (healing.empty()) return;
+    const int r = client->identity().rank;
+    const int source = v.sources[r % v.sources.size()];
+    const int me = place.group;
+    const bool sending = me == source;
+    const bool receiving = v.heal;
+    if (!sending && !receiving) return;
+    trace::Span span("heal", "ft");
+    const auto t0 = Clock::now();
+    auto& l = link_for(v);
+    auto index_of = [&](int g) {
+      return static_cast<int>(std::find(v.members.begin(), v.members.end(), g) - v.members.begin());
+    };
+    const auto* kind = detail::checkpoint_kind(&opt);
+    const auto names = detail::saved_tensors(kind, &opt);
+    const auto params = optimizer_params(opt);
+    std::vector<torch::Tensor> buffers;
+    for (const auto& b : model.module().buffers()) buffers.push_back(b);
+    auto exchange = [&](const std::function<void(const torch::Tensor&)>& each) {
+      torch::NoGradGuard ng;
+      for (const auto& p : params) each(p);
+      for (const auto& b : buffers) each(b);
+    };
+    int64_t got = 0;
+    if (sending) {
+      // The optimizer's per-parameter state: which parameters have it, their
+      // step, and the tensors in the kind's order.
+      json header = json::array();
+      std::vector<torch::Tensor> state;
+      for (const auto& p : params) {
+        auto it = opt.state().find(compat::optimizer_state_key(p));
+        if (it == opt.state().end() || !kind) {
+          header.push_back(nullptr);
+          continue;
+        }
+        json row{{"step", kind->step(*it->second)}, {"tensors", json::array()}};
+        for (const auto& n : names) {
+          auto t = kind->tensor(*it->second, n);
+          if (!t.defined()) continue;
+          row["tensors"].push_back(n);
+          state.push_back(t.contiguous());
+        }
+        header.push_back(row);
+      }
+      const std::string h = header.dump();
+      for (int g : healing) {
+        const int to = index_of(g);
+        exchange([&](const torch::Tensor& t) { l.send(to, t.contiguous()); });
+        auto len = torch::tensor({static_cast<int64_t>(h.size())}, torch::kInt64);
+        l.send(to, len);
+        l.send(to, torch::from_blob(const_cast<char*>(h.data()), {static_cast<int64_t>(h.size())}, torch::kUInt8));
+        for (const auto& t : state) l.send(to, t);
+      }
+    }
+    if (receiving) {
+      const int from = index_of(source);
+      exchange([&](const torch::Tensor& t) {
+        if (t.is_contiguous()) {
+          l.recv(from, t);
+        } else {
+          auto tmp = torch::empty_like(t, torch::MemoryFormat::Contiguous);
+          l.recv(from, tmp);
+          const_cast<torch::Tensor&>(t).copy_(tmp);
+        }
+        got += t.numel() * t.element_size();
+      });
+      auto len = torch::zeros({1}, torch::kInt64);
+      l.recv(from, len);
+      std::string h(static_cast<size_t>(len.item<int64_t>()), '\0');
+      l.recv(from, torch::from_blob(h.data(), {static_cast<int64_t>(h.size())}, torch::kUInt8));
+      got += 8 + static_cast<int64_t>(h.size());
+      const json header = json::parse(h);
+      FSDP_CHECK(header.size() == params.size(), "heal: the source's optimizer has ", header.size(),
+                 " parameters, this one ", params.size());
+      const detail::GroupOptions groups(opt);
+      for (size_t i = 0; i < params.size(); ++i) {
+        const auto& p = params[i];
+        const auto key = compat::optimizer_state_key(p);
+        if (header[i].is_null()) {
+          opt.state().erase(key);
+          continue;
+        }
+        std::map<std::string, torch::Tensor> in;
+        for (const auto& n : header[i].at("tensors")) {
+          auto t = torch::empty_like(p, torch::MemoryFormat::Contiguous);
+          l.recv(from, t);
+          got += t.numel() * t.element_size();
+          in[n.get<std::string>()] = t;
+        }
+        auto get = [&](const std::string& n) {
+          auto it = in.find(n);
+          return it == in.end() ? torch::zeros_like(p) : it->second;
+        };
+        opt.state()[key] = kind->make(groups.of(p), header[i].at("step").get<int64_t>(), get);
+      }
+      step = v.step;
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (receiving) {
+      q.healed = true;
+      q.heal_source = source;
+      q.heal_seconds = seconds;
+      q.heal_bytes = got;
+    }
+    if (span.active()) span.arg("source", source).arg("receiving", receiving).arg("bytes", got);
+  }
+
+  const StepQuorum& start_step() {
+    for (;;) {
+      view = client->join(step);
+      q = StepQuorum{};
+      q.id = view.id;
+      q.step = view.step;
+      q.groups = view.members;
+      try {
+        // Every member connects now, so the links' set-up never waits on
+        // a member's forward and backward.
+        if (view.members.size() > 1) link_for(view);
+        heal(view);
+        return q;
+      } catch (const std::exception& e) {
+        // A peer died or froze while connecting or copying: the step is
+        // dropped on every group and the next quorum heals again.
+        vote_failed(detail::cat("connecting to the other groups or healing from a peer failed: ", message_of(e)));
+      }
+    }
+  }
+
+  void vote_failed(const std::string& why) {
+    drop_link();
+    client->vote(view, false, why);
+  }
+
+  bool commit() {
+    model.wait_pending();
+    bool ok = true;
+    std::string why;
+    const auto params = optimizer_params(opt);
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : params) {
+      if (!p.requires_grad()) continue;
+      grads.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
+    }
+    torch::Tensor flat;
+    try {
+      if (view.members.size() > 1) {
+        trace::Span span("all_reduce across replica groups", "ft");
+        std::vector<torch::Tensor> pieces;
+        for (const auto& g : grads) pieces.push_back(g.reshape({-1}).to(torch::kFloat32));
+        flat = pieces.empty() ? torch::zeros({0}) : torch::cat(pieces);
+        link_for(view).all_reduce_mean(flat);
+      }
+    } catch (const std::exception& e) {
+      ok = false;
+      why = detail::cat("the mean across groups failed: ", message_of(e));
+      drop_link();
+    }
+    const comm::StepOutcome d = client->vote(view, ok, why);
+    q.committed = d.commit;
+    q.dropped = d.why;
+    if (d.commit) {
+      if (flat.defined()) {
+        torch::NoGradGuard ng;
+        int64_t at = 0;
+        for (size_t i = 0, k = 0; i < params.size(); ++i) {
+          if (!params[i].requires_grad()) continue;
+          auto& g = grads[k++];
+          const int64_t n = g.numel();
+          if (!params[i].grad().defined()) params[i].mutable_grad() = torch::zeros_like(params[i]);
+          params[i].mutable_grad().view({-1}).copy_(flat.narrow(0, at, n));
+          at += n;
+        }
+      }
+      ++step;
+    } else {
+      drop_link();  // the next quorum connects afresh
+    }
+    if (trace::enabled())
+      trace::instant("quorum", "ft",
+                     json{{"quorum", q.id}, {"step", q.step}, {"groups", q.groups}, {"group", place.group},
+                          {"committed", q.committed}, {"dropped", q.dropped}, {"healed", q.healed},
+                          {"heal_seconds", q.heal_seconds}});
+    return d.commit;
+  }
+};
+
+ReplicaGroups::ReplicaGroups(FullyShardedModel& model, torch::optim::Optimizer& opt, ReplicaOptions opts)
+    : impl_(std::make_unique<Impl>(model, opt, opts)) {}
+ReplicaGroups::~ReplicaGroups() = default;
+const StepQuorum& ReplicaGroups::start_step() { return impl_->start_step(); }
+bool ReplicaGroups::commit() { return impl_->commit(); }
+int64_t ReplicaGroups::step() const { return impl_->step; }
+int ReplicaGroups::group() const { return impl_->place.group; }
+const StepQuorum& ReplicaGroups::quorum() const { return impl_->q; }
+int64_t ReplicaGroups::bytes_sent() const {
+  return impl_->sent_before + (impl_->link ? impl_->link->bytes_sent() : 0);
+}
+
+}  // namespace fsdp

@@ -1,0 +1,399 @@
+// fsdp-cpp tests: replica groups that come and go (fsdp/replicas.h) — real
+// processes: `fsdp coordinator` and one `fsdp run -n 2` per group, each
+// rank running tests/workers/replica_scenarios.cpp. Every run is checked
+// against a reference that replays, in this process, the participation
+// schedule the groups printed (which groups took part in which committed
+// step), to fp32 rounding; every replica must end with the same weights,
+// bit for bit.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+
+#include <chrono>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "core_model.h"
+#include "replica_batch.h"
+#include "test_util.h"
+
+namespace fsdp::testing {
+namespace {
+
+constexpr int kRanks = 2;  // per group
+
+// A process whose output goes to a file (the coordinator: it runs until
+// told to stop).
+struct Background {
+  pid_t pid = -1;
+  std::string out;
+  Background(const std::vector<std::string>& argv, std::string file) : out(std::move(file)) {
+    pid = fork();
+    if (pid == 0) {
+      const int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      exec_or_exit(argv);
+    }
+  }
+  // SIGTERM, then its output.
+  std::string stop(int sig = SIGTERM) {
+    if (pid > 0) {
+      kill(pid, sig);
+      waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+    return slurp(out);
+  }
+  ~Background() { stop(SIGKILL); }
+};
+
+struct Job {
+  std::string dir;
+  int port = free_port();
+  std::unique_ptr<Background> coordinator;
+
+  explicit Job(const std::string& tag, double heartbeat_s = 2.0, int min_groups = 3) : dir(temp_dir(tag)) {
+    coordinator = std::make_unique<Background>(
+        std::vector<std::string>{bin_path("fsdp"), "coordinator", "--port", std::to_string(port),
+                                 "--heartbeat-timeout", std::to_string(heartbeat_s), "--min-groups",
+                                 std::to_string(min_groups)},
+        dir + "/coordinator.log");
+  }
+  std::vector<std::string> env(int group, const std::vector<std::string>& extra = {}) const {
+    std::vector<std::string> e{"FSDP_COORDINATOR=127.0.0.1:" + std::to_string(port),
+                               "FSDP_REPLICA_GROUP=" + std::to_string(group), "FSDP_TIMEOUT=20",
+                               "FSDP_PROGRESS=off"};
+    e.insert(e.end(), extra.begin(), extra.end());
+    return e;
+  }
+  static std::vector<std::string> group_argv(int64_t steps, const std::vector<std::string>& worker_args = {},
+                                             int restarts = 1) {
+    std::vector<std::string> v{bin_path("fsdp"), "run", "-n", std::to_string(kRanks), "--max-restarts",
+                               std::to_string(restarts), "--",
+                               bin_path("fsdp_test_worker"), "replica_train", std::to_string(steps)};
+    v.insert(v.end(), worker_args.begin(), worker_args.end());
+    return v;
+  }
+};
+
+struct StepLine {
+  int group = -1, rank = -1;
+  int64_t step = -1, q = -1;
+  std::string members;
+  bool commit = false, healed = false;
+};
+
+std::vector<StepLine> steps_in(const std::string& out) {
+  std::vector<StepLine> v;
+  for (const auto& line : lines_with(out, "STEP group=")) {
+    const auto at = line.find("STEP group=");
+    std::istringstream in(line.substr(at));
+    std::string word;
+    StepLine s;
+    while (in >> word) {
+      const auto eq = word.find('=');
+      if (eq == std::string::npos) continue;
+      const std::string k = word.substr(0, eq), val = word.substr(eq + 1);
+      if (k == "group") s.group = std::stoi(val);
+      if (k == "rank") s.rank = std::stoi(val);
+      if (k == "step") s.step = std::stoll(val);
+      if (k == "q") s.q = std::stoll(val);
+      if (k == "members") s.members = val;
+      if (k == "commit") s.commit = val == "1";
+      if (k == "healed") s.healed = val == "1";
+    }
+    v.push_back(s);
+  }
+  return v;
+}
+
+// name -> values, from one group's PARAM lines.
+std::map<std::string, std::vector<double>> params_in(const std::string& out) {
+  std::map<std::string, std::vector<double>> m;
+  for (const auto& line : lines_with(out, "PARAM ")) {
+    std::istringstream in(line.substr(line.find("PARAM ") + 6));
+    std::string name;
+    in >> name;
+    double v;
+    while (in >> v) m[name].push_back(v);
+  }
+  return m;
+}
+
+std::vector<int> parse_members(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string p;
+  while (std::getline(ss, p, ',')) v.push_back(std::stoi(p));
+  return v;
+}
+
+// Committed step -> the groups that took part, as every group printed it
+// (they must agree); fails the test on a disagreement or a gap.
+std::vector<std::vector<int>> schedule_of(const std::vector<std::string>& outs, int64_t steps) {
+  std::map<int64_t, std::string> m;
+  for (const auto& out : outs)
+    for (const auto& s : steps_in(out)) {
+      if (!s.commit) continue;
+      auto [it, fresh] = m.emplace(s.step, s.members);
+      EXPECT_EQ(it->second, s.members) << "step " << s.step << " committed with two memberships";
+    }
+  std::vector<std::vector<int>> v;
+  for (int64_t i = 0; i < steps; ++i) {
+    EXPECT_TRUE(m.count(i)) << "step " << i << " was never committed";
+    v.push_back(m.count(i) ? parse_members(m[i]) : std::vector<int>{});
+  }
+  return v;
+}
+
+// The unsharded reference: each committed step averages the gradients of
+// rank r of every member group (the groups' batches), then Adam.
+std::map<std::string, std::vector<double>> reference(const std::vector<std::vector<int>>& schedule, int64_t d = 12) {
+  torch::manual_seed(1);
+  Net net(7, d, 5, 3);
+  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
+  for (size_t s = 0; s < schedule.size(); ++s) {
+    opt.zero_grad();
+    const double share = 1.0 / (kRanks * static_cast<double>(schedule[s].size()));
+    for (int g : schedule[s])
+      for (int r = 0; r < kRanks; ++r) {
+        auto [x, y] = batch_of(static_cast<int64_t>(s), g, r);
+        (torch::mse_loss(net->forward(x), y) * share).backward();
+      }
+    opt.step();
+  }
+  std::map<std::string, std::vector<double>> m;
+  for (auto& p : net->named_parameters()) {
+    auto f = p.value().detach().to(torch::kFloat64).reshape({-1});
+    m[p.key()] = std::vector<double>(f.data_ptr<double>(), f.data_ptr<double>() + f.numel());
+  }
+  return m;
+}
+
+void expect_near_reference(const std::map<std::string, std::vector<double>>& got,
+                           const std::map<std::string, std::vector<double>>& want, const std::string& who) {
+  ASSERT_EQ(got.size(), want.size()) << who << ": parameters printed";
+  for (auto& [name, w] : want) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << who << ": no PARAM line for " << name;
+    ASSERT_EQ(it->second.size(), w.size()) << who << " " << name;
+    for (size_t i = 0; i < w.size(); ++i)
+      ASSERT_NEAR(it->second[i], w[i], 2e-5 + 2e-5 * std::abs(w[i])) << who << " " << name << "[" << i << "]";
+  }
+}
+
+// Runs the groups' launchers at once (each: group id, extra env, worker
+// args), returns their results in order.
+std::vector<ProcResult> run_groups(const Job& job, int64_t steps, const std::vector<int>& groups,
+                                   const std::vector<std::vector<std::string>>& extra_env = {},
+                                   const std::vector<std::vector<std::string>>& worker_args = {},
+                                   const std::vector<int>& start_after_ms = {}, int restarts = 1) {
+  std::vector<ProcResult> res(groups.size());
+  std::vector<std::thread> t;
+  for (size_t i = 0; i < groups.size(); ++i)
+    t.emplace_back([&, i] {
+      if (i < start_after_ms.size() && start_after_ms[i] > 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(start_after_ms[i]));
+      res[i] = run_command(Job::group_argv(steps, i < worker_args.size() ? worker_args[i] : std::vector<std::string>{},
+                                           restarts),
+                           job.env(groups[i], i < extra_env.size() ? extra_env[i] : std::vector<std::string>{}),
+                           180);
+    });
+  for (auto& x : t) x.join();
+  return res;
+}
+
+// Waits (60 s at most) until the coordinator's log holds `text`; its log.
+std::string wait_for_log(const Job& job, const std::string& text) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string log;
+  while ((log = slurp(job.coordinator->out)).find(text) == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return log;
+}
+
+void touch(const std::string& file) { close(open(file.c_str(), O_WRONLY | O_CREAT, 0644)); }
+
+bool restarted(const ProcResult& r) { return r.output.find("restarting all") != std::string::npos; }
+
+// Steps of one launch: the committed step numbers of group g's rank 0,
+// in order.
+std::vector<int64_t> committed_steps(const std::string& out, int g) {
+  std::vector<int64_t> v;
+  for (auto& s : steps_in(out))
+    if (s.group == g && s.rank == 0 && s.commit) v.push_back(s.step);
+  return v;
+}
+
+TEST(ReplicaGroups, AKilledRankCostsAStepAndItsGroupHealsFromAPeer) {
+  Job job("replicas_kill");
+  const int64_t steps = 10;
+  auto res = run_groups(job, steps, {0, 1, 2}, {{}, {"FSDP_TEST_FAULT=1:1:3:kill"}, {}});
+  const std::string coord = job.coordinator->stop();
+  for (int g = 0; g < 3; ++g) ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << coord;
+  // Groups 0 and 2 never restarted, read no checkpoint, and their step
+  // counter ran on: every step committed once, in order.
+  for (int g : {0, 2}) {
+    EXPECT_FALSE(restarted(res[g])) << res[g].output;
+    std::vector<int64_t> want(steps);
+    for (int64_t i = 0; i < steps; ++i) want[i] = i;
+    EXPECT_EQ(committed_steps(res[g].output, g), want) << res[g].output;
+  }
+  // Group 1 restarted once, healed before its first step, and committed it.
+  ASSERT_TRUE(restarted(res[1])) << res[1].output;
+  const auto after = res[1].output.substr(res[1].output.find("restarting all"));
+  const auto first = steps_in(after);
+  ASSERT_FALSE(first.empty()) << after;
+  EXPECT_TRUE(first.front().healed) << after;
+  EXPECT_TRUE(first.front().commit) << after;
+  EXPECT_NE(coord.find("healing 1 from"), std::string::npos) << coord;
+  // The step group 1 died in was dropped on groups 0 and 2 (nobody applied
+  // it), and the coordinator says which group's rank went missing.
+  for (int g : {0, 2}) {
+    bool dropped3 = false;
+    for (auto& s : steps_in(res[g].output)) dropped3 |= s.step == 3 && !s.commit;
+    EXPECT_TRUE(dropped3) << res[g].output;
+  }
+  EXPECT_NE(coord.find("dropped: no vote from "), std::string::npos) << coord;
+  EXPECT_NE(coord.find("group 1 rank 1 (host "), std::string::npos) << "the drop names group 1's rank 1:\n" << coord;
+  const auto schedule = schedule_of({res[0].output, res[1].output, res[2].output}, steps);
+  const auto want = reference(schedule);
+  const auto p0 = params_in(res[0].output);
+  for (int g = 0; g < 3; ++g) {
+    const auto p = params_in(res[g].output);
+    EXPECT_EQ(p, p0) << "group " << g << " ended with other weights than group 0";
+    expect_near_reference(p, want, "group " + std::to_string(g));
+  }
+}
+
+TEST(ReplicaGroups, TwoGroupsLostAtOnceCostTheThirdOneStep) {
+  Job job("replicas_two");
+  const int64_t steps = 8;
+  auto res = run_groups(job, steps, {0, 1, 2}, {{}, {"FSDP_TEST_FAULT=1:0:3:kill"}, {"FSDP_TEST_FAULT=2:1:3:kill"}});
+  const std::string coord = job.coordinator->stop();
+  for (int g = 0; g < 3; ++g) ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << coord;
+  EXPECT_FALSE(restarted(res[0])) << res[0].output;
+  EXPECT_TRUE(restarted(res[1]) && restarted(res[2])) << coord;
+  std::vector<int64_t> want(steps);
+  for (int64_t i = 0; i < steps; ++i) want[i] = i;
+  EXPECT_EQ(committed_steps(res[0].output, 0), want) << res[0].output;
+  bool dropped3 = false;
+  for (auto& s : steps_in(res[0].output)) dropped3 |= s.step == 3 && !s.commit;
+  EXPECT_TRUE(dropped3) << res[0].output << coord;
+  const auto schedule = schedule_of({res[0].output, res[1].output, res[2].output}, steps);
+  const auto ref = reference(schedule);
+  for (int g = 0; g < 3; ++g) expect_near_reference(params_in(res[g].output), ref, "group " + std::to_string(g));
+}
+
+TEST(ReplicaGroups, AFailureDuringTheReduceDropsTheStepOnEveryGroup) {
+  Job job("replicas_reduce");
+  const int64_t steps = 8;
+  auto res = run_groups(job, steps, {0, 1, 2}, {{}, {"FSDP_TEST_FAULT=1:0:4:kill_reduce"}, {}});
+  const std::string coord = job.coordinator->stop();
+  for (int g = 0; g < 3; ++g) ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << coord;
+  // The step group 1 died in was dropped on groups 0 and 2, then taken again.
+  for (int g : {0, 2}) {
+    bool dropped4 = false;
+    for (auto& s : steps_in(res[g].output)) dropped4 |= s.step == 4 && !s.commit && s.members == "0,1,2";
+    EXPECT_TRUE(dropped4) << res[g].output << coord;
+  }
+  EXPECT_NE(coord.find("dropped"), std::string::npos) << coord;
+  const auto schedule = schedule_of({res[0].output, res[1].output, res[2].output}, steps);
+  const auto want = reference(schedule);
+  for (int g = 0; g < 3; ++g) expect_near_reference(params_in(res[g].output), want, "group " + std::to_string(g));
+}
+
+TEST(ReplicaGroups, AFrozenGroupIsDroppedNamedAndHealsWhenItThaws) {
+  Job job("replicas_stop", 1.0);
+  const int64_t steps = 10;
+  const std::string go = job.dir + "/thawed";
+  // Groups 0 and 2 hold before step 8 until group 1 thawed; group 1's rank
+  // 1 stops itself at step 3, and the test wakes it once the coordinator
+  // dropped its group.
+  std::vector<ProcResult> res;
+  std::thread t([&] {
+    res = run_groups(job, steps, {0, 1, 2},
+                     {{"FSDP_TEST_HOLD=8:" + go}, {"FSDP_TEST_FAULT=1:1:3:stop_reduce"}, {"FSDP_TEST_HOLD=8:" + go}});
+  });
+  std::string log = wait_for_log(job, "group 1 lost: rank 1 (host ");
+  const auto at = log.find("group 1 lost: rank 1 (host ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const auto pid_at = log.find("pid ", at);
+  const pid_t frozen = static_cast<pid_t>(std::stol(log.substr(pid_at + 4)));
+  wait_for_log(job, "quorum 4: step 3, groups 0,2");  // the survivors went on without it
+  kill(frozen, SIGCONT);
+  wait_for_log(job, "group 1 is back");
+  touch(go);
+  t.join();
+  const std::string coord = job.coordinator->stop();
+  for (int g = 0; g < 3; ++g) ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << coord;
+  EXPECT_NE(coord.find("group 1 is back"), std::string::npos) << coord;
+  for (auto& r : res) EXPECT_FALSE(restarted(r)) << r.output;
+  bool healed = false;
+  for (auto& s : steps_in(res[1].output)) healed |= s.healed && s.commit;
+  EXPECT_TRUE(healed) << res[1].output << coord;
+  const auto schedule = schedule_of({res[0].output, res[1].output, res[2].output}, steps);
+  const auto want = reference(schedule);
+  for (int g = 0; g < 3; ++g) expect_near_reference(params_in(res[g].output), want, "group " + std::to_string(g));
+}
+
+TEST(ReplicaGroups, AGroupThatWasNeverThereJoinsAndOneWithAnotherModelIsRefused) {
+  Job job("replicas_grow", 2.0, 2);
+  const int64_t steps = 8;
+  const std::string go = job.dir + "/joined";
+  // Groups 0 and 1 start and hold before step 4 until group 2 (the same
+  // model) joined and group 3 (width 10) was refused.
+  std::vector<ProcResult> first, second;
+  std::thread t([&] {
+    first = run_groups(job, steps, {0, 1}, {{"FSDP_TEST_HOLD=4:" + go}, {"FSDP_TEST_HOLD=4:" + go}});
+  });
+  wait_for_log(job, "quorum 0:");
+  std::thread late([&] { second = run_groups(job, steps, {2, 3}, {}, {{}, {"FULL_SHARD", "10"}}); });
+  wait_for_log(job, "group 2 joined");
+  wait_for_log(job, "group 3 joined");
+  touch(go);
+  late.join();
+  t.join();
+  const std::vector<ProcResult> res{first.at(0), first.at(1), second.at(0), second.at(1)};
+  const std::string coord = job.coordinator->stop();
+  for (int g = 0; g < 3; ++g) ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << coord;
+  EXPECT_NE(res[3].exit_code, 0) << res[3].output;
+  EXPECT_NE(res[3].output.find("replica group 3 was refused by the coordinator"), std::string::npos) << res[3].output;
+  EXPECT_NE(res[3].output.find("model: "), std::string::npos) << res[3].output;
+  EXPECT_NE(coord.find("group 3 joined: 2 ranks (FULL_SHARD, params fp32); refused: model: "), std::string::npos)
+      << coord;
+  bool healed = false;
+  for (auto& s : steps_in(res[2].output)) healed |= s.healed;
+  EXPECT_TRUE(healed) << res[2].output;
+  const auto schedule = schedule_of({res[0].output, res[1].output, res[2].output}, steps);
+  const auto want = reference(schedule);
+  for (int g = 0; g < 3; ++g) expect_near_reference(params_in(res[g].output), want, "group " + std::to_string(g));
+}
+
+TEST(ReplicaGroups, TheCoordinatorKilledStopsEveryGroupWithOneMessage) {
+  Job job("replicas_coord", 1.0, 2);
+  std::vector<ProcResult> res;
+  std::thread t([&] { res = run_groups(job, 100000, {0, 1}, {}, {}, {}, /*restarts=*/0); });
+  // Once both groups committed a step, the coordinator dies.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (slurp(job.coordinator->out).find("quorum 0:") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const std::string coord = job.coordinator->stop(SIGKILL);
+  t.join();
+  ASSERT_NE(coord.find("quorum 0:"), std::string::npos) << coord;
+  for (auto& r : res) {
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("stopped answering"), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace fsdp::testing
