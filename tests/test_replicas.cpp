@@ -235,7 +235,17 @@ std::vector<int64_t> committed_steps(const std::string& out, int g) {
 TEST(ReplicaGroups, AKilledRankCostsAStepAndItsGroupHealsFromAPeer) {
   Job job("replicas_kill");
   const int64_t steps = 10;
-  auto res = run_groups(job, steps, {0, 1, 2}, {{}, {"FSDP_TEST_FAULT=1:1:3:kill"}, {}});
+  // Groups 0 and 2 hold before step 7 until group 1 is back (so that it
+  // has steps left to rejoin).
+  const std::string go = job.dir + "/back";
+  std::vector<ProcResult> res;
+  std::thread t([&] {
+    res = run_groups(job, steps, {0, 1, 2},
+                     {{"FSDP_TEST_HOLD=7:" + go}, {"FSDP_TEST_FAULT=1:1:3:kill"}, {"FSDP_TEST_HOLD=7:" + go}});
+  });
+  wait_for_log(job, "group 1 restarted");
+  touch(go);
+  t.join();
   const std::string coord = job.coordinator->stop();
   for (int g = 0; g < 3; ++g) ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << coord;
   // Groups 0 and 2 never restarted, read no checkpoint, and their step
@@ -276,7 +286,17 @@ TEST(ReplicaGroups, AKilledRankCostsAStepAndItsGroupHealsFromAPeer) {
 TEST(ReplicaGroups, TwoGroupsLostAtOnceCostTheThirdOneStep) {
   Job job("replicas_two");
   const int64_t steps = 8;
-  auto res = run_groups(job, steps, {0, 1, 2}, {{}, {"FSDP_TEST_FAULT=1:0:3:kill"}, {"FSDP_TEST_FAULT=2:1:3:kill"}});
+  // Group 0 holds before step 6 until both came back.
+  const std::string go = job.dir + "/back";
+  std::vector<ProcResult> res;
+  std::thread t([&] {
+    res = run_groups(job, steps, {0, 1, 2},
+                     {{"FSDP_TEST_HOLD=6:" + go}, {"FSDP_TEST_FAULT=1:0:3:kill"}, {"FSDP_TEST_FAULT=2:1:3:kill"}});
+  });
+  wait_for_log(job, "group 1 restarted");
+  wait_for_log(job, "group 2 restarted");
+  touch(go);
+  t.join();
   const std::string coord = job.coordinator->stop();
   for (int g = 0; g < 3; ++g) ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << coord;
   EXPECT_FALSE(restarted(res[0])) << res[0].output;
@@ -295,7 +315,15 @@ TEST(ReplicaGroups, TwoGroupsLostAtOnceCostTheThirdOneStep) {
 TEST(ReplicaGroups, AFailureDuringTheReduceDropsTheStepOnEveryGroup) {
   Job job("replicas_reduce");
   const int64_t steps = 8;
-  auto res = run_groups(job, steps, {0, 1, 2}, {{}, {"FSDP_TEST_FAULT=1:0:4:kill_reduce"}, {}});
+  const std::string go = job.dir + "/back";
+  std::vector<ProcResult> res;
+  std::thread t([&] {
+    res = run_groups(job, steps, {0, 1, 2},
+                     {{"FSDP_TEST_HOLD=6:" + go}, {"FSDP_TEST_FAULT=1:0:4:kill_reduce"}, {"FSDP_TEST_HOLD=6:" + go}});
+  });
+  wait_for_log(job, "group 1 restarted");
+  touch(go);
+  t.join();
   const std::string coord = job.coordinator->stop();
   for (int g = 0; g < 3; ++g) ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << coord;
   // The step group 1 died in was dropped on groups 0 and 2, then taken again.
@@ -375,6 +403,18 @@ TEST(ReplicaGroups, AGroupThatWasNeverThereJoinsAndOneWithAnotherModelIsRefused)
   const auto schedule = schedule_of({res[0].output, res[1].output, res[2].output}, steps);
   const auto want = reference(schedule);
   for (int g = 0; g < 3; ++g) expect_near_reference(params_in(res[g].output), want, "group " + std::to_string(g));
+}
+
+TEST(ReplicaGroups, AFreshGroupIsRefusedOnceNoGroupHoldsTheJobsState) {
+  Job job("replicas_gone", 2.0, 1);
+  auto first = run_groups(job, 3, {0});
+  ASSERT_EQ(first[0].exit_code, 0) << first[0].output;
+  // Group 0 trained 3 steps and left: a fresh group has nobody to heal from.
+  auto late = run_groups(job, 3, {1}, {}, {}, {}, /*restarts=*/0);
+  const std::string coord = job.coordinator->stop();
+  EXPECT_NE(late[0].exit_code, 0) << late[0].output;
+  EXPECT_NE(late[0].output.find("this job committed 3 steps, and no live group holds them"), std::string::npos)
+      << late[0].output << coord;
 }
 
 TEST(ReplicaGroups, TheCoordinatorKilledStopsEveryGroupWithOneMessage) {

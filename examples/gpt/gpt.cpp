@@ -121,6 +121,10 @@ bool parse_args(int argc, char** argv, Args& a) {
   app.add_option("--ckpt-every", a.ckpt_every, "save a sharded checkpoint every N steps (0 = only at the end when --ckpt-dir)")->check(fsdp::cli::integer(0, kMaxSteps));
   app.add_flag("--save-async", a.save_async,
                "save checkpoints in the background: training goes on while a snapshot of the shards is written");
+  app.add_option("--replicas", a.replicas,
+                 "this run is one of R replica groups of a fault-tolerant job (`fsdp coordinator`; FSDP_COORDINATOR, "
+                 "FSDP_REPLICA_GROUP): a lost group costs one step, and heals from a peer when it comes back")
+      ->check(fsdp::cli::integer(1, 1 << 20));
   app.add_flag("--resume", a.resume, "continue from the latest checkpoint in --ckpt-dir when there is one (start fresh otherwise)");
   app.add_option("--trace", a.trace, "record a Chrome trace per rank into DIR (then: fsdp report DIR -o report.html)");
   app.add_option("--max-memory", a.max_memory,

@@ -22,6 +22,7 @@
 #include "fsdp/errors.h"
 #include "fsdp/flight.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/replicas.h"
 #include "fsdp/memory.h"
 #include "fsdp/optim.h"
 #include "fsdp/param_init.h"
@@ -258,7 +259,11 @@ Data load_data(const Args& a, const Run& run) {
     d.train = gpt::data::read_tokens(a.data, a.cfg.vocab);
   }
   if (!a.val.empty()) d.val = gpt::data::read_tokens(a.val, a.cfg.vocab);
-  d.order = gpt::data::Order{a.cfg.seq, a.batch, a.accum, run.N, a.shuffle == "on", a.seed};
+  // Replica groups: group g's rank r reads the rows of rank g x N + r of
+  // an order over every group's ranks (a group that sits a step out skips
+  // its rows: that step's batch shrinks).
+  const int64_t ranks = run.N * std::max<int64_t>(1, a.replicas);
+  d.order = gpt::data::Order{a.cfg.seq, a.batch, a.accum, ranks, a.shuffle == "on", a.seed};
   gpt::data::row_offset(d.order, int64_t(d.train.size()), 0);  // throws: data shorter than --seq
   d.eval_on = a.eval_every > 0 && !d.val.empty();
   if (d.eval_on) {
@@ -455,7 +460,9 @@ fsdp::plan::Plan plan_run(const Args& a, const Run& run, const fsdp::FsdpOptions
 int64_t resume(const Args& a, const Run& run, Model& model, torch::optim::Optimizer& opt) {
   if (!a.resume) return 0;
   int64_t first_step = 0;
+  const auto t0 = std::chrono::steady_clock::now();
   auto r = fsdp::load_checkpoint(*model, &opt, a.ckpt_dir);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (r.found) {
     first_step = r.train_state.value("step", int64_t(0));
     const int64_t rows = run.N * a.batch * a.accum;
@@ -464,6 +471,7 @@ int64_t resume(const Args& a, const Run& run, Model& model, torch::optim::Optimi
       std::printf("resumed from %s: step %lld (saved at world size %d, %s)%s\n", r.path.c_str(),
                   (long long)first_step, r.saved_world_size, r.saved_strategy.c_str(),
                   r.note.empty() ? "" : ("; " + r.note).c_str());
+      std::printf("loaded the checkpoint: %.1f MB in %.3f s (rank 0)\n", r.bytes_read / 1e6, load_s);
       std::printf("resumed step %lld at world size %d (was %d); accumulation %lld (global batch %lld rows = %d ranks "
                   "x %lld rows x %lld)\n",
                   (long long)first_step, run.N, r.saved_world_size, (long long)a.accum, (long long)rows, run.N,
@@ -490,6 +498,7 @@ struct StepResult {
   int64_t sent_inter = 0;  // of which to ranks on another host
   Clock::time_point t0;    // the step's start (its time runs to after the checkpoint)
   double waited0 = 0;      // the wait clock at t0
+  bool applied = true;     // false: the replica groups dropped the step
 };
 
 // Bytes this rank sent in the training steps (the ledger's traffic lines).
@@ -500,7 +509,8 @@ struct Sent {
 
 // One optimizer step inside its trace span: K micro-steps, clip, AdamW.
 StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim::Optimizer& opt, const Data& d,
-                      int64_t step, const examples::StepHooks& hooks) {
+                      int64_t step, const examples::StepHooks& hooks, fsdp::ReplicaGroups* replicas,
+                      int64_t data_rank) {
   // The step span covers training only: evaluation traffic stays outside
   // the report's per-step traffic (compared with 3P / 2P).
   fsdp::trace::Span step_span("step", "step");
@@ -523,7 +533,7 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
     {
       fsdp::PhaseScope phase(fsdp::Phase::DATA);
       if (hooks.data) hooks.data(run.rank, step);
-      b = on_device(gpt::data::batch(d.train, d.order, step, k, run.rank), model);  // x, y [B,T]
+      b = on_device(gpt::data::batch(d.train, d.order, step, k, data_rank), model);  // x, y [B,T]
     }
     auto micro = [&] {
       torch::Tensor loss;
@@ -543,11 +553,13 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
       micro();
     }
   }
+  // Replica groups: the mean over the step's quorum, and the vote.
+  if (replicas) r.applied = replicas->commit();
   fsdp::PhaseScope optimizer_phase(fsdp::Phase::OPTIMIZER);
-  r.norm = a.clip > 0 ? model->clip_grad_norm(a.clip) : 0.0;
+  r.norm = a.clip > 0 && r.applied ? model->clip_grad_norm(a.clip) : 0.0;
   {
     FSDP_TRACE_SPAN("optimizer_step", "optim");
-    opt.step();
+    if (r.applied) opt.step();
     opt.zero_grad();
   }
   r.loss = loss_sum / double(a.accum);
@@ -802,13 +814,44 @@ int train(const Args& args, const examples::StepHooks& hooks) {
   fsdp::Progress progress(train_progress(a, popts, first_step, tokens_per_step));
   std::optional<fsdp::StragglerMonitor> stragglers = straggler_monitor(a, run);
 
+  // --replicas: this run is one replica group (fsdp/replicas.h).
+  std::unique_ptr<fsdp::ReplicaGroups> replicas;
+  int64_t data_rank = run.rank;
+  if (a.replicas > 0) {
+    fsdp::ReplicaOptions ro;
+    ro.start_step = first_step;
+    replicas = std::make_unique<fsdp::ReplicaGroups>(*model, *opt, ro);
+    if (replicas->group() >= a.replicas)
+      usage_error("replica group " + std::to_string(replicas->group()) + " (FSDP_REPLICA_GROUP) is not below --replicas " +
+                  std::to_string(a.replicas) + ": number the groups 0 to " + std::to_string(a.replicas - 1));
+    data_rank = replicas->group() * run.N + run.rank;
+  }
+
   // The training loop.
   const auto run_start = Clock::now();
   Sent sent;  // inside the steps' spans (what the plan predicts)
-  for (int64_t step = first_step; step < a.steps; step++) {
+  for (int64_t step = first_step; step < a.steps; step = replicas ? replicas->step() : step + 1) {
+    if (replicas) {
+      const fsdp::StepQuorum& q = replicas->start_step();
+      step = q.step;
+      if (step >= a.steps) break;  // healed past the end: the others finished
+      if (q.healed && run.lead)
+        std::printf("replica group %d healed from group %d at step %lld: %.1f MB in %.3f s (rank 0)\n",
+                    replicas->group(), q.heal_source, (long long)step, q.heal_bytes / 1e6, q.heal_seconds),
+            std::fflush(stdout);
+    }
     fsdp::set_step(step);
     if (data.eval_on && step % a.eval_every == 0) validate(a, run, model, data, step);
-    const StepResult r = train_step(a, run, model, *opt, data, step, hooks);
+    const StepResult r = train_step(a, run, model, *opt, data, step, hooks, replicas.get(), data_rank);
+    if (replicas && run.lead) {
+      const fsdp::StepQuorum& q = replicas->quorum();
+      std::string groups;
+      for (int g : q.groups) groups += (groups.empty() ? "" : ",") + std::to_string(g);
+      std::printf("step %5lld | quorum %lld: groups %s %s%s\n", (long long)step, (long long)q.id, groups.c_str(),
+                  q.committed ? "committed" : "dropped: ", q.committed ? "" : q.dropped.c_str());
+      std::fflush(stdout);
+    }
+    if (!r.applied) continue;
     sent.add(r);
     if (!a.ckpt_dir.empty() && a.ckpt_every > 0 && (step + 1) % a.ckpt_every == 0 && step + 1 < a.steps)
       checkpoints.save(step + 1);
@@ -827,6 +870,9 @@ int train(const Args& args, const examples::StepHooks& hooks) {
   checkpoints.committed();  // the last one is on disk before the run reports
   const double seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
 
+  if (replicas && run.lead)
+    std::printf("replica group %d: %lld bytes sent to other groups\n", replicas->group(),
+                (long long)replicas->bytes_sent());
   print_ledger(run, model, *opt, plan, a.steps - first_step, seconds, sent, tokens_per_step);
   if (a.rank_memory) print_rank_memory(a, run, fopts, model, plan, construction_peak);
   finish(a, run, model, popts);

@@ -51,6 +51,11 @@ struct Args {
   // accepted now, wired by later issues (checkpoints, trace)
   std::string ckpt_dir, trace;
   bool resume = false;
+  // > 0: this run is one of that many replica groups of a fault-tolerant
+  // job (fsdp/replicas.h; FSDP_COORDINATOR, FSDP_REPLICA_GROUP): each step
+  // is the mean over the groups that take part, and a group that joins or
+  // restarts heals from a peer.
+  int64_t replicas = 0;
   bool save_async = false;  // checkpoints written in the background (CheckpointOptions::async)
   bool prefetch = true;  // as PyTorch FSDP (BACKWARD_PRE by default); --no-prefetch turns it off
   std::string ac = "none";  // activation checkpointing: none | block | every:K

@@ -53,6 +53,9 @@ struct ReplicaOptions {
   int group = -1;
   // How long to wait for the coordinator to answer at construction.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
+  // Steps this group's state has committed already (a run resumed from a
+  // checkpoint at step k passes k); 0: a fresh model.
+  int64_t start_step = 0;
 };
 
 // One step's quorum, as this group took part in it.

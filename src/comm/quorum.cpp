@@ -246,6 +246,43 @@ void ReplicaLink::recv(int from, torch::Tensor t) {
   tr.wait(std::chrono::duration_cast<std::chrono::milliseconds>(deadline() - Clock::now()));
 }
 
+namespace {
+// Messages one pair keeps in flight: well under the 2^11 sequence numbers
+// a slot tells apart (slots.h).
+constexpr size_t kInFlight = 256;
+}  // namespace
+
+void ReplicaLink::send_all(int to, const std::vector<torch::Tensor>& ts) {
+  for (size_t at = 0; at < ts.size(); at += kInFlight) {
+    std::vector<Transfer> pending;
+    for (size_t i = at; i < std::min(ts.size(), at + kInFlight); ++i) {
+      const int64_t n = ts[i].numel() * static_cast<int64_t>(ts[i].element_size());
+      if (n == 0) continue;
+      FSDP_CHECK(ts[i].is_contiguous(), "ReplicaLink::send_all: a contiguous tensor");
+      pending.push_back(mesh_->send(to, slots::slot(copies_[to]++, slots::kPeerCopy.begin), ts[i].data_ptr(), n));
+      sent_ += n;
+    }
+    const auto until = deadline();
+    for (auto& t : pending)
+      t.wait(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()));
+  }
+}
+
+void ReplicaLink::recv_all(int from, const std::vector<torch::Tensor>& ts) {
+  for (size_t at = 0; at < ts.size(); at += kInFlight) {
+    std::vector<Transfer> pending;
+    for (size_t i = at; i < std::min(ts.size(), at + kInFlight); ++i) {
+      const int64_t n = ts[i].numel() * static_cast<int64_t>(ts[i].element_size());
+      if (n == 0) continue;
+      FSDP_CHECK(ts[i].is_contiguous(), "ReplicaLink::recv_all: a contiguous tensor");
+      pending.push_back(mesh_->recv(from, slots::slot(copies_[from]++, slots::kPeerCopy.begin), ts[i].data_ptr(), n));
+    }
+    const auto until = deadline();
+    for (auto& t : pending)
+      t.wait(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()));
+  }
+}
+
 // ----------------------------------------------------------- coordinator
 
 struct Coordinator::State {
@@ -291,6 +328,7 @@ struct Coordinator::State {
     Clock::time_point first_failure;  // the first failed vote
   } q;
   int64_t next_q = 0, next_comm = 0;
+  int64_t job_step = 0;  // the most steps any quorum committed
 
   void log(const std::string& s) const {
     if (o.log) o.log(s);
@@ -436,6 +474,7 @@ struct Coordinator::State {
   void decide() {
     if (q.decided) return;
     std::string lost, failed, missing;
+    int failures = 0;
     for (int gid : q.members) {
       Group& g = groups[gid];
       if (g.lost) lost += detail::cat(lost.empty() ? "" : "; ", "group ", gid, " was lost during the step");
@@ -448,11 +487,12 @@ struct Coordinator::State {
                                                 it->second.pid, ")");
           missing += (missing.empty() ? "" : ", ") + who;
         } else if (!it->second.vote_ok) {
-          failed += detail::cat(failed.empty() ? "" : "; ", "group ", gid, " rank ", r, " failed: ",
-                                it->second.vote_why);
+          // The first failure in full; the others are counted.
+          if (failures++ == 0) failed = detail::cat("group ", gid, " rank ", r, " failed: ", short_why(it->second.vote_why));
         }
       }
     }
+    if (failures > 1) failed += detail::cat(" (and ", failures - 1, " more rank", failures > 2 ? "s" : "", ")");
     std::string why;
     if (!lost.empty()) {
       why = lost;
@@ -472,6 +512,7 @@ struct Coordinator::State {
     if (!q.committed) d["why"] = why;
     set(kBase + "dec/" + std::to_string(q.id), d.dump());
     if (q.committed) {
+      job_step = std::max(job_step, q.step + 1);
       for (int gid : q.members) {
         groups[gid].whole = true;
         groups[gid].step = q.step + 1;
@@ -523,6 +564,22 @@ struct Coordinator::State {
     if (first && static_cast<int>(pending.size()) < o.min_groups) return;
     int64_t top = 0;
     for (int gid : pending) top = std::max(top, step_of[gid]);
+    if (top == 0 && job_step > 0) {
+      // Fresh groups, and nobody left who holds what the job trained.
+      const std::string why = detail::cat(
+          "this job committed ", job_step, " steps, and no live group holds them (the groups that did left or were "
+          "lost). Expected a group with the job's state to heal from; start this group from a checkpoint "
+          "(ReplicaOptions::start_step; gpt: --resume), or start a new coordinator for a new job");
+      for (int gid : pending) {
+        Group& g = groups[gid];
+        const int64_t round = g.ranks.begin()->second.req_round;
+        set(kBase + "ans/" + std::to_string(gid) + "/" + g.inc + "/" + std::to_string(round),
+            json{{"refused", why}}.dump());
+        g.answered = round;
+        log(detail::cat("group ", gid, " refused: ", why));
+      }
+      return;
+    }
     std::vector<int> sources;
     for (int gid : pending)
       if (agreed[gid] && step_of[gid] == top && groups[gid].whole) sources.push_back(gid);
@@ -565,6 +622,17 @@ struct Coordinator::State {
 
   Clock::duration join_window() const {
     return std::max<Clock::duration>(std::chrono::milliseconds(200), o.heartbeat_timeout / 10);
+  }
+
+  // A vote's reason without Gloo's closing advice.
+  static std::string short_why(const std::string& why) {
+    std::string w = why;
+    const auto advice = w.find(". This is typically caused by");
+    if (advice != std::string::npos) {
+      const auto close = w.find(')', advice);
+      w = w.substr(0, advice) + (close == std::string::npos ? "" : w.substr(close));
+    }
+    return w;
   }
 
   bool all_said_bye(int gid) {

@@ -130,9 +130,12 @@ class ReplicaLink {
   int index() const;
   // In place: the mean over the members (ring reduce-scatter + all-gather).
   void all_reduce_mean(torch::Tensor flat);
-  // Point to point, in issue order (each a message of its own).
+  // Point to point, in issue order (each a message of its own). The
+  // tensors must be contiguous; the _all forms keep many in flight.
   void send(int to_index, const torch::Tensor& t);
   void recv(int from_index, torch::Tensor t);
+  void send_all(int to_index, const std::vector<torch::Tensor>& ts);
+  void recv_all(int from_index, const std::vector<torch::Tensor>& ts);
   int64_t bytes_sent() const { return sent_; }
 
  private:

@@ -79,7 +79,7 @@ struct ReplicaGroups::Impl {
   int64_t sent_before = 0;  // bytes sent by links already closed
 
   Impl(FullyShardedModel& m, torch::optim::Optimizer& o, const ReplicaOptions& opts)
-      : model(m), opt(o), place(comm::resolve_replica_place(opts.coordinator, opts.group)) {
+      : model(m), opt(o), place(comm::resolve_replica_place(opts.coordinator, opts.group)), step(opts.start_step) {
     const CommPtr& c = model.comm();
     // One launch of the group: a number every rank agrees on and a later
     // launch exceeds (rank 0's clock).
@@ -136,17 +136,15 @@ struct ReplicaGroups::Impl {
     const auto params = optimizer_params(opt);
     std::vector<torch::Tensor> buffers;
     for (const auto& b : model.module().buffers()) buffers.push_back(b);
-    auto exchange = [&](const std::function<void(const torch::Tensor&)>& each) {
-      torch::NoGradGuard ng;
-      for (const auto& p : params) each(p);
-      for (const auto& b : buffers) each(b);
-    };
+    // The order on both sides: the optimizer's header (which parameters
+    // have state, their step, which tensors), then every parameter shard and
+    // buffer, then the state tensors; the bulk in flight at once.
     int64_t got = 0;
     if (sending) {
-      // The optimizer's per-parameter state: which parameters have it, their
-      // step, and the tensors in the kind's order.
       json header = json::array();
-      std::vector<torch::Tensor> state;
+      std::vector<torch::Tensor> bulk;
+      for (const auto& p : params) bulk.push_back(p.contiguous());
+      for (const auto& b : buffers) bulk.push_back(b.contiguous());
       for (const auto& p : params) {
         auto it = opt.state().find(compat::optimizer_state_key(p));
         if (it == opt.state().end() || !kind) {
@@ -158,40 +156,59 @@ struct ReplicaGroups::Impl {
           auto t = kind->tensor(*it->second, n);
           if (!t.defined()) continue;
           row["tensors"].push_back(n);
-          state.push_back(t.contiguous());
+          bulk.push_back(t.contiguous());
         }
         header.push_back(row);
       }
-      const std::string h = header.dump();
+      std::string h = header.dump();
+      auto len = torch::tensor({static_cast<int64_t>(h.size())}, torch::kInt64);
+      auto text = torch::from_blob(h.data(), {static_cast<int64_t>(h.size())}, torch::kUInt8);
       for (int g : healing) {
         const int to = index_of(g);
-        exchange([&](const torch::Tensor& t) { l.send(to, t.contiguous()); });
-        auto len = torch::tensor({static_cast<int64_t>(h.size())}, torch::kInt64);
-        l.send(to, len);
-        l.send(to, torch::from_blob(const_cast<char*>(h.data()), {static_cast<int64_t>(h.size())}, torch::kUInt8));
-        for (const auto& t : state) l.send(to, t);
+        l.send_all(to, {len, text});
+        l.send_all(to, bulk);
       }
     }
     if (receiving) {
       const int from = index_of(source);
-      exchange([&](const torch::Tensor& t) {
-        if (t.is_contiguous()) {
-          l.recv(from, t);
-        } else {
-          auto tmp = torch::empty_like(t, torch::MemoryFormat::Contiguous);
-          l.recv(from, tmp);
-          const_cast<torch::Tensor&>(t).copy_(tmp);
-        }
-        got += t.numel() * t.element_size();
-      });
       auto len = torch::zeros({1}, torch::kInt64);
       l.recv(from, len);
       std::string h(static_cast<size_t>(len.item<int64_t>()), '\0');
       l.recv(from, torch::from_blob(h.data(), {static_cast<int64_t>(h.size())}, torch::kUInt8));
-      got += 8 + static_cast<int64_t>(h.size());
       const json header = json::parse(h);
       FSDP_CHECK(header.size() == params.size(), "heal: the source's optimizer has ", header.size(),
                  " parameters, this one ", params.size());
+      // Into the parameters and buffers in place (a staging copy for one
+      // that is not contiguous), and into fresh state tensors.
+      std::vector<torch::Tensor> bulk;
+      std::vector<std::pair<torch::Tensor, torch::Tensor>> staged;
+      auto into = [&](const torch::Tensor& t) {
+        if (t.is_contiguous()) {
+          bulk.push_back(t);
+        } else {
+          auto tmp = torch::empty_like(t, torch::MemoryFormat::Contiguous);
+          staged.emplace_back(t, tmp);
+          bulk.push_back(tmp);
+        }
+      };
+      for (const auto& p : params) into(p);
+      for (const auto& b : buffers) into(b);
+      std::vector<std::map<std::string, torch::Tensor>> state(params.size());
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (header[i].is_null()) continue;
+        for (const auto& n : header[i].at("tensors")) {
+          auto t = torch::empty_like(params[i], torch::MemoryFormat::Contiguous);
+          state[i][n.get<std::string>()] = t;
+          bulk.push_back(t);
+        }
+      }
+      {
+        torch::NoGradGuard ng;
+        l.recv_all(from, bulk);
+        for (auto& [dst, tmp] : staged) dst.copy_(tmp);
+      }
+      got = 8 + static_cast<int64_t>(h.size());
+      for (const auto& t : bulk) got += t.numel() * t.element_size();
       const detail::GroupOptions groups(opt);
       for (size_t i = 0; i < params.size(); ++i) {
         const auto& p = params[i];
@@ -200,16 +217,9 @@ struct ReplicaGroups::Impl {
           opt.state().erase(key);
           continue;
         }
-        std::map<std::string, torch::Tensor> in;
-        for (const auto& n : header[i].at("tensors")) {
-          auto t = torch::empty_like(p, torch::MemoryFormat::Contiguous);
-          l.recv(from, t);
-          got += t.numel() * t.element_size();
-          in[n.get<std::string>()] = t;
-        }
         auto get = [&](const std::string& n) {
-          auto it = in.find(n);
-          return it == in.end() ? torch::zeros_like(p) : it->second;
+          auto it = state[i].find(n);
+          return it == state[i].end() ? torch::zeros_like(p) : it->second;
         };
         opt.state()[key] = kind->make(groups.of(p), header[i].at("step").get<int64_t>(), get);
       }

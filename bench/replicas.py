@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Replica groups that come and go (fsdp/replicas.h): the goals of per-step
+fault tolerance, measured with GPT-mini on this machine.
+
+  python3 bench/replicas.py heal      [--build build]   heal of make scale's 85.7 M model vs loading it
+  python3 bench/replicas.py overhead  [--build build]   step time: 2 groups x 2 ranks vs HYBRID_SHARD, 4 ranks
+  python3 bench/replicas.py failures  [--build build]   3 groups, 200 steps, a rank killed every 20 steps
+
+Each prints what it measured and the commands it ran; nothing is kept
+(every run is in a temporary directory). Run it on a quiet machine.
+"""
+import argparse
+import os
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEXT = [os.path.join(ROOT, "docs", f) for f in ("GUIDE.md", "DESIGN.md", "COMM.md", "RELIABILITY.md")]
+SCALE = ["--dim", "768", "--layers", "12", "--heads", "12", "--seq", "256", "--batch", "1", "--ac", "block"]
+SMALL = ["--dim", "256", "--layers", "4", "--heads", "8", "--seq", "128", "--batch", "8"]
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Coordinator:
+    def __init__(self, build, work, timeout_s=10.0, min_groups=1):
+        self.port = free_port()
+        self.log = os.path.join(work, "coordinator.log")
+        self.cmd = [f"{build}/bin/fsdp", "coordinator", "--port", str(self.port), "--heartbeat-timeout",
+                    str(timeout_s), "--min-groups", str(min_groups)]
+        self.p = subprocess.Popen(self.cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+
+    def env(self, group):
+        e = dict(os.environ)
+        e.update({"FSDP_COORDINATOR": f"127.0.0.1:{self.port}", "FSDP_REPLICA_GROUP": str(group),
+                  "FSDP_PROGRESS": "off"})
+        return e
+
+    def text(self):
+        return open(self.log).read()
+
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        self.p.wait()
+        return self.text()
+
+
+def group_cmd(build, n, gpt_args, restarts=0):
+    return [f"{build}/bin/fsdp", "run", "-n", str(n), "--max-restarts", str(restarts), "--",
+            f"{build}/bin/gpt", "--text", *TEXT, "--eval-every", "0", "--no-progress", *gpt_args]
+
+
+def wait_for(pred, timeout_s, what):
+    t0 = time.time()
+    while not pred():
+        if time.time() - t0 > timeout_s:
+            sys.exit(f"replicas.py: gave up waiting for {what} after {timeout_s} s")
+        time.sleep(0.05)
+
+
+def heal(a):
+    with tempfile.TemporaryDirectory() as work:
+        c = Coordinator(a.build, work, timeout_s=60)
+        ckpt = os.path.join(work, "ckpt")
+        common = [*SCALE, "--threads", "1", "--lr", "3e-4", "--warmup", "0", "--log-every", "1", "--replicas", "2"]
+        g0 = group_cmd(a.build, 2, [*common, "--steps", "12", "--ckpt-dir", ckpt, "--ckpt-every", "2"])
+        g1 = group_cmd(a.build, 2, [*common, "--steps", "12"])
+        log0, log1 = os.path.join(work, "g0.log"), os.path.join(work, "g1.log")
+        p0 = subprocess.Popen(g0, env=c.env(0), stdout=open(log0, "w"), stderr=subprocess.STDOUT)
+        # Group 1 starts once group 0 committed its checkpoint at step 2.
+        wait_for(lambda: os.path.exists(os.path.join(ckpt, "latest")), 1800, "group 0's checkpoint at step 2")
+        p1 = subprocess.Popen(g1, env=c.env(1), stdout=open(log1, "w"), stderr=subprocess.STDOUT)
+        p0.wait()
+        p1.wait()
+        coord = c.stop()
+        out1 = open(log1).read()
+        m = re.search(r"replica group 1 healed from group 0 at step (\d+): ([\d.]+) MB in ([\d.]+) s", out1)
+        if p0.returncode or p1.returncode or not m:
+            sys.exit("replicas.py heal: a group failed or never healed\n" + open(log0).read()[-3000:] + out1[-3000:] +
+                     coord)
+        # The same state from the sharded checkpoint, at the same world size.
+        load = subprocess.run(group_cmd(a.build, 2, [*SCALE, "--threads", "1", "--lr", "3e-4", "--warmup", "0",
+                                                     "--ckpt-dir", ckpt, "--resume", "--steps", "13"]),
+                              capture_output=True, text=True)
+        lm = re.search(r"loaded the checkpoint: ([\d.]+) MB in ([\d.]+) s", load.stdout + load.stderr)
+        if not lm:
+            sys.exit("replicas.py heal: the resume printed no load time\n" + (load.stdout + load.stderr)[-3000:])
+        print(f"heal of the 85.7 M model (2 ranks per group), rank 0: {m.group(2)} MB in {m.group(3)} s at step "
+              f"{m.group(1)}")
+        print(f"load of the same state from a sharded checkpoint (page cache warm), rank 0: {lm.group(1)} MB in "
+              f"{lm.group(2)} s")
+        print(f"heal / load = {float(m.group(3)) / float(lm.group(2)):.2f}")
+        print("coordinator:\n" + coord)
+
+
+def step_ms(text):
+    return [float(x) for x in re.findall(r"\|\s+([\d.]+) ms/step", text)]
+
+
+def overhead(a):
+    steps = str(a.steps)
+    rounds = []
+    for r in range(a.rounds):
+        with tempfile.TemporaryDirectory() as work:
+            # HYBRID_SHARD: one job of 4 ranks, shard groups of 2.
+            h = subprocess.run(group_cmd(a.build, 4, [*SMALL, "--strategy", "hybrid", "--shard-group", "2",
+                                                      "--steps", steps, "--log-every", "1"]),
+                               capture_output=True, text=True)
+            hm = step_ms(h.stdout)[2:]
+            # The same as two replica groups of 2 ranks (FULL_SHARD inside).
+            c = Coordinator(a.build, work, timeout_s=30, min_groups=2)
+            ps = [subprocess.Popen(group_cmd(a.build, 2, [*SMALL, "--strategy", "full", "--steps", steps,
+                                                          "--log-every", "1", "--replicas", "2"]),
+                                   env=c.env(g), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                  for g in (0, 1)]
+            outs = [p.communicate()[0] for p in ps]
+            c.stop()
+            fm = step_ms(outs[0])[2:]
+            if not hm or not fm:
+                sys.exit("replicas.py overhead: no step times\n" + h.stdout[-2000:] + outs[0][-2000:])
+            rounds.append((statistics.median(hm), statistics.median(fm)))
+            print(f"round {r}: HYBRID_SHARD {rounds[-1][0]:.1f} ms/step, replica groups {rounds[-1][1]:.1f} ms/step")
+    hy = statistics.median(x for x, _ in rounds)
+    ft = statistics.median(y for _, y in rounds)
+    print(f"median over {a.rounds} rounds: HYBRID_SHARD {hy:.1f} ms/step, replica groups {ft:.1f} ms/step, "
+          f"ratio {ft / hy:.3f}")
+
+
+def failures(a):
+    steps, every = a.steps, 20
+    rng = random.Random(a.seed)
+    with tempfile.TemporaryDirectory() as work:
+        c = Coordinator(a.build, work, timeout_s=a.timeout, min_groups=3)
+        logs = [os.path.join(work, f"g{g}.log") for g in range(3)]
+        cmd = [*SMALL, "--strategy", "full", "--steps", str(steps), "--log-every", "1", "--replicas", "3"]
+        ps = [subprocess.Popen(group_cmd(a.build, 2, cmd, restarts=steps // every + 1), env=c.env(g),
+                               stdout=open(logs[g], "w"), stderr=subprocess.STDOUT) for g in range(3)]
+        kills = []
+        for k in range(every, steps, every):
+            # Once the job reached step k, kill rank 0 or 1 of a random group.
+            def reached():
+                done = re.findall(r"step\s+(\d+) \| quorum \d+: groups [\d,]+ committed", open(logs[0]).read())
+                return bool(done) and int(done[-1]) >= k
+            wait_for(reached, 600, f"step {k}")
+            g, r = rng.randrange(3), rng.randrange(2)
+            pids = subprocess.run(["pgrep", "-f", f"{a.build}/bin/gpt"], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+                except OSError:
+                    continue
+                if f"FSDP_REPLICA_GROUP={g}".encode() in env and f"RANK={r}".encode() in env:
+                    os.kill(int(pid), signal.SIGKILL)
+                    kills.append((k, g, r))
+                    break
+        for p in ps:
+            p.wait()
+        coord = c.stop()
+        # (group, step) pairs of the live groups: a step committed with the
+        # group in its quorum counts; a group's restart and heal are not live.
+        committed = {}
+        for g in range(3):
+            for m in re.finditer(r"step\s+(\d+) \| quorum \d+: groups ([\d,]+) committed", open(logs[g]).read()):
+                committed[int(m.group(1))] = [int(x) for x in m.group(2).split(",")]
+        pairs = sum(len(v) for v in committed.values())
+        print(f"{len(kills)} kills (step, group, rank): {kills}")
+        print(f"steps committed: {len(committed)} of {steps}; (group, step) pairs committed: {pairs} of {3 * steps} "
+              f"({100.0 * pairs / (3 * steps):.1f}%)")
+        drops = coord.count(") dropped: ")
+        print(f"steps dropped: {drops}; the coordinator's log: {c.log} (removed with the run)")
+        print(coord)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["heal", "overhead", "failures"])
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=3.0, help="the coordinator's heartbeat timeout (failures)")
+    a = p.parse_args()
+    a.build = os.path.abspath(a.build)
+    if a.steps is None:
+        a.steps = {"heal": 4, "overhead": 30, "failures": 200}[a.what]
+    {"heal": heal, "overhead": overhead, "failures": failures}[a.what](a)
+
+
+if __name__ == "__main__":
+    main()
