@@ -43,8 +43,11 @@ class Coordinator:
                     str(timeout_s), "--min-groups", str(min_groups)]
         self.p = subprocess.Popen(self.cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
 
+    transport = "auto"
+
     def env(self, group):
         e = dict(os.environ)
+        e["FSDP_TRANSPORT"] = Coordinator.transport
         e.update({"FSDP_COORDINATOR": f"127.0.0.1:{self.port}", "FSDP_REPLICA_GROUP": str(group),
                   "FSDP_PROGRESS": "off"})
         return e
@@ -94,7 +97,7 @@ def heal(a):
         # The same state from the sharded checkpoint, at the same world size.
         load = subprocess.run(group_cmd(a.build, 2, [*SCALE, "--threads", "1", "--lr", "3e-4", "--warmup", "0",
                                                      "--ckpt-dir", ckpt, "--resume", "--steps", "13"]),
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, env={**os.environ, "FSDP_TRANSPORT": a.transport})
         lm = re.search(r"loaded the checkpoint: ([\d.]+) MB in ([\d.]+) s", load.stdout + load.stderr)
         if not lm:
             sys.exit("replicas.py heal: the resume printed no load time\n" + (load.stdout + load.stderr)[-3000:])
@@ -118,7 +121,7 @@ def overhead(a):
             # HYBRID_SHARD: one job of 4 ranks, shard groups of 2.
             h = subprocess.run(group_cmd(a.build, 4, [*SMALL, "--strategy", "hybrid", "--shard-group", "2",
                                                       "--steps", steps, "--log-every", "1"]),
-                               capture_output=True, text=True)
+                               capture_output=True, text=True, env={**os.environ, "FSDP_TRANSPORT": a.transport})
             hm = step_ms(h.stdout)[2:]
             # The same as two replica groups of 2 ranks (FULL_SHARD inside).
             c = Coordinator(a.build, work, timeout_s=30, min_groups=2)
@@ -192,7 +195,10 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=3.0, help="the coordinator's heartbeat timeout (failures)")
+    p.add_argument("--transport", default="auto", choices=["auto", "tcp", "cma"],
+                   help="FSDP_TRANSPORT of every run (tcp: the groups' links as between hosts)")
     a = p.parse_args()
+    Coordinator.transport = a.transport
     a.build = os.path.abspath(a.build)
     if a.steps is None:
         a.steps = {"heal": 4, "overhead": 30, "failures": 200}[a.what]

@@ -283,6 +283,8 @@ TEST(ReplicaGroups, AKilledRankCostsAStepAndItsGroupHealsFromAPeer) {
   }
 }
 
+// Over TCP (FSDP_TRANSPORT=tcp), as between hosts: the other tests' groups
+// share this host and move bytes by cross-memory attach.
 TEST(ReplicaGroups, TwoGroupsLostAtOnceCostTheThirdOneStep) {
   Job job("replicas_two");
   const int64_t steps = 8;
@@ -291,7 +293,9 @@ TEST(ReplicaGroups, TwoGroupsLostAtOnceCostTheThirdOneStep) {
   std::vector<ProcResult> res;
   std::thread t([&] {
     res = run_groups(job, steps, {0, 1, 2},
-                     {{"FSDP_TEST_HOLD=6:" + go}, {"FSDP_TEST_FAULT=1:0:3:kill"}, {"FSDP_TEST_FAULT=2:1:3:kill"}});
+                     {{"FSDP_TEST_HOLD=6:" + go, "FSDP_TRANSPORT=tcp"},
+                      {"FSDP_TEST_FAULT=1:0:3:kill", "FSDP_TRANSPORT=tcp"},
+                      {"FSDP_TEST_FAULT=2:1:3:kill", "FSDP_TRANSPORT=tcp"}});
   });
   wait_for_log(job, "group 1 restarted");
   wait_for_log(job, "group 2 restarted");

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "comm/checks.h"
+#include "comm/cma.h"
 #include "comm/mesh.h"
 #include "comm/rendezvous.h"
 #include "comm/ring.h"
@@ -169,8 +170,9 @@ std::string QuorumClient::wait_key(const std::string& key, const char* what) {
 }
 
 QuorumView QuorumClient::join(int64_t committed) {
-  const int64_t round = ++round_;
-  send("req", json{{"round", round}, {"step", committed}}.dump());
+  if (!asked_) send("req", json{{"round", ++round_}, {"step", committed}}.dump());
+  asked_ = false;
+  const int64_t round = round_;
   const std::string key =
       kBase + "ans/" + std::to_string(id_.group) + "/" + std::to_string(id_.incarnation) + "/" + std::to_string(round);
   const json a = json::parse(wait_key(key, "a quorum"));
@@ -189,7 +191,8 @@ QuorumView QuorumClient::join(int64_t committed) {
 }
 
 StepOutcome QuorumClient::vote(const QuorumView& q, bool ok, const std::string& why) {
-  send("vote", json{{"q", q.id}, {"ok", ok}, {"why", why}}.dump());
+  send("vote", json{{"q", q.id}, {"step", q.step}, {"ok", ok}, {"why", why}, {"round", ++round_}}.dump());
+  asked_ = true;
   const json d = json::parse(wait_key(kBase + "dec/" + std::to_string(q.id), "the step's outcome"));
   return {d.at("commit").get<bool>(), d.value("why", std::string())};
 }
@@ -203,6 +206,47 @@ ReplicaLink::ReplicaLink(const QuorumClient& client, const QuorumView& q)
       kBase + "q" + std::to_string(q.comm) + "/r" + std::to_string(client.identity().rank) + "/";
   mesh_ = connect_mesh_through(store, prefix, q.index, static_cast<int>(q.members.size()), client.address(),
                                client.port(), timeout_);
+  // Cross-memory attach when every member is on this host (as a
+  // communicator's ranks choose it; FSDP_TRANSPORT=tcp turns it off).
+  const config::EnvConfig env = config::read_env();
+  transport_ = std::make_unique<TransportChoice>(
+      choose_transport(mesh_.get(), env.transport, env.host_id, Clock::now() + timeout_, members_,
+                       detail::cat("shard ", rank_, " across replica groups")));
+}
+
+bool ReplicaLink::cross_memory() const { return transport_ && transport_->cma; }
+
+void ReplicaLink::lend(int to, const std::vector<torch::Tensor>& ts) {
+  if (!cross_memory()) return send_all(to, ts);
+  auto posts = torch::empty({static_cast<int64_t>(2 * ts.size())}, torch::kInt64);
+  auto* p = posts.data_ptr<int64_t>();
+  for (size_t i = 0; i < ts.size(); ++i) {
+    FSDP_CHECK(ts[i].is_contiguous(), "ReplicaLink::lend: a contiguous tensor");
+    p[2 * i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(ts[i].data_ptr()));
+    p[2 * i + 1] = ts[i].numel() * static_cast<int64_t>(ts[i].element_size());
+    sent_ += p[2 * i + 1];
+  }
+  send(to, posts);
+  auto done = torch::zeros({1}, torch::kUInt8);
+  recv(to, done);  // the tensors are the peer's to read until then
+}
+
+void ReplicaLink::take(int from, const std::vector<torch::Tensor>& ts) {
+  if (!cross_memory()) return recv_all(from, ts);
+  auto posts = torch::empty({static_cast<int64_t>(2 * ts.size())}, torch::kInt64);
+  recv(from, posts);
+  const auto* p = posts.data_ptr<int64_t>();
+  Wire w;  // reads only: no message, so no sequence number (the members' must stay in step)
+  w.mesh = mesh_.get();
+  w.deadline = deadline();
+  w.names = &members_;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const int64_t n = ts[i].numel() * static_cast<int64_t>(ts[i].element_size());
+    FSDP_CHECK(p[2 * i + 1] == n && ts[i].is_contiguous(), "ReplicaLink::take: tensor ", i, " has ", n,
+               " bytes here, ", p[2 * i + 1], " at the lender");
+    read_peer(w, from, transport_->peers.pid[from], ts[i].data_ptr(), static_cast<uint64_t>(p[2 * i]), n);
+  }
+  send(from, torch::ones({1}, torch::kUInt8));
 }
 
 ReplicaLink::~ReplicaLink() = default;
@@ -221,7 +265,9 @@ void ReplicaLink::all_reduce_mean(torch::Tensor flat) {
   w.deadline = deadline();
   w.names = &members_;  // messages name the peer by its group
   try {
-    sent_ += ring_all_reduce(w, flat.data_ptr(), flat.numel(), flat.scalar_type(), size());
+    sent_ += cross_memory() ? cma_all_reduce(w, transport_->peers, flat.data_ptr(), flat.numel(),
+                                             flat.scalar_type(), size())
+                            : ring_all_reduce(w, flat.data_ptr(), flat.numel(), flat.scalar_type(), size());
   } catch (const std::exception& e) {
     throw Error(detail::cat("shard ", rank_, " across groups ", ids(members_), " (\"rank g\" below is group g's rank ",
                             rank_, "): ", e.what()));
@@ -299,6 +345,7 @@ struct Coordinator::State {
     Clock::time_point beat_at;
     int64_t req_round = -1, req_step = -1;
     int64_t vote_q = -1;
+    int64_t vote_round = -1;  // the next round the vote asks for
     bool vote_ok = false;
     std::string vote_why;
     bool gone = false;  // said bye
@@ -329,6 +376,7 @@ struct Coordinator::State {
   } q;
   int64_t next_q = 0, next_comm = 0;
   int64_t job_step = 0;  // the most steps any quorum committed
+  std::map<int64_t, bool> outcomes;  // quorum id -> committed, once decided
 
   void log(const std::string& s) const {
     if (o.log) o.log(s);
@@ -411,6 +459,14 @@ struct Coordinator::State {
       k.vote_q = m.at("q").get<int64_t>();
       k.vote_ok = m.at("ok").get<bool>();
       k.vote_why = m.at("why").get<std::string>();
+      k.vote_round = m.value("round", int64_t(-1));
+      // A vote on a quorum decided already (it was dropped without this
+      // rank): its request for the next round stands now.
+      auto out = outcomes.find(k.vote_q);
+      if (out != outcomes.end() && k.vote_round >= 0) {
+        k.req_round = k.vote_round;
+        k.req_step = m.at("step").get<int64_t>() + (out->second ? 1 : 0);
+      }
     } else if (kind == "bye") {
       k.gone = true;
     }
@@ -508,9 +564,18 @@ struct Coordinator::State {
     q.decided = true;
     q.decided_at = Clock::now();
     q.committed = why.empty();
+    outcomes[q.id] = q.committed;
     json d{{"commit", q.committed}};
     if (!q.committed) d["why"] = why;
     set(kBase + "dec/" + std::to_string(q.id), d.dump());
+    // Each vote asked for the next round: the step after the outcome (a
+    // dropped step is taken again; nobody applied it).
+    for (int gid : q.members)
+      for (auto& [r, k] : groups[gid].ranks)
+        if (k.vote_q == q.id && k.vote_round >= 0) {
+          k.req_round = k.vote_round;
+          k.req_step = q.committed ? q.step + 1 : q.step;
+        }
     if (q.committed) {
       job_step = std::max(job_step, q.step + 1);
       for (int gid : q.members) {

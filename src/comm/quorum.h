@@ -46,6 +46,7 @@ namespace fsdp::comm {
 
 class Mesh;
 class StoreClient;
+struct TransportChoice;
 
 // What a group is: the coordinator refuses a group whose model, sharding or
 // size differs from the groups that are training.
@@ -90,7 +91,9 @@ class QuorumClient {
   // names what differs) or stops answering.
   QuorumView join(int64_t committed);
   // This rank's vote on quorum `q` (ok: its gradients were averaged), then
-  // the outcome once the coordinator has every vote or lost a member.
+  // the outcome once the coordinator has every vote or lost a member. The
+  // vote asks for the next quorum too (for the step after the outcome), so
+  // the coordinator forms it as it decides and join() finds it waiting.
   StepOutcome vote(const QuorumView& q, bool ok, const std::string& why);
 
   const GroupIdentity& identity() const { return id_; }
@@ -114,6 +117,7 @@ class QuorumClient {
   std::string epoch_;
   int64_t seq_ = 0;
   int64_t round_ = 0;
+  bool asked_ = false;  // the last vote asked for round_ already
   std::unique_ptr<StoreClient> client_;            // requests and votes
   std::unique_ptr<StoreClient> heartbeat_client_;  // the heartbeat's own connection
 };
@@ -136,6 +140,15 @@ class ReplicaLink {
   void recv(int from_index, torch::Tensor t);
   void send_all(int to_index, const std::vector<torch::Tensor>& ts);
   void recv_all(int from_index, const std::vector<torch::Tensor>& ts);
+  // A bulk copy: `lend` makes `ts` (contiguous) available to `to_index`
+  // and returns once it took them; `take` fills `ts` with what `from_index`
+  // lent (the same sizes, in order). Cross-memory attach when both ranks
+  // are on this host (the peer reads straight out of the lender's tensors),
+  // else the TCP messages of send_all / recv_all.
+  void lend(int to_index, const std::vector<torch::Tensor>& ts);
+  void take(int from_index, const std::vector<torch::Tensor>& ts);
+  // Whether the members share this host and move bytes by cross-memory attach.
+  bool cross_memory() const;
   int64_t bytes_sent() const { return sent_; }
 
  private:
@@ -145,6 +158,7 @@ class ReplicaLink {
   std::chrono::milliseconds timeout_;
   std::vector<int> members_;
   std::shared_ptr<Mesh> mesh_;
+  std::unique_ptr<TransportChoice> transport_;
   uint64_t seq_ = 1;                    // all-reduces
   std::map<int, uint64_t> copies_;      // point-to-point messages per peer
   int64_t sent_ = 0;

@@ -166,7 +166,7 @@ struct ReplicaGroups::Impl {
       for (int g : healing) {
         const int to = index_of(g);
         l.send_all(to, {len, text});
-        l.send_all(to, bulk);
+        l.lend(to, bulk);
       }
     }
     if (receiving) {
@@ -204,7 +204,7 @@ struct ReplicaGroups::Impl {
       }
       {
         torch::NoGradGuard ng;
-        l.recv_all(from, bulk);
+        l.take(from, bulk);
         for (auto& [dst, tmp] : staged) dst.copy_(tmp);
       }
       got = 8 + static_cast<int64_t>(h.size());

@@ -114,6 +114,7 @@ FSDP_SCENARIO(replica_train) {
     std::printf("STEP group=%d rank=%d step=%lld q=%lld members=%s commit=%d healed=%d heal_ms=%.1f heal_bytes=%lld\n",
                 g, r, static_cast<long long>(q.step), static_cast<long long>(q.id), join(q.groups).c_str(),
                 commit ? 1 : 0, q.healed ? 1 : 0, q.heal_seconds * 1000, static_cast<long long>(q.heal_bytes));
+    if (!commit) std::printf("DROPPED group=%d rank=%d: %s\n", g, r, q.dropped.c_str());
     std::fflush(stdout);
   }
   auto full = model->full_state(0);
