@@ -830,6 +830,7 @@ int train(const Args& args, const examples::StepHooks& hooks) {
   // The training loop.
   const auto run_start = Clock::now();
   Sent sent;  // inside the steps' spans (what the plan predicts)
+  std::string last_groups;  // the last quorum's groups, printed when they change
   for (int64_t step = first_step; step < a.steps; step = replicas ? replicas->step() : step + 1) {
     if (replicas) {
       const fsdp::StepQuorum& q = replicas->start_step();
@@ -844,11 +845,15 @@ int train(const Args& args, const examples::StepHooks& hooks) {
     if (data.eval_on && step % a.eval_every == 0) validate(a, run, model, data, step);
     const StepResult r = train_step(a, run, model, *opt, data, step, hooks, replicas.get(), data_rank);
     if (replicas && run.lead) {
+      // The quorum when it changes, a step is dropped, or the step is logged.
       const fsdp::StepQuorum& q = replicas->quorum();
       std::string groups;
       for (int g : q.groups) groups += (groups.empty() ? "" : ",") + std::to_string(g);
-      std::printf("step %5lld | quorum %lld: groups %s %s%s\n", (long long)step, (long long)q.id, groups.c_str(),
-                  q.committed ? "committed" : "dropped: ", q.committed ? "" : q.dropped.c_str());
+      const bool changed = groups != last_groups;
+      last_groups = groups;
+      if (changed || !q.committed || step % a.log_every == 0)
+        std::printf("step %5lld | quorum %lld: groups %s %s%s\n", (long long)step, (long long)q.id, groups.c_str(),
+                    q.committed ? "committed" : "dropped: ", q.committed ? "" : q.dropped.c_str());
       std::fflush(stdout);
     }
     if (!r.applied) continue;

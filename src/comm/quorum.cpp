@@ -533,7 +533,9 @@ struct Coordinator::State {
     int failures = 0;
     for (int gid : q.members) {
       Group& g = groups[gid];
-      if (g.lost) lost += detail::cat(lost.empty() ? "" : "; ", "group ", gid, " was lost during the step");
+      if (g.lost)
+        lost += detail::cat(lost.empty() ? "" : "; ", "group ", gid,
+                            all_said_bye(gid) ? " left (its run ended)" : " was lost during the step");
       for (int r = 0; r < g.size; ++r) {
         auto it = g.ranks.find(r);
         if (it == g.ranks.end() || it->second.vote_q != q.id) {
