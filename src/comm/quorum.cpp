@@ -370,6 +370,7 @@ struct Coordinator::State {
   struct Quorum {
     int64_t id = -1, comm = -1, step = 0;
     std::vector<int> members;
+    std::vector<std::string> launches;  // each member's incarnation
     bool decided = true, committed = false;
     Clock::time_point decided_at;
     Clock::time_point first_failure;  // the first failed vote
@@ -377,6 +378,7 @@ struct Coordinator::State {
   int64_t next_q = 0, next_comm = 0;
   int64_t job_step = 0;  // the most steps any quorum committed
   std::map<int64_t, bool> outcomes;  // quorum id -> committed, once decided
+  std::string stuck;                 // why no quorum can form, as last logged
 
   void log(const std::string& s) const {
     if (o.log) o.log(s);
@@ -660,15 +662,21 @@ struct Coordinator::State {
         }
     }
     if (sources.empty()) {
-      log(detail::cat("no group holds step ", top, " whole (their ranks disagree): restore from a checkpoint"));
+      const std::string why =
+          detail::cat("no group holds step ", top, " whole (their ranks disagree): restore from a checkpoint");
+      if (why != stuck) log(why);  // once, not every round of the loop
+      stuck = why;
       return;
     }
+    stuck.clear();
     Quorum n;
     n.id = next_q++;
     n.step = top;
     n.members = pending;
     n.decided = false;
-    n.comm = (q.committed && n.members == q.members) ? q.comm : next_comm++;
+    for (int gid : n.members) n.launches.push_back(groups[gid].inc);
+    // The links stay when the same launches of the same groups go on.
+    n.comm = (q.committed && n.members == q.members && n.launches == q.launches) ? q.comm : next_comm++;
     std::vector<int> healing;
     for (int gid : pending)
       if (!in(sources, gid)) healing.push_back(gid);
