@@ -188,6 +188,14 @@ void expect_near_reference(const std::map<std::string, std::vector<double>>& got
   }
 }
 
+// Groups 0, 1 and 2 of `res`: each ended with the weights of the reference
+// that replays the schedule they printed.
+void expect_groups_match_reference(const std::vector<ProcResult>& res, int64_t steps) {
+  const auto schedule = schedule_of({res.at(0).output, res.at(1).output, res.at(2).output}, steps);
+  const auto want = reference(schedule);
+  for (int g = 0; g < 3; ++g) expect_near_reference(params_in(res[g].output), want, "group " + std::to_string(g));
+}
+
 // Runs the groups' launchers at once (each: group id, extra env, worker
 // args), returns their results in order.
 std::vector<ProcResult> run_groups(const Job& job, int64_t steps, const std::vector<int>& groups,
@@ -311,9 +319,7 @@ TEST(ReplicaGroups, TwoGroupsLostAtOnceCostTheThirdOneStep) {
   bool dropped3 = false;
   for (auto& s : steps_in(res[0].output)) dropped3 |= s.step == 3 && !s.commit;
   EXPECT_TRUE(dropped3) << res[0].output << coord;
-  const auto schedule = schedule_of({res[0].output, res[1].output, res[2].output}, steps);
-  const auto ref = reference(schedule);
-  for (int g = 0; g < 3; ++g) expect_near_reference(params_in(res[g].output), ref, "group " + std::to_string(g));
+  expect_groups_match_reference(res, steps);
 }
 
 TEST(ReplicaGroups, AFailureDuringTheReduceDropsTheStepOnEveryGroup) {
@@ -337,9 +343,7 @@ TEST(ReplicaGroups, AFailureDuringTheReduceDropsTheStepOnEveryGroup) {
     EXPECT_TRUE(dropped4) << res[g].output << coord;
   }
   EXPECT_NE(coord.find("dropped"), std::string::npos) << coord;
-  const auto schedule = schedule_of({res[0].output, res[1].output, res[2].output}, steps);
-  const auto want = reference(schedule);
-  for (int g = 0; g < 3; ++g) expect_near_reference(params_in(res[g].output), want, "group " + std::to_string(g));
+  expect_groups_match_reference(res, steps);
 }
 
 TEST(ReplicaGroups, AFrozenGroupIsDroppedNamedAndHealsWhenItThaws) {
@@ -371,9 +375,7 @@ TEST(ReplicaGroups, AFrozenGroupIsDroppedNamedAndHealsWhenItThaws) {
   bool healed = false;
   for (auto& s : steps_in(res[1].output)) healed |= s.healed && s.commit;
   EXPECT_TRUE(healed) << res[1].output << coord;
-  const auto schedule = schedule_of({res[0].output, res[1].output, res[2].output}, steps);
-  const auto want = reference(schedule);
-  for (int g = 0; g < 3; ++g) expect_near_reference(params_in(res[g].output), want, "group " + std::to_string(g));
+  expect_groups_match_reference(res, steps);
 }
 
 TEST(ReplicaGroups, AGroupThatWasNeverThereJoinsAndOneWithAnotherModelIsRefused) {
@@ -404,9 +406,7 @@ TEST(ReplicaGroups, AGroupThatWasNeverThereJoinsAndOneWithAnotherModelIsRefused)
   bool healed = false;
   for (auto& s : steps_in(res[2].output)) healed |= s.healed;
   EXPECT_TRUE(healed) << res[2].output;
-  const auto schedule = schedule_of({res[0].output, res[1].output, res[2].output}, steps);
-  const auto want = reference(schedule);
-  for (int g = 0; g < 3; ++g) expect_near_reference(params_in(res[g].output), want, "group " + std::to_string(g));
+  expect_groups_match_reference(res, steps);
 }
 
 TEST(ReplicaGroups, AFreshGroupIsRefusedOnceNoGroupHoldsTheJobsState) {

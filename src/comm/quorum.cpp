@@ -72,14 +72,15 @@ ReplicaPlace resolve_replica_place(const std::string& coordinator, int group) {
   }
   if (colon == std::string::npos || colon == 0 || port < 1 || port > 65535)
     throw Error(detail::cat("fsdp::ReplicaGroups: coordinator '", where, "': expected host:port (e.g. 10.0.0.5:29400)"));
-  return {where.substr(0, colon), port, g};
+  return {where.substr(0, colon), port, g, env.transport, env.host_id};
 }
 
-QuorumClient::QuorumClient(const std::string& addr, int port, GroupIdentity id,
-                           std::chrono::milliseconds connect_budget)
-    : addr_(addr), port_(port), id_(std::move(id)) {
-  const std::string where = addr + ":" + std::to_string(port);
-  auto connect = [addr, port] { return connect_store_client(addr, port, std::chrono::seconds(5)); };
+QuorumClient::QuorumClient(const ReplicaPlace& place, GroupIdentity id, std::chrono::milliseconds connect_budget)
+    : place_(place), id_(std::move(id)) {
+  const std::string where = place.host + ":" + std::to_string(place.port);
+  auto connect = [addr = place.host, port = place.port] {
+    return connect_store_client(addr, port, std::chrono::seconds(5));
+  };
   // The settings first, on a connection of their own: the heartbeat's
   // period comes from them.
   client_ = std::make_unique<StoreClient>(connect, std::chrono::seconds(1));
@@ -96,9 +97,8 @@ QuorumClient::QuorumClient(const std::string& addr, int port, GroupIdentity id,
                               "first, or fix the address"));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  const json c = json::parse(*cfg);
-  heartbeat_timeout_ = std::chrono::milliseconds(c.at("heartbeat_ms").get<int64_t>());
-  epoch_ = c.at("epoch").get<std::string>();
+  cfg_ = *cfg;
+  heartbeat_timeout_ = std::chrono::milliseconds(json::parse(cfg_).at("heartbeat_ms").get<int64_t>());
   // The heartbeat: its own connection, so a request waiting on the
   // coordinator never delays it.
   StoreClient::Periodic beats;
@@ -137,8 +137,8 @@ void QuorumClient::send(const std::string& kind, std::string body_json) {
   m["model"] = id_.model;
   m["sharding"] = id_.sharding;
   if (!client_->write(mailbox(id_.group, id_.rank), m.dump(), kCall))
-    throw Error(detail::cat("replica group ", id_.group, " rank ", id_.rank, ": the coordinator at ", addr_, ":",
-                            port_, " stopped answering (a ", kind,
+    throw Error(detail::cat("replica group ", id_.group, " rank ", id_.rank, ": the coordinator at ", place_.host, ":",
+                            place_.port, " stopped answering (a ", kind,
                             " could not be sent). Nothing of this step was applied; restart the coordinator, then "
                             "the groups (they resume from their last checkpoint)"));
 }
@@ -150,18 +150,15 @@ std::string QuorumClient::wait_key(const std::string& key, const char* what) {
     auto v = client_->read({key, kBase + "cfg"}, kCall);
     if (v) {
       last_answer = Clock::now();
-      if ((*v)[1]) {
-        const json c = json::parse(*(*v)[1]);
-        if (c.at("epoch").get<std::string>() != epoch_)
-          throw Error(detail::cat("replica group ", id_.group, " rank ", id_.rank, ": the coordinator at ", addr_,
-                                  ":", port_, " restarted while this rank waited for ", what,
+      if ((*v)[1] && *(*v)[1] != cfg_)  // written once per coordinator: another one started
+          throw Error(detail::cat("replica group ", id_.group, " rank ", id_.rank, ": the coordinator at ", place_.host,
+                                  ":", place_.port, " restarted while this rank waited for ", what,
                                   "; its quorums are lost. Nothing of this step was applied; restart the groups "
                                   "(they resume from their last checkpoint)"));
-      }
       if ((*v)[0]) return *(*v)[0];
     } else if (Clock::now() - last_answer > silent_limit) {
-      throw Error(detail::cat("replica group ", id_.group, " rank ", id_.rank, ": the coordinator at ", addr_, ":",
-                              port_, " stopped answering for ", seconds_of(silent_limit), " s while this rank waited for ",
+      throw Error(detail::cat("replica group ", id_.group, " rank ", id_.rank, ": the coordinator at ", place_.host, ":",
+                              place_.port, " stopped answering for ", seconds_of(silent_limit), " s while this rank waited for ",
                               what, ". Nothing of this step was applied. Expected the coordinator to outlive the "
                               "job; restart it, then the groups (they resume from their last checkpoint)"));
     }
@@ -177,7 +174,7 @@ QuorumView QuorumClient::join(int64_t committed) {
       kBase + "ans/" + std::to_string(id_.group) + "/" + std::to_string(id_.incarnation) + "/" + std::to_string(round);
   const json a = json::parse(wait_key(key, "a quorum"));
   if (a.contains("refused"))
-    throw Error(detail::cat("replica group ", id_.group, " was refused by the coordinator at ", addr_, ":", port_,
+    throw Error(detail::cat("replica group ", id_.group, " was refused by the coordinator at ", place_.host, ":", place_.port,
                             ": ", a.at("refused").get<std::string>()));
   QuorumView q;
   q.id = a.at("q").get<int64_t>();
@@ -208,9 +205,9 @@ ReplicaLink::ReplicaLink(const QuorumClient& client, const QuorumView& q)
                                client.port(), timeout_);
   // Cross-memory attach when every member is on this host (as a
   // communicator's ranks choose it; FSDP_TRANSPORT=tcp turns it off).
-  const config::EnvConfig env = config::read_env();
+  const ReplicaPlace& place = client.place();
   transport_ = std::make_unique<TransportChoice>(
-      choose_transport(mesh_.get(), env.transport, env.host_id, Clock::now() + timeout_, members_,
+      choose_transport(mesh_.get(), place.transport, place.host_id, Clock::now() + timeout_, members_,
                        detail::cat("shard ", rank_, " across replica groups")));
 }
 
@@ -298,30 +295,20 @@ namespace {
 constexpr size_t kInFlight = 256;
 }  // namespace
 
-void ReplicaLink::send_all(int to, const std::vector<torch::Tensor>& ts) {
-  for (size_t at = 0; at < ts.size(); at += kInFlight) {
-    std::vector<Transfer> pending;
-    for (size_t i = at; i < std::min(ts.size(), at + kInFlight); ++i) {
-      const int64_t n = ts[i].numel() * static_cast<int64_t>(ts[i].element_size());
-      if (n == 0) continue;
-      FSDP_CHECK(ts[i].is_contiguous(), "ReplicaLink::send_all: a contiguous tensor");
-      pending.push_back(mesh_->send(to, slots::slot(copies_[to]++, slots::kPeerCopy.begin), ts[i].data_ptr(), n));
-      sent_ += n;
-    }
-    const auto until = deadline();
-    for (auto& t : pending)
-      t.wait(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()));
-  }
-}
+void ReplicaLink::send_all(int to, const std::vector<torch::Tensor>& ts) { post_all(to, ts, true); }
+void ReplicaLink::recv_all(int from, const std::vector<torch::Tensor>& ts) { post_all(from, ts, false); }
 
-void ReplicaLink::recv_all(int from, const std::vector<torch::Tensor>& ts) {
+void ReplicaLink::post_all(int peer, const std::vector<torch::Tensor>& ts, bool sending) {
   for (size_t at = 0; at < ts.size(); at += kInFlight) {
     std::vector<Transfer> pending;
     for (size_t i = at; i < std::min(ts.size(), at + kInFlight); ++i) {
       const int64_t n = ts[i].numel() * static_cast<int64_t>(ts[i].element_size());
       if (n == 0) continue;
-      FSDP_CHECK(ts[i].is_contiguous(), "ReplicaLink::recv_all: a contiguous tensor");
-      pending.push_back(mesh_->recv(from, slots::slot(copies_[from]++, slots::kPeerCopy.begin), ts[i].data_ptr(), n));
+      FSDP_CHECK(ts[i].is_contiguous(), "ReplicaLink: a contiguous tensor");
+      const uint64_t slot = slots::slot(copies_[peer]++, slots::kPeerCopy.begin);
+      pending.push_back(sending ? mesh_->send(peer, slot, ts[i].data_ptr(), n)
+                                : mesh_->recv(peer, slot, ts[i].data_ptr(), n));
+      if (sending) sent_ += n;
     }
     const auto until = deadline();
     for (auto& t : pending)
@@ -527,6 +514,13 @@ struct Coordinator::State {
     }
   }
 
+  // Group `gid`'s answer to its request `round`.
+  void answer(int gid, int64_t round, const json& a) {
+    Group& g = groups[gid];
+    set(kBase + "ans/" + std::to_string(gid) + "/" + g.inc + "/" + std::to_string(round), a.dump());
+    g.answered = round;
+  }
+
   bool in(const std::vector<int>& v, int x) const { return std::find(v.begin(), v.end(), x) != v.end(); }
 
   void decide() {
@@ -609,9 +603,7 @@ struct Coordinator::State {
       }
       if (!complete) continue;
       if (!g.refused.empty()) {
-        set(kBase + "ans/" + std::to_string(gid) + "/" + g.inc + "/" + std::to_string(round),
-            json{{"refused", g.refused}}.dump());
-        g.answered = round;
+        answer(gid, round, json{{"refused", g.refused}});
         continue;
       }
       pending.push_back(gid);
@@ -640,11 +632,7 @@ struct Coordinator::State {
           "lost). Expected a group with the job's state to heal from; start this group from a checkpoint "
           "(ReplicaOptions::start_step; gpt: --resume), or start a new coordinator for a new job");
       for (int gid : pending) {
-        Group& g = groups[gid];
-        const int64_t round = g.ranks.begin()->second.req_round;
-        set(kBase + "ans/" + std::to_string(gid) + "/" + g.inc + "/" + std::to_string(round),
-            json{{"refused", why}}.dump());
-        g.answered = round;
+        answer(gid, groups[gid].ranks.begin()->second.req_round, json{{"refused", why}});
         log(detail::cat("group ", gid, " refused: ", why));
       }
       return;
@@ -683,15 +671,10 @@ struct Coordinator::State {
     if (n.members != q.members || !healing.empty() || !q.committed)
       log(detail::cat("quorum ", n.id, ": step ", n.step, ", groups ", ids(n.members),
                       healing.empty() ? std::string() : "; healing " + ids(healing) + " from " + ids(sources)));
-    for (int gid : pending) {
-      Group& g = groups[gid];
-      const int64_t round = g.ranks.begin()->second.req_round;
-      set(kBase + "ans/" + std::to_string(gid) + "/" + g.inc + "/" + std::to_string(round),
-          json{{"q", n.id}, {"comm", n.comm}, {"step", n.step}, {"members", n.members}, {"sources", sources},
-               {"heal", !in(sources, gid)}}
-              .dump());
-      g.answered = round;
-    }
+    for (int gid : pending)
+      answer(gid, groups[gid].ranks.begin()->second.req_round,
+             json{{"q", n.id}, {"comm", n.comm}, {"step", n.step}, {"members", n.members}, {"sources", sources},
+                  {"heal", !in(sources, gid)}});
     q = n;
   }
 

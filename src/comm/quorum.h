@@ -48,6 +48,20 @@ class Mesh;
 class StoreClient;
 struct TransportChoice;
 
+// Where the coordinator is and which group this process is: `coordinator`
+// ("host:port") and `group` when given, else FSDP_COORDINATOR and
+// FSDP_REPLICA_GROUP. Throws fsdp::Error naming what is missing.
+struct ReplicaPlace {
+  std::string host;
+  int port = 0;
+  int group = -1;
+  // How the links across groups move bytes (FSDP_TRANSPORT) and which
+  // ranks count as one host (FSDP_HOST_ID), read with the rest, once.
+  std::string transport = "auto";
+  std::string host_id;
+};
+ReplicaPlace resolve_replica_place(const std::string& coordinator, int group);
+
 // What a group is: the coordinator refuses a group whose model, sharding or
 // size differs from the groups that are training.
 struct GroupIdentity {
@@ -81,7 +95,7 @@ class QuorumClient {
  public:
   // Connects to the coordinator at addr:port (waits up to `connect_budget`)
   // and says hello. Throws fsdp::Error when it cannot be reached.
-  QuorumClient(const std::string& addr, int port, GroupIdentity id, std::chrono::milliseconds connect_budget);
+  QuorumClient(const ReplicaPlace& place, GroupIdentity id, std::chrono::milliseconds connect_budget);
   ~QuorumClient();  // says bye
   QuorumClient(const QuorumClient&) = delete;
   QuorumClient& operator=(const QuorumClient&) = delete;
@@ -97,8 +111,9 @@ class QuorumClient {
   StepOutcome vote(const QuorumView& q, bool ok, const std::string& why);
 
   const GroupIdentity& identity() const { return id_; }
-  const std::string& address() const { return addr_; }
-  int port() const { return port_; }
+  const std::string& address() const { return place_.host; }
+  int port() const { return place_.port; }
+  const ReplicaPlace& place() const { return place_; }
   // The coordinator's heartbeat timeout: how long a collective across
   // groups may take before it counts as failed.
   std::chrono::milliseconds heartbeat_timeout() const { return heartbeat_timeout_; }
@@ -110,11 +125,10 @@ class QuorumClient {
   // coordinator stops answering or restarted meanwhile.
   std::string wait_key(const std::string& key, const char* what);
 
-  std::string addr_;
-  int port_;
+  ReplicaPlace place_;
   GroupIdentity id_;
   std::chrono::milliseconds heartbeat_timeout_{10000};
-  std::string epoch_;
+  std::string cfg_;  // the coordinator's settings as first read: another value is another coordinator
   int64_t seq_ = 0;
   int64_t round_ = 0;
   bool asked_ = false;  // the last vote asked for round_ already
@@ -153,6 +167,8 @@ class ReplicaLink {
 
  private:
   std::chrono::steady_clock::time_point deadline() const;
+  // send_all / recv_all: `ts` posted in windows, each waited for.
+  void post_all(int peer, const std::vector<torch::Tensor>& ts, bool sending);
   int64_t comm_;
   int rank_;  // the shard: this rank in its group
   std::chrono::milliseconds timeout_;
@@ -164,15 +180,6 @@ class ReplicaLink {
   int64_t sent_ = 0;
 };
 
-// Where the coordinator is and which group this process is: `coordinator`
-// ("host:port") and `group` when given, else FSDP_COORDINATOR and
-// FSDP_REPLICA_GROUP. Throws fsdp::Error naming what is missing.
-struct ReplicaPlace {
-  std::string host;
-  int port = 0;
-  int group = -1;
-};
-ReplicaPlace resolve_replica_place(const std::string& coordinator, int group);
 
 struct CoordinatorOptions {
   std::string host = "127.0.0.1";  // the address it listens on

@@ -77,6 +77,7 @@ struct ReplicaGroups::Impl {
   StepQuorum q;
   int64_t step = 0;
   int64_t sent_before = 0;  // bytes sent by links already closed
+  torch::Tensor flat;       // the gradients averaged across groups, reused every step
 
   Impl(FullyShardedModel& m, torch::optim::Optimizer& o, const ReplicaOptions& opts)
       : model(m), opt(o), place(comm::resolve_replica_place(opts.coordinator, opts.group)), step(opts.start_step) {
@@ -97,7 +98,7 @@ struct ReplicaGroups::Impl {
     id.incarnation = inc.item<int64_t>();
     id.model = model_fingerprint(model);
     id.sharding = sharding_of(model);
-    client = std::make_unique<comm::QuorumClient>(place.host, place.port, id, opts.connect_timeout);
+    client = std::make_unique<comm::QuorumClient>(place, id, opts.connect_timeout);
   }
 
   comm::ReplicaLink& link_for(const comm::QuorumView& v) {
@@ -271,13 +272,17 @@ struct ReplicaGroups::Impl {
       if (!p.requires_grad()) continue;
       grads.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
     }
-    torch::Tensor flat;
+    const bool across = view.members.size() > 1;
     try {
-      if (view.members.size() > 1) {
+      if (across) {
         trace::Span span("all_reduce across replica groups", "ft");
         std::vector<torch::Tensor> pieces;
         for (const auto& g : grads) pieces.push_back(g.reshape({-1}).to(torch::kFloat32));
-        flat = pieces.empty() ? torch::zeros({0}) : torch::cat(pieces);
+        if (!flat.defined()) flat = torch::empty({0}, torch::kFloat32);
+        if (pieces.empty())
+          flat.resize_({0});
+        else
+          torch::cat_out(flat, pieces);  // resizes once, then reuses its storage
         link_for(view).all_reduce_mean(flat);
       }
     } catch (const std::exception& e) {
@@ -289,7 +294,7 @@ struct ReplicaGroups::Impl {
     q.committed = d.commit;
     q.dropped = d.why;
     if (d.commit) {
-      if (flat.defined()) {
+      if (across) {
         torch::NoGradGuard ng;
         int64_t at = 0;
         for (size_t i = 0, k = 0; i < params.size(); ++i) {
