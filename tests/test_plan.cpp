@@ -1030,3 +1030,55 @@ TEST(Plan, BudgetRssLeavesTheTensorsWhatTheFixedPartDoesNot) {
 }
 
 }  // namespace
+
+// Replica groups (fsdp/replicas.h): per rank, the mean of the fp32
+// gradient shard across R groups each step, and a heal's P + O.
+TEST(Plan, ReplicaGroupsMeanAndHealTraffic) {
+  GptShape s;
+  const int64_t n = 4903168;
+  Plan p = make_plan(gpt_units(s, "block"), 1000, opts(2));
+  ReplicaTraffic r = replica_traffic(p, 3);
+  EXPECT_EQ(r.mean, 2 * 2 * (n / 2 * 4) / 3);  // 2(R-1)/R x the fp32 shard
+  EXPECT_EQ(r.heal, 3 * (n / 2 * 4));          // P + O with Adam: the shard and two moments
+  EXPECT_EQ(r.heal, p.P + p.O);
+  EXPECT_EQ(r.rate, 0);
+  EXPECT_EQ(r.heal_seconds, 0);
+  EXPECT_EQ(replica_traffic(p, 1).mean, 0) << "one group averages with nobody";
+  // bf16 compute: the master shards and their gradients stay fp32.
+  PlanOptions bf = opts(2);
+  bf.param_bytes = 2;
+  EXPECT_EQ(replica_traffic(make_plan(gpt_units(s, "block"), 1000, bf), 3).mean, r.mean);
+  // NO_SHARD: each rank holds the whole model.
+  PlanOptions ns = opts(2);
+  ns.strategy = fsdp::ShardingStrategy::NO_SHARD;
+  EXPECT_EQ(replica_traffic(make_plan(gpt_units(s, "block"), 1000, ns), 2).heal, 3 * n * 4);
+  // A host's link shared by the group's 2 ranks on it.
+  PlanOptions link = opts(2);
+  link.inter_bandwidth = 1e9;
+  ReplicaTraffic t = replica_traffic(make_plan(gpt_units(s, "block"), 1000, link), 3);
+  EXPECT_DOUBLE_EQ(t.rate, 5e8);
+  EXPECT_DOUBLE_EQ(t.heal_seconds, t.heal / 5e8);
+  PlanOptions hy = opts(4);
+  hy.strategy = fsdp::ShardingStrategy::HYBRID_SHARD;
+  hy.shard_group = 2;
+  EXPECT_THROW(replica_traffic(make_plan(gpt_units(s, "block"), 1000, hy), 2), fsdp::Error);
+
+  const auto fsdp_bin = fsdp::testing::bin_path("fsdp");
+  auto text = fsdp::testing::run_command({fsdp_bin, "plan", "--world", "2", "--replicas", "3", "--inter-bw", "1GB/s"});
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("replica groups: R = 3 groups"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("heal from a peer"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("ms at 500.0 MB/s"), std::string::npos) << text.output;
+  auto j = fsdp::testing::run_command({fsdp_bin, "plan", "--world", "2", "--replicas", "3", "--json"});
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  const auto parsed = nlohmann::json::parse(j.output);
+  EXPECT_EQ(parsed["replicas"]["heal_bytes"], r.heal);
+  EXPECT_EQ(parsed["replicas"]["mean_bytes"], r.mean);
+  auto hybrid = fsdp::testing::run_command({fsdp_bin, "plan", "--world", "4", "--strategy", "hybrid", "--replicas", "2"});
+  EXPECT_EQ(hybrid.exit_code, 2) << hybrid.output;
+  EXPECT_NE(hybrid.output.find("plan the group's own strategy"), std::string::npos) << hybrid.output;
+  auto autop = fsdp::testing::run_command(
+      {fsdp_bin, "plan", "--world", "2", "--strategy", "auto", "--budget", "8GiB", "--replicas", "2"});
+  EXPECT_EQ(autop.exit_code, 2) << autop.output;
+  EXPECT_NE(autop.output.find("--replicas plans one group's strategy"), std::string::npos) << autop.output;
+}

@@ -19,11 +19,14 @@
 #include <thread>
 
 #include "core_model.h"
+#include "fsdp/trace.h"
 #include "replica_batch.h"
 #include "test_util.h"
 
 namespace fsdp::testing {
 namespace {
+
+using json = nlohmann::json;
 
 constexpr int kRanks = 2;  // per group
 
@@ -248,8 +251,10 @@ TEST(ReplicaGroups, AKilledRankCostsAStepAndItsGroupHealsFromAPeer) {
   const std::string go = job.dir + "/back";
   std::vector<ProcResult> res;
   std::thread t([&] {
+    const std::string trace = "FSDP_TEST_TRACE=" + job.dir + "/trace";
     res = run_groups(job, steps, {0, 1, 2},
-                     {{"FSDP_TEST_HOLD=7:" + go}, {"FSDP_TEST_FAULT=1:1:3:kill"}, {"FSDP_TEST_HOLD=7:" + go}});
+                     {{"FSDP_TEST_HOLD=7:" + go, trace}, {"FSDP_TEST_FAULT=1:1:3:kill", trace},
+                      {"FSDP_TEST_HOLD=7:" + go, trace}});
   });
   wait_for_log(job, "group 1 restarted");
   touch(go);
@@ -289,6 +294,45 @@ TEST(ReplicaGroups, AKilledRankCostsAStepAndItsGroupHealsFromAPeer) {
     EXPECT_EQ(p, p0) << "group " << g << " ended with other weights than group 0";
     expect_near_reference(p, want, "group " + std::to_string(g));
   }
+  // The report of the groups' traces (fsdp report DIR): every quorum, who
+  // took part in it, and group 1's heal with its duration.
+  const json m = report::analyze(job.dir + "/trace");
+  ASSERT_TRUE(m.contains("replicas")) << m["warnings"].dump();
+  const json& rep = m["replicas"];
+  ASSERT_EQ(rep["groups"].size(), 3u) << rep.dump();
+  std::map<int, json> by_group;
+  for (const auto& g : rep["groups"]) by_group[g["group"].get<int>()] = g;
+  for (int g : {0, 2}) {
+    EXPECT_EQ(by_group[g]["committed"], steps) << rep.dump();
+    EXPECT_EQ(by_group[g]["absent"], 0) << rep.dump();
+  }
+  // Every group took part in the step that was dropped; group 1 in the
+  // steps its two launches printed (its first launch wrote no trace: the
+  // others' quorums name it).
+  for (int g = 0; g < 3; ++g) {
+    EXPECT_GE(by_group[g]["dropped"].get<int>(), 1) << "step 3 was dropped: " << rep.dump();
+    EXPECT_EQ(by_group[g]["committed"].get<int>() + by_group[g]["dropped"].get<int>() + by_group[g]["absent"].get<int>(),
+              static_cast<int>(rep["quorums"].size()))
+        << rep.dump();
+  }
+  EXPECT_EQ(by_group[1]["committed"].get<size_t>(), committed_steps(res[1].output, 1).size()) << rep.dump();
+  EXPECT_TRUE(by_group[1]["traced"].get<bool>()) << "the restarted launch wrote its trace";
+  int64_t committed = 0;
+  for (const auto& q : rep["quorums"]) committed += q["committed"].get<bool>();
+  EXPECT_EQ(committed, steps) << rep.dump();
+  // (The first quorum also copies group 0's initial state to the others:
+  // heals before step 0.)
+  std::vector<json> rejoin;
+  for (const auto& h : rep["heals"])
+    if (h["step"].get<int64_t>() > 0) rejoin.push_back(h);
+  ASSERT_EQ(rejoin.size(), 1u) << rep.dump();
+  const json& heal = rejoin[0];
+  EXPECT_EQ(heal["group"], 1);
+  EXPECT_EQ(heal["step"], first.front().step);
+  EXPECT_TRUE(heal["source"] == 0 || heal["source"] == 2) << heal.dump();
+  EXPECT_EQ(heal["ranks"], kRanks) << heal.dump();
+  EXPECT_GT(heal["dur"].get<double>(), 0) << heal.dump();
+  EXPECT_GT(heal["bytes"].get<double>(), 0) << heal.dump();
 }
 
 // Over TCP (FSDP_TRANSPORT=tcp), as between hosts: the other tests' groups
@@ -437,6 +481,38 @@ TEST(ReplicaGroups, TheCoordinatorKilledStopsEveryGroupWithOneMessage) {
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("stopped answering"), std::string::npos) << r.output;
   }
+}
+
+
+// The GPT example as two replica groups (gpt --replicas 2, one `fsdp run`
+// each) with --trace DIR: each group's ranks trace into DIR/group<g>, and
+// `fsdp report DIR` draws both groups' participation.
+TEST(ReplicaGroups, TheGptExampleTracesEachGroupAndTheReportDrawsThem) {
+  Job job("replicas_gpt", 5.0, 2);
+  const std::string trace = job.dir + "/trace";
+  std::vector<ProcResult> res(2);
+  std::vector<std::thread> t;
+  for (int g = 0; g < 2; ++g)
+    t.emplace_back([&, g] {
+      res[g] = run_command({bin_path("fsdp"), "run", "-n", "2", "--", bin_path("gpt"), "--text",
+                            source_path("docs/GUIDE.md"), "--dim", "32", "--layers", "1", "--heads", "2", "--seq", "16",
+                            "--batch", "2", "--steps", "4", "--replicas", "2", "--trace", trace},
+                           job.env(g), 180);
+    });
+  for (auto& x : t) x.join();
+  const std::string coord = job.coordinator->stop();
+  for (int g = 0; g < 2; ++g) {
+    ASSERT_EQ(res[g].exit_code, 0) << res[g].output << coord;
+    EXPECT_NE(res[g].output.find("quorum 0: groups 0,1 committed"), std::string::npos) << res[g].output;
+    EXPECT_NE(res[g].output.find("trace: " + trace + "/group" + std::to_string(g) + "/trace.json"), std::string::npos)
+        << res[g].output;
+  }
+  auto r = run_command({bin_path("fsdp"), "report", trace, "-o", job.dir + "/report.html"}, {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("replica groups: 4 quorum(s), 2 group(s)"), std::string::npos) << r.output;
+  const json m = report::analyze(trace);
+  ASSERT_TRUE(m.contains("replicas"));
+  for (const auto& g : m["replicas"]["groups"]) EXPECT_EQ(g["committed"], 4) << m["replicas"].dump();
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -599,3 +600,126 @@ TEST(Report, HeadlessChromiumLongRunPicker) {
 }
 
 }  // namespace
+
+// Replica groups (fsdp/replicas.h): DIR/group<g>/trace-rank<R>.json, one
+// folder per group. Group 0 took part in all 6 quorums; group 1 in the
+// first two (the second dropped), then was lost, restarted (its first
+// launch wrote no trace), healed from group 0 before step 3 and took part
+// again. Participation comes from every group's view at once.
+std::string replica_run(const std::string& dir) {
+  struct Q { int64_t id, step; std::vector<int> groups; bool committed; const char* dropped; };
+  const std::vector<Q> quorums = {{1, 0, {0, 1}, true, ""},
+                                  {2, 1, {0, 1}, false, "no vote from group 1 rank 1 (host h, pid 7)"},
+                                  {3, 1, {0}, true, ""},
+                                  {4, 2, {0}, true, ""},
+                                  {5, 3, {0, 1}, true, ""},
+                                  {6, 4, {0, 1}, true, ""}};
+  for (int g = 0; g < 2; ++g) {
+    const std::string gdir = dir + "/group" + std::to_string(g);
+    std::system(("mkdir -p '" + gdir + "'").c_str());
+    for (int r = 0; r < 2; ++r) {
+      json ev = json::array();
+      double ts = 1e9 + 1000 * r;
+      for (const auto& q : quorums) {
+        const bool member = std::find(q.groups.begin(), q.groups.end(), g) != q.groups.end();
+        if (!member || (g == 1 && q.id < 5)) continue;  // group 1's first launch left no trace
+        if (g == 1 && q.id == 5)
+          ev.push_back({{"ph", "X"}, {"name", "heal"}, {"cat", "ft"}, {"pid", r}, {"tid", 0}, {"ts", ts},
+                        {"dur", 30000.0 + 10000 * r},
+                        {"args", {{"group", 1}, {"quorum", 5}, {"step", 3}, {"source", 0}, {"receiving", true},
+                                  {"bytes", 1000000}}}});
+        ts += 50000;
+        ev.push_back({{"ph", "X"}, {"name", "step"}, {"cat", "step"}, {"pid", r}, {"tid", 0}, {"ts", ts},
+                      {"dur", 40000.0}, {"args", {{"step", q.step}}}});
+        ev.push_back({{"ph", "i"}, {"name", "quorum"}, {"cat", "ft"}, {"pid", r}, {"tid", 0}, {"ts", ts + 39000},
+                      {"s", "t"},
+                      {"args", {{"quorum", q.id}, {"step", q.step}, {"groups", q.groups}, {"group", g},
+                                {"committed", q.committed}, {"dropped", q.dropped}}}});
+        ts += 50000;
+      }
+      json meta = {{"schema", "fsdp-trace/1"}, {"rank", r}, {"world", 2}, {"strategy", "FULL_SHARD"}};
+      std::ofstream(gdir + "/trace-rank" + std::to_string(r) + ".json")
+          << json{{"traceEvents", ev}, {"displayTimeUnit", "ms"}, {"otherData", meta}}.dump();
+    }
+  }
+  return dir;
+}
+
+TEST(Report, ReplicaGroupsParticipationAndHeals) {
+  const std::string dir = replica_run(fresh_dir("replicas"));
+  json m = fsdp::report::analyze(dir);
+  ASSERT_TRUE(m.contains("replicas")) << m.dump(1).substr(0, 2000);
+  EXPECT_EQ(m["replica_group"], 0) << "the timeline is the group with the most steps";
+  ASSERT_EQ(m["ranks"].size(), 2u);
+  EXPECT_EQ(m["ranks"][0]["steps"].size(), 6u);
+  EXPECT_EQ(m["replica_dirs"].size(), 2u);
+  const json& rep = m["replicas"];
+  ASSERT_EQ(rep["quorums"].size(), 6u);
+  EXPECT_EQ(rep["quorums"][1]["committed"], false);
+  EXPECT_EQ(rep["quorums"][1]["dropped"], "no vote from group 1 rank 1 (host h, pid 7)");
+  EXPECT_EQ(rep["quorums"][2]["groups"], json::array({0}));
+  ASSERT_EQ(rep["groups"].size(), 2u);
+  const json& g0 = rep["groups"][0];
+  const json& g1 = rep["groups"][1];
+  EXPECT_EQ(g0["group"], 0);
+  EXPECT_EQ(g0["committed"], 5);
+  EXPECT_EQ(g0["dropped"], 1);
+  EXPECT_EQ(g0["absent"], 0);
+  EXPECT_EQ(g1["committed"], 3) << "its first step is known from group 0's trace";
+  EXPECT_EQ(g1["dropped"], 1);
+  EXPECT_EQ(g1["absent"], 2);
+  EXPECT_EQ(g1["heals"], 1);
+  ASSERT_EQ(rep["heals"].size(), 1u);
+  const json& h = rep["heals"][0];
+  EXPECT_EQ(h["group"], 1);
+  EXPECT_EQ(h["step"], 3);
+  EXPECT_EQ(h["source"], 0);
+  EXPECT_EQ(h["ranks"], 2);
+  EXPECT_DOUBLE_EQ(h["dur"].get<double>(), 40.0) << "the slowest rank's";
+  EXPECT_DOUBLE_EQ(h["bytes"].get<double>(), 2e6) << "both ranks' bytes";
+  // One group's folder alone: its own view (group 1's quorums only).
+  json one = fsdp::report::analyze(dir + "/group1");
+  ASSERT_TRUE(one.contains("replicas"));
+  EXPECT_EQ(one["replicas"]["quorums"].size(), 2u);
+  EXPECT_FALSE(one.contains("replica_group"));
+  // A folder without quorum events has no replica section.
+  std::string plain = fresh_dir("plain");
+  write_synthetic_trace(plain);
+  EXPECT_FALSE(fsdp::report::analyze(plain).contains("replicas"));
+}
+
+TEST(Report, HeadlessChromiumDrawsReplicaGroups) {
+  FSDP_SKIP_WITHOUT_CHROMIUM();
+  std::string out = std::string(FSDP_BIN_DIR) + "/../report-test-replicas";
+  std::system(("rm -rf '" + out + "' && mkdir -p '" + out + "'").c_str());
+  replica_run(out);
+  auto r = fsdp::testing::run_command({fsdp::testing::bin_path("fsdp"), "report", out, "-o", out + "/report.html"},
+                                      {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("replica groups: 6 quorum(s), 2 group(s), 1 heal(s) (timeline of group 0)"),
+            std::string::npos)
+      << r.output;
+  std::string profile = out + "/chromium-profile";
+  auto args = headless_chromium(profile);
+  args.push_back("--dump-dom");
+  args.push_back("file://" + out + "/report.html");
+  auto dom = fsdp::testing::run_command(args, {}, 120);
+  ASSERT_EQ(dom.exit_code, 0) << dom.output.substr(0, 2000);
+  std::ofstream(out + "/dom.html") << dom.output;
+  ASSERT_NE(dom.output.find("data-rendered=\"ok\""), std::string::npos) << dom.output.substr(0, 4000);
+  EXPECT_NE(dom.output.find("<pre id=\"fsdp-errors\"></pre>"), std::string::npos);
+  EXPECT_EQ(dom.output.find("id=\"sec-replicas\" hidden"), std::string::npos) << "the section is shown";
+  // Group 1's row: committed, dropped, absent (two quorums in one run), committed (two).
+  const auto row = dom.output.find("data-replica-row=\"g1\"");
+  ASSERT_NE(row, std::string::npos);
+  const std::string g1 = dom.output.substr(row, dom.output.find("</g>", row) - row);
+  std::vector<std::string> states;
+  for (size_t at = g1.find("data-state=\""); at != std::string::npos; at = g1.find("data-state=\"", at + 1))
+    states.push_back(g1.substr(at + 12, 1));
+  EXPECT_EQ(states, (std::vector<std::string>{"c", "d", "a", "c"})) << g1;
+  EXPECT_NE(dom.output.find("data-heal=\"g1\""), std::string::npos) << "the heal's diamond";
+  EXPECT_NE(dom.output.find("id=\"replica-table\""), std::string::npos);
+  EXPECT_NE(dom.output.find("id=\"heal-table\""), std::string::npos);
+  EXPECT_NE(dom.output.find("40.0 ms"), std::string::npos) << "the heal's duration";
+  std::system(("rm -rf '" + profile + "'").c_str());
+}

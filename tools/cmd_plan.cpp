@@ -30,7 +30,7 @@ int cmd_plan(int argc, char** argv) {
   std::string model = "gpt", strategy = "full", wrap = "block", dtype = "fp32", optimizer = "adam", ac = "none";
   std::string budget_text, budget_rss_text, fixed_text, bandwidth_text, intra_text, inter_text, compute_text;
   GptShape s;
-  int world = 2, micro_steps = 1, prefetch = 0, hosts = 1, shard_group = 0;
+  int world = 2, micro_steps = 1, prefetch = 0, hosts = 1, shard_group = 0, replicas = 0;
   bool as_json = false, measure = false, save_async = false;
   CLI::App app{"Predict per-rank memory (P, G, O, P_block, A, peak) and traffic per step for a model, "
                "and recommend a strategy under a memory budget (the FSDP guide's ledger and decision tree)",
@@ -57,6 +57,10 @@ int cmd_plan(int argc, char** argv) {
   app.add_option("--shard-group", shard_group, "hybrid: ranks per shard group (0: one host, N/H)")
       ->capture_default_str()
       ->check(fsdp::cli::integer(0, 1 << 20));
+  app.add_option("--replicas", replicas,
+                 "R replica groups of --world ranks each (fsdp/replicas.h, gpt --replicas): the traffic between "
+                 "groups per step and per heal")
+      ->check(fsdp::cli::integer(1, 1 << 20));
   app.add_option("--intra-bw", intra_text, "link rate per rank inside a host, e.g. 10GB/s");
   app.add_option("--inter-bw", inter_text, "link rate of one host to the others, e.g. 1Gbit/s");
   app.add_option("--wrap", wrap, "block|none|size:N (N parameters)")->capture_default_str();
@@ -217,7 +221,20 @@ int cmd_plan(int argc, char** argv) {
     text += plan.str();
     j["plan"] = nlohmann::json::parse(plan.to_json());
     j["wrap"] = wrap;
+    if (replicas > 0) {
+      ReplicaTraffic rt;
+      try {
+        rt = replica_traffic(plan, replicas);
+      } catch (const fsdp::Error& e) {
+        throw fsdp::UsageError(std::string("--replicas: ") + e.what());
+      }
+      text += rt.str();
+      j["replicas"] = {{"groups", rt.replicas}, {"mean_bytes", rt.mean}, {"heal_bytes", rt.heal},
+                       {"rate", rt.rate}, {"mean_seconds", rt.mean_seconds}, {"heal_seconds", rt.heal_seconds}};
+    }
   }
+  if (replicas > 0 && !chosen)
+    throw fsdp::UsageError("--replicas plans one group's strategy: give --strategy full|grad-op|none");
   const bool tiered = hosts > 1 || o.intra_bandwidth > 0 || o.inter_bandwidth > 0;
   if (tiered) {
     // Bytes and times per tier for every strategy; the choice is the recommendation's (with --budget).

@@ -22,7 +22,7 @@ int cmd_report(int argc, char** argv) {
                "step timeline, memory vs the ledger, traffic vs 3P / 2P, checkpoints",
                "fsdp report"};
   app.add_option("trace", in,
-                 "trace directory (trace-rank<R>.json files) or a merged trace.json; or a folder of flight recorder "
+                 "trace directory (trace-rank<R>.json files, or replica groups' group<g>/ folders of them) or a merged trace.json; or a folder of flight recorder "
                  "dumps (flight-rank<R>.json, fsdp run --flight-dir): their side-by-side page")
       ->required();
   app.add_option("-o,--out", out, "output HTML file")->capture_default_str();
@@ -64,7 +64,12 @@ int cmd_report(int argc, char** argv) {
   int64_t bytes = fsdp::report::write_html(model, out, title);
   std::string merged;
   bool is_file = in.size() > 5 && in.compare(in.size() - 5, 5, ".json") == 0;
-  if (!no_merge && !is_file) merged = fsdp::trace::merge(in);
+  if (!no_merge && !is_file) {
+    if (model.contains("replica_dirs"))  // replica groups: one merged trace per group's folder
+      for (auto& d : model["replica_dirs"]) merged += (merged.empty() ? "" : ", ") + fsdp::trace::merge(d.get<std::string>());
+    else
+      merged = fsdp::trace::merge(in);
+  }
   if (print_json) {
     std::printf("%s\n", model.dump(1).c_str());
     return 0;
@@ -74,6 +79,14 @@ int cmd_report(int argc, char** argv) {
   std::printf("fsdp report: %zu rank(s), %zu step(s), %zu unit(s) -> %s (%s)\n", model["ranks"].size(), steps,
               model["units"].size(), out.c_str(), fsdp::memory::format_bytes(bytes).c_str());
   if (!merged.empty()) std::printf("fsdp report: merged trace for Perfetto / chrome://tracing: %s\n", merged.c_str());
+  if (model.contains("replicas")) {
+    const auto& rep = model["replicas"];
+    std::printf("fsdp report: replica groups: %zu quorum(s), %zu group(s), %zu heal(s)%s\n", rep["quorums"].size(),
+                rep["groups"].size(), rep["heals"].size(),
+                model.contains("replica_group")
+                    ? (" (timeline of group " + std::to_string(model["replica_group"].get<int>()) + ")").c_str()
+                    : "");
+  }
   for (auto& w : model["warnings"]) std::printf("fsdp report: warning: %s\n", w.get<std::string>().c_str());
   return 0;
 }

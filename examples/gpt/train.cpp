@@ -205,6 +205,14 @@ int default_threads(const fsdp::Communicator& comm) {
 // The stages of train(), in order.
 
 // This rank's place in the run.
+// Where this run's trace goes: --trace DIR; with --replicas, each group's
+// ranks into DIR/group<g> (fsdp report DIR reads them all).
+std::string trace_dir(const Args& a) {
+  if (a.replicas <= 0) return a.trace;
+  const auto g = fsdp::config::read_env().replica_group;
+  return g ? a.trace + "/group" + std::to_string(*g) : a.trace;  // no group: ReplicaGroups says so
+}
+
 struct Run {
   fsdp::CommPtr comm;
   std::shared_ptr<fsdp::WaitClock> waits;  // time blocked in collectives
@@ -235,7 +243,7 @@ Run start_run(const Args& a) {
   if (a.resume && a.ckpt_dir.empty()) throw fsdp::UsageError("--resume needs --ckpt-dir DIR (where to look)");
   if (a.save_async && a.ckpt_dir.empty())
     throw fsdp::UsageError("--save-async needs --ckpt-dir DIR (where the checkpoints go)");
-  if (!a.trace.empty()) fsdp::trace::start(a.trace, run.rank, run.N);
+  if (!a.trace.empty()) fsdp::trace::start(trace_dir(a), run.rank, run.N);
   // Flight recorder dumps (a failed collective, SIGUSR1) go next to the
   // checkpoints unless FSDP_FLIGHT_DIR / fsdp run --flight-dir says.
   if (!a.ckpt_dir.empty()) fsdp::flight::set_default_dir(a.ckpt_dir + "/flight");
@@ -770,7 +778,7 @@ void finish(const Args& a, const Run& run, Model& model, const fsdp::ProgressOpt
   if (!a.trace.empty()) {
     fsdp::trace::stop();
     run.comm->barrier()->wait();  // every rank's file is written
-    if (run.lead) std::printf("trace: %s\n", fsdp::trace::merge(a.trace).c_str());
+    if (run.lead) std::printf("trace: %s\n", fsdp::trace::merge(trace_dir(a)).c_str());
   }
 }
 

@@ -194,6 +194,32 @@ struct Plan {
   std::string to_json() const;  // a JSON object (what `fsdp plan --json` embeds)
 };
 
+// Replica groups (fsdp/replicas.h): R groups of plan.options.world ranks,
+// each one launch sharding its own copy (FULL_SHARD, SHARD_GRAD_OP or
+// NO_SHARD). What crosses between the groups, per rank:
+//   mean  every committed step, the mean of the rank's gradient shard over
+//         the groups, in fp32 (the optimizer's shards' gradients): a ring
+//         all-reduce sends 2(R-1)/R of it (between groups on one host,
+//         cross-memory attach reads the same bytes instead)
+//   heal  once per (re)joining group, each of its ranks receives its
+//         parameter shard and optimizer state from one rank of a source
+//         group: P + O (the module's buffers beside; GPT-mini has none);
+//         the source's rank sends as much for every group it heals
+struct ReplicaTraffic {
+  int replicas = 1;
+  int64_t mean = 0;         // bytes a rank sends per committed step
+  int64_t heal = 0;         // bytes a healing rank receives (and its source sends)
+  double rate = 0;          // bytes/s per rank the times assume; 0: unknown
+  double mean_seconds = 0;  // mean / rate (0: unknown)
+  double heal_seconds = 0;  // heal / rate (0: unknown)
+  std::string str() const;  // the lines `fsdp plan --replicas R` prints
+};
+// Throws fsdp::Error for R < 1 or a HYBRID plan (replica groups are
+// HYBRID_SHARD's replicas launched apart: plan the group's own strategy).
+// The rate: a host's link (inter_bandwidth) shared by the group's ranks on
+// it, else bandwidth per rank.
+ReplicaTraffic replica_traffic(const Plan& plan, int replicas);
+
 // The worst recompute of backward, for the peak (activation checkpointing).
 //
 // Activation checkpointing: the moment of backward when a checkpointed

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "common/traffic_math.h"
 #include "fsdp/errors.h"
@@ -115,6 +116,40 @@ std::vector<RankTrace> load(const std::string& path) {
   return ranks;
 }
 
+// Replica groups (fsdp/replicas.h) write one trace folder per group:
+// DIR/group<g>/trace-rank<R>.json. The groups' folders when DIR holds no
+// rank files of its own and at least one such folder; empty otherwise.
+std::vector<std::pair<int, std::string>> group_dirs(const std::string& path) {
+  std::vector<std::pair<int, std::string>> out;
+  if (!is_dir(path)) return out;
+  bool own = false;
+  if (DIR* d = ::opendir(path.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.rfind("trace-rank", 0) == 0 || n == "trace.json") own = true;
+      if (n.size() > 5 && n.rfind("group", 0) == 0 &&
+          std::all_of(n.begin() + 5, n.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }) &&
+          is_dir(path + "/" + n))
+        out.emplace_back(std::stoi(n.substr(5)), path + "/" + n);
+    }
+    ::closedir(d);
+  }
+  if (own) return {};
+  std::sort(out.begin(), out.end());
+  // Only the folders that hold a trace (a group killed before it wrote one has none).
+  out.erase(std::remove_if(out.begin(), out.end(),
+                           [](const auto& g) {
+                             bool any = false;
+                             if (DIR* d = ::opendir(g.second.c_str())) {
+                               while (dirent* e = ::readdir(d)) any |= std::string(e->d_name).rfind("trace-rank", 0) == 0;
+                               ::closedir(d);
+                             }
+                             return !any;
+                           }),
+            out.end());
+  return out;
+}
+
 // Which row of the timeline a span belongs to.
 std::string lane_of(const std::string& name, const std::string& cat) {
   if (cat == "comm") {
@@ -138,6 +173,102 @@ std::string str(const json& j, const char* key) {
   auto it = j.find(key);
   return it != j.end() && it->is_string() ? it->get<std::string>() : "";
 }
+
+// The replica groups' steps as the traces saw them: every quorum (instant
+// "quorum", cat "ft", one per step a group took part in, on each of its
+// ranks) by id, and every heal a rank received (span "heal", cat "ft",
+// receiving). A group's killed launch leaves no trace; the others' quorums
+// still name it, so participation is read from every group's view at once.
+struct ReplicaEvents {
+  struct Quorum {
+    int64_t id = 0, step = 0;
+    std::vector<int> groups;
+    bool committed = false;
+    std::string dropped;
+    double ts = std::numeric_limits<double>::infinity();  // microseconds, the earliest record
+  };
+  std::map<int64_t, Quorum> quorums;
+  struct Heal {
+    int group, rank, source;
+    int64_t step, quorum;
+    double ts, dur, bytes;
+  };
+  std::vector<Heal> heals;
+  std::set<int> traced;  // groups whose ranks wrote a trace
+
+  // group_of_dir: the group whose folder the ranks came from; -1: read it
+  // from the events (a single group's folder).
+  void add(const std::vector<RankTrace>& ranks, int group_of_dir) {
+    if (group_of_dir >= 0) traced.insert(group_of_dir);
+    for (const auto& rt : ranks)
+      for (const auto& e : rt.events) {
+        if (e.value("cat", "") != "ft") continue;
+        const std::string ph = e.value("ph", ""), name = e.value("name", "");
+        const json args = e.value("args", json::object());
+        const int group = args.value("group", group_of_dir);
+        if (ph == "i" && name == "quorum" && args.contains("quorum")) {
+          Quorum& q = quorums[args.value("quorum", int64_t(0))];
+          q.id = args.value("quorum", int64_t(0));
+          q.step = args.value("step", int64_t(0));
+          if (args.contains("groups") && args["groups"].is_array()) q.groups = args["groups"].get<std::vector<int>>();
+          q.committed = q.committed || args.value("committed", false);
+          if (q.dropped.empty()) q.dropped = args.value("dropped", "");
+          q.ts = std::min(q.ts, num(e, "ts"));
+          if (group >= 0) traced.insert(group);
+        } else if (ph == "X" && name == "heal" && args.value("receiving", false)) {
+          heals.push_back({group, rt.rank, args.value("source", -1), args.value("step", int64_t(-1)),
+                           args.value("quorum", int64_t(-1)), num(e, "ts"), num(e, "dur"), num(args, "bytes")});
+        }
+      }
+  }
+
+  // The model's "replicas" (null without any quorum): the quorums in
+  // order; per group, the steps it committed, dropped (a member of a quorum
+  // that dropped) and missed; the heals (rank 0's of each, and the slowest
+  // rank's duration).
+  json to_json(double t_origin) const {
+    if (quorums.empty()) return nullptr;
+    auto ms = [&](double us) { return (us - t_origin) / 1000.0; };
+    std::set<int> groups = traced;
+    json qs = json::array();
+    for (const auto& [id, q] : quorums) {
+      groups.insert(q.groups.begin(), q.groups.end());
+      qs.push_back({{"id", id}, {"step", q.step}, {"groups", q.groups}, {"committed", q.committed},
+                    {"dropped", q.dropped}, {"t", std::isfinite(q.ts) ? json(ms(q.ts)) : json(nullptr)}});
+    }
+    // One heal per (group, quorum): the group's duration is its slowest rank's.
+    std::map<std::pair<int, int64_t>, json> by_heal;
+    for (const auto& h : heals) {
+      json& row = by_heal[{h.group, h.quorum}];
+      if (row.is_null())
+        row = {{"group", h.group}, {"step", h.step}, {"quorum", h.quorum}, {"source", h.source},
+               {"t", ms(h.ts)}, {"dur", 0.0}, {"bytes", 0.0}, {"ranks", 0}};
+      row["dur"] = std::max(row["dur"].get<double>(), h.dur / 1000.0);
+      row["bytes"] = row["bytes"].get<double>() + h.bytes;
+      row["ranks"] = row["ranks"].get<int>() + 1;
+      row["t"] = std::min(row["t"].get<double>(), ms(h.ts));
+    }
+    json hs = json::array();
+    for (auto& [key, row] : by_heal) {
+      groups.insert(key.first);
+      hs.push_back(row);
+    }
+    json per = json::array();
+    for (int g : groups) {
+      int committed = 0, dropped = 0, absent = 0, healed = 0;
+      for (const auto& [id, q] : quorums) {
+        const bool member = std::find(q.groups.begin(), q.groups.end(), g) != q.groups.end();
+        if (!member) ++absent;
+        else if (q.committed) ++committed;
+        else ++dropped;
+      }
+      for (const auto& [key, row] : by_heal) healed += key.first == g;
+      per.push_back({{"group", g}, {"committed", committed}, {"dropped", dropped}, {"absent", absent},
+                     {"heals", healed}, {"traced", traced.count(g) > 0}});
+    }
+    return {{"quorums", qs}, {"groups", per}, {"heals", hs}};
+  }
+};
 
 // The stages of analyze(), in order.
 
@@ -455,9 +586,12 @@ json shortcuts(const std::vector<StepWindow>& w, const std::vector<RankModel>& r
     (void)before;
     if (after >= 0) restarts.emplace_back(after, "resumed from a checkpoint load");
   }
+  // (A step number seen twice in a row is a step replica groups dropped
+  // and ran again, not a restart: the replica section shows those.)
   for (size_t i = 1; i < w.size(); ++i)
     if (w[i].label.is_number_integer() && w[i - 1].label.is_number_integer() &&
-        w[i].label.get<int64_t>() != w[i - 1].label.get<int64_t>() + 1)
+        w[i].label.get<int64_t>() != w[i - 1].label.get<int64_t>() + 1 &&
+        w[i].label.get<int64_t>() != w[i - 1].label.get<int64_t>())
       restarts.emplace_back((int)i, "the step numbers go from " + label_text(w[i - 1].label) + " to " +
                                         label_text(w[i].label));
   std::sort(restarts.begin(), restarts.end(), [](auto& a, auto& b) { return a.first < b.first; });
@@ -547,10 +681,10 @@ json rank_json(RankModel& r, const std::vector<bool>& keep) {
 // load -> time origin -> run-wide facts (rank 0's metadata: every rank
 // writes the same) -> each rank's events and steps -> the steps across ranks:
 // shortcuts and which steps' spans to embed -> the model the page draws.
-json analyze(const std::string& path) {
-  std::vector<RankTrace> ranks = load(path);
-  json warnings = json::array();
-  const double t_origin = time_origin(ranks, path);
+namespace {
+
+json analyze_ranks(std::vector<RankTrace> ranks, const std::string& path, const ReplicaEvents& replicas,
+                   double t_origin, json warnings) {
 
   const json meta0 = ranks.front().meta;  // a copy: the traces are freed once read
   int world = meta0.value("world", static_cast<int>(ranks.size()));
@@ -619,6 +753,49 @@ json analyze(const std::string& path) {
                 {"shortcuts", cuts},
                 {"span_steps", span_info},
                 {"warnings", warnings}};
+  json rep = replicas.to_json(t_origin);
+  if (!rep.is_null()) model["replicas"] = std::move(rep);
+  return model;
+}
+
+}  // namespace
+
+json analyze(const std::string& path) {
+  const auto groups = group_dirs(path);
+  ReplicaEvents replicas;
+  if (groups.empty()) {
+    std::vector<RankTrace> ranks = load(path);
+    replicas.add(ranks, -1);
+    const double t0 = time_origin(ranks, path);
+    return analyze_ranks(std::move(ranks), path, replicas, t0, json::array());
+  }
+  // A replica-group job: the page's timeline, memory and traffic are one
+  // group's (the one with the most steps; each group's folder is a report
+  // of its own); participation and heals come from every group.
+  std::vector<RankTrace> main;
+  int main_group = -1;
+  size_t main_steps = 0;
+  double t0 = std::numeric_limits<double>::infinity();
+  json dirs = json::array();
+  for (const auto& [g, dir] : groups) {
+    std::vector<RankTrace> ranks = load(dir);
+    replicas.add(ranks, g);
+    t0 = std::min(t0, time_origin(ranks, dir));
+    size_t steps = 0;
+    for (const auto& e : ranks.front().events) steps += e.value("cat", "") == "step" && e.value("ph", "") == "X";
+    dirs.push_back(dir);
+    if (main_group < 0 || steps > main_steps) {
+      main = std::move(ranks);
+      main_group = g;
+      main_steps = steps;
+    }
+  }
+  json model =
+      analyze_ranks(std::move(main), path + "/group" + std::to_string(main_group), replicas, t0, json::array());
+  if (!model.contains("replicas"))
+    model["warnings"].push_back("replica group folders but no \"quorum\" events in them: participation is not drawn");
+  model["replica_group"] = main_group;  // whose timeline, memory and traffic the page draws
+  model["replica_dirs"] = dirs;
   return model;
 }
 

@@ -357,6 +357,42 @@ std::string Plan::str() const {
   return os.str();
 }
 
+ReplicaTraffic replica_traffic(const Plan& plan, int replicas) {
+  const auto& o = plan.options;
+  FSDP_USER_CHECK(replicas >= 1, "replica groups: expected R >= 1, found ", replicas);
+  FSDP_USER_CHECK(!is_hybrid(o.strategy), "replica groups: the plan is ", strategy_name(o.strategy),
+                  "; replica groups are HYBRID_SHARD's replicas launched apart: plan the group's own strategy "
+                  "(full, grad-op or none) with --world = ranks per group");
+  ReplicaTraffic r;
+  r.replicas = replicas;
+  const int64_t shard_fp32 = plan.P / o.master_bytes * 4;  // the optimizer's shards' gradients, in fp32
+  r.mean = replicas > 1 ? 2 * (replicas - 1) * shard_fp32 / replicas : 0;
+  r.heal = plan.P + plan.O;
+  const int per_host = std::max(1, o.world / std::max(1, o.hosts));
+  r.rate = o.inter_bandwidth > 0 ? o.inter_bandwidth / per_host : o.bandwidth;
+  if (r.rate > 0) {
+    r.mean_seconds = r.mean / r.rate;
+    r.heal_seconds = r.heal / r.rate;
+  }
+  return r;
+}
+
+std::string ReplicaTraffic::str() const {
+  std::ostringstream os;
+  os << "\nreplica groups: R = " << replicas << " groups of these ranks (fsdp/replicas.h), bytes per rank\n";
+  auto timed = [&](double s) {
+    if (rate <= 0) return std::string();
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "  ~%.1f ms at %s", 1e3 * s, format_bandwidth(rate).c_str());
+    return std::string(buf);
+  };
+  os << line("mean across groups", b(mean),
+             "per committed step: 2(R-1)/R x the fp32 gradient shard" + timed(mean_seconds));
+  os << line("heal from a peer", b(heal), "once per (re)joining group, received: P + O" + timed(heal_seconds));
+  if (rate <= 0) os << "  (time: pass --inter-bw (a host's link) or --bandwidth)\n";
+  return os.str();
+}
+
 std::string Plan::to_json() const {
   auto tj = [](const Traffic& t) {
     return nlohmann::json{{"all_gather", t.all_gather}, {"reduce_scatter", t.reduce_scatter},

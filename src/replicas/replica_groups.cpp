@@ -233,7 +233,9 @@ struct ReplicaGroups::Impl {
       q.heal_seconds = seconds;
       q.heal_bytes = got;
     }
-    if (span.active()) span.arg("source", source).arg("receiving", receiving).arg("bytes", got);
+    if (span.active())
+      span.arg("group", me).arg("quorum", v.id).arg("step", v.step).arg("source", source).arg("receiving", receiving)
+          .arg("bytes", got);
   }
 
   const StepQuorum& start_step() {
@@ -252,14 +254,27 @@ struct ReplicaGroups::Impl {
       } catch (const std::exception& e) {
         // A peer died or froze while connecting or copying: the step is
         // dropped on every group and the next quorum heals again.
-        vote_failed(detail::cat("connecting to the other groups or healing from a peer failed: ", message_of(e)));
+        q.committed = false;
+        q.dropped = vote_failed(
+            detail::cat("connecting to the other groups or healing from a peer failed: ", message_of(e)));
+        trace_quorum();
       }
     }
   }
 
-  void vote_failed(const std::string& why) {
+  // Votes this rank's failure; returns why the step was dropped.
+  std::string vote_failed(const std::string& why) {
     drop_link();
-    client->vote(view, false, why);
+    return client->vote(view, false, why).why;
+  }
+
+  // The step's quorum as this group took part in it, into the trace.
+  void trace_quorum() const {
+    if (trace::enabled())
+      trace::instant("quorum", "ft",
+                     json{{"quorum", q.id}, {"step", q.step}, {"groups", q.groups}, {"group", place.group},
+                          {"committed", q.committed}, {"dropped", q.dropped}, {"healed", q.healed},
+                          {"heal_seconds", q.heal_seconds}});
   }
 
   bool commit() {
@@ -310,11 +325,7 @@ struct ReplicaGroups::Impl {
     } else {
       drop_link();  // the next quorum connects afresh
     }
-    if (trace::enabled())
-      trace::instant("quorum", "ft",
-                     json{{"quorum", q.id}, {"step", q.step}, {"groups", q.groups}, {"group", place.group},
-                          {"committed", q.committed}, {"dropped", q.dropped}, {"healed", q.healed},
-                          {"heal_seconds", q.heal_seconds}});
+    trace_quorum();
     return d.commit;
   }
 };

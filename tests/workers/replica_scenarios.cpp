@@ -27,6 +27,7 @@
 #include "fsdp/comm.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/replicas.h"
+#include "fsdp/trace.h"
 #include "scenario.h"
 
 namespace fsdp::testing {
@@ -92,6 +93,10 @@ FSDP_SCENARIO(replica_train) {
   auto model = fully_shard(net, comm, o);
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
   ReplicaGroups replicas(*model, opt);
+  // FSDP_TEST_TRACE=DIR: each group's ranks trace into DIR/group<g>, as gpt --trace does.
+  const char* trace_to = std::getenv("FSDP_TEST_TRACE");
+  if (trace_to)
+    trace::start(std::string(trace_to) + "/group" + std::to_string(replicas.group()), comm->rank(), comm->world_size());
   const Fault fault = fault_from_env();
   const int g = replicas.group(), r = comm->rank();
   const bool hurt_here = fault.group == g && fault.rank == r;
@@ -99,6 +104,8 @@ FSDP_SCENARIO(replica_train) {
   while (replicas.step() < steps) {
     hold_at(replicas.step());
     const StepQuorum& q = replicas.start_step();
+    trace::Span span("step", "step");
+    if (span.active()) span.arg("step", q.step);
     if (hurt_here && q.step == fault.step && fault.what == "kill") raise(SIGKILL);
     auto [x, y] = batch_of(q.step, g, r);
     auto loss = torch::mse_loss(model.forward(x), y);
@@ -117,6 +124,7 @@ FSDP_SCENARIO(replica_train) {
     if (!commit) std::printf("DROPPED group=%d rank=%d: %s\n", g, r, q.dropped.c_str());
     std::fflush(stdout);
   }
+  if (trace_to) trace::stop();
   auto full = model->full_state(0);
   if (r == 0) {
     for (auto& [name, t] : full) {
