@@ -31,6 +31,10 @@ using Clock = std::chrono::steady_clock;
 
 const std::string kBase = "fsdp-ft/";
 constexpr std::chrono::milliseconds kCall{2000};  // one store round trip's budget
+// Rung (set) after every mailbox write: the coordinator checks it (one
+// small round trip) and reads every mailbox only when it rang or a tick
+// passed; it deletes it before reading, so no message is missed.
+const std::string kBell = kBase + "bell";
 
 std::string ids(const std::vector<int>& v) {
   std::string s;
@@ -112,8 +116,10 @@ QuorumClient::QuorumClient(const ReplicaPlace& place, GroupIdentity id, std::chr
   send("hello", "{}");
   heartbeat_client_ = std::make_unique<StoreClient>(connect, std::chrono::seconds(1), std::move(beats));
   auto i = client_->add(kBase + "nreg", 1, kCall);
-  if (!i || !client_->write(kBase + "reg/" + std::to_string(*i - 1),
-                            json{{"group", id_.group}, {"rank", id_.rank}}.dump(), kCall))
+  if (!i ||
+      !client_->write(kBase + "reg/" + std::to_string(*i - 1), json{{"group", id_.group}, {"rank", id_.rank}}.dump(),
+                      kCall) ||
+      !client_->write(kBell, "", kCall))  // the coordinator reads the registration now
     throw Error(detail::cat("the coordinator at ", where, " stopped answering while replica group ", id_.group,
                             " rank ", id_.rank, " said hello"));
 }
@@ -136,7 +142,7 @@ void QuorumClient::send(const std::string& kind, std::string body_json) {
   m["pid"] = static_cast<int64_t>(getpid());
   m["model"] = id_.model;
   m["sharding"] = id_.sharding;
-  if (!client_->write(mailbox(id_.group, id_.rank), m.dump(), kCall))
+  if (!client_->write(mailbox(id_.group, id_.rank), m.dump(), kCall) || !client_->write(kBell, "", kCall))
     throw Error(detail::cat("replica group ", id_.group, " rank ", id_.rank, ": the coordinator at ", place_.host, ":",
                             place_.port, " stopped answering (a ", kind,
                             " could not be sent). Nothing of this step was applied; restart the coordinator, then "
@@ -162,7 +168,9 @@ std::string QuorumClient::wait_key(const std::string& key, const char* what) {
                               what, ". Nothing of this step was applied. Expected the coordinator to outlive the "
                               "job; restart it, then the groups (they resume from their last checkpoint)"));
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(i < 200 ? 200 : 2000));
+    // Often at first (the answer usually comes within milliseconds), then
+    // every 2 ms: a rank that waits for slower ones leaves them the CPU.
+    std::this_thread::sleep_for(std::chrono::microseconds(i < 10 ? 500 : i < 50 ? 1000 : 2000));
   }
 }
 
@@ -625,6 +633,15 @@ struct Coordinator::State {
     if (first && static_cast<int>(pending.size()) < o.min_groups) return;
     int64_t top = 0;
     for (int gid : pending) top = std::max(top, step_of[gid]);
+    // The askers are behind the job (fresh, restarted, thawed, or resumed
+    // from an older checkpoint). A live group that holds a later committed
+    // state and has not asked yet (a survivor of a drop still leaving its
+    // failed collective, under load) is waited for: they heal from it. A
+    // quorum of the laggards alone would commit a step the job committed
+    // already, with other members.
+    if (top < job_step)
+      for (auto& [gid, g] : groups)
+        if (!in(pending, gid) && !g.lost && g.whole && g.step > top && !all_said_bye(gid)) return;
     if (top == 0 && job_step > 0) {
       // Fresh groups, and nobody left who holds what the job trained.
       const std::string why = detail::cat(
@@ -725,11 +742,21 @@ Coordinator::~Coordinator() {
 int Coordinator::port() const { return s_->port; }
 
 void Coordinator::run(const std::atomic<bool>& stop) {
+  // Every mailbox is read when the bell rang (a rank wrote one) or a tick
+  // passed (the heartbeats, the join window); in between, one check of the
+  // bell per millisecond, so the coordinator costs the ranks' host little.
+  const auto tick = std::chrono::milliseconds(std::clamp<int64_t>(s_->o.heartbeat_timeout.count() / 40, 5, 50));
+  auto last = Clock::now() - tick;
   while (!stop.load()) {
-    s_->poll();
-    s_->decide();
-    s_->form();
-    std::this_thread::sleep_for(std::chrono::microseconds(500));
+    const bool rung = s_->store->check({kBell});
+    if (rung || Clock::now() - last >= tick) {
+      if (rung) s_->store->deleteKey(kBell);
+      last = Clock::now();
+      s_->poll();
+      s_->decide();
+      s_->form();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 
