@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,7 +91,8 @@ def heal(a):
         p1.wait()
         coord = c.stop()
         out1 = open(log1).read()
-        m = re.search(r"replica group 1 healed from group 0 at step (\d+): ([\d.]+) MB in ([\d.]+) s", out1)
+        m = re.search(r"replica group 1 healed from group 0 at step (\d+): ([\d.]+) MB in ([\d.]+) s "
+                      r"\(rank 0; before it ([\d.]+) s waiting", out1)
         if p0.returncode or p1.returncode or not m:
             sys.exit("replicas.py heal: a group failed or never healed\n" + open(log0).read()[-3000:] + out1[-3000:] +
                      coord)
@@ -102,7 +104,8 @@ def heal(a):
         if not lm:
             sys.exit("replicas.py heal: the resume printed no load time\n" + (load.stdout + load.stderr)[-3000:])
         print(f"heal of the 85.7 M model (2 ranks per group), rank 0: {m.group(2)} MB in {m.group(3)} s at step "
-              f"{m.group(1)}")
+              f"{m.group(1)}, from the source's first byte (before it {m.group(4)} s waiting for the source to "
+              f"finish its previous step)")
         print(f"load of the same state from a sharded checkpoint (page cache warm), rank 0: {lm.group(1)} MB in "
               f"{lm.group(2)} s")
         print(f"heal / load = {float(m.group(3)) / float(lm.group(2)):.2f}")
@@ -150,7 +153,19 @@ def failures(a):
         logs = [os.path.join(work, f"g{g}.log") for g in range(3)]
         cmd = [*SMALL, "--strategy", "full", "--steps", str(steps), "--log-every", "1", "--replicas", "3"]
         ps = [subprocess.Popen(group_cmd(a.build, 2, cmd, restarts=steps // every + 1), env=c.env(g),
-                               stdout=open(logs[g], "w"), stderr=subprocess.STDOUT) for g in range(3)]
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for g in range(3)]
+        # Each line as it arrives, with the time it arrived (for the waits).
+        stamped = [[] for _ in range(3)]
+
+        def copy(g):
+            with open(logs[g], "w") as f:
+                for line in ps[g].stdout:
+                    stamped[g].append((time.monotonic(), line))
+                    f.write(line)
+                    f.flush()
+        readers = [threading.Thread(target=copy, args=(g,)) for g in range(3)]
+        for t in readers:
+            t.start()
         kills = []
         for k in range(every, steps, every):
             # Once the job reached step k, kill rank 0 or 1 of a random group.
@@ -171,6 +186,8 @@ def failures(a):
                     break
         for p in ps:
             p.wait()
+        for t in readers:
+            t.join()
         coord = c.stop()
         # (group, step) pairs of the live groups: a step committed with the
         # group in its quorum counts; a group's restart and heal are not live.
@@ -182,6 +199,26 @@ def failures(a):
         print(f"{len(kills)} kills (step, group, rank): {kills}")
         print(f"steps committed: {len(committed)} of {steps}; (group, step) pairs committed: {pairs} of {3 * steps} "
               f"({100.0 * pairs / (3 * steps):.1f}%)")
+        # The longest a group that was not killed waited between two of its
+        # committed steps, against the heartbeat timeout + its median step.
+        killed_at = {(k, g) for k, g, _ in kills}
+        worst = (0.0, None)
+        gaps_all = []
+        for g in range(3):
+            times = [(t, int(m.group(1))) for t, line in stamped[g]
+                     for m in [re.search(r"step\s+(\d+) \| quorum \d+: groups [\d,]+ committed", line)] if m]
+            gaps = [(t1 - t0, s1) for (t0, _), (t1, s1) in zip(times, times[1:])]
+            gaps_all += [d for d, _ in gaps]
+            for d, s1 in gaps:
+                # a gap of the killed group itself (its restart) is not a survivor's wait
+                if any(g == kg and k <= s1 <= k + every for k, kg in killed_at):
+                    continue
+                if d > worst[0]:
+                    worst = (d, (g, s1))
+        median_step = statistics.median(gaps_all) if gaps_all else 0.0
+        print(f"longest wait of a surviving group between two committed steps: {worst[0]:.2f} s "
+              f"(group {worst[1][0] if worst[1] else '-'}, before step {worst[1][1] if worst[1] else '-'}); "
+              f"heartbeat timeout {a.timeout:.1f} s + median step {median_step:.2f} s = {a.timeout + median_step:.2f} s")
         drops = coord.count(") dropped: ")
         print(f"steps dropped: {drops}; the coordinator's log: {c.log} (removed with the run)")
         print(coord)

@@ -627,7 +627,7 @@ std::string replica_run(const std::string& dir) {
           ev.push_back({{"ph", "X"}, {"name", "heal"}, {"cat", "ft"}, {"pid", r}, {"tid", 0}, {"ts", ts},
                         {"dur", 30000.0 + 10000 * r},
                         {"args", {{"group", 1}, {"quorum", 5}, {"step", 3}, {"source", 0}, {"receiving", true},
-                                  {"bytes", 1000000}}}});
+                                  {"bytes", 1000000}, {"wait_ms", 5.0 + r}}}});
         ts += 50000;
         ev.push_back({{"ph", "X"}, {"name", "step"}, {"cat", "step"}, {"pid", r}, {"tid", 0}, {"ts", ts},
                       {"dur", 40000.0}, {"args", {{"step", q.step}}}});
@@ -677,6 +677,7 @@ TEST(Report, ReplicaGroupsParticipationAndHeals) {
   EXPECT_EQ(h["ranks"], 2);
   EXPECT_DOUBLE_EQ(h["dur"].get<double>(), 40.0) << "the slowest rank's";
   EXPECT_DOUBLE_EQ(h["bytes"].get<double>(), 2e6) << "both ranks' bytes";
+  EXPECT_DOUBLE_EQ(h["wait"].get<double>(), 6.0) << "the longest wait for the source";
   // One group's folder alone: its own view (group 1's quorums only).
   json one = fsdp::report::analyze(dir + "/group1");
   ASSERT_TRUE(one.contains("replicas"));
@@ -721,5 +722,6 @@ TEST(Report, HeadlessChromiumDrawsReplicaGroups) {
   EXPECT_NE(dom.output.find("id=\"replica-table\""), std::string::npos);
   EXPECT_NE(dom.output.find("id=\"heal-table\""), std::string::npos);
   EXPECT_NE(dom.output.find("40.0 ms"), std::string::npos) << "the heal's duration";
+  EXPECT_NE(dom.output.find("6.00 ms"), std::string::npos) << "the heal's wait for the source";
   std::system(("rm -rf '" + profile + "'").c_str());
 }

@@ -845,8 +845,10 @@ int train(const Args& args, const examples::StepHooks& hooks) {
       step = q.step;
       if (step >= a.steps) break;  // healed past the end: the others finished
       if (q.healed && run.lead)
-        std::printf("replica group %d healed from group %d at step %lld: %.1f MB in %.3f s (rank 0)\n",
-                    replicas->group(), q.heal_source, (long long)step, q.heal_bytes / 1e6, q.heal_seconds),
+        std::printf("replica group %d healed from group %d at step %lld: %.1f MB in %.3f s (rank 0; before it %.3f s "
+                    "waiting for the source to reach the step)\n",
+                    replicas->group(), q.heal_source, (long long)step, q.heal_bytes / 1e6, q.heal_seconds,
+                    q.heal_wait_seconds),
             std::fflush(stdout);
     }
     fsdp::set_step(step);

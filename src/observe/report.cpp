@@ -191,7 +191,7 @@ struct ReplicaEvents {
   struct Heal {
     int group, rank, source;
     int64_t step, quorum;
-    double ts, dur, bytes;
+    double ts, dur, bytes, wait;  // wait: milliseconds of dur spent before the source's first byte
   };
   std::vector<Heal> heals;
   std::set<int> traced;  // groups whose ranks wrote a trace
@@ -217,15 +217,17 @@ struct ReplicaEvents {
           if (group >= 0) traced.insert(group);
         } else if (ph == "X" && name == "heal" && args.value("receiving", false)) {
           heals.push_back({group, rt.rank, args.value("source", -1), args.value("step", int64_t(-1)),
-                           args.value("quorum", int64_t(-1)), num(e, "ts"), num(e, "dur"), num(args, "bytes")});
+                           args.value("quorum", int64_t(-1)), num(e, "ts"), num(e, "dur"), num(args, "bytes"),
+                           num(args, "wait_ms")});
         }
       }
   }
 
   // The model's "replicas" (null without any quorum): the quorums in
   // order; per group, the steps it committed, dropped (a member of a quorum
-  // that dropped) and missed; the heals (rank 0's of each, and the slowest
-  // rank's duration).
+  // that dropped) and missed; the heals (the bytes of all its ranks, the
+  // slowest rank's duration, and how much of it was spent waiting for the
+  // source to reach the step).
   json to_json(double t_origin) const {
     if (quorums.empty()) return nullptr;
     auto ms = [&](double us) { return (us - t_origin) / 1000.0; };
@@ -242,8 +244,9 @@ struct ReplicaEvents {
       json& row = by_heal[{h.group, h.quorum}];
       if (row.is_null())
         row = {{"group", h.group}, {"step", h.step}, {"quorum", h.quorum}, {"source", h.source},
-               {"t", ms(h.ts)}, {"dur", 0.0}, {"bytes", 0.0}, {"ranks", 0}};
+               {"t", ms(h.ts)}, {"dur", 0.0}, {"wait", 0.0}, {"bytes", 0.0}, {"ranks", 0}};
       row["dur"] = std::max(row["dur"].get<double>(), h.dur / 1000.0);
+      row["wait"] = std::max(row["wait"].get<double>(), h.wait);
       row["bytes"] = row["bytes"].get<double>() + h.bytes;
       row["ranks"] = row["ranks"].get<int>() + 1;
       row["t"] = std::min(row["t"].get<double>(), ms(h.ts));

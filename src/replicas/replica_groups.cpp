@@ -141,6 +141,7 @@ struct ReplicaGroups::Impl {
     // have state, their step, which tensors), then every parameter shard and
     // buffer, then the state tensors; the bulk in flight at once.
     int64_t got = 0;
+    auto first_byte = t0;  // the receiver: when the source's header arrived
     if (sending) {
       json header = json::array();
       std::vector<torch::Tensor> bulk;
@@ -174,6 +175,7 @@ struct ReplicaGroups::Impl {
       const int from = index_of(source);
       auto len = torch::zeros({1}, torch::kInt64);
       l.recv(from, len);
+      first_byte = Clock::now();
       std::string h(static_cast<size_t>(len.item<int64_t>()), '\0');
       l.recv(from, torch::from_blob(h.data(), {static_cast<int64_t>(h.size())}, torch::kUInt8));
       const json header = json::parse(h);
@@ -226,16 +228,17 @@ struct ReplicaGroups::Impl {
       }
       step = v.step;
     }
-    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    const auto t1 = Clock::now();
     if (receiving) {
       q.healed = true;
       q.heal_source = source;
-      q.heal_seconds = seconds;
+      q.heal_seconds = std::chrono::duration<double>(t1 - first_byte).count();
+      q.heal_wait_seconds = std::chrono::duration<double>(first_byte - t0).count();
       q.heal_bytes = got;
     }
     if (span.active())
       span.arg("group", me).arg("quorum", v.id).arg("step", v.step).arg("source", source).arg("receiving", receiving)
-          .arg("bytes", got);
+          .arg("bytes", got).arg("wait_ms", 1e3 * q.heal_wait_seconds);
   }
 
   const StepQuorum& start_step() {
@@ -274,7 +277,7 @@ struct ReplicaGroups::Impl {
       trace::instant("quorum", "ft",
                      json{{"quorum", q.id}, {"step", q.step}, {"groups", q.groups}, {"group", place.group},
                           {"committed", q.committed}, {"dropped", q.dropped}, {"healed", q.healed},
-                          {"heal_seconds", q.heal_seconds}});
+                          {"heal_seconds", q.heal_seconds}, {"heal_wait_seconds", q.heal_wait_seconds}});
   }
 
   bool commit() {
