@@ -534,12 +534,16 @@ struct Coordinator::State {
   void decide() {
     if (q.decided) return;
     std::string lost, failed, missing;
-    int failures = 0;
+    int failures = 0, votes = 0;
+    bool only_ended = true;  // every lost member left because its run ended
     for (int gid : q.members) {
       Group& g = groups[gid];
-      if (g.lost)
+      if (g.lost) {
+        only_ended = only_ended && all_said_bye(gid);
         lost += detail::cat(lost.empty() ? "" : "; ", "group ", gid,
                             all_said_bye(gid) ? " left (its run ended)" : " was lost during the step");
+      }
+      for (const auto& [r, k] : g.ranks) votes += k.vote_q == q.id;
       for (int r = 0; r < g.size; ++r) {
         auto it = g.ranks.find(r);
         if (it == g.ranks.end() || it->second.vote_q != q.id) {
@@ -588,6 +592,9 @@ struct Coordinator::State {
         groups[gid].whole = true;
         groups[gid].step = q.step + 1;
       }
+    } else if (votes == 0 && !lost.empty() && only_ended) {
+      // The last votes of finished runs asked for this one: nobody began it.
+      log(detail::cat("quorum ", q.id, " (step ", q.step, ", groups ", ids(q.members), ") not taken: ", why));
     } else {
       log(detail::cat("quorum ", q.id, " (step ", q.step, ", groups ", ids(q.members), ") dropped: ", why));
     }
