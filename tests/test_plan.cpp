@@ -1074,7 +1074,8 @@ TEST(Plan, ReplicaGroupsMeanAndHealTraffic) {
   const auto parsed = nlohmann::json::parse(j.output);
   EXPECT_EQ(parsed["replicas"]["heal_bytes"], r.heal);
   EXPECT_EQ(parsed["replicas"]["mean_bytes"], r.mean);
-  auto hybrid = fsdp::testing::run_command({fsdp_bin, "plan", "--world", "4", "--strategy", "hybrid", "--replicas", "2"});
+  auto hybrid =
+      fsdp::testing::run_command({fsdp_bin, "plan", "--world", "4", "--strategy", "hybrid", "--replicas", "2"});
   EXPECT_EQ(hybrid.exit_code, 2) << hybrid.output;
   EXPECT_NE(hybrid.output.find("plan the group's own strategy"), std::string::npos) << hybrid.output;
   auto autop = fsdp::testing::run_command(

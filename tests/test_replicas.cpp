@@ -76,8 +76,8 @@ struct Job {
     return e;
   }
   static std::vector<std::string> group_argv(int64_t steps, const std::vector<std::string>& worker_args = {},
-                                             int restarts = 1) {
-    std::vector<std::string> v{bin_path("fsdp"), "run", "-n", std::to_string(kRanks), "--max-restarts",
+                                             int restarts = 1, int ranks = kRanks) {
+    std::vector<std::string> v{bin_path("fsdp"), "run", "-n", std::to_string(ranks), "--max-restarts",
                                std::to_string(restarts), "--",
                                bin_path("fsdp_test_worker"), "replica_train", std::to_string(steps)};
     v.insert(v.end(), worker_args.begin(), worker_args.end());
@@ -157,15 +157,16 @@ std::vector<std::vector<int>> schedule_of(const std::vector<std::string>& outs, 
 
 // The unsharded reference: each committed step averages the gradients of
 // rank r of every member group (the groups' batches), then Adam.
-std::map<std::string, std::vector<double>> reference(const std::vector<std::vector<int>>& schedule, int64_t d = 12) {
+std::map<std::string, std::vector<double>> reference(const std::vector<std::vector<int>>& schedule, int64_t d = 12,
+                                                     int ranks = kRanks) {
   torch::manual_seed(1);
   Net net(7, d, 5, 3);
   torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
   for (size_t s = 0; s < schedule.size(); ++s) {
     opt.zero_grad();
-    const double share = 1.0 / (kRanks * static_cast<double>(schedule[s].size()));
+    const double share = 1.0 / (ranks * static_cast<double>(schedule[s].size()));
     for (int g : schedule[s])
-      for (int r = 0; r < kRanks; ++r) {
+      for (int r = 0; r < ranks; ++r) {
         auto [x, y] = batch_of(static_cast<int64_t>(s), g, r);
         (torch::mse_loss(net->forward(x), y) * share).backward();
       }
@@ -193,9 +194,9 @@ void expect_near_reference(const std::map<std::string, std::vector<double>>& got
 
 // Groups 0, 1 and 2 of `res`: each ended with the weights of the reference
 // that replays the schedule they printed.
-void expect_groups_match_reference(const std::vector<ProcResult>& res, int64_t steps) {
+void expect_groups_match_reference(const std::vector<ProcResult>& res, int64_t steps, int ranks = kRanks) {
   const auto schedule = schedule_of({res.at(0).output, res.at(1).output, res.at(2).output}, steps);
-  const auto want = reference(schedule);
+  const auto want = reference(schedule, 12, ranks);
   for (int g = 0; g < 3; ++g) expect_near_reference(params_in(res[g].output), want, "group " + std::to_string(g));
 }
 
@@ -204,7 +205,8 @@ void expect_groups_match_reference(const std::vector<ProcResult>& res, int64_t s
 std::vector<ProcResult> run_groups(const Job& job, int64_t steps, const std::vector<int>& groups,
                                    const std::vector<std::vector<std::string>>& extra_env = {},
                                    const std::vector<std::vector<std::string>>& worker_args = {},
-                                   const std::vector<int>& start_after_ms = {}, int restarts = 1) {
+                                   const std::vector<int>& start_after_ms = {}, int restarts = 1,
+                                   int ranks = kRanks) {
   std::vector<ProcResult> res(groups.size());
   std::vector<std::thread> t;
   for (size_t i = 0; i < groups.size(); ++i)
@@ -212,7 +214,7 @@ std::vector<ProcResult> run_groups(const Job& job, int64_t steps, const std::vec
       if (i < start_after_ms.size() && start_after_ms[i] > 0)
         std::this_thread::sleep_for(std::chrono::milliseconds(start_after_ms[i]));
       res[i] = run_command(Job::group_argv(steps, i < worker_args.size() ? worker_args[i] : std::vector<std::string>{},
-                                           restarts),
+                                           restarts, ranks),
                            job.env(groups[i], i < extra_env.size() ? extra_env[i] : std::vector<std::string>{}),
                            180);
     });
@@ -311,7 +313,8 @@ TEST(ReplicaGroups, AKilledRankCostsAStepAndItsGroupHealsFromAPeer) {
   // others' quorums name it).
   for (int g = 0; g < 3; ++g) {
     EXPECT_GE(by_group[g]["dropped"].get<int>(), 1) << "step 3 was dropped: " << rep.dump();
-    EXPECT_EQ(by_group[g]["committed"].get<int>() + by_group[g]["dropped"].get<int>() + by_group[g]["absent"].get<int>(),
+    const json& row = by_group[g];
+    EXPECT_EQ(row["committed"].get<int>() + row["dropped"].get<int>() + row["absent"].get<int>(),
               static_cast<int>(rep["quorums"].size()))
         << rep.dump();
   }
@@ -483,6 +486,33 @@ TEST(ReplicaGroups, TheCoordinatorKilledStopsEveryGroupWithOneMessage) {
   }
 }
 
+
+// DDP-like replication: groups of one rank under NO_SHARD. A killed group
+// costs the others one step; its launcher restarts it and it heals.
+TEST(ReplicaGroups, GroupsOfOneRankReplicateLikeDdp) {
+  Job job("replicas_ddp");
+  const int64_t steps = 8;
+  const std::string go = job.dir + "/back";
+  std::vector<ProcResult> res;
+  std::thread t([&] {
+    res = run_groups(job, steps, {0, 1, 2},
+                     {{"FSDP_TEST_HOLD=6:" + go}, {"FSDP_TEST_FAULT=1:0:2:kill_reduce"}, {"FSDP_TEST_HOLD=6:" + go}},
+                     {{"NO_SHARD"}, {"NO_SHARD"}, {"NO_SHARD"}}, {}, 1, /*ranks=*/1);
+  });
+  wait_for_log(job, "group 1 restarted");
+  touch(go);
+  t.join();
+  const std::string coord = job.coordinator->stop();
+  for (int g = 0; g < 3; ++g) ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << coord;
+  EXPECT_NE(coord.find("group 0 joined: 1 rank (NO_SHARD, params fp32)"), std::string::npos) << coord;
+  ASSERT_TRUE(restarted(res[1])) << res[1].output;
+  bool healed = false;
+  for (auto& s : steps_in(res[1].output.substr(res[1].output.find("restarting all")))) healed |= s.healed && s.commit;
+  EXPECT_TRUE(healed) << res[1].output << coord;
+  const auto p0 = params_in(res[0].output);
+  for (int g = 1; g < 3; ++g) EXPECT_EQ(params_in(res[g].output), p0) << "group " << g;
+  expect_groups_match_reference(res, steps, 1);
+}
 
 // The GPT example as two replica groups (gpt --replicas 2, one `fsdp run`
 // each) with --trace DIR: each group's ranks trace into DIR/group<g>, and

@@ -22,7 +22,8 @@ int cmd_report(int argc, char** argv) {
                "step timeline, memory vs the ledger, traffic vs 3P / 2P, checkpoints",
                "fsdp report"};
   app.add_option("trace", in,
-                 "trace directory (trace-rank<R>.json files, or replica groups' group<g>/ folders of them) or a merged trace.json; or a folder of flight recorder "
+                 "trace directory (trace-rank<R>.json files, or replica groups' group<g>/ folders of them) or a "
+                 "merged trace.json; or a folder of flight recorder "
                  "dumps (flight-rank<R>.json, fsdp run --flight-dir): their side-by-side page")
       ->required();
   app.add_option("-o,--out", out, "output HTML file")->capture_default_str();
@@ -66,7 +67,8 @@ int cmd_report(int argc, char** argv) {
   bool is_file = in.size() > 5 && in.compare(in.size() - 5, 5, ".json") == 0;
   if (!no_merge && !is_file) {
     if (model.contains("replica_dirs"))  // replica groups: one merged trace per group's folder
-      for (auto& d : model["replica_dirs"]) merged += (merged.empty() ? "" : ", ") + fsdp::trace::merge(d.get<std::string>());
+      for (auto& d : model["replica_dirs"])
+        merged += (merged.empty() ? "" : ", ") + fsdp::trace::merge(d.get<std::string>());
     else
       merged = fsdp::trace::merge(in);
   }

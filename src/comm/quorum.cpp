@@ -441,7 +441,8 @@ struct Coordinator::State {
       g.whole = false;
       g.step = 0;
       g.refused = differs(g);
-      log(detail::cat("group ", gid, again ? " restarted" : " joined", ": ", g.size, " ranks (", g.sharding, ")",
+      log(detail::cat("group ", gid, again ? " restarted" : " joined", ": ", g.size,
+                      g.size == 1 ? " rank (" : " ranks (", g.sharding, ")",
                       g.refused.empty() ? "" : "; refused: " + g.refused));
     }
     Rank& k = g.ranks[r];

@@ -116,6 +116,15 @@ std::vector<RankTrace> load(const std::string& path) {
   return ranks;
 }
 
+bool has_rank_files(const std::string& dir) {
+  bool any = false;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) any |= std::string(e->d_name).rfind("trace-rank", 0) == 0;
+    ::closedir(d);
+  }
+  return any;
+}
+
 // Replica groups (fsdp/replicas.h) write one trace folder per group:
 // DIR/group<g>/trace-rank<R>.json. The groups' folders when DIR holds no
 // rank files of its own and at least one such folder; empty otherwise.
@@ -137,15 +146,7 @@ std::vector<std::pair<int, std::string>> group_dirs(const std::string& path) {
   if (own) return {};
   std::sort(out.begin(), out.end());
   // Only the folders that hold a trace (a group killed before it wrote one has none).
-  out.erase(std::remove_if(out.begin(), out.end(),
-                           [](const auto& g) {
-                             bool any = false;
-                             if (DIR* d = ::opendir(g.second.c_str())) {
-                               while (dirent* e = ::readdir(d)) any |= std::string(e->d_name).rfind("trace-rank", 0) == 0;
-                               ::closedir(d);
-                             }
-                             return !any;
-                           }),
+  out.erase(std::remove_if(out.begin(), out.end(), [](const auto& g) { return !has_rank_files(g.second); }),
             out.end());
   return out;
 }
