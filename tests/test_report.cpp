@@ -674,6 +674,7 @@ TEST(Report, ReplicaGroupsParticipationAndHeals) {
   EXPECT_EQ(h["group"], 1);
   EXPECT_EQ(h["step"], 3);
   EXPECT_EQ(h["source"], 0);
+  EXPECT_EQ(h["sources"], json::array({0}));
   EXPECT_EQ(h["ranks"], 2);
   EXPECT_DOUBLE_EQ(h["dur"].get<double>(), 40.0) << "the slowest rank's";
   EXPECT_DOUBLE_EQ(h["bytes"].get<double>(), 2e6) << "both ranks' bytes";

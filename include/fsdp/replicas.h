@@ -60,16 +60,16 @@ struct ReplicaOptions {
 
 // One step's quorum, as this group took part in it.
 struct StepQuorum {
-  int64_t id = -1;          // the coordinator's quorum id
-  int64_t step = 0;         // the step number (steps committed before it)
-  std::vector<int> groups;  // the groups taking part, ascending
-  bool healed = false;      // this group copied its state from a peer before the step
-  int heal_source = -1;     // ... from rank r of this group (r: this rank)
-  double heal_seconds = 0;  // how long the copy took, from the source's first byte
+  int64_t id = -1;               // the coordinator's quorum id
+  int64_t step = 0;              // the step number (steps committed before it)
+  std::vector<int> groups;       // the groups taking part, ascending
+  bool healed = false;           // this group copied its state from a peer before the step
+  int heal_source = -1;          // ... from rank r of this group (r: this rank)
+  double heal_seconds = 0;       // how long the copy took, from the source's first byte
   double heal_wait_seconds = 0;  // before it: waiting for the source to reach the step
-  int64_t heal_bytes = 0;   // bytes this rank received
-  bool committed = false;   // set by commit()
-  std::string dropped;      // why the step was dropped ("" when committed)
+  int64_t heal_bytes = 0;        // bytes this rank received
+  bool committed = false;        // set by commit()
+  std::string dropped;           // why the step was dropped ("" when committed)
 };
 
 // This replica group's part in the job: the quorum of each step, the mean

@@ -55,6 +55,14 @@
 //   cat "optim":    "optimizer_step", "clip_grad_norm"   {}
 //   cat "ckpt":     "save", "load"      {"path": str, "bytes": int, "step"?: int}
 //                   instant "checkpoint" {"path", "step"} is also accepted.
+//   cat "ft":       instant "quorum"    {"quorum", "step", "groups": [int], "group",
+//                                        "committed": bool, "dropped": why, "healed",
+//                                        "heal_seconds", "heal_wait_seconds"}
+//                   span "heal"         {"group", "quorum", "step", "source", "receiving",
+//                                        "bytes", "wait_ms"}
+//                   span "all_reduce across replica groups"
+//                   (replica groups, fsdp/replicas.h: each quorum a rank took part in,
+//                   each heal; the report draws participation per group and the heals)
 //   counter "memory"  {"current": bytes, "peak": bytes}  (fsdp::memory::stats();
 //                   recorded automatically at each span end when
 //                   Options::sample_memory and the counting allocator is installed)

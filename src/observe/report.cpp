@@ -245,7 +245,11 @@ struct ReplicaEvents {
       json& row = by_heal[{h.group, h.quorum}];
       if (row.is_null())
         row = {{"group", h.group}, {"step", h.step}, {"quorum", h.quorum}, {"source", h.source},
-               {"t", ms(h.ts)}, {"dur", 0.0}, {"wait", 0.0}, {"bytes", 0.0}, {"ranks", 0}};
+               {"sources", json::array()}, {"t", ms(h.ts)}, {"dur", 0.0}, {"wait", 0.0}, {"bytes", 0.0},
+               {"ranks", 0}};
+      // Shard r comes from source r mod #sources: a group heals from several.
+      auto& src = row["sources"];
+      if (std::find(src.begin(), src.end(), json(h.source)) == src.end()) src.push_back(h.source);
       row["dur"] = std::max(row["dur"].get<double>(), h.dur / 1000.0);
       row["wait"] = std::max(row["wait"].get<double>(), h.wait);
       row["bytes"] = row["bytes"].get<double>() + h.bytes;
@@ -255,6 +259,10 @@ struct ReplicaEvents {
     json hs = json::array();
     for (auto& [key, row] : by_heal) {
       groups.insert(key.first);
+      std::vector<int> src = row["sources"].get<std::vector<int>>();
+      std::sort(src.begin(), src.end());
+      row["sources"] = src;
+      row["source"] = src.front();
       hs.push_back(row);
     }
     json per = json::array();
