@@ -420,6 +420,16 @@ TEST(ReplicaGroups, AFrozenGroupIsDroppedNamedAndHealsWhenItThaws) {
   const std::string coord = job.coordinator->stop();
   for (int g = 0; g < 3; ++g) ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << coord;
   EXPECT_NE(coord.find("group 1 is back"), std::string::npos) << coord;
+  // The survivors' logs name the frozen rank and its host, as the coordinator's does.
+  for (int g : {0, 2}) {
+    const auto drops = lines_with(res[g].output, "DROPPED group=");
+    ASSERT_FALSE(drops.empty()) << res[g].output;
+    bool named = false;
+    for (const auto& d : drops)
+      named |= d.find("group 1 was lost during the step: rank 1 (host ") != std::string::npos ||
+               d.find("group 1 rank 1 (host ") != std::string::npos;
+    EXPECT_TRUE(named) << res[g].output;
+  }
   for (auto& r : res) EXPECT_FALSE(restarted(r)) << r.output;
   bool healed = false;
   for (auto& s : steps_in(res[1].output)) healed |= s.healed && s.commit;

@@ -353,6 +353,7 @@ struct Coordinator::State {
     std::string model, sharding;
     std::map<int, Rank> ranks;
     bool lost = false;
+    std::string silent;        // when lost: its silent ranks (host, pid, how long), as first seen
     std::string refused;       // why, when refused
     int64_t answered = -1;     // the last request round answered
     bool whole = false;        // holds a committed state (this incarnation)
@@ -514,9 +515,11 @@ struct Coordinator::State {
                                 " s");
       }
       const bool lost = !silent.empty() || all_gone;
-      if (lost && !g.lost)
+      if (lost && !g.lost) {
+        g.silent = silent;
         log(all_gone ? detail::cat("group ", gid, " left (every rank said bye)")
                      : detail::cat("group ", gid, " lost: ", silent));
+      }
       if (!lost && g.lost) log(detail::cat("group ", gid, " is back: its heartbeats move again (it will heal)"));
       if (!lost && g.lost) g.whole = false;  // what it holds may be stale
       g.lost = lost;
@@ -541,8 +544,11 @@ struct Coordinator::State {
       Group& g = groups[gid];
       if (g.lost) {
         only_ended = only_ended && all_said_bye(gid);
+        // The survivors' logs name the silent rank, as the coordinator's does.
         lost += detail::cat(lost.empty() ? "" : "; ", "group ", gid,
-                            all_said_bye(gid) ? " left (its run ended)" : " was lost during the step");
+                            all_said_bye(gid) ? " left (its run ended)"
+                            : g.silent.empty() ? " was lost during the step"
+                                               : " was lost during the step: " + g.silent);
       }
       for (const auto& [r, k] : g.ranks) votes += k.vote_q == q.id;
       for (int r = 0; r < g.size; ++r) {
