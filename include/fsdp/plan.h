@@ -206,6 +206,7 @@ struct Plan {
 //         group: P + O (the module's buffers beside; GPT-mini has none);
 //         the source's rank sends as much for every group it heals
 struct ReplicaTraffic {
+  // R: the replica groups.
   int replicas = 1;
   int64_t mean = 0;         // bytes a rank sends per committed step
   int64_t heal = 0;         // bytes a healing rank receives (and its source sends)
