@@ -498,7 +498,6 @@ TEST(ReplicaGroups, TheCoordinatorKilledStopsEveryGroupWithOneMessage) {
   }
 }
 
-
 // DDP-like replication: groups of one rank under NO_SHARD. A killed group
 // costs the others one step; its launcher restarts it and it heals.
 TEST(ReplicaGroups, GroupsOfOneRankReplicateLikeDdp) {

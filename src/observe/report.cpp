@@ -10,6 +10,7 @@
 // highest point survives). The step picker's shortcuts are chosen here too.
 #include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -62,22 +63,28 @@ json read_json(const std::string& file) {
   return j;
 }
 
+// DIR's trace-rank<R>.json files as (R, path), by rank.
+std::vector<std::pair<int, std::string>> rank_files(const std::string& dir) {
+  std::vector<std::pair<int, std::string>> files;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n.rfind("trace-rank", 0) == 0 && n.size() > 15 && n.substr(n.size() - 5) == ".json") {
+        std::string num = n.substr(10, n.size() - 15);
+        if (!num.empty() && std::all_of(num.begin(), num.end(), ::isdigit))
+          files.emplace_back(std::stoi(num), dir + "/" + n);
+      }
+    }
+    ::closedir(d);
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
 std::vector<RankTrace> load(const std::string& path) {
   std::vector<RankTrace> ranks;
   if (is_dir(path)) {
-    std::vector<std::pair<int, std::string>> files;
-    if (DIR* d = ::opendir(path.c_str())) {
-      while (dirent* e = ::readdir(d)) {
-        std::string n = e->d_name;
-        if (n.rfind("trace-rank", 0) == 0 && n.size() > 15 && n.substr(n.size() - 5) == ".json") {
-          std::string num = n.substr(10, n.size() - 15);
-          if (!num.empty() && std::all_of(num.begin(), num.end(), ::isdigit))
-            files.emplace_back(std::stoi(num), path + "/" + n);
-        }
-      }
-      ::closedir(d);
-    }
-    std::sort(files.begin(), files.end());
+    const auto files = rank_files(path);
     if (files.empty() && !is_dir(path + "/trace.json")) {
       std::ifstream probe(path + "/trace.json");
       if (probe.good()) return load(path + "/trace.json");
@@ -116,26 +123,16 @@ std::vector<RankTrace> load(const std::string& path) {
   return ranks;
 }
 
-bool has_rank_files(const std::string& dir) {
-  bool any = false;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) any |= std::string(e->d_name).rfind("trace-rank", 0) == 0;
-    ::closedir(d);
-  }
-  return any;
-}
-
 // Replica groups (fsdp/replicas.h) write one trace folder per group:
 // DIR/group<g>/trace-rank<R>.json. The groups' folders when DIR holds no
 // rank files of its own and at least one such folder; empty otherwise.
 std::vector<std::pair<int, std::string>> group_dirs(const std::string& path) {
   std::vector<std::pair<int, std::string>> out;
   if (!is_dir(path)) return out;
-  bool own = false;
+  if (!rank_files(path).empty() || !::access((path + "/trace.json").c_str(), F_OK)) return out;  // its own trace
   if (DIR* d = ::opendir(path.c_str())) {
     while (dirent* e = ::readdir(d)) {
       const std::string n = e->d_name;
-      if (n.rfind("trace-rank", 0) == 0 || n == "trace.json") own = true;
       if (n.size() > 5 && n.rfind("group", 0) == 0 &&
           std::all_of(n.begin() + 5, n.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }) &&
           is_dir(path + "/" + n))
@@ -143,10 +140,9 @@ std::vector<std::pair<int, std::string>> group_dirs(const std::string& path) {
     }
     ::closedir(d);
   }
-  if (own) return {};
   std::sort(out.begin(), out.end());
   // Only the folders that hold a trace (a group killed before it wrote one has none).
-  out.erase(std::remove_if(out.begin(), out.end(), [](const auto& g) { return !has_rank_files(g.second); }),
+  out.erase(std::remove_if(out.begin(), out.end(), [](const auto& g) { return rank_files(g.second).empty(); }),
             out.end());
   return out;
 }
@@ -697,7 +693,6 @@ namespace {
 
 json analyze_ranks(std::vector<RankTrace> ranks, const std::string& path, const ReplicaEvents& replicas,
                    double t_origin, json warnings) {
-
   const json meta0 = ranks.front().meta;  // a copy: the traces are freed once read
   int world = meta0.value("world", static_cast<int>(ranks.size()));
   json units = meta0.value("units", json::array());
