@@ -65,6 +65,19 @@ function(fsdp_uses_torch out file)
   set(${out} ${result} PARENT_SCOPE)
 endfunction()
 
+# fsdp_test_optimization(<target>): the tests' own code at -O1 instead of
+# -O2 (the library they test keeps -O2). The optimizer is most of a test
+# file's compile (g++ -ftime-report: "opt and generate" 58% of test_api.cpp)
+# and test code does no heavy work itself; -O1 still reuses the -O2
+# precompiled header (-O0 would not: GCC refuses a header built with
+# __OPTIMIZE__). Only in the default build type, so the sanitizers' -O0 and
+# a user's own CMAKE_BUILD_TYPE stay as they are.
+function(fsdp_test_optimization t)
+  if(CMAKE_BUILD_TYPE STREQUAL "RelWithDebInfo" AND CMAKE_CXX_FLAGS_RELWITHDEBINFO MATCHES "-O2")
+    target_compile_options(${t} PRIVATE -O1)
+  endif()
+endfunction()
+
 # fsdp_speed_up(<targets>...): the targets' libtorch-free .cpp files skip the
 # precompiled header and the batches; with FSDP_UNITY the rest are batched.
 function(fsdp_speed_up)
@@ -91,19 +104,47 @@ function(fsdp_speed_up)
         set_source_files_properties("${path}" PROPERTIES SKIP_PRECOMPILE_HEADERS ON SKIP_UNITY_BUILD_INCLUSION ON)
       endif()
     endforeach()
-    # Not the tests' programs: their files keep helpers of the same name
-    # in anonymous namespaces (tiny(dir, env) beside tiny(dir, epochs, ...)),
-    # and in one batch overload resolution silently calls the other file's.
-    # The library's files were checked for such names (a redefinition is an
-    # error; an overload that could take the same call would not be).
-    set(in_tests FALSE)
+    # The tests' programs: each file keeps its own code (helpers, TESTs,
+    # scenarios) in one namespace named FSDP_TEST_ID, which a batch defines
+    # to a name of its own per file (CMake's UNITY_BUILD_UNIQUE_ID) and a
+    # file compiled alone to nothing (anonymous). Without it, helpers of the
+    # same name in two files' anonymous namespaces met in one batch and
+    # overload resolution silently called the other file's (tiny(dir, env)
+    # beside tiny(dir, epochs, ...)): now a file's own names hide the
+    # others'. bench/ and fuzz/ files are compiled one by one.
+    set(kind library)
     foreach(s IN LISTS srcs)
       get_filename_component(path "${s}" ABSOLUTE BASE_DIR "${dir}")
-      if(path MATCHES "^${PROJECT_SOURCE_DIR}/(tests|bench|fuzz)/")
-        set(in_tests TRUE)
+      if(path MATCHES "^${PROJECT_SOURCE_DIR}/tests/")
+        set(kind tests)
+      elseif(path MATCHES "^${PROJECT_SOURCE_DIR}/(bench|fuzz)/")
+        set(kind alone)
       endif()
     endforeach()
-    if(FSDP_UNITY AND NOT in_tests)
+    if(kind STREQUAL "tests")
+      fsdp_test_optimization(${t})
+      if(FSDP_UNITY)
+        set_target_properties(${t} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${FSDP_UNITY_BATCH}
+                                              UNITY_BUILD_UNIQUE_ID FSDP_TEST_ID)
+        foreach(s IN LISTS srcs)
+          get_filename_component(path "${s}" ABSOLUTE BASE_DIR "${dir}")
+          # A file without the namespace (test_util.cpp, delayed_comm.cpp:
+          # they define what a header declares) compiles alone.
+          if(EXISTS "${path}")
+            file(STRINGS "${path}" wrapped REGEX "^namespace FSDP_TEST_ID {$")
+            if(NOT wrapped)
+              set_property(SOURCE "${path}" PROPERTY SKIP_UNITY_BUILD_INCLUSION ON)
+            endif()
+          endif()
+          get_source_file_property(skip "${path}" SKIP_UNITY_BUILD_INCLUSION)
+          if(skip)
+            set_property(SOURCE "${path}" APPEND PROPERTY COMPILE_DEFINITIONS "FSDP_TEST_ID=")
+          endif()
+        endforeach()
+      else()
+        target_compile_definitions(${t} PRIVATE "FSDP_TEST_ID=")
+      endif()
+    elseif(FSDP_UNITY AND kind STREQUAL "library")
       set_target_properties(${t} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${FSDP_UNITY_BATCH})
     endif()
     # ccache (the Makefile's launcher) caches files compiled with the

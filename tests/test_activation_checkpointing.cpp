@@ -15,7 +15,7 @@
 #include "test_util.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 // ---------------------------------------------------------------- parity
 using AcParam = std::tuple<int, std::string, std::string, std::string, std::string>;  // N, strategy, mode, dtype, prefetch
@@ -245,5 +245,6 @@ TEST(AcPolicy, DeprecatedCheckpointFieldStillHonoured) {
 }
 #pragma GCC diagnostic pop
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::testing

@@ -18,7 +18,7 @@
 #include "usage.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 // ---------------------------------------------------------------- headers
 // A program that only plans (a laptop, a scheduler) includes fsdp/plan.h
@@ -199,5 +199,6 @@ TEST(ApiHelpers, AllReduceMeanAveragesOverRanks) {
   EXPECT_EQ(one->counters()[CollectiveKind::ALL_REDUCE].calls, 0);
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::testing

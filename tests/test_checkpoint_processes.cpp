@@ -8,7 +8,7 @@
 #include "test_util.h"
 
 namespace fsdp::ckpt {
-namespace {
+namespace FSDP_TEST_ID {
 
 // Removed when the test ends (fsdp::testing::temp_dir).
 std::string processes_dir(const std::string& tag) { return fsdp::testing::temp_dir("ckpt-" + tag); }
@@ -121,5 +121,6 @@ TEST(CheckpointCompat, Libtorch113CheckpointsStillLoad) {
   std::system(("rm -rf " + root).c_str());
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::ckpt

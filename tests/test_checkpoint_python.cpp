@@ -8,7 +8,7 @@
 #include "test_util.h"
 
 namespace fsdp::ckpt {
-namespace {
+namespace FSDP_TEST_ID {
 
 const std::string kPython = testing::torch_python();
 
@@ -61,5 +61,6 @@ TEST(CheckpointPython, WeLoadAFileWrittenFromAPyTorchStateDict) {
   ::unlink(path.c_str());
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::ckpt

@@ -10,7 +10,7 @@
 #include "test_util.h"
 
 namespace fsdp::ckpt {
-namespace {
+namespace FSDP_TEST_ID {
 
 // Removed when the test ends (fsdp::testing::temp_dir).
 std::string safetensors_dir(const std::string& tag) { return fsdp::testing::temp_dir("ckpt-" + tag); }
@@ -136,5 +136,6 @@ TEST(CheckpointSafetensors, ReaderRejectsDamagedHeaders) {
   EXPECT_NE(open_error(p).find(p), std::string::npos);
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::ckpt

@@ -14,7 +14,7 @@
 #include "test_util.h"
 
 namespace fsdp::ckpt {
-namespace {
+namespace FSDP_TEST_ID {
 using testing::fsdp_slices;
 using testing::make_param_set;
 using testing::Param;
@@ -438,5 +438,6 @@ TEST(CheckpointSharded, FullSafetensorsLoadIsAllOrNothing) {
   for (auto& e : errs) EXPECT_NE(e.find("checkpoint has shape [3, 11], this model expects [11, 3]"), std::string::npos) << e;
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::ckpt

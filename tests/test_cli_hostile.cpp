@@ -31,7 +31,7 @@
 
 extern char** environ;
 
-namespace {
+namespace FSDP_TEST_ID {
 
 namespace fs = std::filesystem;
 using fsdp::testing::bin_path;
@@ -376,4 +376,4 @@ TEST(CliHostile, Gpt) {
   fs::remove_all(d);
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID

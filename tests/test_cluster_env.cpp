@@ -23,9 +23,8 @@
 #include "fsdp/errors.h"
 #include "test_util.h"
 
+namespace FSDP_TEST_ID {
 using namespace fsdp::config;
-
-namespace {
 using Env = std::map<std::string, std::string>;
 Launch run(const Env& env) {
   return detect_launch([&](const char* n) -> const char* {
@@ -42,7 +41,6 @@ std::string error_of(const Env& env) {
   return "(no error)";
 }
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-}  // namespace
 
 TEST(ClusterEnv, SlurmsCompressedListsExpand) {
   EXPECT_EQ(expand_nodelist("node[01-04,07],gpu5,x[8-10]y"),
@@ -121,8 +119,6 @@ TEST(ClusterEnv, PartialOrContradictoryVariablesAreOneErrorNamingThem) {
 
 // ---- Exactly what each launcher sets, rank by rank ----
 
-namespace {
-
 // What `srun -N 2 -n 4 ./train` (block distribution) gives task `r` of job
 // 4242 on node01 and node02: Slurm's own variables, nothing else.
 Env srun_task(int r) {
@@ -192,8 +188,6 @@ void expect_four_ranks_on_one_host(Env (*rank_env)(int), const std::string& laun
     EXPECT_EQ(c.master_port, port);
   }
 }
-
-}  // namespace
 
 TEST(ClusterEnv, SrunFourTasksOnTwoNodes) {
   for (int r = 0; r < 4; ++r) {
@@ -347,8 +341,6 @@ TEST(ClusterEnv, TorchrunsVariablesKeepPriority) {
 
 // ---- Launchers nested as clusters nest them: the innermost wins ----
 
-namespace {
-
 Launch run_in(const Env& env, const Lineage& lineage) {
   return detect_launch(
       [&](const char* n) -> const char* {
@@ -404,8 +396,6 @@ Env nested_rank(int r) {
 std::vector<Ancestor> above_nested_rank() {
   return {ancestor(5003, "mpirun", one_task_step()), ancestor(5001, "slurmstepd", {{"PATH", "/usr/bin"}})};
 }
-
-}  // namespace
 
 TEST(ClusterEnv, MpirunInsideAnSrunStepIsOneWorldOfMpirunsRanks) {
   for (int r = 0; r < 2; ++r) {
@@ -520,8 +510,6 @@ TEST(ClusterEnv, TwoWorldsWithNothingToTellThemApartAreOneError) {
 
 // ---- Ranks started with a cluster launcher's variables only ----
 
-namespace {
-
 using fsdp::testing::bin_path;
 
 // One process's exit status and what it wrote to stdout and to stderr.
@@ -593,8 +581,6 @@ std::string job_id_with_free_port() {
 }
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
-
-}  // namespace
 
 // Three ranks of the collectives' worker with only what Open MPI's mpirun
 // sets (no RANK, WORLD_SIZE or MASTER_*): they form one world, every
@@ -734,3 +720,5 @@ TEST(ClusterLaunch, RealMpirunInsideAStepsTaskFormsOneWorld) {
     EXPECT_TRUE(has(lines[0], " (mpirun) above this one, which has no openmpi's")) << lines[0];
   }
 }
+
+}  // namespace FSDP_TEST_ID

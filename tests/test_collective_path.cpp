@@ -10,7 +10,7 @@ using fsdp::path::choose;
 using fsdp::path::Facts;
 using fsdp::path::Path;
 
-namespace {
+namespace FSDP_TEST_ID {
 Facts several_hosts() {
   Facts f;
   f.ranks = 4;
@@ -18,7 +18,6 @@ Facts several_hosts() {
   f.ranks_sharing_a_host = 4;
   return f;
 }
-}  // namespace
 
 TEST(CollectivePath, EveryBranchAndItsReason) {
   Facts tcp;
@@ -120,3 +119,5 @@ TEST(CollectivePath, RingPiecesAndTrafficAreOneArithmetic) {
   EXPECT_EQ(traffic::inter_host_part(3 * 900 * 4, 4, 2), 3 * 900 * 4 / 3);
   EXPECT_EQ(traffic::inter_host_part(100, 4, 1), 0);
 }
+
+}  // namespace FSDP_TEST_ID

@@ -13,7 +13,7 @@
 #include "fsdp/comm.h"
 #include "test_util.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 using fsdp::testing::lines_with;
 using fsdp::testing::run_command;
@@ -178,4 +178,4 @@ TEST(CommFailure, UnreachableMasterIsAClearError) {
   EXPECT_LT(r.seconds, 10) << r.output;
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID

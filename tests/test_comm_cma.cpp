@@ -15,7 +15,7 @@
 #include "test_util.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
@@ -220,5 +220,6 @@ INSTANTIATE_TEST_SUITE_P(Transports, CoreParityOver,
                                   s + "_" + std::get<3>(info.param);
                          });
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::testing

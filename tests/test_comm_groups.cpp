@@ -11,7 +11,7 @@
 #include "test_util.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
@@ -225,5 +225,6 @@ void traffic_by_host_tier(const std::string& transport) {
 TEST(CommGroups, TrafficCountedByHostTier) { traffic_by_host_tier("auto"); }
 TEST(CommGroups, TrafficCountedByHostTierOverFlatTcp) { traffic_by_host_tier("tcp"); }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::testing

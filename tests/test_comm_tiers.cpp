@@ -21,7 +21,7 @@
 #include "test_util.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
@@ -273,5 +273,6 @@ TEST(CommTiers, ForcedCmaInAGroupThatCannotComposeNamesGlobalRanks) {
   }
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::testing

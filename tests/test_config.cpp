@@ -18,7 +18,6 @@
 #include "fsdp/errors.h"
 #include "test_util.h"
 
-namespace fs = std::filesystem;
 using fsdp::config::EnvConfig;
 using fsdp::testing::bin_path;
 using fsdp::testing::lines_with;
@@ -27,7 +26,8 @@ using fsdp::testing::run_ranks;
 using fsdp::testing::slurp;
 using fsdp::testing::source_path;
 
-namespace {
+namespace FSDP_TEST_ID {
+namespace fs = std::filesystem;
 
 EnvConfig parse(const std::map<std::string, std::string>& env) {
   return fsdp::config::parse_env([&](const char* name) -> const char* {
@@ -46,8 +46,6 @@ std::string error_of(const std::map<std::string, std::string>& env) {
 }
 
 bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
-
-}  // namespace
 
 TEST(Config, DefaultsAndValuesAreTyped) {
   const EnvConfig d = parse({});
@@ -318,3 +316,5 @@ TEST(Config, ABadVariableStopsEveryEdgeWithOneMessage) {
   EXPECT_EQ(good.exit_code, 0) << good.output;
   EXPECT_TRUE(contains(good.output, "every variable that is set is valid")) << good.output;
 }
+
+}  // namespace FSDP_TEST_ID

@@ -17,14 +17,14 @@
 #include "fsdp/fsdp.h"
 #include "test_util.h"
 
-namespace fs = std::filesystem;
-using namespace fsdp;
 using fsdp::testing::bin_path;
 using fsdp::testing::lines_with;
 using fsdp::testing::parse_kv;
 using fsdp::testing::run_command;
 
-namespace {
+namespace FSDP_TEST_ID {
+namespace fs = std::filesystem;
+using namespace fsdp;
 
 using fsdp::testing::temp_dir;
 
@@ -99,8 +99,6 @@ ParamInit tiny_init(uint64_t seed) {
     base(t, v);
   };
 }
-
-}  // namespace
 
 // ------------------------------------------------------------ one process
 
@@ -270,13 +268,11 @@ TEST(ShardedConstruction, DeferredWithoutInitIsAnError) {
 
 // ------------------------------------------------------------ the gpt trainer
 
-namespace {
 const std::vector<std::string> kSmall = {"--dim", "64", "--layers", "2", "--heads", "2", "--seq", "32", "--batch", "2"};
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& more) {
   a.insert(a.end(), more.begin(), more.end());
   return a;
 }
-}  // namespace
 
 // `gpt --steps 0 --save F`: bitwise the same file at N = 1..4, eager and
 // sharded; and the values are docs/GPT_MINI.md's: by name from the seed.
@@ -481,3 +477,5 @@ TEST(ShardedConstruction, LoadFullIntoADeferredModelIsAllOrNothing) {
   comm->barrier()->wait();
   if (comm->rank() == 0) fs::remove_all(dir);
 }
+
+}  // namespace FSDP_TEST_ID

@@ -2,14 +2,13 @@
 // ledger, misuse. Multi-rank cases run real processes through `fsdp run`.
 #include <gtest/gtest.h>
 
-
 #include "core_model.h"
 #include "fsdp/comm.h"
 #include "fsdp/fully_shard.h"
 #include "test_util.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 // ---------------------------------------------------------------- parity
 using ParityParam = std::tuple<int, std::string, std::string>;
@@ -276,5 +275,6 @@ TEST(CoreWrap, TiedWeightsInOneUnitTrain) {
   EXPECT_FALSE(torch::equal(full[0].second, before));
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::testing

@@ -18,11 +18,11 @@
 #include "fsdp/fully_shard.h"
 #include "test_util.h"
 
-namespace fs = std::filesystem;
 using fsdp::testing::bin_path;
 using fsdp::testing::run_command;
 
-namespace {
+namespace FSDP_TEST_ID {
+namespace fs = std::filesystem;
 
 bool mentions(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
@@ -81,8 +81,6 @@ double max_rel_diff(const std::map<std::string, torch::Tensor>& a, const std::ma
     if (have_ < (n)) GTEST_SKIP() << "needs " << (n) << " CUDA devices (NCCL: one per rank), this machine has " \
                                   << have_;                                                                   \
   } while (0)
-
-}  // namespace
 
 // CPU jobs never map libtorch_cuda or NCCL: the programs link libtorch's
 // CPU libraries only. (libtorch_cpu itself needs the CUDA runtime, for its
@@ -372,3 +370,5 @@ TEST(Gpu, GptTrainsInBf16WithRecomputationAndReportsDeviceMemory) {
   EXPECT_GT(std::stoll(lines[0].substr(at + 15)), 0) << lines[0];
   fs::remove_all(dir);
 }
+
+}  // namespace FSDP_TEST_ID

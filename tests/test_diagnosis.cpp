@@ -24,10 +24,10 @@ using fsdp::comm::Evidence;
 using fsdp::comm::RankReading;
 using fsdp::watchdog::Entered;
 using fsdp::watchdog::Heartbeat;
+
+namespace FSDP_TEST_ID {
 namespace proc = fsdp::proc;
 namespace diagnosis = fsdp::tools::diagnosis;
-
-namespace {
 
 Heartbeat beat(int rank, double time, uint64_t seq = 0) {
   Heartbeat h;
@@ -61,8 +61,6 @@ Evidence four_ranks() {
   ev.entered.resize(4);
   return ev;
 }
-
-}  // namespace
 
 TEST(ProcState, OneReaderOneAnswerPerState) {
   const auto self = proc::read_state(getpid());
@@ -367,3 +365,5 @@ TEST(LaunchDiagnosis, TheFindingIsDecidedBeforeItIsWorded) {
   EXPECT_NE(diagnosis::cause_text(ev, f).find("rank 1 (local rank 1, pid 501) was killed by signal SIGKILL (9)"),
             std::string::npos);
 }
+
+}  // namespace FSDP_TEST_ID

@@ -23,7 +23,7 @@
 
 #include "test_util.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -364,4 +364,4 @@ TEST_F(Elastic, NnodesMinMaxIsCheckedWithOneClearMessage) {
   }
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID

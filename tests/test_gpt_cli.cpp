@@ -12,11 +12,11 @@
 #include "fsdp/checkpoint.h"
 #include "test_util.h"
 
-namespace fs = std::filesystem;
 using fsdp::testing::bin_path;
 using fsdp::testing::run_command;
 
-namespace {
+namespace FSDP_TEST_ID {
+namespace fs = std::filesystem;
 
 std::string cli_dir(const std::string& name) { return fsdp::testing::temp_dir("gpt-cli-" + name); }
 
@@ -24,8 +24,6 @@ fsdp::testing::ProcResult gpt(std::vector<std::string> args) {
   args.insert(args.begin(), bin_path("gpt"));
   return run_command(args, {}, 120);
 }
-
-}  // namespace
 
 TEST(GptCli, BadFlagsExitTwoAndNameTheFlag) {
   const std::string d = cli_dir("flags");
@@ -223,3 +221,5 @@ TEST(GptCli, Bf16ValidationLossAfter200StepsIsWithinOnePercentOfFp32) {
               100.0 * (val["bf16"] - val["fp32"]) / val["fp32"]);
   fs::remove_all(d);
 }
+
+}  // namespace FSDP_TEST_ID

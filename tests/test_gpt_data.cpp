@@ -9,10 +9,9 @@
 #include "gpt/data.h"
 #include "test_util.h"
 
+namespace FSDP_TEST_ID {
 namespace fs = std::filesystem;
 using namespace gpt::data;
-
-namespace {
 
 // A fresh folder per test under the system temp dir.
 using fsdp::testing::temp_dir;
@@ -37,8 +36,6 @@ std::string error_of(F f) {
   }
   return "";
 }
-
-}  // namespace
 
 TEST(GptData, OrderFollowsTheFormula) {
   const int64_t len = 1000;
@@ -239,3 +236,5 @@ TEST(GptDataErrors, SeqLongerThanTheData) {
   EXPECT_NO_THROW(batch(t, o, 3, 0, 0));
   EXPECT_EQ(batch(t, o, 3, 0, 0).x[0][0].item<int64_t>(), 0);
 }
+
+}  // namespace FSDP_TEST_ID

@@ -15,9 +15,8 @@
 #include "test_util.h"
 #include "gpt/model.h"
 
+namespace FSDP_TEST_ID {
 namespace fs = std::filesystem;
-
-namespace {
 
 // docs/GPT_MINI.md's list, in state dict order.
 std::vector<std::pair<std::string, std::vector<int64_t>>> spec_params(const gpt::Config& c) {
@@ -48,8 +47,6 @@ std::string python_with_torch() {
   auto r = fsdp::testing::run_command({py, "-c", "import torch"}, {}, 60);
   return r.exit_code == 0 ? py : "";
 }
-
-}  // namespace
 
 TEST(GptModel, ParameterNamesAndShapesFollowTheSpec) {
   gpt::Config cfg;  // the benchmark size
@@ -197,3 +194,5 @@ TEST(GptModel, MatchesPyTorch) {
   EXPECT_LT(grad_err, 1e-4) << r.output;
   fs::remove_all(dir);
 }
+
+}  // namespace FSDP_TEST_ID

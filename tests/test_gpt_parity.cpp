@@ -14,10 +14,10 @@
 #include "fsdp/checkpoint.h"
 #include "test_util.h"
 
-namespace fs = std::filesystem;
 using fsdp::testing::bin_path;
 
-namespace {
+namespace FSDP_TEST_ID {
+namespace fs = std::filesystem;
 
 std::map<std::string, torch::Tensor> read_all(const std::string& path) {
   fsdp::ckpt::SafetensorsReader r(path);
@@ -60,8 +60,6 @@ double max_rel_diff(const std::map<std::string, torch::Tensor>& a, const std::ma
 }
 
 class GptParity : public ::testing::TestWithParam<std::string> {};
-
-}  // namespace
 
 // `env` goes to every rank (e.g. FSDP_TRANSPORT).
 static void expect_gpt_parity(const std::string& strategy, const std::vector<std::string>& env) {
@@ -154,3 +152,5 @@ TEST(GptParityHybrid, TwoByTwoMatchesFullShardAndThePlainModel) {
   }
   fs::remove_all(dir);
 }
+
+}  // namespace FSDP_TEST_ID

@@ -7,7 +7,7 @@
 
 #include "comm/gpu_timings.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 using fsdp::CollectiveKind;
 
@@ -25,8 +25,6 @@ class FakeWork : public c10d::Work {
   float ms_;
   bool fails_;
 };
-
-}  // namespace
 
 TEST(GpuCounters, HalfFloatReductionsCountTheFp32OnTheWire) {
   using fsdp::comm::wire_bytes_per_element;
@@ -68,3 +66,5 @@ TEST(GpuCounters, EachCollectivesGpuTimeIsCountedOnceWhenItCompleted) {
   EXPECT_EQ(calls, 2);
   EXPECT_EQ(seconds.count(CollectiveKind::ALL_REDUCE), 0u);
 }
+
+}  // namespace FSDP_TEST_ID

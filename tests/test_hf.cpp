@@ -15,10 +15,9 @@
 #include "llama/model.h"
 #include "test_util.h"
 
-namespace fs = std::filesystem;
-
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
+namespace fs = std::filesystem;
 
 const std::string kScript = source_path("tests/python/hf_llama.py");
 
@@ -404,5 +403,6 @@ TEST(HfNameMap, FusedTransposedAndRenamedTensorsLoadAndExportBack) {
   fs::remove_all(d);
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::testing

@@ -15,7 +15,7 @@
 #include "test_util.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 namespace fs = std::filesystem;
 
@@ -196,5 +196,6 @@ TEST(HostShared, ThreeJobsAtOnceStayIsolated) {
   EXPECT_EQ(host_shared_mappings(), 0);
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::testing

@@ -19,7 +19,7 @@
 #include "test_util.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
@@ -373,5 +373,6 @@ TEST(HybridCheckpoint, SavedUnderHybridLoadsUnderFullAndNoShardAndBack) {
   std::filesystem::remove_all(d);
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::testing

@@ -6,7 +6,7 @@
 
 #include "fsdp/init.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 class InitEnvironment : public ::testing::Environment {
  public:
@@ -14,4 +14,4 @@ class InitEnvironment : public ::testing::Environment {
 };
 const auto* const g_init_env = ::testing::AddGlobalTestEnvironment(new InitEnvironment);
 
-}  // namespace
+}  // namespace FSDP_TEST_ID

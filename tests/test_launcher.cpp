@@ -5,7 +5,7 @@
 
 #include "test_util.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 using fsdp::testing::bin_path;
 using fsdp::testing::lines_with;
@@ -106,4 +106,4 @@ TEST(Launcher, BadInputIsOneClearMessageAndExitCode2) {
   }
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID

@@ -12,7 +12,7 @@
 #include "unit/engine_access.h"
 #include "unit/memory_source.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 // What the fake "device" holds: the test's modules add to it as they run.
 struct FakeBytes {
@@ -52,8 +52,6 @@ struct DeviceLayerImpl : torch::nn::Module {
 };
 TORCH_MODULE(DeviceLayer);
 
-}  // namespace
-
 TEST(LedgerSource, MeasuresOnTheDevicesAllocator) {
   FakeBytes bytes;
   auto net = torch::nn::Sequential(DeviceLayer(&bytes), torch::nn::Tanh(), DeviceLayer(&bytes));
@@ -80,3 +78,5 @@ TEST(LedgerSource, TheCpuReadsTheCountingAllocator) {
   EXPECT_EQ(model->ledger().memory_source, "counting allocator");
   EXPECT_NE(model->ledger().str().find("measured peak (counting allocator)"), std::string::npos);
 }
+
+}  // namespace FSDP_TEST_ID

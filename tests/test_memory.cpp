@@ -13,7 +13,7 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 namespace memory = fsdp::memory;
 
@@ -246,4 +246,4 @@ TEST_F(MemoryCache, FootprintCommBuffersAndTheProcessBreakdownAddUp) {
     EXPECT_NE(table.find(row), std::string::npos) << row << " missing from:\n" << table;
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID

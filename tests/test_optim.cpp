@@ -13,7 +13,7 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/optim.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 // Parameters of odd sizes (an empty one among them), and their gradients for
 // `step`: the same values in every run.
@@ -66,8 +66,6 @@ double max_rel_diff(const std::vector<torch::Tensor>& a, const std::vector<torch
   }
   return worst;
 }
-
-}  // namespace
 
 TEST(FusedAdamW, MatchesAdamWToFp32Rounding) {
   for (bool amsgrad : {false, true}) {
@@ -124,3 +122,5 @@ TEST(FusedAdamW, AGroupOverTwoDtypesIsOneError) {
     EXPECT_NE(std::string(e.what()).find("expected one device and dtype per group"), std::string::npos) << e.what();
   }
 }
+
+}  // namespace FSDP_TEST_ID

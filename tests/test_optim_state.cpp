@@ -16,10 +16,9 @@
 #include "optim/optimizer_state.h"
 #include "test_util.h"
 
-namespace fs = std::filesystem;
-
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
+namespace fs = std::filesystem;
 
 using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(const FullyShardedModel&)>;
 
@@ -322,5 +321,6 @@ TEST(OptimizerState, LbfgsIsRefusedUpFrontAndTrainsWhereRanksHoldEverything) {
   EXPECT_GT(whole->ledger(&lbfgs).O, 0) << "LBFGS's history is optimizer state";
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::testing

@@ -16,7 +16,7 @@
 #include "test_util.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 // The reduce-scatter's local add (SIMD lanes + scalar tail) gives exactly
 // the bits of the plain scalar arithmetic it documents: widen to the
@@ -190,5 +190,6 @@ TEST(PerfThreads, DefaultIsCoresOverRanksAndOversubscriptionIsPassive) {
   for (auto& l : ul) EXPECT_NE(l.find("wait=ACTIVE"), std::string::npos) << l;
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::testing

@@ -22,7 +22,7 @@
 #include "gpt/plan_gpt.h"
 #include "test_util.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 using namespace fsdp::plan;
 using namespace gpt;
@@ -1029,8 +1029,6 @@ TEST(Plan, BudgetRssLeavesTheTensorsWhatTheFixedPartDoesNot) {
   EXPECT_NE(bad.output.find("--budget-rss"), std::string::npos) << bad.output;
 }
 
-}  // namespace
-
 // Replica groups (fsdp/replicas.h): per rank, the mean of the fp32
 // gradient shard across R groups each step, and a heal's P + O.
 TEST(Plan, ReplicaGroupsMeanAndHealTraffic) {
@@ -1083,3 +1081,5 @@ TEST(Plan, ReplicaGroupsMeanAndHealTraffic) {
   EXPECT_EQ(autop.exit_code, 2) << autop.output;
   EXPECT_NE(autop.output.find("--replicas plans one group's strategy"), std::string::npos) << autop.output;
 }
+
+}  // namespace FSDP_TEST_ID

@@ -15,7 +15,7 @@
 
 #include "test_util.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 using fsdp::testing::bin_path;
 using fsdp::testing::run_command;
@@ -176,4 +176,4 @@ TEST(PlanAccuracy, ThreeRanksActivationCheckpointing) {
                   {"none", "block", 3, 96, 2, 500, 48, 3, "fp32", 0, "block"}});
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID

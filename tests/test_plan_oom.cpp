@@ -12,11 +12,11 @@
 
 #include "test_util.h"
 
-namespace fs = std::filesystem;
 using fsdp::testing::bin_path;
 using fsdp::testing::run_command;
 
-namespace {
+namespace FSDP_TEST_ID {
+namespace fs = std::filesystem;
 
 const std::vector<std::string> kModel = {"--layers", "8", "--dim", "256", "--heads", "4", "--seq", "64", "--batch", "4"};
 constexpr int64_t kBudget = int64_t(96) << 20;
@@ -99,4 +99,4 @@ TEST(PlanOom, ActivationsTooLargeSuggestActivationCheckpointing) {
   fs::remove_all(fs::path(text).parent_path());
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID

@@ -14,10 +14,10 @@
 #include "fsdp/progress.h"
 #include "test_util.h"
 
-namespace fs = std::filesystem;
 using fsdp::testing::lines_with;
 
-namespace {
+namespace FSDP_TEST_ID {
+namespace fs = std::filesystem;
 
 // A FILE* whose bytes end up in a string, and a clock the test advances.
 struct Capture {
@@ -60,8 +60,6 @@ class ProgressTest : public ::testing::Test {
 };
 
 int count_lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
-
-}  // namespace
 
 TEST_F(ProgressTest, LineFormatWhenNotATerminal) {
   Capture cap;
@@ -339,3 +337,5 @@ TEST(ProgressGpt, TrainerPrintsProgressOnRankZeroOnly) {
   EXPECT_EQ(lines_with(r.output, "progress:").size(), 0u) << r.output;  // saves included
   fs::remove_all(d);
 }
+
+}  // namespace FSDP_TEST_ID

@@ -18,7 +18,7 @@
 #include "fsdp/straggler.h"
 #include "test_util.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 using fsdp::testing::lines_with;
 using fsdp::testing::run_command;
@@ -227,10 +227,6 @@ TEST(ReliabilityStore, ShortTokenIsRejected) {
   EXPECT_TRUE(contains(r.output, "FSDP_JOB_TOKEN has 5 characters; expected 16 to 128")) << r.output;
 }
 
-}  // namespace
-
-namespace {
-
 TEST(ReliabilityTwoHosts, TwoNamespacesTrainLikeOneHostWithFourRanks) {
   auto r = fsdp::testing::run_command(
       {"/bin/bash", fsdp::testing::source_path("tests/netns/two_hosts.sh"), fsdp::testing::bin_path("")}, {}, 600);
@@ -243,4 +239,4 @@ TEST(ReliabilityTwoHosts, TwoNamespacesTrainLikeOneHostWithFourRanks) {
   std::printf("%s\n", fsdp::testing::lines_with(r.output, "two_hosts: node 0 exit").at(0).c_str());
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID

@@ -29,7 +29,7 @@
 
 #include "test_util.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -335,4 +335,4 @@ TEST(ReliabilityRestart, GptMiniSigkillAnywhereLosesNothing) {
   if (!HasFailure()) fs::remove_all(root);
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID

@@ -24,7 +24,7 @@
 #include "test_util.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 using json = nlohmann::json;
 
@@ -556,5 +556,6 @@ TEST(ReplicaGroups, TheGptExampleTracesEachGroupAndTheReportDrawsThem) {
   for (const auto& g : m["replicas"]["groups"]) EXPECT_EQ(g["committed"], 4) << m["replicas"].dump();
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::testing

@@ -22,7 +22,7 @@
 #include "fsdp/trace.h"
 #include "test_util.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 using json = nlohmann::json;
 
@@ -599,8 +599,6 @@ TEST(Report, HeadlessChromiumLongRunPicker) {
   std::system(("rm -rf '" + profile + "'").c_str());
 }
 
-}  // namespace
-
 // Replica groups (fsdp/replicas.h): DIR/group<g>/trace-rank<R>.json, one
 // folder per group. Group 0 took part in all 6 quorums; group 1 in the
 // first two (the second dropped), then was lost, restarted (its first
@@ -726,3 +724,5 @@ TEST(Report, HeadlessChromiumDrawsReplicaGroups) {
   EXPECT_NE(dom.output.find("6.00 ms"), std::string::npos) << "the heal's wait for the source";
   std::system(("rm -rf '" + profile + "'").c_str());
 }
+
+}  // namespace FSDP_TEST_ID

@@ -16,7 +16,7 @@
 #include "fsdp/comm.h"
 #include "test_util.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 namespace fs = std::filesystem;
 using fsdp::testing::bin_path;
@@ -152,4 +152,4 @@ TEST(ResumeFallback, AMismatchThatIsNotDamageIsNotSkipped) {
   fs::remove_all(d);
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID

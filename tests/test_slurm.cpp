@@ -32,12 +32,12 @@
 #include "config/cluster_env.h"
 #include "test_util.h"
 
-namespace fs = std::filesystem;
 using fsdp::testing::bin_path;
 using fsdp::testing::lines_with;
 using fsdp::testing::slurp;
 
-namespace {
+namespace FSDP_TEST_ID {
+namespace fs = std::filesystem;
 
 using Clock = std::chrono::steady_clock;
 
@@ -400,8 +400,6 @@ std::string the_line(const std::string& output, const std::string& needle) {
   return "";
 }
 
-}  // namespace
-
 class RealSlurm : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { cluster_ = SlurmCluster::start(&skip_, &failure_); }
@@ -607,3 +605,5 @@ TEST_F(RealSlurm, CancelledStepResumesFromItsCheckpoint) {
   }
   EXPECT_GE(compared, 1) << "no step of the cancelled run after its checkpoint to compare";
 }
+
+}  // namespace FSDP_TEST_ID

@@ -8,10 +8,9 @@
 #include "fsdp/fsdp.h"
 #include "test_util.h"
 
-namespace fs = std::filesystem;
-
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
+namespace fs = std::filesystem;
 
 std::string tmpdir(const std::string& name) { return temp_dir("state-" + name); }
 
@@ -409,5 +408,6 @@ TEST(StateDict, OomNamesTheLedgerTerm) {
   }
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
+
 }  // namespace fsdp::testing

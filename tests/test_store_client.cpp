@@ -23,9 +23,8 @@ using Clock = std::chrono::steady_clock;
 using fsdp::comm::StoreClient;
 using fsdp::comm::StoreSession;
 
-namespace {
+namespace FSDP_TEST_ID {
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-}  // namespace
 
 TEST(StoreClient, AStoreThatNeverAnswersCostsOneBudgetThenCallsFailAtOnce) {
   // A port that accepts connections (the kernel's backlog) and never answers.
@@ -92,3 +91,5 @@ TEST(StoreClient, PeriodicWorkAndReadsShareOneConnection) {
   EXPECT_EQ((*v)[0].value_or(""), "bye");
   EXPECT_EQ((*v)[1].value_or(""), "x");
 }
+
+}  // namespace FSDP_TEST_ID

@@ -18,12 +18,12 @@
 #include "test_util.h"
 #include "workers/fault_injection.h"
 
-namespace fs = std::filesystem;
 using fsdp::testing::bin_path;
 using fsdp::testing::lines_with;
 using fsdp::testing::run_command;
 
-namespace {
+namespace FSDP_TEST_ID {
+namespace fs = std::filesystem;
 
 // The monitor's lines (printed by rank 0): every one must name `rank`, the
 // first after `window` slow steps (one more if the very first step, which
@@ -60,8 +60,6 @@ fsdp::testing::ProcResult tiny(const std::string& dir, const std::vector<std::st
                            "--straggler-factor", "4", "--straggler-window", "3", "--save", dir + "/w.safetensors"});
   return run_command(argv, env, 120);
 }
-
-}  // namespace
 
 TEST(StragglerTrainers, TinyNamesTheSlowedRank) {
   const std::string d = temp_dir("tiny_slow");
@@ -164,3 +162,5 @@ TEST(StragglerTrainers, WaitClockForwardsAndCounts) {
   EXPECT_NEAR(clock->seconds(), 0.25, 0.01);
   EXPECT_THROW(fsdp::StragglerMonitor(c, 1.5, 5, -1.0), fsdp::Error);
 }
+
+}  // namespace FSDP_TEST_ID

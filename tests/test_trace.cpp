@@ -14,7 +14,7 @@
 #include "fsdp/trace.h"
 #include "test_util.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 using json = nlohmann::json;
 
@@ -207,4 +207,4 @@ TEST(Trace, MergeOfAnEmptyDirectorySaysWhatToRun) {
   }
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID

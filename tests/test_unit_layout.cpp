@@ -23,7 +23,7 @@
 #include "unit/unit.h"
 #include "wrap/wrap.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 using namespace fsdp;
 namespace sm = fsdp::shard;
@@ -447,4 +447,4 @@ static_assert(std::is_same_v<decltype(std::declval<EngineAccess&>().units()), st
               std::is_same_v<decltype(std::declval<EngineAccess&>().slots()),
                              std::vector<const fsdp::detail::ParamSlot*>>);
 
-}  // namespace
+}  // namespace FSDP_TEST_ID

@@ -28,7 +28,7 @@
 #include "fsdp/watchdog.h"
 #include "test_util.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -450,4 +450,4 @@ TEST(Watchdog, ACutLinkBetweenTwoHostsNamesTheOtherHostsRanksSilentOnBothSides) 
 
 TEST(Watchdog, ASlowLinkBetweenTwoHostsSlowsTheJobWithoutFailingIt) { two_hosts_fault("slow"); }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID

@@ -31,7 +31,7 @@
 #include "scenario.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 struct AcBlockImpl : torch::nn::Module {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, shared{nullptr};
@@ -177,8 +177,6 @@ Run train(const CommPtr& comm, const FsdpOptions& o, int K, int steps) {
   return run;
 }
 
-}  // namespace
-
 FSDP_SCENARIO(ac_parity) {
   // The device first (it loads CUDA support before the seeds ask about it).
   c10::Device device(c10::kCPU);
@@ -230,5 +228,7 @@ FSDP_SCENARIO(ac_parity) {
   std::fflush(stdout);
   return 0;
 }
+
+}  // namespace FSDP_TEST_ID
 
 }  // namespace fsdp::testing

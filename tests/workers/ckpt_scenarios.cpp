@@ -14,7 +14,7 @@
 #include "fsdp/comm.h"
 #include "scenario.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 using namespace fsdp;
 
 int check(const std::vector<ckpt::Slice>& got, const std::vector<testing::Param>& want, int rank) {
@@ -27,7 +27,6 @@ int check(const std::vector<ckpt::Slice>& got, const std::vector<testing::Param>
   }
   return 0;
 }
-}  // namespace
 
 FSDP_SCENARIO(ckpt_save) {
   auto comm = make_communicator_from_env();
@@ -73,3 +72,5 @@ FSDP_SCENARIO(ckpt_save_loop) {
     std::fflush(stdout);
   }
 }
+
+}  // namespace FSDP_TEST_ID

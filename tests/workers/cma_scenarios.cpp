@@ -23,7 +23,7 @@
 #include "fsdp/comm.h"
 #include "scenario.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 using fsdp::ReduceOp;
 
@@ -54,8 +54,6 @@ bool bitwise_equal(const torch::Tensor& a, const torch::Tensor& b) {
   return a.numel() == b.numel() && a.scalar_type() == b.scalar_type() &&
          std::memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0;
 }
-
-}  // namespace
 
 FSDP_SCENARIO(comm_sum_order) {
   auto c = fsdp::make_communicator_from_env();
@@ -171,3 +169,5 @@ FSDP_SCENARIO(comm_one_gloo) {
   std::fflush(stdout);
   return 0;
 }
+
+}  // namespace FSDP_TEST_ID

@@ -18,7 +18,7 @@
 #include "fsdp/comm.h"
 #include "scenario.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 using fsdp::CollectiveKind;
 using fsdp::ReduceOp;
@@ -191,8 +191,6 @@ int run_grid(fsdp::Communicator& c, Checker& ck) {
   return ck.failures;
 }
 
-}  // namespace
-
 FSDP_SCENARIO(comm_collectives) {
   auto c = fsdp::make_communicator_from_env();
   auto t0 = std::chrono::steady_clock::now();
@@ -323,3 +321,5 @@ FSDP_SCENARIO(launcher_sigint) {
   std::fflush(stdout);
   return got ? 0 : 1;
 }
+
+}  // namespace FSDP_TEST_ID

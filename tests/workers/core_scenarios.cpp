@@ -21,7 +21,7 @@
 #include "scenario.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 std::vector<torch::optim::OptimizerParamGroup> groups_by_dim(const std::vector<torch::Tensor>& params,
                                                              const std::vector<int64_t>& dims) {
@@ -53,8 +53,6 @@ FsdpOptions make_options(const std::string& strategy, const std::string& prefetc
   if (dtype == "bf16") o.mixed_precision.param_dtype = torch::kBFloat16;
   return o;
 }
-
-}  // namespace
 
 FSDP_SCENARIO(core_parity) {
   const std::string strategy = args.at(0), mode = args.at(1);
@@ -137,5 +135,7 @@ FSDP_SCENARIO(core_parity) {
               max_rel <= tol ? "OK" : "MISMATCH");
   return max_rel <= tol ? 0 : 1;
 }
+
+}  // namespace FSDP_TEST_ID
 
 }  // namespace fsdp::testing

@@ -24,6 +24,7 @@
 #include "scenario.h"
 
 namespace fsdp::testing {
+namespace FSDP_TEST_ID {
 
 FSDP_SCENARIO(cuda_hooks) {
   const std::string entry = args.at(0), first = args.size() > 1 ? args[1] : "none";
@@ -68,4 +69,5 @@ FSDP_SCENARIO(cuda_hooks) {
   return 0;
 }
 
+}  // namespace FSDP_TEST_ID
 }  // namespace fsdp::testing

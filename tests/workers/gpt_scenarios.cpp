@@ -27,7 +27,7 @@
 #include "gpt/model.h"
 #include "scenario.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 struct Setup {
   gpt::Config cfg{256, 32, 64, 2, 4};  // V, T, d, L, h
@@ -94,8 +94,6 @@ void save(const std::string& path, const std::vector<std::pair<std::string, torc
   fsdp::ckpt::write_full_safetensors(path, specs,
                                      [&](const fsdp::ckpt::TensorSpec&) { return full[next++].second.cpu(); });
 }
-
-}  // namespace
 
 FSDP_SCENARIO(gpt_parity) {
   Setup s;
@@ -187,3 +185,5 @@ FSDP_SCENARIO(gpt_reference) {
   std::fflush(stdout);
   return 0;
 }
+
+}  // namespace FSDP_TEST_ID

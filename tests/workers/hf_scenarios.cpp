@@ -24,7 +24,7 @@
 #include "scenario.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 using Model = Sharded<std::shared_ptr<llama::LlamaForCausalLMImpl>>;
 
@@ -53,8 +53,6 @@ HfLoadResult load(Model& model, const std::string& dir, const llama::Config& cfg
   lo.expect_config = cfg.hf_identity();
   return load_hf(*model, dir, lo);
 }
-
-}  // namespace
 
 FSDP_SCENARIO(hf_load) {
   const std::string dir = args.at(0), ref = args.at(1);
@@ -124,5 +122,7 @@ FSDP_SCENARIO(hf_finetune) {
   std::fflush(stdout);
   return 0;
 }
+
+}  // namespace FSDP_TEST_ID
 
 }  // namespace fsdp::testing

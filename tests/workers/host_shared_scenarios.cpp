@@ -26,7 +26,7 @@
 #include "scenario.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 FsdpOptions hs_options(const std::string& dtype) {
   FsdpOptions o;
@@ -67,8 +67,6 @@ void maybe_fault(const std::string& fault, int rank, int step) {
   std::fflush(stdout);
   ::raise(kind == "kill" ? SIGKILL : SIGSTOP);
 }
-
-}  // namespace
 
 FSDP_SCENARIO(hs_train) {
   const std::string dtype = args.at(0), out_path = args.at(2), fault = args.at(3);
@@ -116,5 +114,7 @@ FSDP_SCENARIO(hs_ckpt) {
   std::printf("HSCK shares=%d loss=%.9g\n", comm->shares_host_memory() ? 1 : 0, loss);
   return 0;
 }
+
+}  // namespace FSDP_TEST_ID
 
 }  // namespace fsdp::testing

@@ -21,6 +21,7 @@
 #include "scenario.h"
 
 namespace fsdp::testing {
+namespace FSDP_TEST_ID {
 
 FSDP_SCENARIO(hybrid_traffic) {
   const std::string strategy = args.at(0);
@@ -77,4 +78,5 @@ FSDP_SCENARIO(hybrid_traffic) {
   return 0;
 }
 
+}  // namespace FSDP_TEST_ID
 }  // namespace fsdp::testing

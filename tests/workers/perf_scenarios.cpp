@@ -24,7 +24,7 @@
 #include "scenario.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 struct MlpImpl : torch::nn::Module {
   torch::nn::Linear up{nullptr}, down{nullptr};
@@ -55,8 +55,6 @@ struct StackImpl : torch::nn::Module {
 TORCH_MODULE(Stack);
 
 long long counter(const CommCounters& c, CollectiveKind k) { return (long long)c[k].bytes_sent; }
-
-}  // namespace
 
 FSDP_SCENARIO(perf_traffic) {
   auto comm = make_communicator_from_env();
@@ -128,5 +126,7 @@ FSDP_SCENARIO(perf_limit) {
   std::fflush(stdout);
   return 0;
 }
+
+}  // namespace FSDP_TEST_ID
 
 }  // namespace fsdp::testing

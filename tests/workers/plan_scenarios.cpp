@@ -32,7 +32,7 @@
 #include "gpt/plan_gpt.h"
 #include "scenario.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 struct MeasureConfig {
   std::string strategy, wrap, dtype, ac = "none";
@@ -69,8 +69,6 @@ fsdp::WrapPolicy policy(const std::string& w) {
   FSDP_USER_CHECK(w.rfind("size:", 0) == 0, "plan_measure: wrap block|none|size:N, found '", w, "'");
   return fsdp::WrapPolicy::size_based(std::stoll(w.substr(5)));
 }
-
-}  // namespace
 
 FSDP_SCENARIO(plan_measure) {
   FSDP_USER_CHECK(!args.empty(), "plan_measure CONFIG [CONFIG...]");
@@ -153,3 +151,5 @@ FSDP_SCENARIO(plan_measure) {
   }
   return 0;
 }
+
+}  // namespace FSDP_TEST_ID

@@ -26,7 +26,7 @@
 #include "fsdp/trace.h"
 #include "scenario.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 using fsdp::ReduceOp;
 using Clock = std::chrono::steady_clock;
@@ -146,12 +146,8 @@ FSDP_SCENARIO(rel_store_bind) {
   return 0;
 }
 
-}  // namespace
-
-namespace {
 std::atomic<int> g_own_usr1{0};
 void own_usr1(int) { g_own_usr1.fetch_add(1); }
-}  // namespace
 
 FSDP_SCENARIO(rel_own_sigusr1) {
   struct sigaction sa {};
@@ -174,3 +170,5 @@ FSDP_SCENARIO(rel_own_sigusr1) {
   std::fflush(stdout);
   return 0;
 }
+
+}  // namespace FSDP_TEST_ID

@@ -31,7 +31,7 @@
 #include "scenario.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 struct Fault {
   int group = -1, rank = -1;
@@ -73,8 +73,6 @@ void hold_at(int64_t step) {
   const std::string file = v.substr(colon + 1);
   for (int i = 0; i < 12000 && access(file.c_str(), F_OK) != 0; ++i) usleep(10000);
 }
-
-}  // namespace
 
 FSDP_SCENARIO(replica_train) {
   const int64_t steps = std::stoll(args.at(0));
@@ -139,5 +137,7 @@ FSDP_SCENARIO(replica_train) {
   std::fflush(stdout);
   return 0;
 }
+
+}  // namespace FSDP_TEST_ID
 
 }  // namespace fsdp::testing

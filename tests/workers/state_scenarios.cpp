@@ -29,7 +29,7 @@
 #include "scenario.h"
 
 namespace fsdp::testing {
-namespace {
+namespace FSDP_TEST_ID {
 
 void train_step(Sharded<Net>& model, torch::optim::Optimizer& opt, int step, int N, int r) {
   torch::manual_seed(500 + step);
@@ -54,8 +54,6 @@ Sharded<Net> wrap_blocks(const CommPtr& comm) {
   o.wrap = WrapPolicy::module_type<BlockImpl>("Block");
   return fully_shard(net, comm, o);
 }
-
-}  // namespace
 
 FSDP_SCENARIO(core_resume) {
   const std::string phase = args.at(0);
@@ -302,5 +300,7 @@ FSDP_SCENARIO(core_load_bad) {
   std::printf("UNTOUCHED opt_state=%zu\n", opt.state().size());
   return 0;
 }
+
+}  // namespace FSDP_TEST_ID
 
 }  // namespace fsdp::testing

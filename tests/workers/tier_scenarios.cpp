@@ -14,7 +14,7 @@
 #include "fsdp/comm.h"
 #include "scenario.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 using fsdp::CollectiveKind;
 using fsdp::ReduceOp;
@@ -23,8 +23,6 @@ torch::Tensor random_input(int rank, int64_t n, c10::ScalarType dt) {
   torch::manual_seed(1000 + rank);
   return torch::randn({n}, torch::kFloat).to(dt);
 }
-
-}  // namespace
 
 FSDP_SCENARIO(tier_sums) {
   auto c = fsdp::make_communicator_from_env();
@@ -94,3 +92,5 @@ FSDP_SCENARIO(tier_bytes) {
   std::fflush(stdout);
   return 0;
 }
+
+}  // namespace FSDP_TEST_ID

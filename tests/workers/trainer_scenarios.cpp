@@ -15,7 +15,7 @@
 #include "scenario.h"
 #include "tiny/tiny.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 // argv for a program's run(): its name, then the scenario's arguments.
 int run_as(const char* name, const std::vector<std::string>& args,
@@ -32,4 +32,4 @@ FSDP_SCENARIO(tiny) { return run_as("tiny", args, tiny::run); }
 
 FSDP_SCENARIO(gpt) { return run_as("gpt", args, gpt::run); }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID

@@ -26,7 +26,7 @@
 #include "fsdp/flight.h"
 #include "scenario.h"
 
-namespace {
+namespace FSDP_TEST_ID {
 
 using fsdp::Phase;
 using fsdp::PhaseScope;
@@ -101,4 +101,4 @@ FSDP_SCENARIO(wd_train) {
   return 0;
 }
 
-}  // namespace
+}  // namespace FSDP_TEST_ID
