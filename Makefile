@@ -21,7 +21,7 @@ PREFIX ?= /usr/local
 # ClusterLaunch.RealMpirun*, Slurm and munge for the tests RealSlurm.*, which
 # start a one-host cluster of their own); the API reference; the fuzz targets.
 BUILD_DEBS := build-essential cmake python3-venv nlohmann-json3-dev libcli11-dev \
-        libgtest-dev libbenchmark-dev zlib1g-dev ccache
+        libgtest-dev libbenchmark-dev zlib1g-dev ccache ninja-build
 TEST_DEBS := chromium fortunes doxygen openmpi-bin slurmctld slurmd slurm-client munge
 DOCS_DEBS := doxygen
 FUZZ_DEBS := clang-14 libclang-rt-14-dev
@@ -93,8 +93,15 @@ comma := ,
 CCACHE_SLOPPINESS := pch_defines$(comma)time_macros$(comma)include_file_mtime$(comma)include_file_ctime
 CCACHE_LAUNCHER = $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER='/usr/bin/env;CCACHE_DIR=$(CCACHE_DIR);CCACHE_SLOPPINESS=$(CCACHE_SLOPPINESS);$(CCACHE)')
 
+# Ninja where it is installed (`make deps` installs it): unlike CMake's
+# Makefiles, it compiles a target's files while the libraries below it are
+# still being compiled, so both cores stay busy from the precompiled header
+# on. A build folder keeps the generator it was made with.
+NINJA ?= $(shell command -v ninja 2>/dev/null)
+GENERATOR = $(if $(NINJA),-G Ninja)
+
 $(BUILD)/CMakeCache.txt: | deps-build
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFSDP_PYTHON=$(TORCH_PYTHON) $(CCACHE_LAUNCHER)
+	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFSDP_PYTHON=$(TORCH_PYTHON) $(CCACHE_LAUNCHER)
 
 configure: $(BUILD)/CMakeCache.txt
 
