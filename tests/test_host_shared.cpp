@@ -73,20 +73,24 @@ TEST(HostShared, ChosenWithItsReasonAndOffWithOneSwitch) {
 
 // The shared path against the ring path (FSDP_SHARE_HOST=off), parameter by
 // parameter after 4 steps: equal to fp32 rounding (the sums run in another
-// order), at N = 2, 3, 4, fp32 and bf16, with a frozen unit.
-using PathParam = std::tuple<int, std::string, bool>;
+// order), at N = 2, 3, 4, fp32 and bf16, with a frozen unit, and with a weight
+// tied between the root and every unit (hs_train's TiedNet).
+using PathParam = std::tuple<int, std::string, std::string>;  // N, dtype, plain|frozen|tied
 class HostSharedEqualsRing : public ::testing::TestWithParam<PathParam> {};
 TEST_P(HostSharedEqualsRing, ParameterByParameter) {
   if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv, so its ranks cannot map each other's memory";
-  auto [n, dtype, frozen] = GetParam();
+  auto [n, dtype, variant] = GetParam();
   const std::string dir = temp_dir("hs-equal");
+  const std::string frozen_arg = variant == "plain" ? "0" : variant == "frozen" ? "1" : "tied";
   std::vector<torch::Tensor> got[2];
   for (int shared = 0; shared < 2; ++shared) {
     const std::string out = dir + (shared ? "/shared.pt" : "/ring.pt");
-    auto r = run_ranks(n, "hs_train", {dtype, "4", out, "-", frozen ? "1" : "0"},
+    auto r = run_ranks(n, "hs_train", {dtype, "4", out, "-", frozen_arg},
                        {shared ? "FSDP_SHARE_HOST=on" : "FSDP_SHARE_HOST=off"}, 120);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     ASSERT_EQ(lines_with(r.output, shared ? "HS shares=1" : "HS shares=0").size(), static_cast<size_t>(n)) << r.output;
+    // The tied weight: one value under its 4 names (the root's, each block's).
+    if (variant == "tied") EXPECT_EQ(lines_with(r.output, "HS tied copies=4 equal=4").size(), 1u) << r.output;
     torch::load(got[shared], out);
   }
   ASSERT_EQ(got[0].size(), got[1].size());
@@ -102,12 +106,14 @@ TEST_P(HostSharedEqualsRing, ParameterByParameter) {
   }
 }
 INSTANTIATE_TEST_SUITE_P(Grid, HostSharedEqualsRing,
-                         ::testing::Values(PathParam{2, "fp32", false}, PathParam{3, "fp32", true},
-                                           PathParam{4, "fp32", false}, PathParam{3, "bf16", false},
-                                           PathParam{4, "bf16", true}),
+                         ::testing::Values(PathParam{2, "fp32", "plain"}, PathParam{3, "fp32", "frozen"},
+                                           PathParam{4, "fp32", "plain"}, PathParam{3, "bf16", "plain"},
+                                           PathParam{4, "bf16", "frozen"}, PathParam{3, "fp32", "tied"},
+                                           PathParam{2, "bf16", "tied"}),
                          [](const auto& info) {
+                           const std::string& v = std::get<2>(info.param);
                            return "N" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param) +
-                                  (std::get<2>(info.param) ? "_frozen" : "");
+                                  (v == "plain" ? "" : "_" + v);
                          });
 
 // A checkpoint saved on one path loads on the other, both ways: the next

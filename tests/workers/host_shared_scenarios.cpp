@@ -5,10 +5,13 @@
 //   (units Block x3 and Gate; uneven sizes, a parameter smaller than N) on
 //   fixed data, AdamW, clip_grad_norm; prints
 //   "HS shares=<0|1> path=<describe()> loss=<last loss>". OUT ("-": none):
-//   rank 0 saves the final parameters (torch::save, in named order).
+//   rank 0 saves the final parameters (torch::save, in named order); with
+//   TiedNet it also prints "HS tied copies=<names of the tied weight>
+//   equal=<how many hold the root's values>".
 //   FAULT ("-": none): "kill:R:S" or "stop:R:S": rank R raises SIGKILL or
 //   SIGSTOP on itself at the start of step S, so the others wait in the
-//   first unit's all-gather. FROZEN 1: blocks.0 does not train.
+//   first unit's all-gather. FROZEN 1: blocks.0 does not train; FROZEN
+//   tied: TiedNet instead of Net (a weight of the root's used by every unit).
 // hs_ckpt save|load DIR DTYPE: save: 2 steps, a sharded checkpoint, then one
 //   more step; load: the checkpoint, then that step. Both print
 //   "HSCK loss=<the last step's loss>", equal when the load restored the
@@ -28,14 +31,51 @@
 namespace fsdp::testing {
 namespace FSDP_TEST_ID {
 
+// Tied weights: `shared` is the root's and every block's (one tensor, one
+// name per owner), so the root unit holds it and each block reads it from
+// there; sizes that split unevenly at N = 2, 3, 4.
+struct TiedBlockImpl : torch::nn::Module {
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, shared{nullptr};
+  TiedBlockImpl(int64_t d, torch::nn::Linear tied) {
+    fc1 = register_module("fc1", torch::nn::Linear(d, 2 * d + 1));
+    fc2 = register_module("fc2", torch::nn::Linear(2 * d + 1, d));
+    shared = register_module("shared", tied);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x + fc2(torch::tanh(fc1(x))) + 0.1 * shared(x); }
+};
+TORCH_MODULE(TiedBlock);
+
+struct TiedNetImpl : torch::nn::Module {
+  torch::nn::Linear inp{nullptr}, shared{nullptr}, out{nullptr};
+  torch::nn::ModuleList blocks;
+  std::vector<TiedBlock> block_list;
+  TiedNetImpl(int64_t in = 7, int64_t d = 9, int64_t outd = 5, int64_t layers = 3) {
+    inp = register_module("inp", torch::nn::Linear(in, d));
+    shared = register_module("shared", torch::nn::Linear(d, d));
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (int64_t i = 0; i < layers; ++i) {
+      block_list.push_back(TiedBlock(d, shared));
+      blocks->push_back(block_list.back());
+    }
+    out = register_module("out", torch::nn::Linear(d, outd));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = inp(x);
+    for (auto& b : block_list) h = fsdp::call(b, h);
+    return out(h + shared(h));
+  }
+};
+TORCH_MODULE(TiedNet);
+
 FsdpOptions hs_options(const std::string& dtype) {
   FsdpOptions o;
   o.strategy = ShardingStrategy::FULL_SHARD;
   o.wrap = WrapPolicy::predicate(
       [](const std::string&, const torch::nn::Module& m, int64_t) {
-        return dynamic_cast<const BlockImpl*>(&m) || dynamic_cast<const GateImpl*>(&m);
+        return dynamic_cast<const BlockImpl*>(&m) || dynamic_cast<const GateImpl*>(&m) ||
+               dynamic_cast<const TiedBlockImpl*>(&m);
       },
-      "Block and Gate");
+      "Block, TiedBlock and Gate");
   o.backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
   if (dtype == "bf16") o.mixed_precision.param_dtype = torch::kBFloat16;
   return o;
@@ -68,30 +108,51 @@ void maybe_fault(const std::string& fault, int rank, int step) {
   ::raise(kind == "kill" ? SIGKILL : SIGSTOP);
 }
 
+const torch::Tensor& full_at(const std::vector<std::pair<std::string, torch::Tensor>>& full, const std::string& name) {
+  for (auto& [n, t] : full)
+    if (n == name) return t;
+  throw std::runtime_error("no " + name + " in the full state");
+}
+
 FSDP_SCENARIO(hs_train) {
   const std::string dtype = args.at(0), out_path = args.at(2), fault = args.at(3);
   const int steps = std::stoi(args.at(1));
-  const bool frozen = args.at(4) == "1";
+  const std::string variant = args.at(4);
   auto comm = make_communicator_from_env();
   torch::manual_seed(1234);
-  Net net;
-  if (frozen)
-    for (auto& p : net->block_list[0]->parameters()) p.set_requires_grad(false);
-  auto model = fully_shard(net, comm, hs_options(dtype));
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(2e-3).weight_decay(0.1));
-  double loss = 0;
-  for (int s = 0; s < steps; ++s) {
-    maybe_fault(fault, comm->rank(), s);
-    loss = hs_step(model, opt, *comm, s);
-  }
-  std::printf("HS shares=%d path=%s loss=%.9g\n", comm->shares_host_memory() ? 1 : 0, comm->describe().c_str(), loss);
-  if (out_path != "-") {
+  auto train = [&](auto net) {
+    auto model = fully_shard(net, comm, hs_options(dtype));
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(2e-3).weight_decay(0.1));
+    double loss = 0;
+    for (int s = 0; s < steps; ++s) {
+      maybe_fault(fault, comm->rank(), s);
+      loss = hs_step(model, opt, *comm, s);
+    }
+    std::printf("HS shares=%d path=%s loss=%.9g\n", comm->shares_host_memory() ? 1 : 0, comm->describe().c_str(),
+                loss);
+    if (out_path == "-") return;
     auto full = model->full_state(0);
     if (comm->rank() == 0) {
       std::vector<torch::Tensor> values;
       for (auto& [name, t] : full) values.push_back(t.to(torch::kFloat32).contiguous());
       torch::save(values, out_path);
+      // TiedNet: every name of the tied weight holds the same values.
+      int copies = 0, equal = 0;
+      for (auto& [name, t] : full)
+        if (name.size() >= 13 && name.compare(name.size() - 13, 13, "shared.weight") == 0) {
+          ++copies;
+          equal += torch::equal(t, full_at(full, "shared.weight")) ? 1 : 0;
+        }
+      if (copies > 0) std::printf("HS tied copies=%d equal=%d\n", copies, equal);
     }
+  };
+  if (variant == "tied") {
+    train(TiedNet());
+  } else {
+    Net net;
+    if (variant == "1")
+      for (auto& p : net->block_list[0]->parameters()) p.set_requires_grad(false);
+    train(net);
   }
   return 0;
 }
