@@ -202,7 +202,8 @@ ASAN_QUICK ?=
 ASAN_FILTER ?= *
 ASAN_SKIP ?= ProcessMemory.EveryRanksPeakIsBrokenIntoItsPartsAndThePlannersBudgetHolds
 test-asan: deps
-	cmake -S . -B $(ASAN_BUILD) -DFSDP_PYTHON=$(TORCH_PYTHON) -DFSDP_SANITIZE=ON -DFSDP_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake -S . -B $(ASAN_BUILD) $(if $(wildcard $(ASAN_BUILD)/CMakeCache.txt),,$(GENERATOR)) -DFSDP_PYTHON=$(TORCH_PYTHON) \
+	  -DFSDP_SANITIZE=ON -DFSDP_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 ifeq ($(ASAN_QUICK),1)
 	nice -n 15 cmake --build $(ASAN_BUILD) -j $(JOBS) --target fsdp fsdp_test_worker tiny gpt
 	$(MAKE) build
