@@ -184,11 +184,12 @@ fuzz:
 # Built niced (a shared machine builds other things first); only the binaries
 # the suite runs. Slow: see docs/RELIABILITY.md for the times.
 ASAN_BUILD ?= build-asan
-ASAN_TARGETS := fsdp fsdp_tests fsdp_test_worker tiny gpt
+ASAN_TARGETS := fsdp_tests fsdp_rank_programs
 ASAN_ENV := ASAN_OPTIONS=detect_container_overflow=0:abort_on_error=1:strict_init_order=1:detect_leaks=1 \
   LSAN_OPTIONS=suppressions=$(CURDIR)/tests/asan/lsan.supp:print_suppressions=0 \
   UBSAN_OPTIONS=suppressions=$(CURDIR)/tests/asan/ubsan.supp:print_stacktrace=1:halt_on_error=1
-# ASAN_QUICK=1: build only the binaries the ranks run (not fsdp_tests, the
+# ASAN_QUICK=1: build only the programs the tests run (fsdp_rank_programs:
+# the ranks' binaries, bench_train and the CUDA plugin; not fsdp_tests, the
 # costliest part) and run the plain build's fsdp_tests with them as the ranks
 # (FSDP_TEST_BIN_DIR); in-process tests then run uninstrumented.
 # ASAN_FILTER: the tests the quick run takes (a gtest filter; default all).
@@ -203,9 +204,9 @@ ASAN_FILTER ?= *
 ASAN_SKIP ?= ProcessMemory.EveryRanksPeakIsBrokenIntoItsPartsAndThePlannersBudgetHolds
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) $(if $(wildcard $(ASAN_BUILD)/CMakeCache.txt),,$(GENERATOR)) -DFSDP_PYTHON=$(TORCH_PYTHON) \
-	  -DFSDP_SANITIZE=ON -DFSDP_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	  -DFSDP_SANITIZE=ON -DFSDP_BUILD_BENCH=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 ifeq ($(ASAN_QUICK),1)
-	nice -n 15 cmake --build $(ASAN_BUILD) -j $(JOBS) --target fsdp fsdp_test_worker tiny gpt
+	nice -n 15 cmake --build $(ASAN_BUILD) -j $(JOBS) --target fsdp_rank_programs
 	$(MAKE) build
 	@echo "test-asan: skipped under the sanitizers (timing or memory bounds they cannot hold; see ASAN_SKIP): $(words $(subst :, ,$(ASAN_SKIP))) test(s)$(if $(ASAN_SKIP),: $(ASAN_SKIP))"
 	$(ASAN_ENV) FSDP_TEST_BIN_DIR=$(CURDIR)/$(ASAN_BUILD)/bin $(BUILD)/bin/fsdp_tests --gtest_filter='$(ASAN_FILTER)$(if $(ASAN_SKIP),-$(ASAN_SKIP))'
