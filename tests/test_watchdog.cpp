@@ -136,6 +136,21 @@ const std::vector<std::string> kEnv = {"FSDP_TIMEOUT=" + std::to_string(kTimeout
 // The error line of each surviving rank ("[rank q] wd error: ...").
 std::vector<std::string> errors_of(const std::string& out) { return lines_with(out, "] wd error: "); }
 
+// What a rank decided about the others after its collective failed, as its
+// flight recorder dump notes it ("verdict", watchdog.h's Verdict): checked
+// here instead of the message's words, which tests/test_diagnosis.cpp
+// checks once, rendered from the same decision. A missing key or dump
+// throws, and the test fails.
+nlohmann::json dumped(const std::string& flight_dir, int rank) {
+  return nlohmann::json::parse(slurp(flight_dir + "/flight-rank" + std::to_string(rank) + ".json"));
+}
+nlohmann::json verdict_in(const std::string& flight_dir, int rank) {
+  return dumped(flight_dir, rank).at("notes").at("verdict");
+}
+std::vector<int> ranks_in(const nlohmann::json& verdict, const char* key) {
+  return verdict.at(key).get<std::vector<int>>();
+}
+
 TEST(Watchdog, ASigstoppedRankIsNamedSilentByEverySurvivorAndTheLauncher) {
   // Each rank of 3 in turn; the stop lands inside the backward's
   // reduce_scatter of step 2.
@@ -159,11 +174,21 @@ TEST(Watchdog, ASigstoppedRankIsNamedSilentByEverySurvivorAndTheLauncher) {
       if (e.rfind("[rank " + std::to_string(r) + "]", 0) != 0) errs.push_back(e);
     EXPECT_EQ(errs.size(), 2u) << out;
     for (auto& e : errs) {
-      EXPECT_TRUE(contains(e, "Cause: rank " + std::to_string(r) + " is silent: no heartbeat for ")) << e;
-      EXPECT_TRUE(contains(e, "reduce_scatter 'blocks.0' #")) << e;
-      EXPECT_TRUE(contains(e, "(step 2, backward)")) << e;
-      EXPECT_TRUE(contains(e, "Waiting on: rank ")) << e;
+      EXPECT_TRUE(contains(e, "Cause: rank " + std::to_string(r) + " is silent")) << e;
       EXPECT_TRUE(contains(e, "Flight recorder: " + d + "/flight/flight-rank")) << e;
+    }
+    for (int q = 0; q < 3; ++q) {
+      if (q == r) continue;
+      const auto v = verdict_in(d + "/flight", q);
+      EXPECT_EQ(ranks_in(v, "silent"), std::vector<int>{r}) << v.dump();
+      EXPECT_EQ(ranks_in(v, "culprits"), std::vector<int>{r}) << v.dump();
+      EXPECT_TRUE(ranks_in(v, "dead").empty()) << v.dump();  // stopped, not gone
+      EXPECT_FALSE(ranks_in(v, "waited_on").empty()) << v.dump();
+      EXPECT_EQ(v.at("kind"), "reduce_scatter") << v.dump();
+      EXPECT_EQ(v.at("unit"), "blocks.0") << v.dump();
+      EXPECT_EQ(v.at("step"), 2) << v.dump();
+      EXPECT_EQ(v.at("phase"), "backward") << v.dump();
+      EXPECT_EQ(v.at("timed_out"), true) << v.dump();
     }
     // The launcher: that rank, how it knows, where it was, who waited.
     auto cause = lines_with(out, "fsdp run: rank " + std::to_string(r) + " (pid ");
@@ -194,8 +219,8 @@ TEST(Watchdog, ARankLoopingInItsDataLoaderIsNamedElsewhere) {
   // tiny (the test worker's: tests/workers/trainer_scenarios.cpp), 3 ranks;
   // rank 1 never returns from its data phase at step 2.
   const std::string d = temp_dir("data");
-  Job job({bin_path("fsdp"), "run", "-n", "3", "--", bin_path("fsdp_test_worker"), "tiny", "--epochs", "100000", "--accum", "1",
-           "--save", "", "--no-progress", "--straggler-factor", "0"},
+  Job job({bin_path("fsdp"), "run", "-n", "3", "--flight-dir", d + "/flight", "--", bin_path("fsdp_test_worker"), "tiny",
+           "--epochs", "100000", "--accum", "1", "--save", "", "--no-progress", "--straggler-factor", "0"},
           {"FSDP_TIMEOUT=" + std::to_string(kTimeout), "FSDP_INJECT_DATA_HANG=1:2"}, d);
   const double named = job.wait_for("is alive but elsewhere", kHang);
   const int rc = job.wait(kHang);
@@ -204,10 +229,23 @@ TEST(Watchdog, ARankLoopingInItsDataLoaderIsNamedElsewhere) {
   ASSERT_GT(named, 0) << out;
   // The survivors name rank 1 as elsewhere (phase data), not themselves.
   std::vector<std::string> errs;  // the ranks' own lines (not the launcher's quote of them)
-  for (auto& e : lines_with(out, "Cause: rank 1 is elsewhere: alive in no collective (step 2, phase data)"))
+  for (auto& e : lines_with(out, "Cause: rank 1 is elsewhere"))
     if (e.rfind("[rank ", 0) == 0) errs.push_back(e);
   EXPECT_EQ(errs.size(), 2u) << out;
   for (auto& e : errs) EXPECT_FALSE(contains(e, "[rank 1]")) << e;
+  for (int q : {0, 2}) {
+    const auto dump = dumped(d + "/flight", q);
+    const auto& v = dump.at("notes").at("verdict");
+    EXPECT_EQ(ranks_in(v, "elsewhere"), std::vector<int>{1}) << v.dump();
+    EXPECT_EQ(ranks_in(v, "culprits"), std::vector<int>{1}) << v.dump();
+    EXPECT_TRUE(ranks_in(v, "silent").empty()) << v.dump();
+    EXPECT_TRUE(ranks_in(v, "desync").empty()) << v.dump();  // in no collective, not another one
+    // Where rank 1 was, from its heartbeat as the judge read it.
+    const auto& h1 = dump.at("notes").at("heartbeats").at(1);
+    EXPECT_EQ(h1.at("step"), 2) << h1.dump();
+    EXPECT_EQ(h1.at("phase"), "data") << h1.dump();
+    EXPECT_FALSE(h1.contains("coll")) << h1.dump();
+  }
   auto cause = lines_with(out, "fsdp run: rank 1 (pid ");
   ASSERT_EQ(cause.size(), 1u) << out;
   EXPECT_TRUE(contains(cause[0], "is alive but elsewhere — heartbeat ")) << cause[0];
@@ -220,7 +258,7 @@ TEST(Watchdog, ARankLoopingInItsDataLoaderIsNamedElsewhere) {
 
 TEST(Watchdog, ADesyncNamesBothPlaces) {
   const std::string d = temp_dir("desync");
-  Job job(wd_train(3, {"1000", "4096", "desync", "2", "1"}), kEnv, d);
+  Job job(wd_train(3, {"1000", "4096", "desync", "2", "1"}, d + "/flight"), kEnv, d);
   const int rc = job.wait(kHang);
   const std::string out = job.output();
   EXPECT_NE(rc, 0) << out;
@@ -228,17 +266,23 @@ TEST(Watchdog, ADesyncNamesBothPlaces) {
   bool both = false;
   for (auto& e : errors_of(out))
     if (contains(e, "[rank 0]") || contains(e, "[rank 1]")) {
-      EXPECT_TRUE(contains(e, "reduce_scatter 'blocks.0'")) << e;
-      EXPECT_TRUE(contains(e, "all_reduce 'other'")) << e;
+      EXPECT_TRUE(contains(e, "all_reduce 'other'")) << e;  // the other place, named
       both = true;
     }
   EXPECT_TRUE(both) << out;
+  for (int q : {0, 1}) {
+    const auto v = verdict_in(d + "/flight", q);
+    EXPECT_EQ(v.at("kind"), "reduce_scatter") << v.dump();
+    EXPECT_EQ(v.at("unit"), "blocks.0") << v.dump();
+    EXPECT_EQ(ranks_in(v, "desync"), std::vector<int>{2}) << v.dump();
+    EXPECT_EQ(ranks_in(v, "culprits"), std::vector<int>{2}) << v.dump();
+  }
   if (!HasFailure()) fs::remove_all(d);
 }
 
 TEST(Watchdog, ASigkilledRankIsNamedDeadByItsSignal) {
   const std::string d = temp_dir("kill");
-  Job job(wd_train(3, {"1000000", "4194304", "kill", "1", "2"}), kEnv, d);
+  Job job(wd_train(3, {"1000000", "4194304", "kill", "1", "2"}, d + "/flight"), kEnv, d);
   const int rc = job.wait(kHang);
   const std::string out = job.output();
   EXPECT_EQ(rc, 128 + SIGKILL) << out;
@@ -248,7 +292,13 @@ TEST(Watchdog, ASigkilledRankIsNamedDeadByItsSignal) {
   EXPECT_TRUE(contains(cause[0], "reduce_scatter 'blocks.0' #")) << cause[0];
   // The survivors name it dead too; not a timeout of the others.
   for (auto& e : errors_of(out))
-    if (e.rfind("[rank 1]", 0) != 0) EXPECT_TRUE(contains(e, "Cause: rank 1 is dead: its process is gone")) << e;
+    if (e.rfind("[rank 1]", 0) != 0) EXPECT_TRUE(contains(e, "Cause: rank 1 is dead")) << e;
+  for (int q : {0, 2}) {
+    const auto v = verdict_in(d + "/flight", q);
+    EXPECT_EQ(ranks_in(v, "dead"), std::vector<int>{1}) << v.dump();
+    EXPECT_EQ(ranks_in(v, "culprits"), std::vector<int>{1}) << v.dump();
+    EXPECT_EQ(v.at("kind"), "reduce_scatter") << v.dump();
+  }
   EXPECT_TRUE(lines_with(out, "fsdp run: rank 0 ").empty()) << out;
   EXPECT_TRUE(lines_with(out, "fsdp run: rank 2 ").empty()) << out;
   if (!HasFailure()) fs::remove_all(d);
