@@ -108,12 +108,6 @@ void maybe_fault(const std::string& fault, int rank, int step) {
   ::raise(kind == "kill" ? SIGKILL : SIGSTOP);
 }
 
-const torch::Tensor& full_at(const std::vector<std::pair<std::string, torch::Tensor>>& full, const std::string& name) {
-  for (auto& [n, t] : full)
-    if (n == name) return t;
-  throw std::runtime_error("no " + name + " in the full state");
-}
-
 FSDP_SCENARIO(hs_train) {
   const std::string dtype = args.at(0), out_path = args.at(2), fault = args.at(3);
   const int steps = std::stoi(args.at(1));
@@ -138,10 +132,13 @@ FSDP_SCENARIO(hs_train) {
       torch::save(values, out_path);
       // TiedNet: every name of the tied weight holds the same values.
       int copies = 0, equal = 0;
+      const torch::Tensor* root = nullptr;
       for (auto& [name, t] : full)
-        if (name.size() >= 13 && name.compare(name.size() - 13, 13, "shared.weight") == 0) {
+        if (name == "shared.weight") root = &t;
+      for (auto& [name, t] : full)
+        if (root && name.ends_with("shared.weight")) {
           ++copies;
-          equal += torch::equal(t, full_at(full, "shared.weight")) ? 1 : 0;
+          equal += torch::equal(t, *root) ? 1 : 0;
         }
       if (copies > 0) std::printf("HS tied copies=%d equal=%d\n", copies, equal);
     }
