@@ -12,6 +12,7 @@
 
 #include "comm/checks.h"
 #include "comm/mesh.h"
+#include "comm/post_exchange.h"
 #include "comm/slots.h"
 #include "comm/local_sum.h"
 #include "fsdp/errors.h"
@@ -37,68 +38,25 @@ struct Post {
 
 uint64_t slot(const Wire& w, Msg m) { return slots::slot(w.seq, w.cma_steps.begin + m); }
 
-std::chrono::milliseconds remaining(const Wire& w) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(w.deadline - Clock::now());
-  return std::max(left, std::chrono::milliseconds(1));  // Gloo reads <= 0 as "the default"
-}
-
-// One message of kind `m` to and from every peer. Receives are posted at
-// construction, so a peer's early message always has a home. Waiting peer
-// by peer names the one that failed. The tables outlive every outstanding
-// operation (waited for, or destroyed only after the mesh failed for good).
-class AllToAll {
+// One message of kind `m` to and from every peer (post_exchange.h).
+class AllToAll : public PostExchange<Post> {
  public:
-  AllToAll(const Wire& w, Msg m) : w_(w), m_(m), n_(w.mesh->size), r_(w.mesh->rank), table_(n_), recv_(n_) {
-    for (int q = 0; q < n_; ++q) {
-      if (q == r_) continue;
-      recv_[q] = w.mesh->recv(q, slot(w, m), &table_[q], sizeof(Post));
-    }
-  }
+  AllToAll(const Wire& w, Msg m) : PostExchange<Post>(w, slot(w, m), m), w_(w) {}
 
-  void send(uint64_t addr, int64_t nbytes) {
-    mine_ = {w_.seq, addr, nbytes, m_};
-    for (int q = 0; q < n_; ++q)
-      if (q != r_) send_.push_back(w_.mesh->send(q, slot(w_, m_), &mine_, sizeof mine_));
-  }
+  void send(uint64_t addr, int64_t nbytes) { PostExchange<Post>::send(Post{0, addr, nbytes, 0}); }
 
-  // Every peer's message, from r+1 on; names the peer that failed.
+  // Every peer's message; a failure says how far the reads had come.
   const std::vector<Post>& wait(const char* what) {
-    for (int i = 1; i < n_; ++i) {
-      const int q = (r_ + i) % n_;
-      if (w_.progress) w_.progress->wait_on(w_.name(q), flight::Progress::RECEIVE);
-      try {
-        if (!recv_[q].wait(remaining(w_))) throw std::runtime_error("receive aborted");
-      } catch (const std::exception& e) {
-        std::string far;
-        if (w_.progress)
-          far = detail::cat(" (", memory::format_bytes(w_.progress->recv_done.load(std::memory_order_relaxed)), " of ",
-                            memory::format_bytes(w_.progress->recv_total.load(std::memory_order_relaxed)),
-                            " read from the peers so far)");
-        throw std::runtime_error(detail::cat("waiting for ", what, " of rank ", w_.name(q), far, ": ", e.what()));
-      }
-      if (w_.progress) w_.progress->idle();
-      const Post& p = table_[q];
-      if (p.seq != w_.seq || p.msg != m_)
-        throw std::runtime_error(detail::cat("rank ", w_.name(q), " sent message ", p.msg, " of collective #", p.seq,
-                                             " where this rank expected ", what, " of #", w_.seq));
-    }
-    return table_;
-  }
-
-  void wait_sent() {
-    for (auto& t : send_)
-      if (!t.wait(remaining(w_))) throw std::runtime_error("send aborted");
-    send_.clear();
+    return PostExchange<Post>::wait(what, [this] {
+      if (!w_.progress) return std::string();
+      return detail::cat(" (", memory::format_bytes(w_.progress->recv_done.load(std::memory_order_relaxed)), " of ",
+                         memory::format_bytes(w_.progress->recv_total.load(std::memory_order_relaxed)),
+                         " read from the peers so far)");
+    });
   }
 
  private:
   Wire w_;
-  Msg m_;
-  int n_, r_;
-  std::vector<Post> table_;
-  Post mine_{};
-  std::vector<Transfer> recv_;
-  std::vector<Transfer> send_;
 };
 
 // The peers' buffers, checked against what this rank expects (a peer that

@@ -13,6 +13,7 @@
 
 #include "comm/local_sum.h"
 #include "comm/mesh.h"
+#include "comm/post_exchange.h"
 #include "comm/slots.h"
 #include "fsdp/errors.h"
 #include "observe/flight_hooks.h"
@@ -85,41 +86,13 @@ struct Post {
   int64_t value;   // the probe's value; "mapped" 1 or 0
 };
 
-std::chrono::milliseconds remaining(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return std::max(left, std::chrono::milliseconds(1));  // Gloo reads <= 0 as "the default"
-}
-
 // Every rank sends `mine` to every peer on step `step` of `steps` and gets
-// theirs (table[r] = mine). Waits peer by peer from r+1, naming the one that
-// failed.
+// theirs (table[r] = mine), peer by peer from r+1 (post_exchange.h).
 std::vector<Post> exchange(const Wire& w, slots::Range steps, int step, const Post& mine, const char* what) {
-  const int n = w.mesh->size, r = w.mesh->rank;
-  const uint64_t slot = slots::slot(w.seq, steps.begin + step);
-  std::vector<Post> table(n);
-  table[r] = mine;
-  std::vector<Transfer> recv(n), send;
-  for (int q = 0; q < n; ++q)
-    if (q != r) recv[q] = w.mesh->recv(q, slot, &table[q], sizeof(Post));
-  for (int q = 0; q < n; ++q)
-    if (q != r) send.push_back(w.mesh->send(q, slot, &table[r], sizeof(Post)));
-  for (int i = 1; i < n; ++i) {
-    const int q = (r + i) % n;
-    if (w.progress) w.progress->wait_on(w.name(q), flight::Progress::RECEIVE);
-    try {
-      if (!recv[q].wait(remaining(w.deadline))) throw std::runtime_error("receive aborted");
-    } catch (const std::exception& e) {
-      throw std::runtime_error(detail::cat("waiting for ", what, " of rank ", w.name(q), " (host-shared memory): ",
-                                           e.what()));
-    }
-    if (w.progress) w.progress->idle();
-    if (table[q].seq != w.seq || table[q].msg != step)
-      throw std::runtime_error(detail::cat("rank ", w.name(q), " sent message ", table[q].msg, " of collective #",
-                                           table[q].seq, " where this rank expected ", what, " of #", w.seq,
-                                           ": the ranks issued different collectives"));
-  }
-  for (auto& t : send)
-    if (!t.wait(remaining(w.deadline))) throw std::runtime_error("send aborted");
+  PostExchange<Post> x(w, slots::slot(w.seq, steps.begin + step), step);
+  x.send(mine);
+  std::vector<Post> table = x.wait(what, [] { return std::string(" (host-shared memory)"); });
+  x.wait_sent();
   return table;
 }
 
@@ -135,7 +108,6 @@ std::string probe_host_sharing(Mesh* mesh, const std::vector<pid_t>& pid, Clock:
   const int n = mesh->size, r = mesh->rank;
   Wire w{mesh, 0, deadline, nullptr};
   Post mine{};
-  mine.seq = 0;
   mine.pid = ::getpid();
   mine.fd = -1;
   std::string why;
@@ -173,8 +145,6 @@ std::string probe_host_sharing(Mesh* mesh, const std::vector<pid_t>& pid, Clock:
   }
   // Every rank's outcome; the first failure, by rank, is everyone's answer.
   Post outcome{};
-  outcome.seq = 0;
-  outcome.msg = 1;
   outcome.value = why.empty() ? 1 : 0;
   auto all = exchange(w, slots::kShareProbe, 1, outcome, "the host-shared probe's outcome");
   if (page) ::munmap(page, page_round(8));
@@ -209,8 +179,6 @@ int HostShared::pidfd(int q) {
 void* HostShared::map_common(const Wire& w, int64_t bytes) {
   const int n = w.mesh->size, r = w.mesh->rank;
   Post mine{};
-  mine.seq = w.seq;
-  mine.msg = 0;
   mine.pid = ::getpid();
   mine.fd = -1;
   mine.bytes = bytes;
@@ -231,8 +199,6 @@ void* HostShared::map_common(const Wire& w, int64_t bytes) {
   std::string why;
   if (r != 0) base = map_peer_fd(pidfd(0), static_cast<int>(table[0].fd), bytes, &why);
   Post mapped{};
-  mapped.seq = w.seq;
-  mapped.msg = 1;
   mapped.value = base ? 1 : 0;
   auto all = exchange(w, slots::kHostShared, 1, mapped, "every rank's \"mapped\"");
   if (made >= 0) ::close(made);  // every rank has its own mapping (or failed)
@@ -340,8 +306,6 @@ Traffic HostShared::reduce_scatter(const Wire& w, const void* in, void* out, int
   const int n = w.mesh->size, r = w.mesh->rank;
   const int64_t es = c10::elementSize(dtype), total = n * count * es;
   Post mine{};
-  mine.seq = w.seq;
-  mine.msg = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const Block* b = block_of(in, total);
@@ -368,8 +332,6 @@ Traffic HostShared::reduce_scatter(const Wire& w, const void* in, void* out, int
   if (w.progress) w.progress->arrived((n - 1) * count * es);
   // Nobody reads this rank's block any more once every rank said so.
   Post done{};
-  done.seq = w.seq;
-  done.msg = 1;
   exchange(w, slots::kHostShared, 1, done, "\"done\"");
   return Traffic((n - 1) * count * es);
 }

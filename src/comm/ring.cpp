@@ -57,13 +57,6 @@ class Posted {
 };
 using Buffer = std::unique_ptr<Posted>;
 
-std::chrono::milliseconds remaining(const Wire& w) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(w.deadline -
-                                                                   std::chrono::steady_clock::now());
-  // Gloo treats a non-positive timeout as "use the default"; 1 ms expires now.
-  return std::max(left, std::chrono::milliseconds(1));
-}
-
 // Which neighbour a peer is, for messages.
 std::string neighbour(const Wire& w, int peer) {
   const int n = w.mesh->size, r = w.mesh->rank;

@@ -20,6 +20,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <vector>
@@ -57,6 +58,13 @@ struct Wire {
   slots::Range cma_steps = slots::kCma;
   int name(int q) const { return names && q >= 0 ? (*names)[q] : q; }
 };
+
+// What is left of a collective's time, at least 1 ms: Gloo treats a
+// non-positive timeout as "use the default"; 1 ms expires now.
+inline std::chrono::milliseconds remaining(const Wire& w) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(w.deadline - std::chrono::steady_clock::now());
+  return std::max(left, std::chrono::milliseconds(1));
+}
 
 // Bytes this rank sent in one collective, and the part that crossed hosts
 // (-1: count it from the ring's neighbour, as the flat algorithms).
