@@ -97,8 +97,17 @@ bool is_zeros_for_loading(const ParamInit& init);
 
 void Unit::init_flat_param(const FsdpOptions& opts, const InitTargetOf& target_of) {
   torch::NoGradGuard ng;
+  // Host-shared (unit.h): one copy per host that every rank maps, made
+  // first. fp32: the master shard is this rank's slice of it, so the
+  // optimizer's updates land where every rank reads them, and the values
+  // are written there from the start (no private copy ever exists).
+  torch::Tensor home;
+  if (host_shared) {
+    full = comm->shared_tensor(padded_numel, param_dtype, {display_name()});
+    if (param_dtype == torch::kFloat32 && shard_numel > 0) home = full.narrow(0, shard_begin, shard_numel);
+  }
   if (opts.param_init) {
-    init_shard_from(opts.param_init, target_of);
+    init_shard_from(opts.param_init, target_of, home);
   } else {
     for (auto& s : params_)
       if (is_deferred(s.param))
@@ -112,20 +121,11 @@ void Unit::init_flat_param(const FsdpOptions& opts, const InitTargetOf& target_o
     // Over the whole world (owner->comm): HYBRID's replicas start equal too.
     if (opts.sync_module_states && owner->world() > 1 && numel > 0)
       owner->comm->broadcast(flat, 0, {"sync_module_states " + display_name()})->wait();
-    shard = keeps_unsharded ? flat : flat.narrow(0, shard_begin, shard_numel).clone();
+    if (home.defined()) shard = home.copy_(flat.narrow(0, shard_begin, shard_numel));
+    else shard = keeps_unsharded ? flat : flat.narrow(0, shard_begin, shard_numel).clone();
   }
-  if (host_shared) {
-    // One copy per host that every rank maps (unit.h). fp32: the master
-    // shard becomes this rank's slice of it, so the optimizer's updates land
-    // where every rank reads them.
-    full = comm->shared_tensor(padded_numel, param_dtype, {display_name()});
-    if (param_dtype == torch::kFloat32 && shard_numel > 0) {
-      full.narrow(0, shard_begin, shard_numel).copy_(shard);
-      shard = full.narrow(0, shard_begin, shard_numel);
-    }
-  } else {
+  if (!host_shared)
     full = full_is_shard ? shard : torch::empty({padded_numel}, torch::TensorOptions(param_dtype).device(device));
-  }
   // NO_SHARD keeps the unsharded copy (shard is the whole flat buffer); the
   // sharded strategies free `full` below, so its values do not matter.
   if (!full_is_shard && keeps_unsharded) full.copy_(shard);
@@ -158,13 +158,16 @@ void Unit::init_flat_param(const FsdpOptions& opts, const InitTargetOf& target_o
 // kept; so a unit never exists unsharded here, and the ranks need no
 // broadcast (the values are a function of the names). What they must agree
 // on is checked instead: one checksum of the unit's full values per rank.
-void Unit::init_shard_from(const ParamInit& init, const InitTargetOf& target_of) {
+// `home`, when defined, is zeroed memory that becomes the shard (its slice
+// of the host's shared copy); otherwise the shard is allocated here.
+void Unit::init_shard_from(const ParamInit& init, const InitTargetOf& target_of, const torch::Tensor& home) {
   // Every rank of the world computes every value (HYBRID's replicas too), so
   // the check runs over the world, not only the shard group.
   Communicator& world = *owner->comm;
   const int N = world.world_size();
-  shard = torch::zeros({keeps_unsharded ? padded_numel : shard_numel},
-                       torch::TensorOptions(torch::kFloat32).device(device));
+  shard = home.defined() ? home  // zeroed shared memory (Communicator::shared_tensor), untouched until written
+                         : torch::zeros({keeps_unsharded ? padded_numel : shard_numel},
+                                        torch::TensorOptions(torch::kFloat32).device(device));
   // Values that a checkpoint gives right after wrapping: zeros are the
   // shard as it is; nothing to compute or to agree on.
   if (is_zeros_for_loading(init)) return;

@@ -240,7 +240,7 @@ class Unit {
                             const std::string& expected) const;
   void expect(const char* file, int line, const char* transition, std::initializer_list<TrainingState> ok) const;
   void collect_into_full_grad();
-  void init_shard_from(const ParamInit& init, const InitTargetOf& target_of);
+  void init_shard_from(const ParamInit& init, const InitTargetOf& target_of, const torch::Tensor& home);
   torch::Tensor flat_grads_for_reduce();
 
   // Written by the constructor (layout) and init_flat_param (shard views,
