@@ -5,6 +5,7 @@
 // a barrier, and three jobs at once.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -22,12 +23,22 @@ namespace fs = std::filesystem;
 bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
 // Every process's mappings that name the host-shared memory ("memfd:fsdp-host-shared").
-int host_shared_mappings() {
+// Mappings of host-shared memory held by processes of one test's jobs: those
+// started with FSDP_TEST_JOB=<job> in their environment (job_env). Other
+// jobs on this machine (a test run beside this one, a user's training)
+// map such memory too, and are not this test's to judge.
+int host_shared_mappings(const std::string& job) {
+  const std::string mark = "FSDP_TEST_JOB=" + job;
   int found = 0;
   std::error_code ec;
   for (auto& e : fs::directory_iterator("/proc", ec)) {
     const std::string pid = e.path().filename().string();
     if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream environ(e.path() / "environ", std::ios::binary);
+    std::string var;
+    bool ours = false;
+    while (!ours && std::getline(environ, var, '\0')) ours = var == mark;
+    if (!ours) continue;
     std::ifstream maps(e.path() / "maps");
     std::string line;
     while (std::getline(maps, line))
@@ -35,6 +46,13 @@ int host_shared_mappings() {
   }
   return found;
 }
+
+// A name for one test's jobs, and the environment line that marks them.
+std::string job_name() {
+  static int made = 0;
+  return "hs-" + std::to_string(::getpid()) + "-" + std::to_string(++made);
+}
+std::string job_env(const std::string& job) { return "FSDP_TEST_JOB=" + job; }
 
 std::set<std::string> shm_entries() {
   std::set<std::string> out;
@@ -149,9 +167,10 @@ TEST_P(HostSharedFault, TheRankAtFaultIsNamedAndNothingStays) {
   const std::string kind = GetParam();
   const auto shm_before = shm_entries();
   const std::string flight = temp_dir("hs-flight");
+  const std::string job = job_name();
   auto r = run_command({bin_path("fsdp"), "run", "-n", "3", "--grace", "5", "--", bin_path("fsdp_test_worker"),
                         "hs_train", "fp32", "20", "-", kind + ":1:3", "0"},
-                       {"FSDP_TIMEOUT=3", "FSDP_FLIGHT_DIR=" + flight}, 90);
+                       {"FSDP_TIMEOUT=3", "FSDP_FLIGHT_DIR=" + flight, job_env(job)}, 90);
   EXPECT_NE(r.exit_code, 0) << r.output;
   ASSERT_EQ(lines_with(r.output, "[rank 1] HS rank 1 raises " + kind + " at step 3").size(), 1u) << r.output;
   for (int survivor : {0, 2}) {
@@ -172,7 +191,7 @@ TEST_P(HostSharedFault, TheRankAtFaultIsNamedAndNothingStays) {
     EXPECT_FALSE(lines_with(r.output, "stopped (SIGSTOP)").empty()) << r.output;
   else
     EXPECT_FALSE(lines_with(r.output, "was killed by signal SIGKILL").empty()) << r.output;
-  EXPECT_EQ(host_shared_mappings(), 0);
+  EXPECT_EQ(host_shared_mappings(job), 0);
   std::set<std::string> added;
   for (auto& e : shm_entries())
     if (!shm_before.count(e)) added.insert(e);
@@ -188,10 +207,18 @@ TEST(HostShared, ThreeJobsAtOnceStayIsolated) {
   ASSERT_EQ(alone.exit_code, 0) << alone.output;
   auto want = lines_with(alone.output, "[rank 0] HS shares=1");
   ASSERT_EQ(want.size(), 1u) << alone.output;
+  const std::string job = job_name();
   std::vector<std::future<ProcResult>> jobs;
   for (int j = 0; j < 3; ++j)
-    jobs.push_back(std::async(std::launch::async,
-                              [] { return run_ranks(2, "hs_train", {"fp32", "6", "-", "-", "0"}, {}, 180); }));
+    jobs.push_back(std::async(std::launch::async, [&job] {
+      return run_ranks(2, "hs_train", {"fp32", "6", "-", "-", "0"}, {job_env(job)}, 180);
+    }));
+  // While they run, their mappings are seen (so the count after them, 0,
+  // is a count that can see them).
+  bool seen = false;
+  while (!seen && jobs.back().wait_for(std::chrono::milliseconds(5)) != std::future_status::ready)
+    seen = host_shared_mappings(job) > 0;
+  EXPECT_TRUE(seen) << "no process of the running jobs was seen mapping host-shared memory";
   for (auto& f : jobs) {
     ProcResult r = f.get();
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -199,7 +226,7 @@ TEST(HostShared, ThreeJobsAtOnceStayIsolated) {
     ASSERT_EQ(got.size(), 1u) << r.output;
     EXPECT_EQ(field(got[0], "loss"), field(want[0], "loss")) << got[0];
   }
-  EXPECT_EQ(host_shared_mappings(), 0);
+  EXPECT_EQ(host_shared_mappings(job), 0);
 }
 
 }  // namespace FSDP_TEST_ID
