@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "flight_dump.h"
 #include "test_util.h"
 
 namespace fsdp::testing {
@@ -116,14 +117,28 @@ class CommTimeoutOver : public ::testing::TestWithParam<std::string> {};
 TEST_P(CommTimeoutOver, NamesTheMissingRank) {
   const std::string transport = GetParam();
   if (transport == "cma" && !cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
-  auto r = run_ranks(3, "comm_timeout", {"2", "3"}, {"FSDP_TIMEOUT=2", "FSDP_TRANSPORT=" + transport}, 60);
+  const std::string flight = temp_dir("timeout-flight");
+  auto r = run_ranks(3, "comm_timeout", {"2", "3"},
+                     {"FSDP_TIMEOUT=2", "FSDP_TRANSPORT=" + transport, "FSDP_FLIGHT_DIR=" + flight}, 60);
   EXPECT_NE(r.exit_code, 0) << r.output;
   auto elapsed = lines_with(r.output, "[rank 0] elapsed=");
   ASSERT_EQ(elapsed.size(), 1u) << r.output;
   const double s = std::stod(elapsed[0].substr(elapsed[0].find('=') + 1));
   EXPECT_GE(s, 1.9) << r.output;
-  EXPECT_FALSE(lines_with(r.output, "[rank 0] Ranks that never arrived at #3: rank 2 (last entered #2").empty())
-      << r.output;
+  // Each waiting rank's decision (its flight dump; the words are
+  // CommFailure.TimeoutNamesCollectiveAndMissingRank's): it timed out in #3,
+  // and the rank at fault is rank 2, alive in no collective.
+  for (int q : {0, 1}) {
+    const auto v = verdict_in(flight, q);
+    EXPECT_EQ(v.at("seq"), 3) << v.dump();
+    EXPECT_EQ(v.at("kind"), "all_reduce") << v.dump();
+    EXPECT_EQ(v.at("unit"), "blocks.3") << v.dump();
+    EXPECT_EQ(v.at("timed_out"), true) << v.dump();
+    EXPECT_FALSE(ranks_in(v, "waited_on").empty()) << v.dump();  // the peer it waited on: the path's
+    EXPECT_EQ(ranks_in(v, "elsewhere"), std::vector<int>{2}) << v.dump();
+    EXPECT_EQ(ranks_in(v, "culprits"), std::vector<int>{2}) << v.dump();
+    EXPECT_TRUE(ranks_in(v, "dead").empty() && ranks_in(v, "silent").empty()) << v.dump();
+  }
   EXPECT_FALSE(lines_with(r.output, "[rank 0] later call failed after 0.0").empty()) << r.output;
 }
 INSTANTIATE_TEST_SUITE_P(Transports, CommTimeoutOver, ::testing::Values("tcp", "cma"));

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "comm/store_host.h"
+#include "flight_dump.h"
 #include "fsdp/watchdog.h"
 #include "test_util.h"
 
@@ -33,6 +34,7 @@ namespace FSDP_TEST_ID {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using fsdp::testing::bin_path;
+using fsdp::testing::flight_dump;
 using fsdp::testing::lines_with;
 
 constexpr int kTimeout = 3;  // FSDP_TIMEOUT of these tests, seconds
@@ -46,7 +48,9 @@ bool contains(const std::string& s, const std::string& x) { return s.find(x) != 
 
 using fsdp::testing::slurp;
 
+using fsdp::testing::ranks_in;
 using fsdp::testing::temp_dir;
+using fsdp::testing::verdict_in;
 
 // A launcher started in the background, its output in a file; when() gives
 // the first time a line containing a text appeared (polled every 10 ms).
@@ -136,21 +140,8 @@ const std::vector<std::string> kEnv = {"FSDP_TIMEOUT=" + std::to_string(kTimeout
 // The error line of each surviving rank ("[rank q] wd error: ...").
 std::vector<std::string> errors_of(const std::string& out) { return lines_with(out, "] wd error: "); }
 
-// What a rank decided about the others after its collective failed, as its
-// flight recorder dump notes it ("verdict", watchdog.h's Verdict): checked
-// here instead of the message's words, which tests/test_diagnosis.cpp
-// checks once, rendered from the same decision. A missing key or dump
-// throws, and the test fails.
-nlohmann::json dumped(const std::string& flight_dir, int rank) {
-  return nlohmann::json::parse(slurp(flight_dir + "/flight-rank" + std::to_string(rank) + ".json"));
-}
-nlohmann::json verdict_in(const std::string& flight_dir, int rank) {
-  return dumped(flight_dir, rank).at("notes").at("verdict");
-}
-std::vector<int> ranks_in(const nlohmann::json& verdict, const char* key) {
-  return verdict.at(key).get<std::vector<int>>();
-}
-
+// What a rank decided about the others after its collective failed is
+// read from its flight dump (flight_dump.h), not from the message's words.
 TEST(Watchdog, ASigstoppedRankIsNamedSilentByEverySurvivorAndTheLauncher) {
   // Each rank of 3 in turn; the stop lands inside the backward's
   // reduce_scatter of step 2.
@@ -205,7 +196,7 @@ TEST(Watchdog, ASigstoppedRankIsNamedSilentByEverySurvivorAndTheLauncher) {
     for (int q = 0; q < 3; ++q) {
       const std::string f = d + "/flight/flight-rank" + std::to_string(q) + ".json";
       ASSERT_TRUE(fs::exists(f)) << f << "\n" << out;
-      auto j = dumped(d + "/flight", q);
+      auto j = flight_dump(d + "/flight", q);
       bool unfinished = false;
       for (auto& c : j["collectives"])
         if (c["kind"] == "reduce_scatter" && c["step"] == 2 && c["state"] != "done") unfinished = true;
@@ -234,7 +225,7 @@ TEST(Watchdog, ARankLoopingInItsDataLoaderIsNamedElsewhere) {
   EXPECT_EQ(errs.size(), 2u) << out;
   for (auto& e : errs) EXPECT_FALSE(contains(e, "[rank 1]")) << e;
   for (int q : {0, 2}) {
-    const auto dump = dumped(d + "/flight", q);
+    const auto dump = flight_dump(d + "/flight", q);
     const auto& v = dump.at("notes").at("verdict");
     EXPECT_EQ(ranks_in(v, "elsewhere"), std::vector<int>{1}) << v.dump();
     EXPECT_EQ(ranks_in(v, "culprits"), std::vector<int>{1}) << v.dump();
