@@ -16,6 +16,7 @@
 #include "fsdp/comm.h"
 #include "fsdp/errors.h"
 #include "fsdp/straggler.h"
+#include "flight_dump.h"
 #include "test_util.h"
 
 namespace FSDP_TEST_ID {
@@ -29,7 +30,9 @@ bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
+using fsdp::testing::ranks_in;
 using fsdp::testing::temp_dir;
+using fsdp::testing::verdict_in;
 
 TEST(ReliabilityTrace, CollectivesRecordCommSpansOnTheCommThread) {
   std::string dir = temp_dir("trace");
@@ -88,15 +91,25 @@ TEST(ReliabilityDebug, WithoutDetailTheSameMismatchIsNamedOnlyAfterItFails) {
   // the timeout), and only the diagnosis of that failure, reading every
   // rank's progress key, names the disagreement. Both ranks get there and
   // report it; neither with the detail check's message.
-  auto r = run_ranks(2, "rel_mismatch", {"1"}, {"FSDP_TIMEOUT=2"}, 60);
+  const std::string flight = temp_dir("mismatch-flight");
+  auto r = run_ranks(2, "rel_mismatch", {"1"}, {"FSDP_TIMEOUT=2", "FSDP_FLIGHT_DIR=" + flight}, 60);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   auto errors = lines_with(r.output, "mismatch error:");
   ASSERT_EQ(errors.size(), 2u) << r.output;
   for (auto& e : errors) {
-    EXPECT_TRUE(contains(e, "all_reduce 'blocks.1'")) << e;
-    EXPECT_TRUE(contains(e, "failed after")) << e;
-    EXPECT_TRUE(contains(e, "Ranks issued different collectives at #2:")) << e;
     EXPECT_FALSE(contains(e, "FSDP_DEBUG=detail")) << e;
+    EXPECT_TRUE(contains(e, "Ranks issued different collectives at #2:")) << e;  // the words, once
+  }
+  // Each rank's decision (its flight dump): in #2, the other rank entered a
+  // different collective, and it was found before any timeout.
+  for (int q : {0, 1}) {
+    const auto v = verdict_in(flight, q);
+    EXPECT_EQ(v.at("seq"), 2) << v.dump();
+    EXPECT_EQ(v.at("kind"), "all_reduce") << v.dump();
+    EXPECT_EQ(v.at("unit"), "blocks.1") << v.dump();
+    EXPECT_EQ(v.at("timed_out"), false) << v.dump();
+    EXPECT_EQ(ranks_in(v, "desync"), std::vector<int>{1 - q}) << v.dump();
+    EXPECT_EQ(ranks_in(v, "culprits"), std::vector<int>{1 - q}) << v.dump();
   }
   EXPECT_TRUE(lines_with(r.output, "unexpected: the mismatched collective completed").empty()) << r.output;
 }
