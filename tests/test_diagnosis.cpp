@@ -328,6 +328,19 @@ TEST(LaunchDiagnosis, TheFindingIsDecidedBeforeItIsWorded) {
   EXPECT_NE(text.find("rank 0 (pid 500) stopped responding at "), std::string::npos) << text;
   EXPECT_NE(text.find("no heartbeat for 10.0 s, process state: stopped (SIGSTOP)"), std::string::npos) << text;
   EXPECT_NE(text.find("; rank 1 failed after it."), std::string::npos) << text;
+  // The same finding as data (launcher-node<k>.json), with the words in it.
+  auto j = diagnosis::finding_json(ev, f);
+  EXPECT_EQ(j.at("kind"), "stopped") << j.dump();
+  EXPECT_EQ(j.at("culprit"), 0) << j.dump();
+  EXPECT_EQ(j.at("pid"), 500) << j.dump();
+  EXPECT_EQ(j.at("on_this_node"), true) << j.dump();
+  EXPECT_EQ(j.at("process_state"), "stopped (SIGSTOP)") << j.dump();
+  EXPECT_EQ(j.at("signal"), SIGSTOP) << j.dump();
+  EXPECT_DOUBLE_EQ(j.at("heartbeat").at("age_s").get<double>(), 10.0) << j.dump();
+  EXPECT_EQ(j.at("waiting").get<std::vector<int>>(), std::vector<int>{1}) << j.dump();
+  EXPECT_EQ(j.at("first_failed"), 1) << j.dump();
+  EXPECT_EQ(j.at("first_failed_exit_code"), 1) << j.dump();
+  EXPECT_EQ(j.at("cause"), text) << j.dump();
 
   // No stopped rank: the verdicts name a rank of another node, as a desync.
   ev.local[0].state = proc::State::Sleeping;
@@ -350,6 +363,18 @@ TEST(LaunchDiagnosis, TheFindingIsDecidedBeforeItIsWorded) {
   EXPECT_EQ(f.local, -1);
   EXPECT_EQ(f.judge, 1);
   EXPECT_FALSE(f.ask_dump);  // not this node's
+  j = diagnosis::finding_json(ev, f);
+  EXPECT_EQ(j.at("kind"), "named") << j.dump();
+  EXPECT_EQ(j.at("named"), "desync") << j.dump();
+  EXPECT_EQ(j.at("judge"), 1) << j.dump();
+  EXPECT_EQ(j.at("on_this_node"), false) << j.dump();
+  EXPECT_EQ(j.at("pid"), 1003) << j.dump();
+  EXPECT_EQ(j.at("host"), "node-b") << j.dump();
+  EXPECT_EQ(j.at("collective").at("seq"), 9) << j.dump();
+  EXPECT_EQ(j.at("collective").at("kind"), "all_gather") << j.dump();
+  EXPECT_EQ(j.at("collective").at("unit"), "blocks.1") << j.dump();
+  EXPECT_EQ(j.at("waiting").get<std::vector<int>>(), std::vector<int>{1}) << j.dump();
+  EXPECT_EQ(j.at("waiting_timed_out"), true) << j.dump();
   EXPECT_EQ(diagnosis::cause_text(ev, f),
             "rank 3 (pid 1003 on node-b) issued a different collective — in all_gather 'blocks.1' #9 (step 3, "
             "forward) — while rank 1 waited in all_gather #9 (a desync: every rank must issue the same collectives "
@@ -364,6 +389,12 @@ TEST(LaunchDiagnosis, TheFindingIsDecidedBeforeItIsWorded) {
   EXPECT_FALSE(f.print_now);
   EXPECT_NE(diagnosis::cause_text(ev, f).find("rank 1 (local rank 1, pid 501) was killed by signal SIGKILL (9)"),
             std::string::npos);
+  j = diagnosis::finding_json(ev, f);
+  EXPECT_EQ(j.at("kind"), "killed") << j.dump();
+  EXPECT_EQ(j.at("culprit"), 1) << j.dump();
+  EXPECT_EQ(j.at("signal"), SIGKILL) << j.dump();
+  EXPECT_EQ(j.at("first_failed_signal"), SIGKILL) << j.dump();
+  EXPECT_FALSE(j.contains("exit_code") || j.contains("first_failed_exit_code")) << j.dump();
 }
 
 }  // namespace FSDP_TEST_ID

@@ -1,16 +1,21 @@
 // fsdp-cpp tests: `fsdp run` (scenarios in tests/workers/comm_scenarios.cpp).
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <set>
 
+#include "flight_dump.h"
 #include "test_util.h"
 
 namespace FSDP_TEST_ID {
 
 using fsdp::testing::bin_path;
+using fsdp::testing::launcher_finding;
 using fsdp::testing::lines_with;
+using fsdp::testing::ProcResult;
 using fsdp::testing::run_command;
 using fsdp::testing::run_ranks;
+using fsdp::testing::temp_dir;
 
 bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
@@ -46,24 +51,45 @@ TEST(Launcher, ThreadsFlagAndUserEnvironment) {
   EXPECT_EQ(lines_with(u.output, "OMP_NUM_THREADS=5 ").size(), 2u) << u.output;
 }
 
+// `fsdp run --flight-dir D -n N -- fsdp_test_worker <scenario> <args>`.
+ProcResult run_with_flight_dir(int n, const std::string& flight, const std::vector<std::string>& worker) {
+  std::vector<std::string> argv = {bin_path("fsdp"), "run", "-n", std::to_string(n), "--flight-dir", flight, "--",
+                                   bin_path("fsdp_test_worker")};
+  argv.insert(argv.end(), worker.begin(), worker.end());
+  return run_command(argv, {}, 60);
+}
+
 TEST(Launcher, RankExitCodeStopsTheOthers) {
-  auto r = run_ranks(3, "launcher_exit", {"1", "3"}, {}, 60);
+  const std::string flight = temp_dir("exit-flight");
+  auto r = run_with_flight_dir(3, flight, {"launcher_exit", "1", "3"});
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_LT(r.seconds, 10) << r.output;
   auto report = lines_with(r.output, "fsdp run: rank 1 ");
   ASSERT_EQ(report.size(), 1u) << r.output;
   EXPECT_TRUE(contains(report[0], "exited with code 3")) << report[0];
   EXPECT_TRUE(contains(r.output, "  | rank 1: about to exit with 3")) << r.output;
+  // The launcher's finding: rank 1 failed first, with code 3; no rank is
+  // named beyond that (no verdict, no signal).
+  const auto lf = launcher_finding(flight);
+  EXPECT_EQ(lf.at("kind"), "none") << lf.dump();
+  EXPECT_EQ(lf.at("first_failed"), 1) << lf.dump();
+  EXPECT_EQ(lf.at("first_failed_exit_code"), 3) << lf.dump();
 }
 
 TEST(Launcher, RankKilledBySignalStopsTheOthers) {
-  auto r = run_ranks(2, "launcher_kill", {"1"}, {}, 60);
+  const std::string flight = temp_dir("kill-flight");
+  auto r = run_with_flight_dir(2, flight, {"launcher_kill", "1"});
   EXPECT_EQ(r.exit_code, 128 + 9) << r.output;
   EXPECT_LT(r.seconds, 10) << r.output;
   auto report = lines_with(r.output, "fsdp run: rank 1 ");
   ASSERT_EQ(report.size(), 1u) << r.output;
   EXPECT_TRUE(contains(report[0], "SIGKILL")) << report[0];
   EXPECT_TRUE(contains(r.output, "  | rank 1: about to be killed")) << r.output;
+  const auto lf = launcher_finding(flight);
+  EXPECT_EQ(lf.at("kind"), "killed") << lf.dump();
+  EXPECT_EQ(lf.at("culprit"), 1) << lf.dump();
+  EXPECT_EQ(lf.at("signal"), SIGKILL) << lf.dump();
+  EXPECT_EQ(lf.at("first_failed_signal"), SIGKILL) << lf.dump();
 }
 
 TEST(Launcher, ForwardsSigintToEveryRank) {

@@ -35,6 +35,7 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using fsdp::testing::bin_path;
 using fsdp::testing::flight_dump;
+using fsdp::testing::launcher_finding;
 using fsdp::testing::lines_with;
 
 constexpr int kTimeout = 3;  // FSDP_TIMEOUT of these tests, seconds
@@ -181,15 +182,26 @@ TEST(Watchdog, ASigstoppedRankIsNamedSilentByEverySurvivorAndTheLauncher) {
       EXPECT_EQ(v.at("phase"), "backward") << v.dump();
       EXPECT_EQ(v.at("timed_out"), true) << v.dump();
     }
-    // The launcher: that rank, how it knows, where it was, who waited.
+    // The launcher: that rank, how it knows, where it was, who waited (its
+    // finding as data; the words once).
     auto cause = lines_with(out, "fsdp run: rank " + std::to_string(r) + " (pid ");
     ASSERT_EQ(cause.size(), 1u) << out;
     EXPECT_TRUE(contains(cause[0], "stopped responding at ")) << cause[0];
-    EXPECT_TRUE(contains(cause[0], " — no heartbeat for ")) << cause[0];
-    EXPECT_TRUE(contains(cause[0], "process state: stopped (SIGSTOP)")) << cause[0];
-    EXPECT_TRUE(contains(cause[0], " — in reduce_scatter 'blocks.0' #")) << cause[0];
-    EXPECT_TRUE(contains(cause[0], "(step 2, backward)")) << cause[0];
-    EXPECT_TRUE(contains(cause[0], "timed out waiting for it.")) << cause[0];
+    const auto lf = launcher_finding(d + "/flight");
+    EXPECT_EQ(lf.at("kind"), "stopped") << lf.dump();
+    EXPECT_EQ(lf.at("culprit"), r) << lf.dump();
+    EXPECT_EQ(lf.at("process_state"), "stopped (SIGSTOP)") << lf.dump();
+    EXPECT_EQ(lf.at("signal"), SIGSTOP) << lf.dump();
+    EXPECT_GT(lf.at("heartbeat").at("age_s").get<double>(), 0) << lf.dump();
+    EXPECT_EQ(lf.at("collective").at("what").get<std::string>().rfind("reduce_scatter 'blocks.0' ", 0), 0u)
+        << lf.dump();
+    EXPECT_EQ(lf.at("collective").at("step"), 2) << lf.dump();
+    EXPECT_EQ(lf.at("collective").at("phase"), "backward") << lf.dump();
+    std::vector<int> others;
+    for (int q = 0; q < 3; ++q)
+      if (q != r) others.push_back(q);
+    EXPECT_EQ(lf.at("waiting").get<std::vector<int>>(), others) << lf.dump();
+    EXPECT_EQ(lf.at("waiting_timed_out"), true) << lf.dump();
     EXPECT_EQ(lines_with(out, "fsdp run: stopped the job because of rank " + std::to_string(r)).size(), 1u) << out;
     // The flight recorder: every rank dumped (the stopped one once continued),
     // each holding the reduce_scatter that never finished.
@@ -240,9 +252,18 @@ TEST(Watchdog, ARankLoopingInItsDataLoaderIsNamedElsewhere) {
   auto cause = lines_with(out, "fsdp run: rank 1 (pid ");
   ASSERT_EQ(cause.size(), 1u) << out;
   EXPECT_TRUE(contains(cause[0], "is alive but elsewhere — heartbeat ")) << cause[0];
-  EXPECT_TRUE(contains(cause[0], "process state: running")) << cause[0];
-  EXPECT_TRUE(contains(cause[0], "— in no collective (step 2, phase data)")) << cause[0];
-  EXPECT_TRUE(contains(cause[0], "ranks 0, 2 timed out waiting for it.")) << cause[0];
+  // The launcher's finding: alive, running, in no collective, in its data
+  // loader of step 2, and both others timed out waiting for it.
+  const auto lf = launcher_finding(d + "/flight");
+  EXPECT_EQ(lf.at("kind"), "named") << lf.dump();
+  EXPECT_EQ(lf.at("named"), "elsewhere") << lf.dump();
+  EXPECT_EQ(lf.at("culprit"), 1) << lf.dump();
+  EXPECT_EQ(lf.at("process_state").get<std::string>().rfind("running", 0), 0u) << lf.dump();
+  EXPECT_FALSE(lf.contains("collective")) << lf.dump();
+  EXPECT_EQ(lf.at("heartbeat").at("step"), 2) << lf.dump();
+  EXPECT_EQ(lf.at("heartbeat").at("phase"), "data") << lf.dump();
+  EXPECT_EQ(lf.at("waiting").get<std::vector<int>>(), (std::vector<int>{0, 2})) << lf.dump();
+  EXPECT_EQ(lf.at("waiting_timed_out"), true) << lf.dump();
   EXPECT_TRUE(lines_with(out, "fsdp run: rank 0 (pid").empty()) << out;
   if (!HasFailure()) fs::remove_all(d);
 }
@@ -280,7 +301,13 @@ TEST(Watchdog, ASigkilledRankIsNamedDeadByItsSignal) {
   auto cause = lines_with(out, "fsdp run: rank 1 (local rank 1, pid ");
   ASSERT_EQ(cause.size(), 1u) << out;
   EXPECT_TRUE(contains(cause[0], "was killed by signal SIGKILL (9)")) << cause[0];
-  EXPECT_TRUE(contains(cause[0], "reduce_scatter 'blocks.0' #")) << cause[0];
+  const auto lf = launcher_finding(d + "/flight");
+  EXPECT_EQ(lf.at("kind"), "killed") << lf.dump();
+  EXPECT_EQ(lf.at("culprit"), 1) << lf.dump();
+  EXPECT_EQ(lf.at("first_failed"), 1) << lf.dump();
+  EXPECT_EQ(lf.at("signal"), SIGKILL) << lf.dump();
+  EXPECT_EQ(lf.at("collective").at("what").get<std::string>().rfind("reduce_scatter 'blocks.0' ", 0), 0u)
+      << lf.dump();
   // The survivors name it dead too; not a timeout of the others.
   for (auto& e : errors_of(out))
     if (e.rfind("[rank 1]", 0) != 0) EXPECT_TRUE(contains(e, "Cause: rank 1 is dead")) << e;

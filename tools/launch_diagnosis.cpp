@@ -227,4 +227,56 @@ std::string cause_text(const Evidence& ev, const Finding& f) {
                      dash(pl), who_text(f, " timed out waiting for it", " failed waiting for it"), ".");
 }
 
+nlohmann::json finding_json(const Evidence& ev, const Finding& f) {
+  static const char* const kKinds[] = {"none", "killed", "stopped", "named"};
+  static const char* const kNamed[] = {"desync", "dead", "elsewhere", "unresponsive"};
+  nlohmann::json j;
+  j["kind"] = kKinds[static_cast<int>(f.kind)];
+  j["culprit"] = f.culprit;
+  j["first_failed"] = -1;
+  if (ev.first >= 0 && ev.first < static_cast<int>(ev.local.size())) {
+    // The first local rank that failed, and how it ended.
+    const RankFacts& r = ev.local[ev.first];
+    j["first_failed"] = r.global;
+    if (!r.running && WIFEXITED(r.status)) j["first_failed_exit_code"] = WEXITSTATUS(r.status);
+    if (!r.running && WIFSIGNALED(r.status)) j["first_failed_signal"] = WTERMSIG(r.status);
+  }
+  j["waiting"] = f.waiting;
+  j["waiting_timed_out"] = f.waiting_timed_out;
+  j["cause"] = cause_text(ev, f);
+  if (f.kind == Finding::Kind::None) return j;
+  if (f.kind == Finding::Kind::Named) j["named"] = kNamed[static_cast<int>(f.named)];
+  if (f.kind == Finding::Kind::Named && f.named == Finding::Named::Desync) j["judge"] = f.judge;
+  const auto& [h, e] = records_of(ev, f.culprit);
+  j["on_this_node"] = f.local >= 0;
+  if (f.local >= 0) {
+    const RankFacts& r = ev.local[f.local];
+    j["pid"] = r.pid;
+    if (!r.running && WIFSIGNALED(r.status)) j["signal"] = WTERMSIG(r.status);
+    if (!r.running && WIFEXITED(r.status)) j["exit_code"] = WEXITSTATUS(r.status);
+    if (r.running) {
+      // As the words read it: a stopped rank whose /proc is unreadable is stopped.
+      const bool stopped = f.kind == Finding::Kind::Stopped;
+      const proc::State st =
+          stopped && (r.state == proc::State::Unreadable || r.state == proc::State::Gone) ? proc::State::Stopped
+                                                                                         : r.state;
+      j["process_state"] = proc::describe(st, r.stop_signal);
+      if (r.stop_signal) j["signal"] = r.stop_signal;
+    }
+  } else if (h) {
+    j["pid"] = h->pid;
+  }
+  if (h) {
+    j["host"] = h->host;
+    j["heartbeat"] = {{"age_s", ev.now - h->time}, {"step", h->step}, {"phase", h->phase}};
+  }
+  // The collective it was in: the newer of its entry and its heartbeat (place()).
+  if (e && e->seq > 0 && (!h || e->time >= h->time)) {
+    j["collective"] = {{"seq", e->seq}, {"what", e->what}, {"step", e->step}, {"phase", e->phase}};
+  } else if (h && h->seq > 0) {
+    j["collective"] = {{"seq", h->seq}, {"kind", h->kind}, {"unit", h->unit}};
+  }
+  return j;
+}
+
 }  // namespace fsdp::tools::diagnosis

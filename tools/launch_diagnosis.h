@@ -2,11 +2,13 @@
 // it gathers, the decision, and the words, each apart (see launcher.h for
 // the order of the questions).
 // defines: diagnosis::RankFacts, diagnosis::Evidence, diagnosis::Finding,
-//          diagnosis::decide, diagnosis::cause_text, diagnosis::signal_name,
+//          diagnosis::decide, diagnosis::cause_text, diagnosis::finding_json, diagnosis::signal_name,
 //          diagnosis::rank_list, diagnosis::clock_time, diagnosis::seconds_text
 #pragma once
 
 #include <sys/types.h>
+
+#include <nlohmann/json.hpp>
 
 #include <map>
 #include <optional>
@@ -81,6 +83,16 @@ struct Finding {
 Finding decide(const Evidence& ev);
 // The cause in words ("" for Kind::None).
 std::string cause_text(const Evidence& ev, const Finding& f);
+// The same finding as data, what the words are rendered from: kind
+// ("none", "killed", "stopped", "named"), named ("desync", "dead",
+// "elsewhere", "unresponsive"), culprit and its pid, host, signal, exit code
+// or process state, its last heartbeat (age_s, step, phase), the collective
+// it was in (seq and what, or kind and unit), the ranks that waited and
+// whether they timed out, the first rank that failed (and its exit code or
+// signal), and the words
+// ("cause"). The launcher writes it beside the flight dumps
+// (launcher-node<k>.json).
+nlohmann::json finding_json(const Evidence& ev, const Finding& f);
 
 // "SIGKILL (9)", or "signal N" for one without a name.
 std::string signal_name(int sig);

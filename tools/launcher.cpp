@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -487,6 +488,7 @@ class Attempt {
         ev.records[q] = {store_->heartbeat(base_, q), store_->entered(base_, q)};
     }
     const diagnosis::Finding f = diagnosis::decide(ev);
+    if (!o_.flight_dir.empty()) write_finding(diagnosis::finding_json(ev, f));
     if (f.kind == diagnosis::Finding::Kind::None) return false;
     out_.culprit = f.culprit;
     out_.cause = diagnosis::cause_text(ev, f);
@@ -500,6 +502,29 @@ class Attempt {
     kill(pid, SIGUSR1);
     if (f.continue_first) kill(pid, SIGCONT);
     return true;
+  }
+
+  // The finding as data, beside the ranks' flight dumps:
+  // <flight dir>/launcher-node<k>.json, written whole or not at all (a
+  // temporary file renamed); a later failure of the same node (a restart)
+  // replaces it, as the ranks' dumps are replaced. Diagnostics only: a
+  // folder that cannot be written is said, and the job goes on stopping.
+  void write_finding(nlohmann::json j) {
+    j["node"] = o_.node_rank;
+    j["restart"] = restart_;
+    const std::string path = detail::cat(o_.flight_dir, "/launcher-node", o_.node_rank, ".json");
+    const std::string tmp = path + ".tmp";
+    std::error_code ec;
+    std::filesystem::create_directories(o_.flight_dir, ec);
+    const std::string text = j.dump(1) + "\n";
+    std::FILE* out = std::fopen(tmp.c_str(), "w");
+    const bool ok = out && std::fwrite(text.data(), 1, text.size(), out) == text.size();
+    const bool closed = out && std::fclose(out) == 0;
+    if (!ok || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
+      std::fprintf(stderr, "fsdp run: could not write %s (%s); the finding is only in this log\n", path.c_str(),
+                   std::strerror(errno));
+      std::remove(tmp.c_str());
+    }
   }
 
   // SIGTERM to every rank; a stopped one cannot act on it, so it gets SIGKILL.
