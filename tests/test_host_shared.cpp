@@ -5,6 +5,7 @@
 // a barrier, and three jobs at once.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -191,10 +192,16 @@ TEST_P(HostSharedFault, TheRankAtFaultIsNamedAndNothingStays) {
     // The words once: the line names the cause.
     EXPECT_EQ(lines_with(r.output, tag + "Cause: rank 1 is " + (kind == "kill" ? "dead" : "")).size(), 1u) << r.output;
   }
-  if (kind == "stop")
-    EXPECT_FALSE(lines_with(r.output, "stopped (SIGSTOP)").empty()) << r.output;
-  else
-    EXPECT_FALSE(lines_with(r.output, "was killed by signal SIGKILL").empty()) << r.output;
+  // The launcher's finding (FSDP_FLIGHT_DIR names its folder too).
+  const auto lf = launcher_finding(flight);
+  EXPECT_EQ(lf.at("culprit"), 1) << lf.dump();
+  if (kind == "stop") {
+    EXPECT_EQ(lf.at("kind"), "stopped") << lf.dump();
+    EXPECT_EQ(lf.at("process_state"), "stopped (SIGSTOP)") << lf.dump();
+  } else {
+    EXPECT_EQ(lf.at("kind"), "killed") << lf.dump();
+    EXPECT_EQ(lf.at("signal"), SIGKILL) << lf.dump();
+  }
   EXPECT_EQ(host_shared_mappings(job), 0);
   std::set<std::string> added;
   for (auto& e : shm_entries())

@@ -10,6 +10,7 @@
 #include "usage.h"
 #include "command.h"
 #include "config/cluster_env.h"
+#include "fsdp/config.h"
 #include "fsdp/errors.h"
 #include "launcher.h"
 
@@ -133,7 +134,8 @@ int cmd_run(int argc, char** argv) {
       ->check(cli::real(0, 3600));
   app.add_option("--flight-dir", o.flight_dir,
                  "where the ranks dump their flight recorders (FSDP_FLIGHT_DIR): on a failure, or on SIGUSR1 to "
-                 "this launcher (default: the program's choice; the trainers use <ckpt-dir>/flight)");
+                 "this launcher, and where the launcher writes what it found (launcher-node<k>.json; default: "
+                 "FSDP_FLIGHT_DIR, else the program's choice: the trainers use <ckpt-dir>/flight)");
   app.footer("Example: fsdp run -n 4 -- build/bin/tiny --steps 10");
   app.prefix_command();  // without "--", the first positional starts the program
   try {
@@ -143,6 +145,13 @@ int cmd_run(int argc, char** argv) {
     std::fprintf(stderr, "fsdp run: error: %s\nRun 'fsdp run --help' for the options.\n", e.what());
     return 2;
   }
+  // Without --flight-dir, FSDP_FLIGHT_DIR (which the ranks inherit) names
+  // their folder, and the launcher's finding goes there too. Only that
+  // variable is read here: the others are the ranks' to check.
+  if (o.flight_dir.empty())
+    o.flight_dir = fsdp::config::parse_env([](const char* name) -> const char* {
+                     return std::strcmp(name, "FSDP_FLIGHT_DIR") == 0 ? std::getenv(name) : nullptr;
+                   }).flight_dir;
   // Before "--" only our options; an unknown one is a mistake, not the program.
   const std::vector<std::string> extra = app.remaining();
   if (!extra.empty() && (ours < argc || extra[0].rfind("-", 0) == 0)) {

@@ -98,7 +98,7 @@ const std::vector<Variable>& variables() {
       {"FSDP_FLIGHT_ENTRIES", "an integer in [8, 1048576]", "InitOptions::flight_entries (512)",
        "collectives the flight recorder keeps"},
       {"FSDP_FLIGHT_DIR", "a directory", "fsdp-flight (or the program's flight::set_default_dir)",
-       "where flight-recorder dumps go"},
+       "where flight-recorder dumps go, and fsdp run's finding (launcher-node<k>.json)"},
       {"FSDP_ALLOC_CACHE", "on or off", "on", "the counting allocator keeps freed blocks for reuse"},
       {"FSDP_PROGRESS", "on, off, lines or tty", "on", "progress lines on rank 0 (lines: full lines; tty: one line)"},
       {"FSDP_PROGRESS_EVERY", "seconds, >= 0", "ProgressOptions::interval_s (5)",
