@@ -24,8 +24,7 @@ namespace fs = std::filesystem;
 
 bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
-// Every process's mappings that name the host-shared memory ("memfd:fsdp-host-shared").
-// Mappings of host-shared memory held by processes of one test's jobs: those
+// Mappings of host-shared memory ("memfd:fsdp-host-shared") held by the processes of one test's jobs: those
 // started with FSDP_TEST_JOB=<job> in their environment (job_env). Other
 // jobs on this machine (a test run beside this one, a user's training)
 // map such memory too, and are not this test's to judge.
