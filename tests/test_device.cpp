@@ -143,6 +143,10 @@ TEST(Device, CudaIsLoadedOnlyWhenAsked) {
 // CUDA runtime, and says what a timed-out NCCL collective does.
 TEST(Device, CudaLoadedFirstNamesItsLibraries) {
   if (!fs::exists(plugin_path())) GTEST_SKIP() << "this build has no CUDA plugin (FSDP_CUDA=OFF)";
+  // "First" holds only in a process of its own: a test run before this one
+  // in the same process (one gtest run of many tests) may have asked
+  // libtorch about CUDA already.
+  FSDP_IN_RANKS(1);
   const std::string libs = fsdp::cuda_libraries();
   EXPECT_TRUE(mentions(maps(), "libtorch_cuda.so"));
   EXPECT_TRUE(mentions(libs, "NCCL 2.")) << libs;
@@ -229,6 +233,7 @@ TEST(Device, ProgramsNameTheirDeviceBeforeAskingLibtorch) {
 // A device the process cannot use is one fsdp::Error at fully_shard, naming
 // the option, what the process has and what to do.
 TEST(Device, ADeviceTheProcessCannotUseIsOneError) {
+  FSDP_IN_RANKS(1);  // the message names what this process has: one where nothing asked about CUDA before
   auto comm = fsdp::make_local_communicator();
   const int have = fsdp::cuda_device_count();
   fsdp::FsdpOptions o;
