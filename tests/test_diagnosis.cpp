@@ -395,6 +395,23 @@ TEST(LaunchDiagnosis, TheFindingIsDecidedBeforeItIsWorded) {
   EXPECT_EQ(j.at("signal"), SIGKILL) << j.dump();
   EXPECT_EQ(j.at("first_failed_signal"), SIGKILL) << j.dump();
   EXPECT_FALSE(j.contains("exit_code") || j.contains("first_failed_exit_code")) << j.dump();
+
+  // A culprit alive in no collective: the data names the one it entered last.
+  ev.local[1].status = 1 << 8;  // exited with code 1, as at first
+  ev.verdicts[1].desync.clear();
+  ev.records[3].beat = beat(3, 999.5);  // in no collective now
+  fsdp::watchdog::Entered last;
+  last.seq = 8;
+  last.time = 990;
+  last.what = "reduce_scatter 'fc1' (fp32, 10 elements, 40 B)";
+  ev.records[3].entered = last;
+  f = diagnosis::decide(ev);
+  ASSERT_EQ(f.named, diagnosis::Finding::Named::AliveElsewhere);
+  j = diagnosis::finding_json(ev, f);
+  EXPECT_EQ(j.at("named"), "elsewhere") << j.dump();
+  EXPECT_FALSE(j.contains("collective")) << j.dump();
+  EXPECT_EQ(j.at("last_entered").at("seq"), 8) << j.dump();
+  EXPECT_EQ(j.at("last_entered").at("what"), last.what) << j.dump();
 }
 
 }  // namespace FSDP_TEST_ID

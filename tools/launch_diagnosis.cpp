@@ -275,6 +275,9 @@ nlohmann::json finding_json(const Evidence& ev, const Finding& f) {
     j["collective"] = {{"seq", e->seq}, {"what", e->what}, {"step", e->step}, {"phase", e->phase}};
   } else if (h && h->seq > 0) {
     j["collective"] = {{"seq", h->seq}, {"kind", h->kind}, {"unit", h->unit}};
+  } else if (e && e->seq > 0) {
+    // In no collective now: the one it entered last.
+    j["last_entered"] = {{"seq", e->seq}, {"what", e->what}, {"step", e->step}, {"phase", e->phase}};
   }
   return j;
 }

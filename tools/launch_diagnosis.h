@@ -87,10 +87,10 @@ std::string cause_text(const Evidence& ev, const Finding& f);
 // ("none", "killed", "stopped", "named"), named ("desync", "dead",
 // "elsewhere", "unresponsive"), culprit and its pid, host, signal, exit code
 // or process state, its last heartbeat (age_s, step, phase), the collective
-// it was in (seq and what, or kind and unit), the ranks that waited and
-// whether they timed out, the first rank that failed (and its exit code or
-// signal), and the words ("cause"). The launcher writes it beside the
-// flight dumps (launcher-node<k>.json).
+// it was in (seq and what, or kind and unit; in none: last_entered), the
+// ranks that waited and whether they timed out, the first rank that failed
+// (and its exit code or signal), and the words ("cause"). The launcher
+// writes it beside the flight dumps (launcher-node<k>.json).
 nlohmann::json finding_json(const Evidence& ev, const Finding& f);
 
 // "SIGKILL (9)", or "signal N" for one without a name.

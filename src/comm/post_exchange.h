@@ -3,6 +3,7 @@
 // collectives (cma.cpp) post where a peer reads and say when they are done
 // reading; the host-shared ones (host_shared.cpp) post the descriptor a peer
 // maps. Internal: not installed.
+// defines: PostExchange
 #pragma once
 
 #include <algorithm>

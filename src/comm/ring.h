@@ -1,5 +1,5 @@
 // fsdp-cpp: the collective algorithms, on a mesh of point-to-point links.
-// defines: Wire, Traffic, ring_all_gather, ring_reduce_scatter,
+// defines: Wire, remaining, Traffic, ring_all_gather, ring_reduce_scatter,
 //          ring_all_reduce, direct_broadcast, direct_gather, dissemination_barrier
 //
 // Rank r talks to its ring neighbours r+1 (right) and r-1 (left). A "step"
