@@ -59,9 +59,33 @@ TEST(CollectivePath, EveryBranchAndItsReason) {
 
   EXPECT_FALSE(choose(blocked).host_shared) << "no shared memory without the CMA path";
 
+  // The tiers share memory inside each host as one host does: on unless
+  // switched off or some host's ranks cannot map each other's memory.
   Facts tiers = several_hosts();
   EXPECT_EQ(choose(tiers).path, Path::TIERS);
-  EXPECT_FALSE(choose(tiers).host_shared) << "across hosts nothing changes";
+  EXPECT_TRUE(choose(tiers).host_shared) << "inside each host, as on one";
+  EXPECT_EQ(choose(tiers).reason,
+            "the hosts have equal numbers (> 1) of ranks: cross-memory attach inside each host, gloo/tcp between "
+            "the ranks of the same local index; units keep one copy of their parameters per host and reduce "
+            "gradients where they lie");
+  tiers.tiers_shape = "2 hosts of 2 ranks";
+  EXPECT_EQ(choose(tiers).reason.rfind("2 hosts of 2 ranks: cross-memory attach inside each host", 0), 0u)
+      << choose(tiers).reason;
+  Facts tiers_off = tiers;
+  tiers_off.share_host = false;
+  EXPECT_EQ(choose(tiers_off).path, Path::TIERS);
+  EXPECT_FALSE(choose(tiers_off).host_shared);
+  EXPECT_EQ(choose(tiers_off).reason,
+            "2 hosts of 2 ranks: cross-memory attach inside each host, gloo/tcp between the ranks of the same local "
+            "index; each rank keeps its own copy of the parameters (FSDP_SHARE_HOST=off)");
+  Facts tiers_unmappable = tiers;
+  tiers_unmappable.share_blocked = "the ranks on the host of rank 2 cannot map each other's memory";
+  EXPECT_EQ(choose(tiers_unmappable).path, Path::TIERS);
+  EXPECT_FALSE(choose(tiers_unmappable).host_shared);
+  EXPECT_NE(choose(tiers_unmappable).reason.find("; each rank keeps its own copy of the parameters: the ranks on the "
+                                                 "host of rank 2 cannot map each other's memory"),
+            std::string::npos)
+      << choose(tiers_unmappable).reason;
   Facts off = several_hosts();
   off.tiers = false;
   off.transport = "cma";

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -79,6 +80,13 @@ TEST(HostShared, ChosenWithItsReasonAndOffWithOneSwitch) {
       << on.output;
   EXPECT_EQ(lines_with(on.output, "HS shares=1 path=cma+gloo world=2 rank=").size(), 2u) << on.output;
   EXPECT_EQ(lines_with(on.output, " host-shared loss=").size(), 2u) << on.output;
+  // The ledger: one copy per host, mapped by its 2 ranks, whose shares are
+  // their fp32 shards.
+  for (auto& l : lines_with(on.output, "HS ledger ")) {
+    EXPECT_EQ(field(l, "host_ranks"), 2) << l;
+    EXPECT_EQ(field(l, "shared"), 2 * field(l, "P")) << l;
+  }
+  EXPECT_EQ(lines_with(on.output, "HS ledger ").size(), 2u) << on.output;
   auto off = run_ranks(2, "hs_train", {"fp32", "2", "-", "-", "0"}, {"FSDP_DEBUG=info", "FSDP_SHARE_HOST=off"}, 60);
   ASSERT_EQ(off.exit_code, 0) << off.output;
   EXPECT_EQ(lines_with(off.output, "each rank keeps its own copy of the parameters (FSDP_SHARE_HOST=off)").size(), 1u)
@@ -90,24 +98,67 @@ TEST(HostShared, ChosenWithItsReasonAndOffWithOneSwitch) {
   EXPECT_TRUE(contains(bad.output, "FSDP_SHARE_HOST='maybe'")) << bad.output;
 }
 
+// The two host-shared collectives alone (hs_collectives: all_gather in
+// place and from a private input, reduce_scatter SUM and AVG; fp32 and
+// bf16; 1, 7, 1000 and 65536 elements per block), bit for bit, on one host
+// (N = 3) and across hosts composed in tiers (2 x 2, interleaved, 2 x 3).
+// Each of the 32 calls took the host-shared form (its trace span says so:
+// the other forms give the same values). Counted as without sharing:
+// (N-1) b per call, (H-1) b of it across hosts.
+TEST(HostShared, CollectivesAreExactOnOneHostAndAcrossHosts) {
+  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv, so its ranks cannot map each other's memory";
+  const long long blocks = 1 + 7 + 1000 + 65536, per_call_kind = blocks * (4 + 2) * 2;  // x 2 calls, fp32 + bf16
+  for (const std::string layout : {"", "a,a,b,b", "a,b,a,b", "a,a,a,b,b,b"}) {
+    const int n = layout.empty() ? 3 : static_cast<int>(std::count(layout.begin(), layout.end(), ',')) + 1;
+    const int H = layout.empty() ? 1 : static_cast<int>(std::set<char>(layout.begin(), layout.end()).size()) - 1;
+    const std::string trace = temp_dir("hs-collectives-trace");
+    std::vector<std::string> env = {"FSDP_TEST_TRACE=" + trace};
+    if (!layout.empty()) env.push_back("FSDP_TEST_HOST_LAYOUT=" + layout);
+    auto r = run_ranks(n, "hs_collectives", {}, env, 120);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (int q = 0; q < n; ++q) {
+      const std::string text = slurp(trace + "/trace-rank" + std::to_string(q) + ".json");
+      ASSERT_FALSE(text.empty()) << "no trace of rank " << q << " in " << trace;
+      const std::string mark = "\"host_shared\":1";
+      int shared_spans = 0;
+      for (auto at = text.find(mark); at != std::string::npos; at = text.find(mark, at + 1)) ++shared_spans;
+      EXPECT_EQ(shared_spans, 32) << "rank " << q << " (" << (layout.empty() ? "one host" : layout) << ")";
+    }
+    auto lines = lines_with(r.output, "HSC passed ");
+    ASSERT_EQ(lines.size(), static_cast<size_t>(n)) << r.output;
+    for (auto& l : lines) {
+      EXPECT_EQ(field(l, "checks"), 2 * 4 * (2 * n + 2)) << l;
+      EXPECT_TRUE(contains(l, layout.empty() ? "path=cma+gloo world=" : "path=cma+tcp tiers world=")) << l;
+      EXPECT_TRUE(contains(l, " host-shared ag=")) << l;
+      EXPECT_EQ(field(l, "ag"), (n - 1) * per_call_kind) << l;
+      EXPECT_EQ(field(l, "rs"), (n - 1) * per_call_kind) << l;
+      EXPECT_EQ(field(l, "ag_inter"), (H - 1) * per_call_kind) << l;
+      EXPECT_EQ(field(l, "rs_inter"), (H - 1) * per_call_kind) << l;
+    }
+  }
+}
+
 // The shared path against the ring path (FSDP_SHARE_HOST=off), parameter by
 // parameter after 4 steps: equal to fp32 rounding (the sums run in another
 // order), at N = 2, 3, 4, fp32 and bf16, with a frozen unit, and with a weight
 // tied between the root and every unit (hs_train's TiedNet).
-using PathParam = std::tuple<int, std::string, std::string>;  // N, dtype, plain|frozen|tied
-class HostSharedEqualsRing : public ::testing::TestWithParam<PathParam> {};
-TEST_P(HostSharedEqualsRing, ParameterByParameter) {
-  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv, so its ranks cannot map each other's memory";
-  auto [n, dtype, variant] = GetParam();
+// The final parameters of hs_train (4 steps) with and without sharing,
+// compared parameter by parameter. `env`: what else the ranks get (the
+// hosts' layout).
+void expect_sharing_changes_only_rounding(int n, const std::string& dtype, const std::string& variant,
+                                          const std::vector<std::string>& env, const std::string& path) {
   const std::string dir = temp_dir("hs-equal");
   const std::string frozen_arg = variant == "plain" ? "0" : variant == "frozen" ? "1" : "tied";
   std::vector<torch::Tensor> got[2];
   for (int shared = 0; shared < 2; ++shared) {
     const std::string out = dir + (shared ? "/shared.pt" : "/ring.pt");
-    auto r = run_ranks(n, "hs_train", {dtype, "4", out, "-", frozen_arg},
-                       {shared ? "FSDP_SHARE_HOST=on" : "FSDP_SHARE_HOST=off"}, 120);
+    std::vector<std::string> e = env;
+    e.push_back(shared ? "FSDP_SHARE_HOST=on" : "FSDP_SHARE_HOST=off");
+    auto r = run_ranks(n, "hs_train", {dtype, "4", out, "-", frozen_arg}, e, 120);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    ASSERT_EQ(lines_with(r.output, shared ? "HS shares=1" : "HS shares=0").size(), static_cast<size_t>(n)) << r.output;
+    ASSERT_EQ(lines_with(r.output, std::string(shared ? "HS shares=1" : "HS shares=0") + " path=" + path).size(),
+              static_cast<size_t>(n))
+        << r.output;
     // The tied weight: one value under its 4 names (the root's, each block's).
     if (variant == "tied") EXPECT_EQ(lines_with(r.output, "HS tied copies=4 equal=4").size(), 1u) << r.output;
     torch::load(got[shared], out);
@@ -124,6 +175,18 @@ TEST_P(HostSharedEqualsRing, ParameterByParameter) {
     EXPECT_LE(diff, tol) << "parameter " << i << " (N=" << n << " " << dtype << ")";
   }
 }
+
+// The shared path against the ring path (FSDP_SHARE_HOST=off), parameter by
+// parameter after 4 steps: equal to fp32 rounding (the sums run in another
+// order), at N = 2, 3, 4, fp32 and bf16, with a frozen unit, and with a weight
+// tied between the root and every unit (hs_train's TiedNet).
+using PathParam = std::tuple<int, std::string, std::string>;  // N, dtype, plain|frozen|tied
+class HostSharedEqualsRing : public ::testing::TestWithParam<PathParam> {};
+TEST_P(HostSharedEqualsRing, ParameterByParameter) {
+  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv, so its ranks cannot map each other's memory";
+  auto [n, dtype, variant] = GetParam();
+  expect_sharing_changes_only_rounding(n, dtype, variant, {}, "cma+gloo world=");
+}
 INSTANTIATE_TEST_SUITE_P(Grid, HostSharedEqualsRing,
                          ::testing::Values(PathParam{2, "fp32", "plain"}, PathParam{3, "fp32", "frozen"},
                                            PathParam{4, "fp32", "plain"}, PathParam{3, "bf16", "plain"},
@@ -134,6 +197,57 @@ INSTANTIATE_TEST_SUITE_P(Grid, HostSharedEqualsRing,
                            return "N" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param) +
                                   (v == "plain" ? "" : "_" + v);
                          });
+
+// Across hosts (the tiers; hosts simulated by FSDP_TEST_HOST_LAYOUT): each
+// host keeps one copy of a unit, mapped by its ranks, and only the other
+// hosts' blocks move (tiers.h). The same parity against the tiers without
+// sharing: 2 hosts of 2, hosts whose ranks interleave (bf16, a frozen
+// unit), 2 hosts of 3 with the tied weight.
+using TierParam = std::tuple<std::string, std::string, std::string>;  // layout, dtype, plain|frozen|tied
+class HostSharedTiersEqualsCopies : public ::testing::TestWithParam<TierParam> {};
+TEST_P(HostSharedTiersEqualsCopies, ParameterByParameter) {
+  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv, so its ranks cannot map each other's memory";
+  auto [layout, dtype, variant] = GetParam();
+  const int n = static_cast<int>(std::count(layout.begin(), layout.end(), ',')) + 1;
+  expect_sharing_changes_only_rounding(n, dtype, variant, {"FSDP_TEST_HOST_LAYOUT=" + layout},
+                                       "cma+tcp tiers world=");
+}
+INSTANTIATE_TEST_SUITE_P(Layouts, HostSharedTiersEqualsCopies,
+                         ::testing::Values(TierParam{"a,a,b,b", "fp32", "plain"},
+                                           TierParam{"a,b,a,b", "bf16", "frozen"},
+                                           TierParam{"a,a,a,b,b,b", "fp32", "tied"}),
+                         [](const auto& info) {
+                           std::string s = std::get<0>(info.param);
+                           for (auto& c : s)
+                             if (c == ',') c = '_';
+                           const std::string& v = std::get<2>(info.param);
+                           return s + "_" + std::get<1>(info.param) + (v == "plain" ? "" : "_" + v);
+                         });
+
+// The tiers say why they share, and the ledger counts one copy per host
+// mapped by that host's ranks: 2 hosts of 2 ranks, fp32, so each rank's
+// share (shared / 2) is two ranks' shards (2 P).
+TEST(HostShared, AcrossHostsEachHostKeepsOneCopy) {
+  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv, so its ranks cannot map each other's memory";
+  auto r = run_ranks(4, "hs_train", {"fp32", "2", "-", "-", "0"}, {"FSDP_TEST_HOST_LAYOUT=a,a,b,b", "FSDP_DEBUG=info"},
+                     120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(lines_with(r.output, "by tiers (cma inside each host + gloo/tcp between hosts): 2 hosts of 2 ranks: "
+                                 "cross-memory attach inside each host, gloo/tcp between the ranks of the same local "
+                                 "index; units keep one copy of their parameters per host and reduce gradients where "
+                                 "they lie")
+                .size(),
+            1u)
+      << r.output;
+  EXPECT_EQ(lines_with(r.output, "HS shares=1 path=cma+tcp tiers world=4 rank=").size(), 4u) << r.output;
+  auto ledgers = lines_with(r.output, "HS ledger ");
+  ASSERT_EQ(ledgers.size(), 4u) << r.output;
+  for (auto& l : ledgers) {
+    EXPECT_EQ(field(l, "host_ranks"), 2) << l;
+    EXPECT_GT(field(l, "P"), 0) << l;
+    EXPECT_EQ(field(l, "shared"), 4 * field(l, "P")) << l;
+  }
+}
 
 // A checkpoint saved on one path loads on the other, both ways: the next
 // step's loss is the same bit for bit (the forward reads the same values).
@@ -158,6 +272,26 @@ TEST(HostShared, CheckpointsCrossBetweenTheTwoPaths) {
   }
 }
 
+// hs_train over `n` ranks under fsdp run (FSDP_TIMEOUT=3), rank 1 raising
+// `kind` (kill, stop) at the start of step 3; `env` adds to the ranks'.
+ProcResult run_with_a_fault(int n, const std::string& kind, const std::string& flight, const std::string& job,
+                            std::vector<std::string> env) {
+  env.insert(env.end(), {"FSDP_TIMEOUT=3", "FSDP_FLIGHT_DIR=" + flight, job_env(job)});
+  return run_command({bin_path("fsdp"), "run", "-n", std::to_string(n), "--grace", "5", "--",
+                      bin_path("fsdp_test_worker"), "hs_train", "fp32", "20", "-", kind + ":1:3", "0"},
+                     env, 90);
+}
+
+// After a job: no process of it maps host-shared memory, and nothing was
+// added to /dev/shm since `before`.
+void expect_nothing_stays(const std::string& job, const std::set<std::string>& before) {
+  EXPECT_EQ(host_shared_mappings(job), 0);
+  std::set<std::string> added;
+  for (auto& e : shm_entries())
+    if (!before.count(e)) added.insert(e);
+  EXPECT_TRUE(added.empty()) << "new in /dev/shm: " << *added.begin();
+}
+
 // Rank 1 of 3 dies (SIGKILL) or freezes (SIGSTOP) at the start of step 3, so
 // ranks 0 and 2 wait for it in the first unit's all-gather, a barrier on this
 // path: each fails naming rank 1 and the collective, and after the job no
@@ -169,9 +303,7 @@ TEST_P(HostSharedFault, TheRankAtFaultIsNamedAndNothingStays) {
   const auto shm_before = shm_entries();
   const std::string flight = temp_dir("hs-flight");
   const std::string job = job_name();
-  auto r = run_command({bin_path("fsdp"), "run", "-n", "3", "--grace", "5", "--", bin_path("fsdp_test_worker"),
-                        "hs_train", "fp32", "20", "-", kind + ":1:3", "0"},
-                       {"FSDP_TIMEOUT=3", "FSDP_FLIGHT_DIR=" + flight, job_env(job)}, 90);
+  auto r = run_with_a_fault(3, kind, flight, job, {});
   EXPECT_NE(r.exit_code, 0) << r.output;
   ASSERT_EQ(lines_with(r.output, "[rank 1] HS rank 1 raises " + kind + " at step 3").size(), 1u) << r.output;
   for (int survivor : {0, 2}) {
@@ -201,13 +333,42 @@ TEST_P(HostSharedFault, TheRankAtFaultIsNamedAndNothingStays) {
     EXPECT_EQ(lf.at("kind"), "killed") << lf.dump();
     EXPECT_EQ(lf.at("signal"), SIGKILL) << lf.dump();
   }
-  EXPECT_EQ(host_shared_mappings(job), 0);
-  std::set<std::string> added;
-  for (auto& e : shm_entries())
-    if (!shm_before.count(e)) added.insert(e);
-  EXPECT_TRUE(added.empty()) << "new in /dev/shm: " << *added.begin();
+  expect_nothing_stays(job, shm_before);
 }
 INSTANTIATE_TEST_SUITE_P(Kinds, HostSharedFault, ::testing::Values("kill", "stop"));
+
+// Across hosts (2 x 2, the tiers): rank 1 dies or freezes at the start of
+// step 3. Rank 0 waits for it at its host's barrier, rank 3 in the TCP tier
+// (the ranks of local index 1): both fail naming rank 1 and the all-gather.
+// Rank 2 waits on rank 3, which failed first; the launcher names rank 1.
+// After the job no process maps the shared memory.
+class HostSharedTiersFault : public ::testing::TestWithParam<std::string> {};
+TEST_P(HostSharedTiersFault, TheRankAtFaultIsNamedAndNothingStays) {
+  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv, so its ranks cannot map each other's memory";
+  const std::string kind = GetParam();
+  const auto shm_before = shm_entries();
+  const std::string flight = temp_dir("hs-tiers-flight");
+  const std::string job = job_name();
+  auto r = run_with_a_fault(4, kind, flight, job, {"FSDP_TEST_HOST_LAYOUT=a,a,b,b"});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  ASSERT_EQ(lines_with(r.output, "[rank 1] HS rank 1 raises " + kind + " at step 3").size(), 1u) << r.output;
+  for (int survivor : {0, 3}) {
+    const std::string tag = "[rank " + std::to_string(survivor) + "] ";
+    auto failed = lines_with(r.output, tag + "scenario hs_train failed: all_gather '");
+    ASSERT_EQ(failed.size(), 1u) << r.output;
+    EXPECT_TRUE(contains(failed[0], "cma+tcp tiers world=4 rank=" + std::to_string(survivor) + " host-shared"))
+        << failed[0];
+    const auto v = verdict_in(flight, survivor);
+    EXPECT_EQ(v.at("kind"), "all_gather") << v.dump();
+    EXPECT_EQ(ranks_in(v, "waited_on"), std::vector<int>{1}) << v.dump();
+    EXPECT_EQ(ranks_in(v, "culprits"), std::vector<int>{1}) << v.dump();
+  }
+  const auto lf = launcher_finding(flight);
+  EXPECT_EQ(lf.at("culprit"), 1) << lf.dump();
+  EXPECT_EQ(lf.at("kind"), kind == "stop" ? "stopped" : "killed") << lf.dump();
+  expect_nothing_stays(job, shm_before);
+}
+INSTANTIATE_TEST_SUITE_P(Kinds, HostSharedTiersFault, ::testing::Values("kill", "stop"));
 
 // Three jobs of two ranks each on this host at once: each trains exactly as
 // it does alone (the same loss, bit for bit), so no job saw another's memory.

@@ -252,10 +252,18 @@ TEST(Plan, HostSharedUnitsAreCountedOncePerHost) {
     EXPECT_NE(shared.str().find("host-shared units"), std::string::npos) << shared.str();
     EXPECT_EQ(nlohmann::json::parse(shared.to_json()).at("host_peak").get<int64_t>(), shared.host_peak());
   }
+  // Across hosts (the tiers) each host keeps its own copy, mapped by its
+  // ranks; a reduce stages the host's sums of the chunks a rank forwards.
   auto across = opts(4);
   across.share_host = true;
   across.hosts = 2;
-  EXPECT_EQ(make_plan(u, 100, across).shared_per_host, 0) << "across hosts nothing changes";
+  const Plan tiers = make_plan(u, 100, across);
+  EXPECT_EQ(tiers.shared_per_host, tiers.padded_numel * 4);
+  EXPECT_EQ(tiers.host_ranks, 2);
+  EXPECT_EQ(tiers.host_peak(), 2 * tiers.peak + tiers.shared_per_host);
+  EXPECT_EQ(tiers.staging, 2 * 750 * 4) << "H = 2 chunks of the largest unit's shard (3000 / 4); no ring staging";
+  across.share_host = false;
+  EXPECT_EQ(make_plan(u, 100, across).shared_per_host, 0);
   auto none = opts(4, ShardingStrategy::NO_SHARD);
   none.share_host = true;
   EXPECT_EQ(make_plan(u, 100, none).shared_per_host, 0);

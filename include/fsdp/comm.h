@@ -221,26 +221,29 @@ class Communicator {
   // than one rank).
   virtual CommPtr split(int color, const SplitOptions& opts = {});
 
-  // --- Memory shared by the ranks of one host (docs/COMM.md, "Host-shared units") ---
+  // --- Memory shared by the ranks of a host (docs/COMM.md, "Host-shared units") ---
 
-  // Whether shared_tensor and peer_tensor are offered: every rank of this
-  // communicator is on this host and may map its peers' memory, and
+  // Whether shared_tensor and peer_tensor are offered: the ranks of this
+  // communicator on each host may map each other's memory (every rank on
+  // this host, or hosts of equal size composed in tiers, docs/COMM.md), and
   // CommOptions::share_host_memory (FSDP_SHARE_HOST) is on. The collective
   // path decides it once, the same on every rank (FSDP_DEBUG=info says why).
   // The default: false.
   virtual bool shares_host_memory() const { return false; }
   // Collective: `numel` zeroed elements of `dtype` over one piece of memory
-  // that every rank of this communicator maps, so what one rank writes the
-  // others read. all_gather into it, each rank's input being its own block of
-  // it (or copied there), moves no bytes: it is a barrier. The memory is
-  // freed when the last rank's tensor is; no crash leaves it behind.
-  // Throws fsdp::Error when !shares_host_memory().
+  // that every rank of this communicator on this host maps, so what one rank
+  // writes the others of its host read. all_gather into it, each rank's input
+  // being its own block of it (or copied there), moves no bytes inside a
+  // host: it is a barrier there (across hosts, the blocks of the other hosts'
+  // ranks arrive in it). The memory is freed when the host's last tensor is;
+  // no crash leaves it behind. Throws fsdp::Error when !shares_host_memory().
   virtual torch::Tensor shared_tensor(int64_t numel, torch::ScalarType dtype, const CollectiveInfo& info = {});
   // Not collective: `numel` uninitialised elements of `dtype` in memory that
-  // this communicator's ranks can map. reduce_scatter from it reads every
-  // rank's chunk where it lies and sums it in rank order (0, 1, ..., N-1;
-  // bf16 and fp16 in fp32, rounded once), copying nothing. Throws
-  // fsdp::Error when !shares_host_memory().
+  // this communicator's ranks of this host can map. reduce_scatter from it
+  // reads every rank's chunk where it lies and sums it in rank order (0, 1,
+  // ..., N-1; bf16 and fp16 in fp32, rounded once; across hosts, each host's
+  // ranks in rank order, then the hosts' sums), copying nothing inside a
+  // host. Throws fsdp::Error when !shares_host_memory().
   virtual torch::Tensor peer_tensor(int64_t numel, torch::ScalarType dtype);
 };
 

@@ -289,10 +289,13 @@ struct Ledger {
   int64_t sent_intra_host = 0, sent_inter_host = 0;
   int shard_group_size = 0;   // ranks a unit is sharded over (HYBRID: S; else N)
   // Host-shared units (Communicator::shares_host_memory): the units' full
-  // parameters in the parameter dtype, held once per host and mapped by all
-  // shard_group_size ranks of it; this rank's share is shared_per_host /
-  // shard_group_size (in fp32 that share is P's shards, not more). 0: none.
+  // parameters in the parameter dtype, held once per host and mapped by its
+  // host_ranks ranks; this rank's share is shared_per_host / host_ranks (on
+  // one host, in fp32, that share is P's shards, not more). 0: none.
   int64_t shared_per_host = 0;
+  // The ranks of the shard group on this host, which map shared_per_host
+  // (one host: shard_group_size; hosts composed in tiers: fewer).
+  int host_ranks = 0;
   // The planner's prediction (fsdp::plan::make_plan, the one place a peak is
   // computed) for this run's units and options, with O, A and A_recompute
   // as measured here.

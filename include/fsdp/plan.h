@@ -172,12 +172,12 @@ struct Plan {
   // A background checkpoint's snapshot (options.async_checkpoint): this
   // rank's fp32 parameter shards and optimizer state; 0 otherwise.
   int64_t C = 0;
-  // Host-shared units (options.share_host, one host): every unit's
+  // Host-shared units (options.share_host; one host, or each of `hosts`): every unit's
   // parameters in the compute dtype, once per host, mapped by host_ranks
   // ranks; not the allocator's (peak leaves them out, and in fp32 the
   // master shards, which are slices of it). 0: none.
   int64_t shared_per_host = 0;
-  // The ranks that map shared_per_host (the host's, or HYBRID's shard group).
+  // The ranks that map shared_per_host (the host's: N / hosts, or HYBRID's shard group).
   int host_ranks = 1;
   // The predicted peak: rest + working set + A (+ C), at peak_at: what the
   // allocator holds (host-shared: less the shared memory above).

@@ -67,6 +67,7 @@ class CmaAlgorithms final : public Algorithms {
     return cma_reduce_scatter(w, peers_, in, out, m, dtype, divisor);
   }
   std::shared_ptr<HostShared> host_shared() const override { return shared_; }
+  void* map_common(const Wire& w, int64_t bytes) override { return shared_->map_common(w, bytes); }
   Traffic all_reduce(const Wire& w, void* data, int64_t numel, c10::ScalarType dtype, int divisor) override {
     return cma_all_reduce(w, peers_, data, numel, dtype, divisor);
   }
@@ -91,13 +92,21 @@ class TierAlgorithms final : public Algorithms {
  public:
   explicit TierAlgorithms(std::unique_ptr<Tiers> t) : t_(std::move(t)) {}
 
+  // As CmaAlgorithms: the host-shared forms for buffers that lie in the
+  // host's shared memory, the same on every rank.
   Traffic all_gather(const Wire& w, const void* in, void* out, int64_t block) override {
+    if (t_->shared && t_->shared->is_common(out, block * w.mesh->size))
+      return tier_shared_all_gather(w, *t_, in, out, block);
     return tier_all_gather(w, *t_, in, out, block);
   }
   Traffic reduce_scatter(const Wire& w, const void* in, void* out, int64_t m, c10::ScalarType dtype,
                          int divisor) override {
+    if (t_->shared && t_->shared->is_block(in, m * w.mesh->size * static_cast<int64_t>(c10::elementSize(dtype))))
+      return tier_shared_reduce_scatter(w, *t_, in, out, m, dtype, divisor);
     return tier_reduce_scatter(w, *t_, in, out, m, dtype, divisor);
   }
+  std::shared_ptr<HostShared> host_shared() const override { return t_->shared; }
+  void* map_common(const Wire& w, int64_t bytes) override { return t_->shared->map_common(t_->intra_wire(w), bytes); }
   Traffic all_reduce(const Wire& w, void* data, int64_t numel, c10::ScalarType dtype, int divisor) override {
     return tier_all_reduce(w, *t_, data, numel, dtype, divisor);
   }
@@ -158,7 +167,11 @@ ChosenPath choose_algorithms(const PathInputs& in) {
   if (out.choice.path == path::Path::TIERS) {
     std::string why;
     if (auto tiers = connect_tiers(in.rdv, in.world, in.mesh, *layout, in.global, in.opts, &why)) {
-      out.choice.reason = why;
+      // What connecting found: the hosts' shape, and whether their ranks
+      // share memory inside each.
+      f.tiers_shape = detail::cat(layout->hosts, " hosts of ", layout->per_host, " ranks");
+      f.share_blocked = tiers->share_blocked;
+      out.choice = path::choose(f);
       out.algorithms = std::make_unique<TierAlgorithms>(std::move(tiers));
     } else {
       f.tiers_blocked = why;

@@ -13,7 +13,8 @@
 //
 // On the CMA path with host-shared memory (host_shared.h) an all_gather
 // into a shared tensor is a barrier and a reduce_scatter from peer memory
-// sums where the gradients lie; other buffers take the CMA algorithms.
+// sums where the gradients lie; other buffers take the CMA algorithms. On
+// the tiers the same happens inside each host (tiers.h).
 //
 // broadcast, gather, barrier and the FSDP_DEBUG=detail check run the direct
 // and ring algorithms (ring.h) on the communicator's own mesh whatever the
@@ -81,6 +82,10 @@ class Algorithms {
   // The memory this path's ranks share (host_shared.h), when the choice
   // says so (path::Choice::host_shared); null otherwise.
   virtual std::shared_ptr<HostShared> host_shared() const { return nullptr; }
+  // Collective, when host_shared(): `bytes` zeroed bytes that every rank of
+  // this rank's host maps (HostShared::map_common over that host's ranks:
+  // all of them on the CMA path, the intra tier's on the tiers).
+  virtual void* map_common(const Wire& w, int64_t bytes) { return nullptr; }
 };
 
 // What turns a sum over `ranks` ranks into `op`'s result: the one place AVG

@@ -55,13 +55,13 @@ std::vector<int> Communicator::hosts() const { return std::vector<int>(world_siz
 torch::Tensor Communicator::shared_tensor(int64_t, torch::ScalarType, const CollectiveInfo& info) {
   throw Error(detail::cat("shared_tensor", info.label.empty() ? "" : " for '" + info.label + "'", ": this communicator (",
                           describe(), ") shares no memory between its ranks. Expected: shares_host_memory() "
-                          "true (every rank on one host, FSDP_SHARE_HOST on); ask it before calling"));
+                          "true (ranks that can map their host's memory, FSDP_SHARE_HOST on); ask it before calling"));
 }
 
 torch::Tensor Communicator::peer_tensor(int64_t, torch::ScalarType) {
   throw Error(detail::cat("peer_tensor: this communicator (", describe(), ") shares no memory between its ranks. "
-                          "Expected: shares_host_memory() true (every rank on one host, FSDP_SHARE_HOST on); ask "
-                          "it before calling"));
+                          "Expected: shares_host_memory() true (ranks that can map their host's memory, "
+                          "FSDP_SHARE_HOST on); ask it before calling"));
 }
 
 CommPtr Communicator::split(int color, const SplitOptions& opts) {

@@ -183,9 +183,10 @@ class GlooCommunicator final : public Communicator {
 
   bool shares_host_memory() const override { return algorithms_->host_shared() != nullptr; }
 
-  // Collective: rank 0's memfd, mapped by every rank on the communication
-  // thread (in issue order, under a sequence number of its own); the
-  // tensor's deleter unmaps it, holding the HostShared alive.
+  // Collective: a memfd of the first rank of each host, mapped by every
+  // rank of that host on the communication thread (in issue order, under a
+  // sequence number of its own); the tensor's deleter unmaps it, holding
+  // the HostShared alive.
   torch::Tensor shared_tensor(int64_t numel, torch::ScalarType dtype, const CollectiveInfo& info) override {
     auto hs = algorithms_->host_shared();
     if (!hs) return Communicator::shared_tensor(numel, dtype, info);
@@ -199,8 +200,8 @@ class GlooCommunicator final : public Communicator {
     shape.elem_size = static_cast<int64_t>(c10::elementSize(dtype));
     shape.root = 0;
     auto base = std::make_shared<void*>(nullptr);
-    submit(shape, [hs, bytes, base](const Wire& w) {
-      *base = hs->map_common(w, bytes);
+    submit(shape, [this, bytes, base](const Wire& w) {
+      *base = algorithms_->map_common(w, bytes);
       return Traffic(0);
     })->wait();
     void* p = *base;
@@ -297,6 +298,7 @@ class GlooCommunicator final : public Communicator {
     if (call.span.active()) {
       call.span.arg("inter_host_bytes", inter);
       if (sent.inter >= 0 && algorithms_->path() == path::Path::TIERS) call.span.arg("tiers", 1);
+      if (sent.host_shared) call.span.arg("host_shared", 1);
     }
     log_.count(shape.kind, bytes, inter, call.seconds());
   }

@@ -104,9 +104,10 @@ int open_pidfd(pid_t pid, std::string* why) {
 
 }  // namespace
 
-std::string probe_host_sharing(Mesh* mesh, const std::vector<pid_t>& pid, Clock::time_point deadline) {
+std::string probe_host_sharing(Mesh* mesh, const std::vector<pid_t>& pid, Clock::time_point deadline,
+                               const std::vector<int>* names) {
   const int n = mesh->size, r = mesh->rank;
-  Wire w{mesh, 0, deadline, nullptr};
+  Wire w{mesh, 0, deadline, nullptr, names};
   Post mine{};
   mine.pid = ::getpid();
   mine.fd = -1;
@@ -127,7 +128,7 @@ std::string probe_host_sharing(Mesh* mesh, const std::vector<pid_t>& pid, Clock:
   for (int q = 0; q < n && why.empty(); ++q) {
     if (q == r) continue;
     if (table[q].fd < 0) {
-      why = detail::cat("rank ", q, " could not make shared memory");
+      why = detail::cat("rank ", w.name(q), " could not make shared memory");
       break;
     }
     std::string w2;
@@ -135,13 +136,14 @@ std::string probe_host_sharing(Mesh* mesh, const std::vector<pid_t>& pid, Clock:
     char* m = pfd >= 0 ? map_peer_fd(pfd, static_cast<int>(table[q].fd), 8, &w2) : nullptr;
     if (pfd >= 0) ::close(pfd);
     if (!m) {
-      why = detail::cat("rank ", r, " could not map rank ", q, "'s memory (", w2, ")");
+      why = detail::cat("rank ", w.name(r), " could not map rank ", w.name(q), "'s memory (", w2, ")");
       break;
     }
     int64_t got = 0;
     std::memcpy(&got, m, sizeof got);
     ::munmap(m, page_round(8));
-    if (got != table[q].value) why = detail::cat("rank ", r, " read another value from rank ", q, "'s memory");
+    if (got != table[q].value)
+      why = detail::cat("rank ", w.name(r), " read another value from rank ", w.name(q), "'s memory");
   }
   // Every rank's outcome; the first failure, by rank, is everyone's answer.
   Post outcome{};
@@ -150,7 +152,7 @@ std::string probe_host_sharing(Mesh* mesh, const std::vector<pid_t>& pid, Clock:
   if (page) ::munmap(page, page_round(8));
   if (mine.fd >= 0) ::close(static_cast<int>(mine.fd));
   for (int q = 0; q < n; ++q)
-    if (!all[q].value) return q == r ? why : detail::cat("rank ", q, " could not map a peer's memory");
+    if (!all[q].value) return q == r ? why : detail::cat("rank ", w.name(q), " could not map a peer's memory");
   return "";
 }
 
@@ -298,42 +300,59 @@ Traffic HostShared::all_gather(const Wire& w, const void* in, void* out, int64_t
   // low-precision copy of the shard) this rank writes its own slice.
   if (in != mine && block_bytes > 0) std::memcpy(mine, in, block_bytes);
   dissemination_barrier(w);
-  return Traffic((n - 1) * block_bytes);
+  Traffic t((n - 1) * block_bytes);
+  t.host_shared = true;
+  return t;
 }
 
 Traffic HostShared::reduce_scatter(const Wire& w, const void* in, void* out, int64_t count, c10::ScalarType dtype,
                                    int divisor) {
   const int n = w.mesh->size, r = w.mesh->rank;
-  const int64_t es = c10::elementSize(dtype), total = n * count * es;
+  const int64_t es = c10::elementSize(dtype);
+  return sum_chunks(w, in, n * count * es, {r * count}, count, out, dtype, divisor);
+}
+
+Traffic HostShared::sum_chunks(const Wire& w, const void* in, int64_t in_bytes, const std::vector<int64_t>& chunks,
+                               int64_t count, void* out, c10::ScalarType dtype, int divisor) {
+  const int n = w.mesh->size, r = w.mesh->rank;
+  const int64_t es = c10::elementSize(dtype);
   Post mine{};
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const Block* b = block_of(in, total);
+    const Block* b = block_of(in, in_bytes);
     if (!b) throw std::runtime_error("host-shared reduce_scatter: the input is not this rank's peer memory");
     mine.fd = b->fd;
     mine.serial = b->serial;
     mine.offset = static_cast<const char*>(in) - b->base;
     mine.bytes = b->bytes;
   }
-  mine.value = total;
+  mine.value = in_bytes;
   auto table = exchange(w, slots::kHostShared, 0, mine, "the gradients' address");
-  std::vector<const void*> src(n);
+  std::vector<const char*> base(n);
   for (int q = 0; q < n; ++q) {
-    if (table[q].value != total)
+    if (table[q].value != in_bytes)
       throw std::runtime_error(detail::cat("rank ", w.name(q), " posted ", table[q].value,
-                                           " bytes of gradients where this rank posted ", total,
+                                           " bytes of gradients where this rank posted ", in_bytes,
                                            ": the ranks issued different collectives"));
-    const char* base = q == r ? static_cast<const char*>(in) - mine.offset
-                              : peer_block(w, q, table[q].serial, static_cast<int>(table[q].fd), table[q].bytes);
-    src[q] = base + table[q].offset + r * count * es;
+    base[q] = (q == r ? static_cast<const char*>(in) - mine.offset
+                      : peer_block(w, q, table[q].serial, static_cast<int>(table[q].fd), table[q].bytes)) +
+              table[q].offset;
   }
-  if (w.progress) w.progress->recv_total.fetch_add((n - 1) * count * es, std::memory_order_relaxed);
-  sum_in_rank_order(out, src.data(), n, count, dtype, divisor);
-  if (w.progress) w.progress->arrived((n - 1) * count * es);
+  const int64_t from_peers = (n - 1) * static_cast<int64_t>(chunks.size()) * count * es;
+  if (w.progress) w.progress->recv_total.fetch_add(from_peers, std::memory_order_relaxed);
+  std::vector<const void*> src(n);
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    for (int q = 0; q < n; ++q) src[q] = base[q] + chunks[k] * es;
+    sum_in_rank_order(static_cast<char*>(out) + static_cast<int64_t>(k) * count * es, src.data(), n, count, dtype,
+                      divisor);
+  }
+  if (w.progress) w.progress->arrived(from_peers);
   // Nobody reads this rank's block any more once every rank said so.
   Post done{};
   exchange(w, slots::kHostShared, 1, done, "\"done\"");
-  return Traffic((n - 1) * count * es);
+  Traffic t(from_peers);
+  t.host_shared = true;
+  return t;
 }
 
 }  // namespace fsdp::comm

@@ -12,6 +12,13 @@
 // block, mapped, in rank order (0, 1, ..., N-1, bf16/fp16 in fp32, rounded
 // once), so the result is the same at any world size with the same data.
 //
+// Across hosts (the tiers, tiers.h) the same holds inside each host: the
+// HostShared of a rank spans its host's ranks (the intra tier's mesh), each
+// host maps its own copy of a unit, and the blocks of the ranks of other
+// hosts arrive in it over TCP (tier_shared_all_gather); a reduce sums the
+// chunks a rank forwards over its host's blocks (sum_chunks) before they
+// cross hosts.
+//
 // Nothing is named: the memory is a memfd (memfd_create(2)), which a peer
 // reaches through pidfd_getfd(2) (the same permission as cross-memory
 // attach), maps and closes its copy of. A unit's segment is closed by rank
@@ -55,8 +62,11 @@ class Mesh;
 // Collective over `mesh` at sequence number 0 (a communicator being set up):
 // every rank maps one page of every peer's memory through a memfd and checks
 // the value it holds. "" when every rank could, else one sentence naming the
-// first rank that could not and why (the same on every rank).
-std::string probe_host_sharing(Mesh* mesh, const std::vector<pid_t>& pid, std::chrono::steady_clock::time_point deadline);
+// first rank that could not and why (the same on every rank). `names`:
+// the communicator's rank of each rank of `mesh` (Wire::names), when it is
+// one tier's.
+std::string probe_host_sharing(Mesh* mesh, const std::vector<pid_t>& pid,
+                               std::chrono::steady_clock::time_point deadline, const std::vector<int>* names = nullptr);
 
 class HostShared : public std::enable_shared_from_this<HostShared> {
  public:
@@ -85,6 +95,13 @@ class HostShared : public std::enable_shared_from_this<HostShared> {
   // is_block(in) on every rank.
   Traffic all_gather(const Wire& w, const void* in, void* out, int64_t block_bytes);
   Traffic reduce_scatter(const Wire& w, const void* in, void* out, int64_t count, c10::ScalarType dtype, int divisor);
+  // reduce_scatter's general form (the tiers' inside each host, tiers.h):
+  // every rank passes a block `in` of `in_bytes` (is_block) and the same
+  // element offsets `chunks`; out + k * count holds the sum of chunk k over
+  // every rank's block, in rank order, divided by `divisor`. Returns after
+  // every rank has read every block.
+  Traffic sum_chunks(const Wire& w, const void* in, int64_t in_bytes, const std::vector<int64_t>& chunks,
+                     int64_t count, void* out, c10::ScalarType dtype, int divisor);
 
   // Bytes mapped that every rank shares (the units' parameters), and this
   // rank's own peer-readable blocks (gradients), for the memory ledger.

@@ -71,6 +71,9 @@ inline std::chrono::milliseconds remaining(const Wire& w) {
 struct Traffic {
   int64_t bytes = 0;
   int64_t inter = -1;
+  // The host-shared forms (host_shared.h): nothing moved inside a host (the
+  // trace's span says so: "host_shared": 1).
+  bool host_shared = false;
   Traffic(int64_t b = 0, int64_t i = -1) : bytes(b), inter(i) {}  // NOLINT: an int64_t is a flat count
 };
 

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "comm/checks.h"
+#include "comm/host_shared.h"
 #include "comm/slots.h"
 #include "fsdp/errors.h"
 
@@ -92,14 +93,22 @@ std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& w
   const std::string host_group = detail::cat("host tier of ranks ", ranks_text(intra_global));
   TransportChoice c = choose_transport(t->intra_mesh.get(), "auto", opts.host_id,
                                        Clock::now() + opts.rendezvous_timeout, intra_global, host_group);
+  // Whether this host's ranks can also map each other's memory (a
+  // collective of the host's ranks alone, as the transport's choice was).
+  std::string share_why;
+  if (c.cma && opts.share_host)
+    share_why = probe_host_sharing(t->intra_mesh.get(), c.peers.pid, Clock::now() + opts.rendezvous_timeout,
+                                   &intra_global);
   t->inter_rdv = std::make_unique<Rendezvous>(parent, detail::cat("tier/l", s, "/"), env_of(world, inter, false),
                                               inter_global);
   t->inter_mesh = t->inter_rdv->connect_gloo(opts.ifname);
   // Every rank must take the same path: one host that cannot read its
-  // ranks' memory sends everybody the flat way.
+  // ranks' memory sends everybody the flat way; one whose ranks cannot map
+  // each other's keeps every host's copies apart.
   const int n = mesh->size;
+  enum : int32_t { kReads = 1, kMaps = 2 };
   std::vector<int32_t> ok(n, 0);
-  ok[mesh->rank] = c.cma ? 1 : 0;
+  ok[mesh->rank] = (c.cma ? kReads : 0) | (c.cma && opts.share_host && share_why.empty() ? kMaps : 0);
   std::vector<int64_t> offset(n), count(n, sizeof(int32_t));
   for (int q = 0; q < n; ++q) offset[q] = q * static_cast<int64_t>(sizeof(int32_t));
   try {
@@ -112,31 +121,49 @@ std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& w
                             e.what()));
   }
   for (int q = 0; q < n; ++q)
-    if (!ok[q]) {
+    if (!(ok[q] & kReads)) {
       *why = c.cma ? detail::cat("the ranks on the host of rank ", global.at(q), " cannot use cross-memory attach")
                    : c.why;
       t->leave(std::chrono::milliseconds(0));
       return nullptr;
     }
   t->peers = c.peers;
-  *why = detail::cat(layout.hosts, " hosts of ", layout.per_host,
-                     " ranks: cross-memory attach inside each host, gloo/tcp between the ranks of the same local "
-                     "index");
+  if (opts.share_host) {
+    for (int q = 0; q < n && t->share_blocked.empty(); ++q)
+      if (!(ok[q] & kMaps))
+        t->share_blocked = !share_why.empty() ? share_why
+                                              : detail::cat("the ranks on the host of rank ", global.at(q),
+                                                            " cannot map each other's memory");
+    if (t->share_blocked.empty()) t->shared = std::make_shared<HostShared>(c.peers.pid, t->intra_mesh->rank);
+  }
+  *why = "";
   return t;
 }
 
-Traffic tier_all_gather(const Wire& w, const Tiers& t, const void* in, void* out, int64_t b) {
-  const TierLayout& L = t.layout;
-  const int r = t.rank, H = L.hosts, S = L.per_host, n = H * S;
-  char* o = static_cast<char*>(out);
-  if (b > 0 && in != o + r * b) std::memmove(o + r * b, in, b);
-  if (b == 0) return {0, 0};
-  // 1. The shards of this rank's local index, one per host, straight into
-  // their places in the output (rank order is the ring's: ascending).
+namespace {
+
+// The first tier of both all-gathers (b > 0): this rank's block at its
+// place in `o` (unless it is there), then the blocks of this rank's local
+// index, one per host, straight into their places (rank order is the
+// ring's: ascending). Returns the bytes sent across hosts.
+int64_t gather_across(const Wire& w, const Tiers& t, const void* in, char* o, int64_t b) {
+  const int r = t.rank, H = t.layout.hosts;
+  if (in != o + r * b) std::memmove(o + r * b, in, b);
   const auto& inter = t.inter_ranks();
   std::vector<int64_t> offset(H), count(H, b);
   for (int j = 0; j < H; ++j) offset[j] = inter[j] * b;
-  const int64_t across = ring_all_gather(t.inter_wire(w), o, offset, count);
+  return ring_all_gather(t.inter_wire(w), o, offset, count);
+}
+
+}  // namespace
+
+Traffic tier_all_gather(const Wire& w, const Tiers& t, const void* in, void* out, int64_t b) {
+  const TierLayout& L = t.layout;
+  const int S = L.per_host, n = L.hosts * S;
+  char* o = static_cast<char*>(out);
+  if (b == 0) return {0, 0};
+  // 1. The shards of this rank's local index, one per host.
+  const int64_t across = gather_across(w, t, in, o, b);
   // 2. Local rank q now holds the H blocks of local index q: read them
   // where they lie in its output.
   Segments seg(S);
@@ -206,6 +233,44 @@ Traffic tier_all_reduce(const Wire& w, const Tiers& t, void* data, int64_t numel
   second.cma_steps = slots::kCmaSecond;
   inside += cma_gather_segments(second, t.peers, d, numel * es, seg_bytes);
   return {inside + across, across};
+}
+
+Traffic tier_shared_all_gather(const Wire& w, const Tiers& t, const void* in, void* out, int64_t b) {
+  const TierLayout& L = t.layout;
+  const int H = L.hosts, S = L.per_host;
+  if (b == 0) return {0, 0};
+  // 1. As tier_all_gather, into the host's copy: in fp32 the shard is its
+  // slice already, a low-precision copy is written there; each local rank
+  // writes its own places, so the host's ranks never write the same byte.
+  const int64_t across = gather_across(w, t, in, static_cast<char*>(out), b);
+  // 2. Every block of the unit is in place once every rank of the host got
+  // its H.
+  dissemination_barrier(t.intra_wire(w));
+  Traffic sent(across + static_cast<int64_t>(S - 1) * H * b, across);
+  sent.host_shared = true;
+  return sent;
+}
+
+Traffic tier_shared_reduce_scatter(const Wire& w, const Tiers& t, const void* in, void* out, int64_t m,
+                                   c10::ScalarType dtype, int divisor) {
+  const TierLayout& L = t.layout;
+  const int H = L.hosts, n = H * L.per_host;
+  if (m == 0) return {0, 0};
+  const int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
+  // 1. The host's sums of the H chunks this rank forwards, read where every
+  // local rank's gradients lie: staged, through torch so the ledger sees it.
+  torch::Tensor staged = torch::empty({H * m * es}, torch::kByte);
+  char* host_sums = static_cast<char*>(staged.data_ptr());
+  std::vector<int64_t> chunks;
+  for (int g : t.inter_ranks()) chunks.push_back(g * m);
+  const int64_t inside = t.shared->sum_chunks(t.intra_wire(w), in, n * m * es, chunks, m, host_sums, dtype, 1).bytes;
+  // 2. Across hosts, as tier_reduce_scatter.
+  std::vector<int64_t> offset(H), count(H, m);
+  for (int j = 0; j < H; ++j) offset[j] = j * m;
+  const int64_t across = ring_reduce_scatter(t.inter_wire(w), host_sums, out, offset, count, dtype, divisor);
+  Traffic sent(inside + across, across);
+  sent.host_shared = true;
+  return sent;
 }
 
 }  // namespace fsdp::comm

@@ -1,7 +1,8 @@
 // fsdp-cpp: collectives over two tiers: cross-memory attach inside each
 // host, Gloo TCP between hosts.
 // defines: TierLayout, tier_layout, Tiers, connect_tiers,
-//          tier_all_gather, tier_reduce_scatter, tier_all_reduce
+//          tier_all_gather, tier_reduce_scatter, tier_all_reduce,
+//          tier_shared_all_gather, tier_shared_reduce_scatter
 //
 // A communicator whose ranks sit on H > 1 hosts with the same S > 1 ranks
 // on each (in any order: a host's ranks need not be consecutive) runs
@@ -25,6 +26,18 @@
 // never meet another collective's). Messages name the communicator's ranks
 // (Wire::names).
 //
+// Host-shared (host_shared.h; FSDP_SHARE_HOST on and every host's ranks
+// able to map each other's memory): each host keeps one copy of a unit,
+// mapped by its S ranks, and the two collectives whose buffers lie there
+// move no byte inside a host:
+//   all_gather      the inter all-gather writes the H blocks of this rank's
+//                   local index where they lie in its host's copy, then the
+//                   host's ranks meet at a barrier;
+//   reduce_scatter  local rank s sums the H chunks it forwards over its
+//                   host's gradient blocks where they lie (in rank order),
+//                   then the inter reduce-scatter as above.
+// Only the inter tier's bytes move; counted as without sharing.
+//
 // Summation: a chunk is summed first over the ranks of each host (in the
 // CMA ring order of that host), then over the hosts' partial sums (the TCP
 // ring order of the inter tier). Integers and values exact in the dtype
@@ -44,6 +57,8 @@
 #include "comm/world_env.h"
 
 namespace fsdp::comm {
+
+class HostShared;
 
 // Where each rank of a communicator sits in the two tiers.
 struct TierLayout {
@@ -67,6 +82,12 @@ struct Tiers {
   std::unique_ptr<Rendezvous> intra_rdv, inter_rdv;
   std::shared_ptr<Mesh> intra_mesh, inter_mesh;
   CmaPeers peers;  // of the intra mesh
+  // The memory this host's ranks share (over the intra mesh), when every
+  // host's ranks can map each other's and FSDP_SHARE_HOST is on; else null.
+  std::shared_ptr<HostShared> shared;
+  // Why not, when FSDP_SHARE_HOST is on ("" shared; every rank agrees on
+  // whether it is empty, and a rank of the host at fault says why).
+  std::string share_blocked;
   // The communicator's rank of each rank of the two meshes.
   const std::vector<int>& intra_ranks() const { return layout.intra[layout.host[rank]]; }
   const std::vector<int>& inter_ranks() const { return layout.inter[layout.local[rank]]; }
@@ -86,7 +107,10 @@ struct Tiers {
 // "tier/l<s>/"), probes CMA inside the host, then agrees with every rank on
 // the communicator's own mesh `mesh` (at sequence number 0). Returns null
 // when some host cannot use CMA (*why says which and why); every rank then
-// gets null. `global`: the global rank of each rank (messages).
+// gets null. With opts.share_host it also probes whether each host's ranks
+// can map each other's memory (probe_host_sharing) and agrees on the answer:
+// Tiers::shared, or Tiers::share_blocked. `global`: the global rank of each
+// rank (messages).
 std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& world, Mesh* mesh,
                                      const TierLayout& layout, const std::vector<int>& global,
                                      const ResolvedOptions& opts, std::string* why);
@@ -99,5 +123,11 @@ Traffic tier_reduce_scatter(const Wire& w, const Tiers& t, const void* in, void*
                             c10::ScalarType dtype, int divisor);
 Traffic tier_all_reduce(const Wire& w, const Tiers& t, void* data, int64_t numel, c10::ScalarType dtype,
                         int divisor);
+// The host-shared forms (above), when t.shared and on every rank `out` is
+// one of its common mappings (HostShared::is_common) / `in` one of its
+// blocks (is_block). Counted as tier_all_gather / tier_reduce_scatter.
+Traffic tier_shared_all_gather(const Wire& w, const Tiers& t, const void* in, void* out, int64_t block_bytes);
+Traffic tier_shared_reduce_scatter(const Wire& w, const Tiers& t, const void* in, void* out, int64_t count,
+                                   c10::ScalarType dtype, int divisor);
 
 }  // namespace fsdp::comm

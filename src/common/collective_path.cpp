@@ -14,6 +14,23 @@ const char* words(Path p) {
   return "?";
 }
 
+namespace {
+
+// Memory readable inside a host (the CMA path, or the tiers' inside each
+// host): whether its ranks also share the units' memory, and why not.
+void share_or_not(const Facts& f, Choice& c) {
+  if (!f.share_host) {
+    c.reason += "; each rank keeps its own copy of the parameters (FSDP_SHARE_HOST=off)";
+  } else if (!f.share_blocked.empty()) {
+    c.reason += "; each rank keeps its own copy of the parameters: " + f.share_blocked;
+  } else {
+    c.host_shared = true;
+    c.reason += "; units keep one copy of their parameters per host and reduce gradients where they lie";
+  }
+}
+
+}  // namespace
+
 Choice choose(const Facts& f) {
   Choice c;
   if (f.transport == "tcp") {
@@ -24,14 +41,7 @@ Choice choose(const Facts& f) {
     if (f.cma_blocked.empty()) {
       c.path = Path::CMA;
       c.reason = detail::cat("all ", f.ranks, " ranks are on this host and may read each other's memory");
-      if (!f.share_host) {
-        c.reason += "; each rank keeps its own copy of the parameters (FSDP_SHARE_HOST=off)";
-      } else if (!f.share_blocked.empty()) {
-        c.reason += "; each rank keeps its own copy of the parameters: " + f.share_blocked;
-      } else {
-        c.host_shared = true;
-        c.reason += "; units keep one copy of their parameters per host and reduce gradients where they lie";
-      }
+      share_or_not(f, c);
       return c;
     }
     c.reason = f.cma_blocked;
@@ -45,8 +55,10 @@ Choice choose(const Facts& f) {
   const std::string& blocked = !f.layout_blocked.empty() ? f.layout_blocked : f.tiers_blocked;
   if (blocked.empty()) {
     c.path = Path::TIERS;
-    c.reason = "the hosts have equal numbers (> 1) of ranks: cross-memory attach inside each host, gloo/tcp "
-               "between the ranks of the same local index";
+    c.reason = detail::cat(f.tiers_shape.empty() ? "the hosts have equal numbers (> 1) of ranks" : f.tiers_shape,
+                           ": cross-memory attach inside each host, gloo/tcp between the ranks of the same local "
+                           "index");
+    share_or_not(f, c);
     return c;
   }
   c.reason = detail::cat(f.hosts_differ, "; tiers not composed: ", blocked);

@@ -41,9 +41,12 @@ struct Facts {
   std::string layout_blocked;
   // Several hosts: why connecting the tiers failed ("" it did not, or not tried).
   std::string tiers_blocked;
+  // Several hosts, the tiers connected: "2 hosts of 3 ranks" ("" not yet).
+  std::string tiers_shape;
   // FSDP_SHARE_HOST / CommOptions::share_host_memory.
   bool share_host = true;
-  // One host: why its ranks cannot map each other's memory ("" they can).
+  // One host, or each host of the tiers: why its ranks cannot map each
+  // other's memory ("" they can, or not probed yet).
   std::string share_blocked;
 };
 
@@ -53,9 +56,10 @@ struct Choice {
   // FSDP_TRANSPORT=cma cannot be honoured: why (the caller's message reads
   // "FSDP_TRANSPORT=cma<where>, but <refused>. Use ..."); "" otherwise.
   std::string refused;
-  // CMA only: the ranks also map each other's memory, so units keep one copy
-  // of their parameters per host and reduce gradients where they lie
-  // (comm/host_shared.h; Communicator::shares_host_memory).
+  // CMA, and TIERS inside each host: the ranks of a host also map each
+  // other's memory, so units keep one copy of their parameters per host and
+  // reduce gradients where they lie (comm/host_shared.h;
+  // Communicator::shares_host_memory).
   bool host_shared = false;
 };
 
@@ -65,7 +69,8 @@ struct Choice {
 //                                                      on and memory mappable)
 //   one host, not readable                          -> TCP (cma: refused)
 //   several hosts, FSDP_TIERS=off                   -> TCP
-//   several hosts, the layout composes and connects -> TIERS
+//   several hosts, the layout composes and connects -> TIERS (host-shared inside
+//                                                      each host: as on one host)
 //   several hosts, otherwise                        -> TCP (cma with ranks
 //                                                      sharing a host: refused)
 Choice choose(const Facts& f);

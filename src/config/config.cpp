@@ -77,7 +77,8 @@ const std::vector<Variable>& variables() {
        "nothing); fsdp-cpp only reports it (docs/COMM.md, \"NCCL\")"},
       {"FSDP_TIERS", "on or off", "on", "across hosts: cross-memory attach inside each host, TCP between"},
       {"FSDP_SHARE_HOST", "on or off", "CommOptions::share_host_memory (on)",
-       "ranks of one host keep one copy of each unit's parameters and reduce gradients where they lie "
+       "ranks of one host (or of each host of the tiers) keep one copy of each unit's parameters and reduce "
+       "gradients where they lie "
        "(docs/COMM.md, \"Host-shared units\")"},
       {"FSDP_COORDINATOR", "host:port", "ReplicaOptions::coordinator (none)",
        "the coordinator of replica groups (`fsdp coordinator`; fsdp/replicas.h)"},

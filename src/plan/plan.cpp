@@ -171,14 +171,22 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
   int64_t in_shared = 0;  // of rest, what lies in the shared memory (fp32: the master shards)
   if (host_shared) {
     p.shared_per_host = p.padded_numel * opts.param_bytes;
-    p.host_ranks = static_cast<int>(N);
+    p.host_ranks = static_cast<int>(N / opts.hosts);  // across hosts: each host's ranks (the tiers)
     if (opts.param_bytes == opts.master_bytes) in_shared = p.P;
     // Nothing gathered is the allocator's: autograd's gradients of the root
     // (alive through backward) and of the unit about to reduce, until they
     // are copied into the memory the peers read (src/unit/unit.cpp).
-    const int64_t at_reduce = p.units.size() == 1
-                                  ? p.G_block - activation_bytes
-                                  : root_grad + p.G_block - std::min(released_activation_bytes, activation_bytes);
+    // Across hosts (the tiers, src/comm/tiers.cpp) a reduce also stages the
+    // host's sums of the H chunks a rank forwards, and the inter ring's pieces.
+    if (opts.hosts > 1)
+      for (auto& u : p.units)
+        p.staging = std::max(p.staging, opts.hosts * u.shard_numel * opts.reduce() +
+                                            ring::reduce_scatter_staging_bytes(u.shard_numel, opts.reduce(),
+                                                                               opts.hosts, ring::kDefaultPieceBytes));
+    const int64_t at_reduce =
+        p.staging + (p.units.size() == 1
+                         ? p.G_block - activation_bytes
+                         : root_grad + p.G_block - std::min(released_activation_bytes, activation_bytes));
     p.working = std::max<int64_t>(0, at_reduce);
     p.peak_at = at_reduce > 0 ? "first reduce-scatter" : "backward start";
     // (The finished unit's gradients have left the allocator by the next

@@ -9,6 +9,7 @@
 // the kept background save. The prediction is the planner's
 // (plan::make_plan, the one place a peak is computed) for this run's units,
 // strategy, dtypes and prefetch, given the measured O, A and A_recompute.
+#include <algorithm>
 #include <iomanip>
 #include <sstream>
 
@@ -43,6 +44,9 @@ plan::PlanOptions plan_options(const detail::Engine& e, const Ledger& l) {
   po.share_host = false;
   for (auto& u : e.units) po.share_host = po.share_host || u->host_shared;
   po.async_checkpoint = l.C > 0;
+  // Its hosts, when they are of equal size (the tiers; the planner's shape).
+  if (!is_hybrid(o.strategy) && l.host_ranks > 0 && e.world() % l.host_ranks == 0)
+    po.hosts = e.world() / l.host_ranks;
   return po;
 }
 
@@ -82,6 +86,11 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
   l.sent_intra_host = sent.total_bytes_intra_host();
   l.sent_inter_host = sent.total_bytes_inter_host();
   l.shard_group_size = engine_->shard_world();
+  {
+    const std::vector<int> host = engine_->shard_comm->hosts();  // the units' communicator's (HYBRID: S ranks)
+    const int mine = host.at(engine_->shard_comm->rank());
+    l.host_ranks = static_cast<int>(std::count(host.begin(), host.end(), mine));
+  }
   // The planner's formulas with this run's units and the terms measured
   // above: one formula for the peak, whether asked before a run (fsdp plan)
   // or during it (here). A recompute's activations come on top of what
@@ -127,8 +136,8 @@ std::string Ledger::str() const {
   row("P+G+O", P + G + O, "model state at rest  | guide: (P+G+O)/" + div + " = " + format_bytes(predicted_rest));
   if (shared_per_host > 0)
     row("shared", shared_per_host,
-        "host-shared units: every unit's parameters once per host, mapped by its " + std::to_string(shard_group_size) +
-            " ranks (this rank's share " + format_bytes(shared_per_host / std::max(1, shard_group_size)) +
+        "host-shared units: every unit's parameters once per host, mapped by its " + std::to_string(host_ranks) +
+            " ranks (this rank's share " + format_bytes(shared_per_host / std::max(1, host_ranks)) +
             "; not in the allocator's peak)");
   row("P_block", P_block, "largest unit unsharded: '" + P_block_unit + "'");
   row("A", A, "activations of the last forward (measured)");

@@ -4,7 +4,8 @@
 // hs_train DTYPE STEPS OUT FAULT FROZEN: FULL_SHARD training of the core Net
 //   (units Block x3 and Gate; uneven sizes, a parameter smaller than N) on
 //   fixed data, AdamW, clip_grad_norm; prints
-//   "HS shares=<0|1> path=<describe()> loss=<last loss>". OUT ("-": none):
+//   "HS shares=<0|1> path=<describe()> loss=<last loss>" and "HS ledger
+//   shared=<shared_per_host> host_ranks=<k> P=<P>". OUT ("-": none):
 //   rank 0 saves the final parameters (torch::save, in named order); with
 //   TiedNet it also prints "HS tied copies=<names of the tied weight>
 //   equal=<how many hold the root's values>".
@@ -12,6 +13,14 @@
 //   SIGSTOP on itself at the start of step S, so the others wait in the
 //   first unit's all-gather. FROZEN 1: blocks.0 does not train; FROZEN
 //   tied: TiedNet instead of Net (a weight of the root's used by every unit).
+// hs_collectives: the two host-shared collectives alone, on memory from
+//   shared_tensor / peer_tensor, fp32 and bf16, blocks of 1, 7, 1000 and
+//   65536 elements: all_gather in place and from a private input, and
+//   reduce_scatter SUM and AVG, each compared bit for bit with the values
+//   computed here (sums of small integers in fp32, rounded once).
+//   Prints "HSC passed checks=<k> path=<describe()> ag=<bytes> ag_inter=<bytes>
+//   rs=<bytes> rs_inter=<bytes>" (the counters). FSDP_TEST_TRACE=DIR: traced
+//   there (each collective's span says whether it took the host-shared form).
 // hs_ckpt save|load DIR DTYPE: save: 2 steps, a sharded checkpoint, then one
 //   more step; load: the checkpoint, then that step. Both print
 //   "HSCK loss=<the last step's loss>", equal when the load restored the
@@ -24,8 +33,10 @@
 
 #include "../core_model.h"
 #include "fsdp/comm.h"
+#include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/state_dict.h"
+#include "fsdp/trace.h"
 #include "scenario.h"
 
 namespace fsdp::testing {
@@ -124,6 +135,9 @@ FSDP_SCENARIO(hs_train) {
     }
     std::printf("HS shares=%d path=%s loss=%.9g\n", comm->shares_host_memory() ? 1 : 0, comm->describe().c_str(),
                 loss);
+    const Ledger l = model->ledger();
+    std::printf("HS ledger shared=%lld host_ranks=%d P=%lld\n", static_cast<long long>(l.shared_per_host),
+                l.host_ranks, static_cast<long long>(l.P));
     if (out_path == "-") return;
     auto full = model->full_state(0);
     if (comm->rank() == 0) {
@@ -151,6 +165,58 @@ FSDP_SCENARIO(hs_train) {
       for (auto& p : net->block_list[0]->parameters()) p.set_requires_grad(false);
     train(net);
   }
+  return 0;
+}
+
+FSDP_SCENARIO(hs_collectives) {
+  auto comm = make_communicator_from_env();
+  const int n = comm->world_size(), r = comm->rank();
+  const char* trace_dir = std::getenv("FSDP_TEST_TRACE");
+  if (trace_dir) trace::start(trace_dir, r, n);
+  FSDP_USER_CHECK(comm->shares_host_memory(), "hs_collectives: expected a communicator that shares its hosts' memory, "
+                  "found ", comm->describe());
+  comm->reset_counters();
+  int checks = 0;
+  auto expect_equal = [&](const torch::Tensor& got, const torch::Tensor& want, const std::string& what) {
+    FSDP_USER_CHECK(torch::equal(got, want), "rank ", r, ": ", what, " differs: got ",
+                    got.narrow(0, 0, 1).item<float>(), "..., want ", want.narrow(0, 0, 1).item<float>(), "...");
+    ++checks;
+  };
+  // Block q of a gathered unit: q * 1000 + (i % 997), in fp32, then the dtype.
+  auto block_of = [](int q, int64_t m, torch::ScalarType dtype) {
+    return (torch::arange(m, torch::kFloat32).remainder(997) + q * 1000.0f).to(dtype);
+  };
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (int64_t m : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{1} << 16}) {
+      const std::string tag = detail::cat(c10::toString(dtype), " m=", m);
+      for (bool in_place : {true, false}) {
+        torch::Tensor full = comm->shared_tensor(n * m, dtype, {"hs.full"});
+        torch::Tensor input = in_place ? full.narrow(0, r * m, m) : torch::empty({m}, dtype);
+        input.copy_(block_of(r, m, dtype));
+        comm->all_gather(input, full, {"hs.ag"})->wait();
+        for (int q = 0; q < n; ++q)
+          expect_equal(full.narrow(0, q * m, m), block_of(q, m, dtype),
+                       detail::cat("all_gather ", tag, in_place ? " in place" : "", " block ", q));
+      }
+      // Rank q's element i: (q + 1) * (i % 13); every rank's chunk r summed.
+      for (ReduceOp op : {ReduceOp::SUM, ReduceOp::AVG}) {
+        torch::Tensor grads = comm->peer_tensor(n * m, dtype);
+        grads.copy_((torch::arange(n * m, torch::kFloat32).remainder(13) * (r + 1)).to(dtype));
+        torch::Tensor out = torch::empty({m}, dtype);
+        comm->reduce_scatter(grads, out, op, {"hs.rs"})->wait();
+        torch::Tensor want = torch::arange(r * m, (r + 1) * m, torch::kFloat32).remainder(13) * (n * (n + 1) / 2);
+        if (op == ReduceOp::AVG) want = want / n;
+        expect_equal(out, want.to(dtype), detail::cat("reduce_scatter ", tag, op == ReduceOp::AVG ? " AVG" : " SUM"));
+      }
+    }
+  }
+  const CommCounters k = comm->counters();
+  const auto &ag = k[CollectiveKind::ALL_GATHER], &rs = k[CollectiveKind::REDUCE_SCATTER];
+  std::printf("HSC passed checks=%d path=%s ag=%lld ag_inter=%lld rs=%lld rs_inter=%lld\n", checks,
+              comm->describe().c_str(), static_cast<long long>(ag.bytes_sent),
+              static_cast<long long>(ag.bytes_inter_host), static_cast<long long>(rs.bytes_sent),
+              static_cast<long long>(rs.bytes_inter_host));
+  if (trace_dir) trace::stop();
   return 0;
 }
 
