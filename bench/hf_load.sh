@@ -3,14 +3,18 @@
 # Face directories"), measured on a quiet machine:
 #   1. load_hf of a ~1.1 B-parameter bf16 Llama (TinyLlama's shape, random,
 #      made here by transformers) at N ranks, against the time to read its
-#      bytes once (cat), with a cold and a warm page cache; each rank's peak
+#      bytes once (cat), with a cold and a warm page cache, reading what the
+#      cache lacks with O_DIRECT (the default) and through the cache
+#      (HfLoadOptions::direct_io = false); each rank's peak
 #      RSS against a quarter of the model (fp32 masters) + 10%;
 #   2. save_hf at N ranks against gathering every tensor to rank 0 and
 #      writing one file there.
 #
 #   bash bench/hf_load.sh [BUILD] [N]      (defaults: build 4)
 # Environment: WORK (scratch folder, default a new one under /tmp, removed at
-# the end unless KEEP=1), PYTHON (the torch environment with transformers),
+# the end unless KEEP=1), ROUNDS (default 3: rounds of loads, the default and
+# --buffered-load in turn; medians), CACHES (default "cold warm"), EXPORT=0
+# (loads only), PYTHON (the torch environment with transformers),
 # SMALL=1 (a 2-layer model of the same widths: a check of this script, not
 # a measurement).
 # Cold runs drop the page cache (root only; otherwise they say so and are
@@ -18,11 +22,14 @@
 set -euo pipefail
 BUILD=${1:-build}
 N=${2:-4}
+ROUNDS=${ROUNDS:-3}
+CACHES=${CACHES:-cold warm}
 PYTHON=${PYTHON:-$(sed -n 's/^FSDP_PYTHON:[A-Z]*=//p' "$BUILD/CMakeCache.txt")}
 WORK=${WORK:-$(mktemp -d /tmp/fsdp-hf-bench.XXXXXX)}
 cleanup() { [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"; }
 trap cleanup EXIT
 mkdir -p "$WORK"
+rm -f "$WORK"/cold-*.txt "$WORK"/warm-*.txt  # a kept folder's earlier rounds
 CKPT=$WORK/tinyllama-1.1b
 LAYERS=22
 if [ "${SMALL:-0}" = 1 ]; then CKPT=$WORK/tinyllama-2-layers; LAYERS=2; fi
@@ -61,25 +68,55 @@ read_once() {  # seconds to read every byte once
 slowest() {  # the largest value of KEY= over the ranks' lines of FILE
   awk -F"$1=" -v k="$1=" 'index($0, k) { split($2, a, " "); if (a[1] + 0 > m + 0) m = a[1] } END { print m }' "$2"
 }
-load_once() {  # the slowest rank's build and load_hf seconds, and the largest peak RSS
+read_direct() {  # seconds to read every byte once around the page cache (O_DIRECT), as load_hf reads cold bytes
+  local t0 t1 f
+  t0=$(date +%s.%N)
+  for f in "$CKPT"/*.safetensors; do dd if="$f" of=/dev/null bs=16M iflag=direct status=none; done
+  t1=$(date +%s.%N)
+  echo "$t1 - $t0" | bc -l
+}
+load_once() {  # $1: direct | buffered. The slowest rank's build and load_hf seconds, and the largest peak RSS
+  local flag=()
+  [ "$1" = buffered ] && flag=(--buffered-load)
   "$BUILD/bin/fsdp" run -n "$N" -- "$BUILD/bin/llama" --hf "$CKPT" --data "$WORK/data/train.bin" --steps 0 \
-      --seq 64 > "$WORK/load.log" 2>&1 || { cat "$WORK/load.log"; exit 1; }
+      --seq 64 "${flag[@]}" > "$WORK/load.log" 2>&1 || { cat "$WORK/load.log"; exit 1; }
   echo "$(slowest build_seconds "$WORK/load.log") $(slowest load_seconds "$WORK/load.log") $(slowest peak_rss "$WORK/load.log")"
 }
+median() {  # of the numbers on stdin
+  sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
 
-for cache in cold warm; do
-  if [ $cache = cold ]; then drop_caches || continue; else cat "$CKPT"/*.safetensors > /dev/null; fi
-  r=$(read_once)
-  if [ $cache = cold ]; then drop_caches || continue; fi
-  read -r b l rss < <(load_once)
+# Rounds alternate load_hf's default (what the page cache lacks read with
+# O_DIRECT) and --buffered-load (HfLoadOptions::direct_io = false), each
+# load beside its own read-once; the lines give medians.
+for cache in $CACHES; do
+  if [ $cache = cold ] && ! drop_caches; then continue; fi
+  for round in $(seq "$ROUNDS"); do
+    for mode in direct buffered; do
+      d=0
+      if [ $cache = cold ]; then drop_caches; d=$(read_direct); drop_caches; else cat "$CKPT"/*.safetensors > /dev/null; fi
+      r=$(read_once)
+      if [ $cache = cold ]; then drop_caches; fi
+      read -r b l rss < <(load_once $mode)
+      echo "$r $b $l $rss $d" >> "$WORK/$cache-$mode.txt"
+    done
+  done
   MODEL_FP32=$(grep -o 'model_bytes=[0-9]*' "$WORK/load.log" | head -1 | cut -d= -f2)
   budget=$(echo "$MODEL_FP32 / 4 * 1.1" | bc -l)
-  printf "%s cache: read once %.2f s; at N=%d load_hf %.2f s (%.2f x; goal <= 1.5), with building the model %.2f s (%.2f x); peak RSS %.0f MiB, budget (a quarter of the fp32 model + 10%%) %.0f MiB (%s)\n" \
-    $cache "$r" "$N" "$l" "$(echo "$l / $r" | bc -l)" "$(echo "$b + $l" | bc -l)" "$(echo "($b + $l) / $r" | bc -l)" \
-    "$(echo "$rss / 1048576" | bc -l)" "$(echo "$budget / 1048576" | bc -l)" \
-    "$( [ "$(echo "$rss < $budget" | bc -l)" = 1 ] && echo ok || echo OVER)"
+  for mode in direct buffered; do
+    f=$WORK/$cache-$mode.txt
+    r=$(cut -d' ' -f1 "$f" | median); l=$(cut -d' ' -f3 "$f" | median); d=$(cut -d' ' -f5 "$f" | median)
+    bl=$(awk '{ print $2 + $3 }' "$f" | median); rss=$(cut -d' ' -f4 "$f" | median)
+    q=$(awk '{ print $3 / $1 }' "$f" | median)
+    printf "%s cache, %s (median of %d): read once %.2f s; at N=%d load_hf %.2f s (%.2f x; goal <= 1.5; median of the rounds' ratios %.2f x), with building the model %.2f s (%.2f x); peak RSS %.0f MiB, budget (a quarter of the fp32 model + 10%%) %.0f MiB (%s)\n" \
+      $cache $mode "$ROUNDS" "$r" "$N" "$l" "$(echo "$l / $r" | bc -l)" "$q" "$bl" "$(echo "$bl / $r" | bc -l)" \
+      "$(echo "$rss / 1048576" | bc -l)" "$(echo "$budget / 1048576" | bc -l)" \
+      "$( [ "$(echo "$rss < $budget" | bc -l)" = 1 ] && echo ok || echo OVER)"
+    [ $cache = cold ] && printf "  (read once around the page cache, dd iflag=direct: %.2f s)\n" "$d"
+  done
 done
 
+[ "${EXPORT:-1}" = 1 ] || exit 0
 echo "== export at N=$N: save_hf against gathering to rank 0 (bf16 both)"
 rm -rf "$WORK/export" "$WORK/gathered.safetensors"
 "$BUILD/bin/fsdp" run -n "$N" -- "$BUILD/bin/llama" --hf "$CKPT" --data "$WORK/data/train.bin" --steps 0 --seq 64 \

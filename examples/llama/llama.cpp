@@ -46,6 +46,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--threads", a.threads, "intra-op threads per rank (0: cores / ranks per host)")
       ->check(fsdp::cli::integer(0, 1024));
+  app.add_flag("--buffered-load", a.buffered,
+               "load_hf reads through the page cache only (default: what it lacks is read with O_DIRECT)");
   app.add_option("--log-every", a.log_every, "a step line every N steps")->check(fsdp::cli::integer(1, 1 << 30));
   try {
     app.parse(argc, argv);

@@ -72,17 +72,19 @@ int finetune(const Args& a) {
   t0 = Clock::now();
   fsdp::HfLoadOptions lo;
   lo.expect_config = cfg.hf_identity();
+  lo.direct_io = !a.buffered;
   const fsdp::HfLoadResult in = fsdp::load_hf(*model, a.hf, lo);
   const double load_s = since(t0);
   const auto mem = fsdp::memory::stats();
   const int64_t rss = fsdp::memory::process_peak_rss();
   std::printf("load: rank %d read %s (%s of headers) of %d files in %.2f s (built in %.2f s); peak tensors %s, peak "
-              "RSS %s (the model: %s) | build_seconds=%.3f load_seconds=%.3f bytes_read=%lld peak_rss=%lld "
-              "model_bytes=%lld\n",
+              "RSS %s (the model: %s) | build_seconds=%.3f load_seconds=%.3f bytes_read=%lld direct_reads=%lld "
+              "peak_rss=%lld model_bytes=%lld\n",
               rank, fsdp::memory::format_bytes(in.bytes_read).c_str(), fsdp::memory::format_bytes(in.header_bytes).c_str(),
               in.files, load_s, build_s, fsdp::memory::format_bytes(mem.high_water).c_str(),
               fsdp::memory::format_bytes(rss).c_str(), fsdp::memory::format_bytes(cfg.num_params() * 4).c_str(), build_s,
-              load_s, (long long)in.bytes_read, (long long)rss, (long long)(cfg.num_params() * 4));
+              load_s, (long long)in.bytes_read, (long long)in.direct_reads, (long long)rss,
+              (long long)(cfg.num_params() * 4));
   std::fflush(stdout);
 
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(a.lr).weight_decay(a.weight_decay));

@@ -22,6 +22,7 @@ struct Args {
   std::string strategy = "full";   // full | grad-op | none | hybrid | hybrid-zero2
   std::string dtype = "fp32";      // compute: fp32 | bf16 (fp32 masters either way)
   int threads = 0;                 // 0: cores / ranks on this host
+  bool buffered = false;           // load_hf through the page cache only (HfLoadOptions::direct_io = false)
 };
 
 // Loads --hf into a model built without memory (every rank reads its

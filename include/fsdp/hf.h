@@ -182,6 +182,12 @@ struct HfLoadOptions {
   // Bytes of one read staged for conversion (bf16/fp16 -> fp32): a read of
   // a tensor's range goes through a buffer of at most this size.
   int64_t buffer_bytes = int64_t(16) << 20;
+  // Read what the page cache does not hold with O_DIRECT, around the cache
+  // (what it holds is copied from it): a cold load then spends no CPU
+  // filling the cache, CPU it needs for converting and filling the shards.
+  // Files on a file system that refuses O_DIRECT are read through the cache.
+  // false: every read goes through the page cache.
+  bool direct_io = true;
   // Read everything into a copy first and write the shards only once every
   // rank has read all of it: an I/O error in the middle (a disk failing, a
   // file replaced under the load) leaves the model as it was, at the cost of
@@ -201,10 +207,14 @@ struct HfLoadResult {
   int files = 0, tensors = 0;
   // Bytes this rank read from the files: the headers of the files it
   // opened, and the byte ranges of its slices (plus, for a transposed
-  // tensor, at most a row at each end).
+  // tensor, at most a row at each end; for a read around the page cache,
+  // its rounding out to 4 KiB: under 8 KiB each).
   int64_t bytes_read = 0;
   // Of which, the safetensors headers.
   int64_t header_bytes = 0;
+  // Reads that went around the page cache (HfLoadOptions::direct_io): at
+  // most one per HfLoadOptions::buffer_bytes of a range.
+  int64_t direct_reads = 0;
   // The elements of the model parameters this rank loaded (its slices).
   int64_t elements = 0;
   // config.json, parsed (null when the directory has none).
@@ -214,7 +224,8 @@ struct HfLoadResult {
 // Collective: loads the HF checkpoint in `dir` (model.safetensors.index.json
 // with its files, or one model.safetensors) into the model's shards. Every
 // rank reads only the byte ranges of its own slices of each tensor (pread,
-// through a buffer of HfLoadOptions::buffer_bytes), converting BF16, F16,
+// or O_DIRECT for what the page cache lacks, through a buffer of
+// HfLoadOptions::buffer_bytes), converting BF16, F16,
 // F32 or F64 to the fp32 masters, so it works on a model built under
 // fsdp::DeferredInit without any rank holding the whole model. Before
 // anything is written every rank checks the directory (a file the index

@@ -6,7 +6,8 @@
 // shapes and dtypes, listing every problem -> the ranks agree -> each rank
 // reads the byte ranges of its own slices (a transposed tensor: the columns
 // of its rows, one pread per row of the file's tensor), through a bounded
-// buffer that converts bf16/fp16/fp64 to the fp32 masters. Nothing is
+// buffer that converts bf16/fp16/fp64 to the fp32 masters (what the page
+// cache lacks read around it, checkpoint/range_reader.h). Nothing is
 // written before the agreement; with HfLoadOptions::staged the reads land in
 // a copy that is committed only after a second agreement.
 #include <fcntl.h>
@@ -18,6 +19,7 @@
 #include <regex>
 #include <set>
 
+#include "checkpoint/range_reader.h"
 #include "comm/fail_together.h"
 #include "common/shard_math.h"
 #include "fsdp/hf.h"
@@ -237,50 +239,89 @@ std::vector<std::vector<hf::Piece>> resolve(const std::vector<const ParamSlot*>&
   return out;
 }
 
-// Reads elements [first, first + n) of HF tensor t (flat) into dst (fp32,
-// n elements), through `buf` when it needs converting.
-int64_t read_elements(const ckpt::HfDirectory& hfd, const ckpt::HfTensor& t, int64_t first, int64_t n, float* dst,
-                      std::vector<char>& buf, int64_t buffer_bytes) {
-  const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype));
-  const auto& reader = *hfd.files[static_cast<size_t>(t.file)].reader;
-  if (t.dtype == torch::kFloat32) {
-    reader.pread_exact(t.offset + first * es, n * es, dst);
-    return n * es;
+// This load's readers of the directory's files (opened on first use), and
+// the one buffer every read goes through.
+class Files {
+ public:
+  Files(const ckpt::HfDirectory& hfd, bool direct) : hfd_(hfd), direct_(direct), open_(hfd.files.size()) {}
+
+  ckpt::detail::RangeReader& of(int file) {
+    auto& r = open_[static_cast<size_t>(file)];
+    if (!r) {
+      const auto& f = *hfd_.files[static_cast<size_t>(file)].reader;
+      r = std::make_unique<ckpt::detail::RangeReader>(f.path(), f.file_size(), direct_);
+    }
+    return *r;
   }
-  const int64_t per = std::max<int64_t>(1, buffer_bytes / es);
-  if (static_cast<int64_t>(buf.size()) < std::min(per, n) * es) buf.resize(static_cast<size_t>(std::min(per, n) * es));
+  int64_t bytes_read() const {
+    int64_t n = 0;
+    for (auto& r : open_) n += r ? r->bytes_read() : 0;
+    return n;
+  }
+  int64_t direct_reads() const {
+    int64_t n = 0;
+    for (auto& r : open_) n += r ? r->direct_reads() : 0;
+    return n;
+  }
+  ckpt::detail::AlignedBuffer buf;
+
+ private:
+  const ckpt::HfDirectory& hfd_;
+  bool direct_;
+  std::vector<std::unique_ptr<ckpt::detail::RangeReader>> open_;
+};
+
+// Bytes [offset, offset + n) of a file into dst, in reads of at most
+// buffer_bytes.
+void read_bytes(Files& files, int file, int64_t offset, int64_t n, void* dst, int64_t buffer_bytes) {
+  auto& r = files.of(file);
   for (int64_t done = 0; done < n;) {
-    const int64_t k = std::min(per, n - done);
-    reader.pread_exact(t.offset + (first + done) * es, k * es, buf.data());
-    torch::from_blob(dst + done, {k}, torch::kFloat32).copy_(torch::from_blob(buf.data(), {k}, t.dtype));
+    const int64_t k = std::min(buffer_bytes, n - done);
+    r.read_to(offset + done, k, static_cast<char*>(dst) + done, files.buf);
     done += k;
   }
-  return n * es;
 }
 
-// Elements [lo, hi) of slot s into dst (fp32, hi - lo elements). Returns
-// the bytes read.
-int64_t read_slot(const ckpt::HfDirectory& hfd, const ParamSlot& s, const std::vector<hf::Piece>& pieces, int64_t lo,
-                  int64_t hi, float* dst, std::vector<char>& buf, int64_t buffer_bytes) {
-  int64_t bytes = 0;
+// Reads elements [first, first + n) of HF tensor t (flat) into dst (fp32,
+// n elements), converting a buffer's worth at a time.
+void read_elements(Files& files, const ckpt::HfTensor& t, int64_t first, int64_t n, float* dst,
+                   int64_t buffer_bytes) {
+  const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype));
+  if (t.dtype == torch::kFloat32) {
+    read_bytes(files, t.file, t.offset + first * es, n * es, dst, buffer_bytes);
+    return;
+  }
+  auto& r = files.of(t.file);
+  const int64_t per = std::max<int64_t>(1, buffer_bytes / es);
+  for (int64_t done = 0; done < n;) {
+    const int64_t k = std::min(per, n - done);
+    const char* src = r.read(t.offset + (first + done) * es, k * es, files.buf);
+    torch::from_blob(dst + done, {k}, torch::kFloat32)
+        .copy_(torch::from_blob(const_cast<char*>(src), {k}, t.dtype));
+    done += k;
+  }
+}
+
+// Elements [lo, hi) of slot s into dst (fp32, hi - lo elements).
+void read_slot(const ckpt::HfDirectory& hfd, Files& files, const ParamSlot& s, const std::vector<hf::Piece>& pieces,
+               int64_t lo, int64_t hi, float* dst, int64_t buffer_bytes) {
   const int64_t inner = hf::inner_of(s.shape);
   for (auto& p : pieces) {
     const ckpt::HfTensor& t = hfd.tensors.at(p.hf_name);
     if (p.transpose) {
       // P [R, C] = T^T, T [C, R]: P's rows r0..r1 are T's columns; one
-      // pread per row of T (one for all when the columns are all of them).
+      // read per row of T (one for all when the columns are all of them).
       const int64_t R = s.shape[0], C = s.shape[1];
       const int64_t r0 = lo / C, r1 = (hi - 1) / C, k = r1 - r0 + 1;
       const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype));
       auto cols = torch::empty({C, k}, t.dtype);
       char* base = static_cast<char*>(cols.data_ptr());
-      const auto& reader = *hfd.files[static_cast<size_t>(t.file)].reader;
       if (k == R) {
-        reader.pread_exact(t.offset, C * R * es, base);
+        read_bytes(files, t.file, t.offset, C * R * es, base, buffer_bytes);
       } else {
-        for (int64_t c = 0; c < C; ++c) reader.pread_exact(t.offset + (c * R + r0) * es, k * es, base + c * k * es);
+        for (int64_t c = 0; c < C; ++c)
+          read_bytes(files, t.file, t.offset + (c * R + r0) * es, k * es, base + c * k * es, buffer_bytes);
       }
-      bytes += C * k * es;
       torch::from_blob(dst, {hi - lo}, torch::kFloat32)
           .copy_(cols.t().reshape({-1}).narrow(0, lo - r0 * C, hi - lo));
       continue;
@@ -288,9 +329,8 @@ int64_t read_slot(const ckpt::HfDirectory& hfd, const ParamSlot& s, const std::v
     const int64_t pa = p.dst_row * inner, pb = (p.dst_row + p.rows) * inner;
     const int64_t a = std::max(lo, pa), b = std::min(hi, pb);
     if (a >= b) continue;
-    bytes += read_elements(hfd, t, p.src_row * inner + (a - pa), b - a, dst + (a - lo), buf, buffer_bytes);
+    read_elements(files, t, p.src_row * inner + (a - pa), b - a, dst + (a - lo), buffer_bytes);
   }
-  return bytes;
 }
 
 }  // namespace
@@ -332,9 +372,8 @@ HfLoadResult load_hf(FullyShardedModel& model, const std::string& dir, const HfL
 
   // Phase 2: this rank's slices, straight into the shards (or a copy).
   std::vector<torch::Tensor> staged(slots.size());
-  int64_t bytes = 0;
+  Files files(hfd, opts.direct_io);
   try {
-    std::vector<char> buf;
     torch::NoGradGuard ng;
     for (size_t i = 0; i < slots.size(); ++i) {
       const ParamSlot& s = *slots[i];
@@ -344,7 +383,7 @@ HfLoadResult load_hf(FullyShardedModel& model, const std::string& dir, const HfL
       const bool direct = !opts.staged && shard.is_cpu();
       torch::Tensor dst = direct ? shard : torch::empty({s.hi - s.lo}, torch::kFloat32);
       FSDP_CHECK(dst.is_contiguous() && dst.scalar_type() == torch::kFloat32, "shard of ", s.name);
-      bytes += read_slot(hfd, s, plan[i], s.lo, s.hi, dst.data_ptr<float>(), buf, opts.buffer_bytes);
+      read_slot(hfd, files, s, plan[i], s.lo, s.hi, dst.data_ptr<float>(), opts.buffer_bytes);
       res.elements += s.hi - s.lo;
       if (opts.staged) staged[i] = dst;
       else if (!direct) shard.copy_(dst);
@@ -364,7 +403,8 @@ HfLoadResult load_hf(FullyShardedModel& model, const std::string& dir, const HfL
     for (size_t i = 0; i < slots.size(); ++i)
       if (staged[i].defined()) slots[i]->shard_view.detach().copy_(staged[i]);
   }
-  res.bytes_read = bytes + hfd.header_bytes_read;
+  res.bytes_read = files.bytes_read() + hfd.header_bytes_read;
+  res.direct_reads = files.direct_reads();
   return res;
 }
 

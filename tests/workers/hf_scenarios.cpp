@@ -5,7 +5,7 @@
 // hf_load DIR REF [STRATEGY]
 //   builds the Llama of DIR/config.json under DeferredInit, wraps it (a unit
 //   per decoder layer), load_hf(DIR), and prints on every rank
-//   "HFLOAD rank=R bytes_read=.. header_bytes=.. data_bytes=.. elements=..
+//   "HFLOAD rank=R bytes_read=.. header_bytes=.. data_bytes=.. direct_reads=.. elements=..
 //    peak=.. model_bytes=.. dir_header_bytes=.."; rank 0 computes the logits
 //   of REF's ids and prints "LOGITS max_abs_diff=%g max_abs=%g".
 // hf_finetune DIR OUT OURS [DTYPE]
@@ -63,10 +63,11 @@ FSDP_SCENARIO(hf_load) {
   const auto st = memory::stats();
   int64_t dir_headers = 0;
   for (auto& f : ckpt::read_hf_directory(dir).files) dir_headers += f.header_bytes;
-  std::printf("HFLOAD rank=%d bytes_read=%lld header_bytes=%lld data_bytes=%lld elements=%lld peak=%lld "
-              "model_bytes=%lld dir_header_bytes=%lld files=%d\n",
+  std::printf("HFLOAD rank=%d bytes_read=%lld header_bytes=%lld data_bytes=%lld direct_reads=%lld elements=%lld "
+              "peak=%lld model_bytes=%lld dir_header_bytes=%lld files=%d\n",
               comm->rank(), (long long)r.bytes_read, (long long)r.header_bytes,
-              (long long)(r.bytes_read - r.header_bytes), (long long)r.elements, (long long)st.high_water,
+              (long long)(r.bytes_read - r.header_bytes), (long long)r.direct_reads, (long long)r.elements,
+              (long long)st.high_water,
               (long long)(cfg.num_params() * 4), (long long)dir_headers, r.files);
   ckpt::SafetensorsReader refs(ref);
   auto ids = refs.read_all("ids");
