@@ -402,7 +402,9 @@ TEST(HfDirectIo, RangeReaderReadsAnyRangeColdOrCached) {
     ranges.push_back({at, n});
   }
   ckpt::detail::AlignedBuffer buf;
-  ckpt::detail::RangeReader r(path, size, /*direct=*/true);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ckpt::detail::RangeReader r(fd, path, size, /*direct=*/true);
   int64_t asked = 0;
   for (auto [at, n] : ranges) {
     const char* p = r.read(at, n, buf);
@@ -418,19 +420,19 @@ TEST(HfDirectIo, RangeReaderReadsAnyRangeColdOrCached) {
   EXPECT_LE(r.bytes_read(), asked + 8190 * r.direct_reads());
   // Read through the cache, the file is cached: no read goes around it.
   std::ifstream(path, std::ios::binary).read(bytes.data(), size);
-  ckpt::detail::RangeReader warm(path, size, true);
+  ckpt::detail::RangeReader warm(fd, path, size, true);
   for (auto [at, n] : ranges) warm.read(at, n, buf);
   EXPECT_EQ(warm.direct_reads(), 0);
   // Asked for less, it never goes around the cache.
   ASSERT_TRUE(make_cold(d));
-  ckpt::detail::RangeReader buffered(path, size, /*direct=*/false);
+  ckpt::detail::RangeReader buffered(fd, path, size, /*direct=*/false);
   for (auto [at, n] : ranges) ASSERT_EQ(std::string(buffered.read(at, n, buf), static_cast<size_t>(n)),
                                         bytes.substr(static_cast<size_t>(at), static_cast<size_t>(n)));
   EXPECT_EQ(buffered.direct_reads(), 0);
   // A file shorter than its header said: truncation, on either path.
   for (bool direct : {true, false}) {
     ASSERT_TRUE(make_cold(d));
-    ckpt::detail::RangeReader longer(path, size + 100000, direct);
+    ckpt::detail::RangeReader longer(fd, path, size + 100000, direct);
     try {
       longer.read(size - 10, 20000, buf);
       ADD_FAILURE() << "a read past the end succeeded (direct " << direct << ")";
@@ -440,6 +442,14 @@ TEST(HfDirectIo, RangeReaderReadsAnyRangeColdOrCached) {
           << e.what();
     }
   }
+  // The path replaced by another file meanwhile: still the file opened.
+  fs::rename(path, d + "/old.safetensors");
+  std::ofstream(path, std::ios::binary) << "another file";
+  ASSERT_TRUE(make_cold(d));
+  ckpt::detail::RangeReader same(fd, path, size, true);
+  EXPECT_EQ(std::string(same.read(size - 5000, 5000, buf), 5000), bytes.substr(static_cast<size_t>(size - 5000)));
+  EXPECT_GT(same.direct_reads(), 0);
+  ::close(fd);
   fs::remove_all(d);
 }
 

@@ -159,6 +159,10 @@ class SafetensorsReader {
   const std::string& path() const;
   // Its size in bytes.
   int64_t file_size() const;
+  // The descriptor of the open file (the reader's own, valid while it
+  // lives): reads of it by offset see the file the header was checked on,
+  // even if the path is replaced meanwhile.
+  int fd() const;
   int64_t header_bytes() const;  // 8 + N: where the data section starts
   const std::vector<SafetensorsEntry>& entries() const;  // in data order
   const SafetensorsEntry* find(const std::string& name) const;  // nullptr: absent

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,13 +29,17 @@ char* AlignedBuffer::reserve(int64_t n) {
   return p_.get();
 }
 
-RangeReader::RangeReader(const std::string& path, int64_t file_size, bool direct) : path_(path), size_(file_size) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0)
-    throw Error(cat("opening '", path, "' to read it: ", std::strerror(errno),
-                    ". Check that it exists and is readable."));
+RangeReader::RangeReader(int fd, const std::string& path, int64_t file_size, bool direct)
+    : path_(path), size_(file_size), fd_(fd) {
   if (!direct || size_ <= 0) return;
-  direct_fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);  // -1 (EINVAL): the file system refuses
+  // The same file with O_DIRECT: -1 (EINVAL) where the file system refuses it.
+  direct_fd_ = ::open(cat("/proc/self/fd/", fd).c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  struct stat a, b;
+  if (direct_fd_ >= 0 && (::fstat(fd, &a) != 0 || ::fstat(direct_fd_, &b) != 0 || a.st_dev != b.st_dev ||
+                          a.st_ino != b.st_ino)) {
+    ::close(direct_fd_);
+    direct_fd_ = -1;
+  }
   if (direct_fd_ < 0) return;
   map_ = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd_, 0);
   if (map_ == MAP_FAILED) {  // residency cannot be told: read through the cache
@@ -47,7 +52,6 @@ RangeReader::RangeReader(const std::string& path, int64_t file_size, bool direct
 RangeReader::~RangeReader() {
   if (map_) ::munmap(map_, static_cast<size_t>(size_));
   if (direct_fd_ >= 0) ::close(direct_fd_);
-  if (fd_ >= 0) ::close(fd_);
 }
 
 bool RangeReader::cached(int64_t offset, int64_t n) {

@@ -40,9 +40,12 @@ class RangeReader {
   // O_DIRECT's alignment of offsets, lengths and buffers used here.
   static constexpr int64_t kAlign = 4096;
 
-  // Opens `path` (file_size bytes, as its header was checked against).
-  // direct: whether ranges the page cache lacks may be read with O_DIRECT.
-  RangeReader(const std::string& path, int64_t file_size, bool direct);
+  // Reads the open file `fd` (not owned; `path` names it in messages;
+  // file_size bytes, as its header was checked against). direct: whether
+  // ranges the page cache lacks may be read with O_DIRECT, through a second
+  // descriptor of the same file (opened by /proc/self/fd, checked to be the
+  // same inode: never another file that took the path).
+  RangeReader(int fd, const std::string& path, int64_t file_size, bool direct);
   ~RangeReader();
   RangeReader(const RangeReader&) = delete;
   RangeReader& operator=(const RangeReader&) = delete;
@@ -74,7 +77,7 @@ class RangeReader {
 
   std::string path_;
   int64_t size_;
-  int fd_ = -1;         // buffered
+  int fd_ = -1;         // buffered (the caller's)
   int direct_fd_ = -1;  // O_DIRECT; -1: none (refused, or not asked for)
   void* map_ = nullptr; // PROT_READ mapping for mincore, never touched
   std::vector<unsigned char> residency_;

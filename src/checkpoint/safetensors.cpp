@@ -327,6 +327,7 @@ SafetensorsReader::~SafetensorsReader() = default;
 const std::string& SafetensorsReader::path() const { return impl_->path; }
 int64_t SafetensorsReader::file_size() const { return impl_->size; }
 int64_t SafetensorsReader::header_bytes() const { return impl_->header_total; }
+int SafetensorsReader::fd() const { return impl_->file.fd(); }
 const std::vector<SafetensorsEntry>& SafetensorsReader::entries() const { return impl_->entries; }
 const std::map<std::string, std::string>& SafetensorsReader::metadata() const { return impl_->metadata; }
 

@@ -249,7 +249,7 @@ class Files {
     auto& r = open_[static_cast<size_t>(file)];
     if (!r) {
       const auto& f = *hfd_.files[static_cast<size_t>(file)].reader;
-      r = std::make_unique<ckpt::detail::RangeReader>(f.path(), f.file_size(), direct_);
+      r = std::make_unique<ckpt::detail::RangeReader>(f.fd(), f.path(), f.file_size(), direct_);
     }
     return *r;
   }
