@@ -4,7 +4,7 @@
 // defines: AlignedBuffer, RangeReader
 //
 // A cold read through the page cache costs the kernel a fresh page for every
-// 4 KiB and a copy out of it: 1.4 s of CPU for 2.2 GB on a 2-core machine
+// 4 KiB and a copy out of it: 1.3-2.2 s of CPU for 2.2 GB on a 2-core machine
 // (bench/README.md, "Hugging Face checkpoints"), CPU the load needs for its
 // own work (converting, filling the shards). With O_DIRECT the disk writes
 // straight into the caller's buffer. Whether a range is cached is asked of
