@@ -76,24 +76,28 @@ void FileHandle::pwrite_all(int64_t offset, const void* data, size_t n) {
   }
 }
 
-void FileHandle::pread_all(int64_t offset, size_t n, void* dst) const {
+void FileHandle::pread_all(int64_t offset, size_t n, void* dst) const { detail::pread_all(fd_, path_, offset, n, dst); }
+
+void pread_all(int fd, const std::string& path, int64_t offset, size_t n, void* dst) {
   char* p = static_cast<char*>(dst);
-  size_t want = n;
+  const int64_t from = offset, to = offset + static_cast<int64_t>(n);
   while (n > 0) {
-    ssize_t k = ::pread(fd_, p, std::min<size_t>(n, 1 << 30), offset);
+    ssize_t k = ::pread(fd, p, std::min<size_t>(n, 1 << 30), offset);
     if (k < 0) {
       if (errno == EINTR) continue;
-      io_fail(path_, "reading", errno);
+      io_fail(path, "reading", errno);
     }
-    if (k == 0)
-      throw Error(cat("'", path_, "' is truncated: needed bytes [", offset - int64_t(want - n), ", ",
-                      offset + int64_t(n), ") but the file ends at byte ", offset,
-                      ". The file was cut short (disk full or a copy interrupted); "
-                      "use another checkpoint or copy it again."));
+    if (k == 0) throw_truncated(path, from, to, offset);
     p += k;
     offset += k;
     n -= static_cast<size_t>(k);
   }
+}
+
+void throw_truncated(const std::string& path, int64_t from, int64_t to, int64_t ends_at) {
+  throw Error(cat("'", path, "' is truncated: needed bytes [", from, ", ", to, ") but the file ends at byte ", ends_at,
+                  ". The file was cut short (disk full or a copy interrupted); use another checkpoint or copy it "
+                  "again."));
 }
 
 void FileHandle::sync() {

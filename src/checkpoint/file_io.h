@@ -40,6 +40,13 @@ class FileHandle {
   std::string path_;
 };
 
+// Reads exactly n bytes of the open file `fd` (not owned; `path` names it)
+// at offset, as FileHandle::pread_all.
+void pread_all(int fd, const std::string& path, int64_t offset, size_t n, void* dst);
+// The error of a file that ends at byte `ends_at`, before the bytes [from, to)
+// a read needed.
+[[noreturn]] void throw_truncated(const std::string& path, int64_t from, int64_t to, int64_t ends_at);
+
 void fsync_dir(const std::string& dir);
 // Writes `content` to path.tmp, fsyncs, renames over `path`, fsyncs the dir.
 void atomic_write_file(const std::string& path, const std::string& content, bool do_fsync = true);

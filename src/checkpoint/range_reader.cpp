@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "checkpoint/file_io.h"
 #include "fsdp/errors.h"
 
 namespace fsdp::ckpt::detail {
@@ -81,11 +82,7 @@ const char* RangeReader::read_direct(int64_t offset, int64_t n, AlignedBuffer& b
     if (k < 0)
       throw Error(cat("reading '", path_, "' (bytes [", a + got, ", ", b, "), O_DIRECT) failed: ", std::strerror(errno),
                       ". Check the disk."));
-    if (k == 0)
-      throw Error(cat("'", path_, "' is truncated: needed bytes [", offset, ", ", offset + n,
-                      ") but the file ends at byte ", a + got,
-                      ". The file was cut short (disk full or a copy interrupted); use another checkpoint or copy "
-                      "it again."));
+    if (k == 0) throw_truncated(path_, offset, offset + n, a + got);
     got += k;
   }
   bytes_read_ += got;
@@ -111,20 +108,7 @@ void RangeReader::read_to(int64_t offset, int64_t n, void* dst, AlignedBuffer& b
 }
 
 void RangeReader::read_buffered(int64_t offset, int64_t n, void* dst) {
-  char* p = static_cast<char*>(dst);
-  for (int64_t done = 0; done < n;) {
-    const ssize_t k = ::pread(fd_, p + done, static_cast<size_t>(std::min<int64_t>(n - done, 1 << 30)), offset + done);
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0)
-      throw Error(cat("reading '", path_, "' (bytes [", offset + done, ", ", offset + n, ")) failed: ",
-                      std::strerror(errno), ". Check the disk."));
-    if (k == 0)
-      throw Error(cat("'", path_, "' is truncated: needed bytes [", offset, ", ", offset + n,
-                      ") but the file ends at byte ", offset + done,
-                      ". The file was cut short (disk full or a copy interrupted); use another checkpoint or copy "
-                      "it again."));
-    done += k;
-  }
+  pread_all(fd_, path_, offset, static_cast<size_t>(n), dst);
   bytes_read_ += n;
 }
 
