@@ -12,13 +12,17 @@
 
 #include <chrono>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "comm/diagnosis.h"
+#include "comm/mesh.h"
+#include "comm/ring.h"
 #include "common/proc_state.h"
 #include "launch_diagnosis.h"
+#include "observe/flight_hooks.h"
 
 using fsdp::comm::Evidence;
 using fsdp::comm::RankReading;
@@ -412,6 +416,67 @@ TEST(LaunchDiagnosis, TheFindingIsDecidedBeforeItIsWorded) {
   EXPECT_FALSE(j.contains("collective")) << j.dump();
   EXPECT_EQ(j.at("last_entered").at("seq"), 8) << j.dump();
   EXPECT_EQ(j.at("last_entered").at("what"), last.what) << j.dump();
+}
+
+
+// Links that broke before anything was posted on them, as Gloo's are once a
+// peer died: every post throws its error.
+class BrokenLinks : public c10d::Backend {
+ public:
+  BrokenLinks() : c10d::Backend(0, 3) {}
+  const std::string getBackendName() const override { return "broken-links"; }
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>&, int, int) override {
+    throw std::runtime_error("Connection closed by peer [127.0.0.1]:40123");
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>&, int, int) override {
+    throw std::runtime_error("Connection closed by peer [127.0.0.1]:40124");
+  }
+};
+
+// A rank whose peer died before it posted (the race of a kill against the
+// next collective) fails in the post, not in a wait: the failure still names
+// that peer, and the progress the verdict's waited_on is read from records
+// it, by the communicator's name of the rank.
+TEST(DiagnosisEvidence, APostOnABrokenLinkRecordsThePeerWaitedOn) {
+  fsdp::comm::Mesh mesh(c10::make_intrusive<BrokenLinks>(), 0, 3);
+  const std::vector<int> names = {10, 11, 12};  // a tier's ranks, named by the communicator
+  std::vector<char> buf(96);
+  auto failure = [&](auto collective, fsdp::flight::Progress& progress) {
+    fsdp::comm::Wire w;
+    w.mesh = &mesh;
+    w.seq = 7;
+    w.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    w.progress = &progress;
+    w.names = &names;
+    try {
+      collective(w);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "the collective did not fail";
+    return std::string();
+  };
+  {  // The ring's first post: the send to its right.
+    fsdp::flight::Progress progress;
+    const std::string e = failure(
+        [&](const fsdp::comm::Wire& w) { fsdp::comm::ring_all_gather(w, buf.data(), {0, 32, 64}, {32, 32, 32}); },
+        progress);
+    EXPECT_NE(e.find("sending to rank 11: the link to it had already failed (Connection closed by peer"),
+              std::string::npos)
+        << e;
+    EXPECT_EQ(progress.peer.load(), 11);
+    EXPECT_EQ(progress.waiting.load(), fsdp::flight::Progress::SEND);
+  }
+  {  // A broadcast's receiver: its one post, the receive from the root.
+    fsdp::flight::Progress progress;
+    const std::string e = failure(
+        [&](const fsdp::comm::Wire& w) { fsdp::comm::direct_broadcast(w, buf.data(), 32, /*root=*/2); }, progress);
+    EXPECT_NE(e.find("receiving from rank 12: the link to it had already failed (Connection closed by peer"),
+              std::string::npos)
+        << e;
+    EXPECT_EQ(progress.peer.load(), 12);
+    EXPECT_EQ(progress.waiting.load(), fsdp::flight::Progress::RECEIVE);
+  }
 }
 
 }  // namespace FSDP_TEST_ID

@@ -37,7 +37,7 @@ class PostExchange {
   PostExchange(const Wire& w, uint64_t slot, int64_t msg)
       : w_(w), slot_(slot), msg_(msg), n_(w.mesh->size), r_(w.mesh->rank), table_(n_), recv_(n_) {
     for (int q = 0; q < n_; ++q)
-      if (q != r_) recv_[q] = w.mesh->recv(q, slot_, &table_[q], sizeof(T));
+      if (q != r_) recv_[q] = post_recv(w, q, slot_, &table_[q], sizeof(T));
   }
 
   // Sends `mine` (its seq and msg set to this exchange's) to every peer;
@@ -47,7 +47,7 @@ class PostExchange {
     mine.msg = msg_;
     table_[r_] = mine;
     for (int q = 0; q < n_; ++q)
-      if (q != r_) send_.push_back(w_.mesh->send(q, slot_, &table_[r_], sizeof(T)));
+      if (q != r_) send_.push_back(post_send(w_, q, slot_, &table_[r_], sizeof(T)));
   }
 
   // Every peer's message, `what` in the words of a failure's message;

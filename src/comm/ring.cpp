@@ -38,10 +38,10 @@ class Posted {
  public:
   Posted(const Wire& w, const void* base) : w_(w), base_(static_cast<char*>(const_cast<void*>(base))) {}
   void send(int peer, uint64_t slot, int64_t offset, int64_t nbytes) {
-    q_.emplace_back(peer, w_.mesh->send(peer, slot, base_ + offset, nbytes));
+    q_.emplace_back(peer, post_send(w_, peer, slot, base_ + offset, nbytes));
   }
   void recv(int peer, uint64_t slot, int64_t offset, int64_t nbytes) {
-    q_.emplace_back(peer, w_.mesh->recv(peer, slot, base_ + offset, nbytes));
+    q_.emplace_back(peer, post_recv(w_, peer, slot, base_ + offset, nbytes));
   }
   // The oldest transfer not yet waited for, and its peer.
   std::pair<int, Transfer> take() {
@@ -135,6 +135,33 @@ void expect(const Wire& w, int64_t recv, int64_t send) {
 Buffer wrap(const Wire& w, const void* p, int64_t /*nbytes*/) { return std::make_unique<Posted>(w, p); }
 
 }  // namespace
+
+namespace {
+
+// A post that failed: the peer is the one waited on (the link to it broke).
+[[noreturn]] void post_failed(const Wire& w, int peer, flight::Progress::Waiting what, const std::exception& e) {
+  if (w.progress) w.progress->wait_on(w.name(peer), what);
+  throw std::runtime_error(detail::cat(what == flight::Progress::SEND ? "sending to rank " : "receiving from rank ",
+                                       w.name(peer), ": the link to it had already failed (", e.what(), ")"));
+}
+
+}  // namespace
+
+Transfer post_send(const Wire& w, int peer, uint64_t slot, const void* p, int64_t nbytes) {
+  try {
+    return w.mesh->send(peer, slot, p, nbytes);
+  } catch (const std::exception& e) {
+    post_failed(w, peer, flight::Progress::SEND, e);
+  }
+}
+
+Transfer post_recv(const Wire& w, int peer, uint64_t slot, void* p, int64_t nbytes) {
+  try {
+    return w.mesh->recv(peer, slot, p, nbytes);
+  } catch (const std::exception& e) {
+    post_failed(w, peer, flight::Progress::RECEIVE, e);
+  }
+}
 
 namespace {
 

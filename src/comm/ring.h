@@ -1,5 +1,5 @@
 // fsdp-cpp: the collective algorithms, on a mesh of point-to-point links.
-// defines: Wire, remaining, Traffic, ring_all_gather, ring_reduce_scatter,
+// defines: Wire, remaining, post_send, post_recv, Traffic, ring_all_gather, ring_reduce_scatter,
 //          ring_all_reduce, direct_broadcast, direct_gather, dissemination_barrier
 //
 // Rank r talks to its ring neighbours r+1 (right) and r-1 (left). A "step"
@@ -35,6 +35,7 @@ struct Progress;
 namespace fsdp::comm {
 
 class Mesh;
+class Transfer;
 
 // One collective on the wire: the mesh it runs on, its sequence number (its
 // slots), its deadline, and the counters its transfers update (the peer
@@ -65,6 +66,14 @@ inline std::chrono::milliseconds remaining(const Wire& w) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(w.deadline - std::chrono::steady_clock::now());
   return std::max(left, std::chrono::milliseconds(1));
 }
+
+// Posts a send (receive) of `nbytes` at `p` to (from) `peer` of w.mesh,
+// matched by `slot`. Every algorithm posts through these. A link that broke
+// before the post (its peer died first) fails the post itself, not a later
+// wait: the error then names the peer, and w.progress records it as the
+// rank waited on, as a failed wait would (diagnosis.h's waited_on).
+Transfer post_send(const Wire& w, int peer, uint64_t slot, const void* p, int64_t nbytes);
+Transfer post_recv(const Wire& w, int peer, uint64_t slot, void* p, int64_t nbytes);
 
 // Bytes this rank sent in one collective, and the part that crossed hosts
 // (-1: count it from the ring's neighbour, as the flat algorithms).
