@@ -102,14 +102,21 @@ bool HfLlama::made_ = false;
 
 // Each rank reads exactly the bytes of its slices (bf16: 2 per element) and
 // the headers of the files; the logits equal transformers' to fp32 rounding;
-// no rank held the whole model (the counting allocator's high-water mark).
+// no rank held the whole model. N=2 keeps every master in the counting
+// allocator (FSDP_SHARE_HOST=off), whose high-water mark holds the rank's
+// shard and less than the model; N=3 (where this host lets its ranks map
+// each other's memory) keeps them in host-shared units, one copy per host
+// outside the allocator, of which each rank touched its slices: more than
+// its shard (whole pages), less than the model.
 TEST_F(HfLlama, LoadsATransformersCheckpointAtOneTwoAndThreeRanks) {
   for (int n : {1, 2, 3}) {
     // N=1 reads the files transformers just wrote, from the page cache; N=2
     // and 3 start from files dropped from it (those small files come back
     // with their headers' readahead: HfDirectIo below reads cold data).
     if (n > 1) make_cold(dir());
-    auto r = run_ranks(n, "hf_load", {dir(), ref()});
+    const bool host_shared = n == 3 && cma_available();
+    auto r = run_ranks(n, "hf_load", {dir(), ref()}, n == 2 ? std::vector<std::string>{"FSDP_SHARE_HOST=off"}
+                                                             : std::vector<std::string>{});
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto loads = lines_with(r.output, "HFLOAD ");
     ASSERT_EQ(loads.size(), size_t(n)) << r.output;
@@ -124,7 +131,17 @@ TEST_F(HfLlama, LoadsATransformersCheckpointAtOneTwoAndThreeRanks) {
       EXPECT_EQ(f["bytes_read"], f["data_bytes"] + f["header_bytes"]) << l;
       EXPECT_GT(f["files"], 3) << "the checkpoint should span several files: " << l;
       if (n > 1) {
-        EXPECT_LT(f["peak"], f["model_bytes"]) << "a rank held the whole model at N=" << n << ": " << l;
+        const int64_t shard = 4 * f["elements"];  // its fp32 masters
+        EXPECT_EQ(f["shared_per_host"] > 0, host_shared) << "N=" << n << ": " << l;
+        if (host_shared) {
+          EXPECT_GE(f["shared_per_host"], f["model_bytes"]) << "the host's copy is the whole model: " << l;
+          EXPECT_GE(f["shared_rss"], shard) << "the rank's masters should be resident in host-shared memory: " << l;
+          EXPECT_LT(f["peak"] + f["shared_rss"], f["model_bytes"]) << "a rank held the whole model at N=" << n
+                                                                   << ": " << l;
+        } else {
+          EXPECT_GE(f["peak"], shard) << "the counting allocator should hold the rank's masters: " << l;
+          EXPECT_LT(f["peak"], f["model_bytes"]) << "a rank held the whole model at N=" << n << ": " << l;
+        }
       }
       elements += f["elements"];
       model_bytes = f["model_bytes"];
@@ -170,6 +187,43 @@ TEST_F(HfLlama, FineTunedExportLoadsInTransformersAndDcp) {
   EXPECT_LT(value_of(tf[0], "max_abs_diff"), 2e-5);
   EXPECT_EQ(value_of(dcp[0], "max_abs_diff"), 0.0);
   EXPECT_EQ(value_of(dcp[0], "tensors"), 3 * 9 + 3);
+}
+
+// The example program as docs/GUIDE.md chapter 9 runs it: fsdp prepare's
+// tokens (ASCII, below this checkpoint's 151 ids), three ranks load
+// transformers' checkpoint, train and export; each load line gives its
+// reads, libtorch's resident start and the peak above it, and the masters'
+// place (host-shared where this host allows it); the export verifies.
+TEST_F(HfLlama, TheExampleProgramLoadsFineTunesAndExports) {
+  const std::string text = *root_ + "/text.txt", data = *root_ + "/data", out = *root_ + "/example-export";
+  {
+    std::ofstream t(text);
+    for (int i = 0; i < 200; ++i) t << "Sentence " << i << " of the example's text, plain ASCII.\n";
+  }
+  auto r = run_command({bin_path("fsdp"), "prepare", "--text", text, "--out", data});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command({bin_path("fsdp"), "run", "-n", "3", "--", bin_path("llama"), "--hf", dir(), "--data",
+                   data + "/train.bin", "--steps", "3", "--seq", "16", "--batch", "2", "--lr", "1e-3", "--export", out},
+                  {}, 300);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto loads = lines_with(r.output, "] load: rank ");
+  ASSERT_EQ(loads.size(), 3u) << r.output;
+  int64_t read = 0;
+  for (auto& l : loads) {
+    const Fields f(l);
+    read += f["bytes_read"];
+    EXPECT_GT(f["start_rss"], 0) << l;
+    EXPECT_GE(f["peak_rss"], f["start_rss"]) << l;
+    EXPECT_LT(f["peak_rss"] - f["start_rss"], f["model_bytes"] + (64 << 20)) << "the load's own memory: " << l;
+    EXPECT_EQ(l.find("+ host-shared ") != std::string::npos, cma_available()) << l;
+  }
+  EXPECT_GE(read, Fields(loads[0])["model_bytes"] / 2) << "the ranks together read every bf16 byte";
+  EXPECT_EQ(lines_with(r.output, "[rank 0] step ").size(), 3u) << r.output;
+  EXPECT_EQ(lines_with(r.output, "exported 30 tensors").size(), 1u) << r.output;
+  EXPECT_TRUE(ckpt::verify_hf_directory(out).empty());
+  fs::remove_all(out);
+  fs::remove_all(data);
+  fs::remove(text);
 }
 
 // Tied embeddings (no lm_head in the files) and Llama 3's rotary frequencies.

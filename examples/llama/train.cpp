@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <string>
 #include <thread>
 
 #include "fsdp/comm.h"
@@ -77,14 +78,21 @@ int finetune(const Args& a) {
   const double load_s = since(t0);
   const auto mem = fsdp::memory::stats();
   const int64_t rss = fsdp::memory::process_peak_rss();
+  const int64_t start_rss = fsdp::memory::process_memory().at_start;  // libtorch and the runtime, before any tensor
+  // Host-shared units (one host) keep the masters in the host's one copy,
+  // outside the allocator: this rank's share of it.
+  const fsdp::Ledger ledger = model->ledger();
+  const int64_t shared = ledger.host_ranks > 0 ? ledger.shared_per_host / ledger.host_ranks : 0;
+  const std::string tensors = fsdp::memory::format_bytes(mem.high_water) +
+                              (shared > 0 ? " + host-shared " + fsdp::memory::format_bytes(shared) : "");
   std::printf("load: rank %d read %s (%s of headers) of %d files in %.2f s (built in %.2f s); peak tensors %s, peak "
-              "RSS %s (the model: %s) | build_seconds=%.3f load_seconds=%.3f bytes_read=%lld direct_reads=%lld "
-              "peak_rss=%lld model_bytes=%lld\n",
+              "RSS %s (%s of it resident at start; the model: %s) | build_seconds=%.3f load_seconds=%.3f "
+              "bytes_read=%lld direct_reads=%lld peak_rss=%lld start_rss=%lld model_bytes=%lld\n",
               rank, fsdp::memory::format_bytes(in.bytes_read).c_str(), fsdp::memory::format_bytes(in.header_bytes).c_str(),
-              in.files, load_s, build_s, fsdp::memory::format_bytes(mem.high_water).c_str(),
-              fsdp::memory::format_bytes(rss).c_str(), fsdp::memory::format_bytes(cfg.num_params() * 4).c_str(), build_s,
-              load_s, (long long)in.bytes_read, (long long)in.direct_reads, (long long)rss,
-              (long long)(cfg.num_params() * 4));
+              in.files, load_s, build_s, tensors.c_str(),
+              fsdp::memory::format_bytes(rss).c_str(), fsdp::memory::format_bytes(start_rss).c_str(),
+              fsdp::memory::format_bytes(cfg.num_params() * 4).c_str(), build_s, load_s, (long long)in.bytes_read,
+              (long long)in.direct_reads, (long long)rss, (long long)start_rss, (long long)(cfg.num_params() * 4));
   std::fflush(stdout);
 
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(a.lr).weight_decay(a.weight_decay));

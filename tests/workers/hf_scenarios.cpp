@@ -6,8 +6,11 @@
 //   builds the Llama of DIR/config.json under DeferredInit, wraps it (a unit
 //   per decoder layer), load_hf(DIR), and prints on every rank
 //   "HFLOAD rank=R bytes_read=.. header_bytes=.. data_bytes=.. direct_reads=.. elements=..
-//    peak=.. model_bytes=.. dir_header_bytes=.."; rank 0 computes the logits
-//   of REF's ids and prints "LOGITS max_abs_diff=%g max_abs=%g".
+//    peak=.. shared_per_host=.. shared_rss=.. model_bytes=.. dir_header_bytes=.."
+//   (peak: the counting allocator's high-water mark; shared_per_host: the
+//   ledger's host-shared units, 0 when the units are not host-shared;
+//   shared_rss: the shared memory this rank has touched, RssShmem); rank 0
+//   computes the logits of REF's ids and prints "LOGITS max_abs_diff=%g max_abs=%g".
 // hf_finetune DIR OUT OURS [DTYPE]
 //   loads DIR as above, trains 10 AdamW steps on fixed batches, save_hf(OUT)
 //   (DTYPE fp32 | bf16, config and tokenizer copied from DIR), writes the
@@ -17,6 +20,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "fsdp/fsdp.h"
 #include "fsdp/hf.h"
@@ -61,13 +65,23 @@ FSDP_SCENARIO(hf_load) {
   Model model = build(comm, cfg, args.size() > 2 ? args[2] : "full");
   const auto r = load(model, dir, cfg);
   const auto st = memory::stats();
+  // Host-shared units (one host) keep the masters in memory every local rank
+  // maps, outside the counting allocator: what this rank holds of them is
+  // the pages it touched.
+  const int64_t shared_per_host = model->ledger().shared_per_host;
+  int64_t shared_rss = -1;
+  {
+    std::ifstream status("/proc/self/status");
+    for (std::string l; std::getline(status, l);)
+      if (l.rfind("RssShmem:", 0) == 0) shared_rss = std::stoll(l.substr(9)) * 1024;
+  }
   int64_t dir_headers = 0;
   for (auto& f : ckpt::read_hf_directory(dir).files) dir_headers += f.header_bytes;
   std::printf("HFLOAD rank=%d bytes_read=%lld header_bytes=%lld data_bytes=%lld direct_reads=%lld elements=%lld "
-              "peak=%lld model_bytes=%lld dir_header_bytes=%lld files=%d\n",
+              "peak=%lld shared_per_host=%lld shared_rss=%lld model_bytes=%lld dir_header_bytes=%lld files=%d\n",
               comm->rank(), (long long)r.bytes_read, (long long)r.header_bytes,
               (long long)(r.bytes_read - r.header_bytes), (long long)r.direct_reads, (long long)r.elements,
-              (long long)st.high_water,
+              (long long)st.high_water, (long long)shared_per_host, (long long)shared_rss,
               (long long)(cfg.num_params() * 4), (long long)dir_headers, r.files);
   ckpt::SafetensorsReader refs(ref);
   auto ids = refs.read_all("ids");
