@@ -9,6 +9,10 @@
 #      RSS against a quarter of the model (fp32 masters) + 10%;
 #   2. save_hf at N ranks against gathering every tensor to rank 0 and
 #      writing one file there.
+# Beside each load, in the same round: N processes filling a quarter of the
+# fp32 model each in fresh memory (the page faults of the masters, with
+# nothing read), and each rank's resident memory at start (libtorch, before
+# any tensor): the two parts of a load that no reading can shorten.
 #
 #   bash bench/hf_load.sh [BUILD] [N]      (defaults: build 4)
 # Environment: WORK (scratch folder, default a new one under /tmp, removed at
@@ -26,7 +30,7 @@ ROUNDS=${ROUNDS:-3}
 CACHES=${CACHES:-cold warm}
 PYTHON=${PYTHON:-$(sed -n 's/^FSDP_PYTHON:[A-Z]*=//p' "$BUILD/CMakeCache.txt")}
 WORK=${WORK:-$(mktemp -d /tmp/fsdp-hf-bench.XXXXXX)}
-cleanup() { [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"; }
+cleanup() { rm -f /dev/shm/fsdp-hf-bench-fresh.$$.*; [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"; }
 trap cleanup EXIT
 mkdir -p "$WORK"
 rm -f "$WORK"/cold-*.txt "$WORK"/warm-*.txt  # a kept folder's earlier rounds
@@ -75,12 +79,27 @@ read_direct() {  # seconds to read every byte once around the page cache (O_DIRE
   t1=$(date +%s.%N)
   echo "$t1 - $t0" | bc -l
 }
+fresh_memory() {  # $1: anon | shm. Seconds for N processes at once to fill a quarter of the fp32 model each in
+  # memory never touched before (dd from /dev/zero; shm: files in /dev/shm, as host-shared memory is): the page
+  # faults every load_hf pays for its fp32 masters, with nothing read.
+  local t0 t1 i q=$((BYTES * 2 / N)) shm=/dev/shm/fsdp-hf-bench-fresh.$$
+  t0=$(date +%s.%N)
+  for i in $(seq "$N"); do
+    if [ "$1" = anon ]; then dd if=/dev/zero of=/dev/null bs=$q count=1 iflag=fullblock status=none &
+    else dd if=/dev/zero of=$shm.$i bs=16M count=$((q / 16777216)) status=none & fi
+  done
+  wait
+  t1=$(date +%s.%N)
+  rm -f $shm.*
+  echo "$t1 - $t0" | bc -l
+}
 load_once() {  # $1: direct | buffered. The slowest rank's build and load_hf seconds, and the largest peak RSS
   local flag=()
   [ "$1" = buffered ] && flag=(--buffered-load)
   "$BUILD/bin/fsdp" run -n "$N" -- "$BUILD/bin/llama" --hf "$CKPT" --data "$WORK/data/train.bin" --steps 0 \
       --seq 64 "${flag[@]}" > "$WORK/load.log" 2>&1 || { cat "$WORK/load.log"; exit 1; }
-  echo "$(slowest build_seconds "$WORK/load.log") $(slowest load_seconds "$WORK/load.log") $(slowest peak_rss "$WORK/load.log")"
+  echo "$(slowest build_seconds "$WORK/load.log") $(slowest load_seconds "$WORK/load.log") $(slowest peak_rss "$WORK/load.log")" \
+    "$(slowest start_rss "$WORK/load.log")"
 }
 median() {  # of the numbers on stdin
   sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
@@ -96,9 +115,10 @@ for cache in $CACHES; do
       d=0
       if [ $cache = cold ]; then drop_caches; d=$(read_direct); drop_caches; else cat "$CKPT"/*.safetensors > /dev/null; fi
       r=$(read_once)
+      fa=$(fresh_memory anon); fs=$(fresh_memory shm)
       if [ $cache = cold ]; then drop_caches; fi
-      read -r b l rss < <(load_once $mode)
-      echo "$r $b $l $rss $d" >> "$WORK/$cache-$mode.txt"
+      read -r b l rss start < <(load_once $mode)
+      echo "$r $b $l $rss $d $fa $fs $start" >> "$WORK/$cache-$mode.txt"
     done
   done
   MODEL_FP32=$(grep -o 'model_bytes=[0-9]*' "$WORK/load.log" | head -1 | cut -d= -f2)
@@ -113,6 +133,9 @@ for cache in $CACHES; do
       "$(echo "$rss / 1048576" | bc -l)" "$(echo "$budget / 1048576" | bc -l)" \
       "$( [ "$(echo "$rss < $budget" | bc -l)" = 1 ] && echo ok || echo OVER)"
     [ $cache = cold ] && printf "  (read once around the page cache, dd iflag=direct: %.2f s)\n" "$d"
+    fa=$(cut -d' ' -f6 "$f" | median); fs=$(cut -d' ' -f7 "$f" | median); start=$(cut -d' ' -f8 "$f" | median)
+    printf "  (the masters' fresh memory alone, %d processes filling a quarter of the fp32 model each: %.2f s, %.2f s in shared memory; resident at start, before any tensor: %.0f MiB)\n" \
+      "$N" "$fa" "$fs" "$(echo "$start / 1048576" | bc -l)"
   done
 done
 
