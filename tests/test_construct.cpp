@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "fsdp/fsdp.h"
+#include "proc_status.h"
 #include "test_util.h"
 
 using fsdp::testing::bin_path;
@@ -28,13 +29,7 @@ using namespace fsdp;
 
 using fsdp::testing::temp_dir;
 
-int64_t vm_rss() {  // bytes resident now
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  return -1;
-}
+int64_t vm_rss() { return fsdp::testing::status_bytes("VmRSS"); }  // bytes resident now
 
 using fsdp::testing::slurp;
 

@@ -25,6 +25,7 @@
 #include "fsdp/fsdp.h"
 #include "fsdp/hf.h"
 #include "llama/model.h"
+#include "proc_status.h"
 #include "scenario.h"
 
 namespace fsdp::testing {
@@ -69,12 +70,7 @@ FSDP_SCENARIO(hf_load) {
   // maps, outside the counting allocator: what this rank holds of them is
   // the pages it touched.
   const int64_t shared_per_host = model->ledger().shared_per_host;
-  int64_t shared_rss = -1;
-  {
-    std::ifstream status("/proc/self/status");
-    for (std::string l; std::getline(status, l);)
-      if (l.rfind("RssShmem:", 0) == 0) shared_rss = std::stoll(l.substr(9)) * 1024;
-  }
+  const int64_t shared_rss = status_bytes("RssShmem");
   int64_t dir_headers = 0;
   for (auto& f : ckpt::read_hf_directory(dir).files) dir_headers += f.header_bytes;
   std::printf("HFLOAD rank=%d bytes_read=%lld header_bytes=%lld data_bytes=%lld direct_reads=%lld elements=%lld "
