@@ -17,7 +17,10 @@
 #   bash bench/hf_load.sh [BUILD] [N]      (defaults: build 4)
 # Environment: WORK (scratch folder, default a new one under /tmp, removed at
 # the end unless KEEP=1), ROUNDS (default 3: rounds of loads, the default and
-# --buffered-load in turn; medians), CACHES (default "cold warm"), EXPORT=0
+# --buffered-load in turn; medians), MODES (default "direct buffered": the
+# loads of each round, in turn; MODE@SIZE reads in SIZE pieces, e.g.
+# "direct direct@16MiB" pairs the default read size with another),
+# CACHES (default "cold warm"), EXPORT=0
 # (loads only), PYTHON (the torch environment with transformers),
 # SMALL=1 (a 2-layer model of the same widths: a check of this script, not
 # a measurement).
@@ -28,6 +31,7 @@ BUILD=${1:-build}
 N=${2:-4}
 ROUNDS=${ROUNDS:-3}
 CACHES=${CACHES:-cold warm}
+MODES=${MODES:-direct buffered}
 PYTHON=${PYTHON:-$(sed -n 's/^FSDP_PYTHON:[A-Z]*=//p' "$BUILD/CMakeCache.txt")}
 WORK=${WORK:-$(mktemp -d /tmp/fsdp-hf-bench.XXXXXX)}
 cleanup() { rm -f /dev/shm/fsdp-hf-bench-fresh.$$.*; [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"; }
@@ -93,9 +97,11 @@ fresh_memory() {  # $1: anon | shm. Seconds for N processes at once to fill a qu
   rm -f $shm.*
   echo "$t1 - $t0" | bc -l
 }
-load_once() {  # $1: direct | buffered. The slowest rank's build and load_hf seconds, and the largest peak RSS
+load_once() {  # $1: direct | buffered, either with @SIZE. The slowest rank's build and load_hf seconds, and the largest
+  # peak RSS
   local flag=()
-  [ "$1" = buffered ] && flag=(--buffered-load)
+  [ "${1%@*}" = buffered ] && flag=(--buffered-load)
+  [ "${1#*@}" != "$1" ] && flag+=(--load-buffer "${1#*@}")
   "$BUILD/bin/fsdp" run -n "$N" -- "$BUILD/bin/llama" --hf "$CKPT" --data "$WORK/data/train.bin" --steps 0 \
       --seq 64 "${flag[@]}" > "$WORK/load.log" 2>&1 || { cat "$WORK/load.log"; exit 1; }
   echo "$(slowest build_seconds "$WORK/load.log") $(slowest load_seconds "$WORK/load.log") $(slowest peak_rss "$WORK/load.log")" \
@@ -105,13 +111,14 @@ median() {  # of the numbers on stdin
   sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
 }
 
-# Rounds alternate load_hf's default (what the page cache lacks read with
-# O_DIRECT) and --buffered-load (HfLoadOptions::direct_io = false), each
-# load beside its own read-once; the lines give medians.
+# Rounds alternate the MODES: by default load_hf's default (what the page
+# cache lacks read with O_DIRECT) and --buffered-load
+# (HfLoadOptions::direct_io = false), each load beside its own read-once;
+# the lines give medians.
 for cache in $CACHES; do
   if [ $cache = cold ] && ! drop_caches; then continue; fi
   for round in $(seq "$ROUNDS"); do
-    for mode in direct buffered; do
+    for mode in $MODES; do
       d=0
       if [ $cache = cold ]; then drop_caches; d=$(read_direct); drop_caches; else cat "$CKPT"/*.safetensors > /dev/null; fi
       r=$(read_once)
@@ -123,7 +130,7 @@ for cache in $CACHES; do
   done
   MODEL_FP32=$(grep -o 'model_bytes=[0-9]*' "$WORK/load.log" | head -1 | cut -d= -f2)
   budget=$(echo "$MODEL_FP32 / 4 * 1.1" | bc -l)
-  for mode in direct buffered; do
+  for mode in $MODES; do
     f=$WORK/$cache-$mode.txt
     r=$(cut -d' ' -f1 "$f" | median); l=$(cut -d' ' -f3 "$f" | median); d=$(cut -d' ' -f5 "$f" | median)
     bl=$(awk '{ print $2 + $3 }' "$f" | median); rss=$(cut -d' ' -f4 "$f" | median)

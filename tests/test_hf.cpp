@@ -566,6 +566,38 @@ TEST(HfDirectIo, ColdCheckpointLoadsAroundThePageCacheWithTheSameValues) {
 // a transposed projection under other names, loaded from separate q, k, v,
 // then exported back to the same tensors.
 
+// F32 read straight into the masters, F64 and F16 converted, in reads of
+// the default size and of an odd size whose pieces start mid-page (the
+// pages a read makes present are those wholly inside it): every value
+// exact.
+TEST(HfDtypes, F32F64AndF16LoadExactlyInReadsOfAnySize) {
+  const std::string d = temp_dir("hf-dtypes");
+  torch::manual_seed(9);
+  const std::map<std::string, std::pair<torch::Tensor, torch::ScalarType>> hf = {
+      {"w", {torch::randn({300, 257}), torch::kFloat32}},
+      {"b", {torch::randn({1001}, torch::kFloat64), torch::kFloat64}},
+      {"s", {torch::randn({3, 5}), torch::kFloat16}}};
+  std::vector<ckpt::TensorSpec> specs;
+  for (auto& [n, t] : hf) specs.push_back({n, t.first.sizes().vec(), t.second});
+  ckpt::write_full_safetensors(d + "/model.safetensors", specs,
+                               [&](const ckpt::TensorSpec& s) { return hf.at(s.name).first.to(s.dtype); });
+  for (const int64_t buffer : {int64_t(1) << 20, int64_t(9002)}) {
+    auto model = fully_shard(std::make_shared<WideImpl>(), make_local_communicator(), FsdpOptions{});
+    HfLoadOptions lo;
+    lo.buffer_bytes = buffer;
+    const auto r = load_hf(*model, d, lo);
+    EXPECT_EQ(r.elements, 300 * 257 + 1001 + 15);
+    EXPECT_EQ(r.bytes_read - r.header_bytes, 4 * 300 * 257 + 8 * 1001 + 2 * 15);
+    const auto got = model->full_state(0);
+    ASSERT_EQ(got.size(), 3u);
+    for (auto& [n, v] : got) {
+      const auto& [t, dtype] = hf.at(n);
+      EXPECT_TRUE(torch::equal(v, t.to(dtype).to(torch::kFloat32))) << n << " in reads of " << buffer << " bytes";
+    }
+  }
+  fs::remove_all(d);
+}
+
 struct FusedImpl : torch::nn::Module {
   FusedImpl() {
     qkv = register_parameter("qkv", torch::zeros({12, 4}));    // q [4,4] k [4,4] v [4,4] stacked

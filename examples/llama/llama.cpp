@@ -48,11 +48,14 @@ int main(int argc, char** argv) {
       ->check(fsdp::cli::integer(0, 1024));
   app.add_flag("--buffered-load", a.buffered,
                "load_hf reads through the page cache only (default: what it lacks is read with O_DIRECT)");
+  app.add_option("--load-buffer", a.load_buffer,
+                 "bytes of one load_hf read (HfLoadOptions::buffer_bytes, e.g. 16MiB; default: the library's)");
   app.add_option("--log-every", a.log_every, "a step line every N steps")->check(fsdp::cli::integer(1, 1 << 30));
   try {
     app.parse(argc, argv);
     fsdp::parse_strategy(a.strategy);
     fsdp::cli::parse_bytes(a.max_shard_size);
+    if (!a.load_buffer.empty()) fsdp::cli::parse_bytes(a.load_buffer);
   } catch (const CLI::CallForHelp&) {
     std::printf("%s", app.help().c_str());
     return 0;

@@ -74,6 +74,7 @@ int finetune(const Args& a) {
   fsdp::HfLoadOptions lo;
   lo.expect_config = cfg.hf_identity();
   lo.direct_io = !a.buffered;
+  if (!a.load_buffer.empty()) lo.buffer_bytes = fsdp::cli::parse_bytes(a.load_buffer);
   const fsdp::HfLoadResult in = fsdp::load_hf(*model, a.hf, lo);
   const double load_s = since(t0);
   const auto mem = fsdp::memory::stats();

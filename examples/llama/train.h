@@ -23,6 +23,7 @@ struct Args {
   std::string dtype = "fp32";      // compute: fp32 | bf16 (fp32 masters either way)
   int threads = 0;                 // 0: cores / ranks on this host
   bool buffered = false;           // load_hf through the page cache only (HfLoadOptions::direct_io = false)
+  std::string load_buffer;         // HfLoadOptions::buffer_bytes (e.g. "16MiB"; "": its default)
 };
 
 // Loads --hf into a model built without memory (every rank reads its

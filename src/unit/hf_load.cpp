@@ -11,6 +11,7 @@
 // written before the agreement; with HfLoadOptions::staged the reads land in
 // a copy that is committed only after a second agreement.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -282,22 +283,39 @@ void read_bytes(Files& files, int file, int64_t offset, int64_t n, void* dst, in
   }
 }
 
+// The pages wholly inside [p, p + n) made present and writable in one call
+// (MADV_POPULATE_WRITE, Linux 5.14) instead of one fault per 4 KiB as they
+// are first written: a load's masters are fresh memory, and on 2 cores at
+// N = 4 this made load_hf 7 % faster (bench/README.md). Pages only partly
+// inside may be another rank's (host-shared shards): never touched. Where
+// the kernel lacks the advice nothing happens; the writes fault as before.
+void populate(float* p, int64_t n) {
+#ifndef MADV_POPULATE_WRITE
+  constexpr int MADV_POPULATE_WRITE = 23;
+#endif
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p + n) / page * page;
+  if (b > a) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_POPULATE_WRITE);
+}
+
 // Reads elements [first, first + n) of HF tensor t (flat) into dst (fp32,
 // n elements), converting a buffer's worth at a time.
 void read_elements(Files& files, const ckpt::HfTensor& t, int64_t first, int64_t n, float* dst,
                    int64_t buffer_bytes) {
   const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype));
-  if (t.dtype == torch::kFloat32) {
-    read_bytes(files, t.file, t.offset + first * es, n * es, dst, buffer_bytes);
-    return;
-  }
   auto& r = files.of(t.file);
   const int64_t per = std::max<int64_t>(1, buffer_bytes / es);
   for (int64_t done = 0; done < n;) {
     const int64_t k = std::min(per, n - done);
-    const char* src = r.read(t.offset + (first + done) * es, k * es, files.buf);
-    torch::from_blob(dst + done, {k}, torch::kFloat32)
-        .copy_(torch::from_blob(const_cast<char*>(src), {k}, t.dtype));
+    populate(dst + done, k);
+    if (t.dtype == torch::kFloat32) {
+      r.read_to(t.offset + (first + done) * es, k * es, dst + done, files.buf);
+    } else {
+      const char* src = r.read(t.offset + (first + done) * es, k * es, files.buf);
+      torch::from_blob(dst + done, {k}, torch::kFloat32)
+          .copy_(torch::from_blob(const_cast<char*>(src), {k}, t.dtype));
+    }
     done += k;
   }
 }
