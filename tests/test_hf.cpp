@@ -662,6 +662,39 @@ TEST(HfNameMap, FusedTransposedAndRenamedTensorsLoadAndExportBack) {
   fs::remove_all(d);
 }
 
+// The same kind of map at 2 and 3 ranks, where the ranks' slices start and
+// end inside rows: of the transposed proj (a column range of each of the
+// file's rows) and of the fused qkv; in reads of the default size and of
+// 1030 bytes. The shards hold exactly the mapped bf16 values, and the
+// export (fp32, under the HF names) holds them back.
+TEST(HfNameMap, FusedAndTransposedTensorsLoadAndExportAtTwoAndThreeRanks) {
+  const std::string d = temp_dir("hf-map-ranks");
+  torch::manual_seed(10);
+  const int64_t H = 37, P = 211;  // as the hf_mapped scenario
+  const std::map<std::string, torch::Tensor> hf = {
+      {"attn.q.weight", torch::randn({H, H})}, {"attn.k.weight", torch::randn({H, H})},
+      {"attn.v.weight", torch::randn({H, H})}, {"attn.out.weight", torch::randn({P, H})},
+      {"ln.gain", torch::randn({H})}};
+  std::vector<ckpt::TensorSpec> specs;
+  for (auto& [n, t] : hf) specs.push_back({n, t.sizes().vec(), torch::kBFloat16});
+  fs::create_directories(d + "/in");
+  ckpt::write_full_safetensors(d + "/in/model.safetensors", specs,
+                               [&](const ckpt::TensorSpec& s) { return hf.at(s.name).to(torch::kBFloat16); });
+  for (int n : {2, 3})
+    for (const char* buffer : {"1048576", "1030"}) {
+      const std::string out = d + "/out-" + std::to_string(n) + "-" + buffer;
+      auto r = run_ranks(n, "hf_mapped", {d + "/in", out, buffer});
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      const auto lines = lines_with(r.output, "MAPPED ");
+      ASSERT_EQ(lines.size(), 1u) << r.output;
+      EXPECT_NE(lines[0].find("loaded_equal=1"), std::string::npos) << "N=" << n << ", reads of " << buffer << ": "
+                                                                    << lines[0];
+      EXPECT_NE(lines[0].find("exported_equal=1"), std::string::npos) << "N=" << n << ", reads of " << buffer << ": "
+                                                                      << lines[0];
+    }
+  fs::remove_all(d);
+}
+
 }  // namespace FSDP_TEST_ID
 
 }  // namespace fsdp::testing

@@ -17,9 +17,17 @@
 //   logits of the fixed ids to OURS (rank 0) and prints "EXPORT rank=R
 //   files=.. bytes_written=.. received=..", then loads OUT into a fresh model
 //   and prints "RELOAD max_abs_diff=%g" (its logits against the trained one's).
+// hf_mapped DIR OUT BUFFER
+//   a model with a transposed proj [H, P] (HF: out [P, H]), a fused qkv
+//   [3H, H] (HF: q, k, v [H, H]) and a renamed scale [H] in one unit, so the
+//   ranks' slices start and end inside rows; load_hf(DIR) through the name
+//   map in reads of BUFFER bytes, save_hf(OUT) under the HF names (fp32).
+//   Rank 0 prints "MAPPED loaded_equal=0|1 exported_equal=0|1", each value
+//   against DIR's tensors (read whole, as the reference), bit for bit.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "fsdp/fsdp.h"
@@ -131,6 +139,69 @@ FSDP_SCENARIO(hf_finetune) {
   auto logits2 = again.forward(ids);
   if (rank == 0) std::printf("RELOAD max_abs_diff=%.9g\n", (logits2 - logits).abs().max().item<double>());
   std::fflush(stdout);
+  return 0;
+}
+
+// proj first and largest: at 2 and 3 ranks a slice boundary lies inside one
+// of its rows (5976 = 28 x 211 + 68; 3984 = 18 x 211 + 186), and at 3 one
+// inside a row of qkv (7968 - 7807 = 4 x 37 + 13).
+constexpr int64_t kH = 37, kP = 211;
+
+struct MappedImpl : torch::nn::Module {
+  MappedImpl() {
+    proj = register_parameter("proj", torch::zeros({kH, kP}));
+    qkv = register_parameter("qkv", torch::zeros({3 * kH, kH}));
+    scale = register_parameter("scale", torch::zeros({kH}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x; }
+  torch::Tensor qkv, proj, scale;
+};
+
+HfNameMap mapped_names() {
+  HfNameMap names;
+  names.rules = {{"qkv", {{"attn.q.weight", false, 0, kH}, {"attn.k.weight", false, 0, kH},
+                          {"attn.v.weight", false, 0, kH}}},
+                 {"proj", {{"attn.out.weight", true}}},
+                 {"(s)cale", {{"ln.gain"}}}};
+  return names;
+}
+
+FSDP_SCENARIO(hf_mapped) {
+  const std::string dir = args.at(0), out = args.at(1);
+  auto comm = make_communicator_from_env();
+  auto model = fully_shard(std::make_shared<MappedImpl>(), comm, FsdpOptions{});
+  HfLoadOptions lo;
+  lo.names = mapped_names();
+  lo.buffer_bytes = std::stoll(args.at(2));
+  load_hf(*model, dir, lo);
+  const auto full = model->full_state(0);  // collective
+  HfSaveOptions so;
+  so.names = mapped_names();
+  so.dtype = torch::kFloat32;
+  so.fsync = false;
+  save_hf(*model, out, so);  // collective
+  if (comm->rank() == 0) {
+    // The reference: DIR's tensors read whole, in fp32.
+    std::map<std::string, torch::Tensor> hf;
+    for (auto& f : ckpt::read_hf_directory(dir).files)
+      for (auto& e : f.reader->entries()) hf[e.name] = f.reader->read_all(e.name).reshape(e.shape).to(torch::kFloat32);
+    std::map<std::string, torch::Tensor> want = {
+        {"qkv", torch::cat({hf.at("attn.q.weight"), hf.at("attn.k.weight"), hf.at("attn.v.weight")})},
+        {"proj", hf.at("attn.out.weight").t()},
+        {"scale", hf.at("ln.gain")}};
+    bool loaded = full.size() == want.size();
+    for (auto& [n, t] : full) loaded = loaded && want.count(n) && torch::equal(t, want.at(n));
+    bool exported = true;
+    size_t found = 0;
+    for (auto& f : ckpt::read_hf_directory(out).files)
+      for (auto& e : f.reader->entries()) {
+        ++found;
+        exported = exported && e.dtype == torch::kFloat32 && hf.count(e.name) &&
+                   torch::equal(f.reader->read_all(e.name).reshape(e.shape), hf.at(e.name));
+      }
+    std::printf("MAPPED loaded_equal=%d exported_equal=%d\n", int(loaded), int(exported && found == hf.size()));
+    std::fflush(stdout);
+  }
   return 0;
 }
 
