@@ -327,21 +327,27 @@ void read_slot(const ckpt::HfDirectory& hfd, Files& files, const ParamSlot& s, c
   for (auto& p : pieces) {
     const ckpt::HfTensor& t = hfd.tensors.at(p.hf_name);
     if (p.transpose) {
-      // P [R, C] = T^T, T [C, R]: P's rows r0..r1 are T's columns; one
-      // read per row of T (one for all when the columns are all of them).
+      // P [R, C] = T^T, T [C, R]: P's rows are T's columns. The slice's rows
+      // in blocks of about buffer_bytes (at least one row): a block's rows
+      // [r, rb) are columns [r, rb) of T, one read per row of T (one for
+      // all when the block is every column), then transposed into dst.
       const int64_t R = s.shape[0], C = s.shape[1];
-      const int64_t r0 = lo / C, r1 = (hi - 1) / C, k = r1 - r0 + 1;
       const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype));
-      auto cols = torch::empty({C, k}, t.dtype);
-      char* base = static_cast<char*>(cols.data_ptr());
-      if (k == R) {
-        read_bytes(files, t.file, t.offset, C * R * es, base, buffer_bytes);
-      } else {
-        for (int64_t c = 0; c < C; ++c)
-          read_bytes(files, t.file, t.offset + (c * R + r0) * es, k * es, base + c * k * es, buffer_bytes);
+      const int64_t block = std::max<int64_t>(1, buffer_bytes / (C * es));
+      for (int64_t r = lo / C; r * C < hi; r += block) {
+        const int64_t rb = std::min((hi - 1) / C + 1, r + block), k = rb - r;
+        auto cols = torch::empty({C, k}, t.dtype);
+        char* base = static_cast<char*>(cols.data_ptr());
+        if (k == R) {
+          read_bytes(files, t.file, t.offset, C * R * es, base, buffer_bytes);
+        } else {
+          for (int64_t c = 0; c < C; ++c)
+            read_bytes(files, t.file, t.offset + (c * R + r) * es, k * es, base + c * k * es, buffer_bytes);
+        }
+        const int64_t a = std::max(lo, r * C), b = std::min(hi, rb * C);
+        torch::from_blob(dst + (a - lo), {b - a}, torch::kFloat32)
+            .copy_(cols.t().reshape({-1}).narrow(0, a - r * C, b - a));
       }
-      torch::from_blob(dst, {hi - lo}, torch::kFloat32)
-          .copy_(cols.t().reshape({-1}).narrow(0, lo - r0 * C, hi - lo));
       continue;
     }
     const int64_t pa = p.dst_row * inner, pb = (p.dst_row + p.rows) * inner;
