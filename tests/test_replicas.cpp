@@ -480,10 +480,15 @@ TEST(ReplicaGroups, AFreshGroupIsRefusedOnceNoGroupHoldsTheJobsState) {
       << late[0].output << coord;
 }
 
-TEST(ReplicaGroups, TheCoordinatorKilledStopsEveryGroupWithOneMessage) {
+// A coordinator that never comes back (FSDP_COORDINATOR_TIMEOUT passes):
+// every rank stops with one message. (One that comes back: the next test.)
+TEST(ReplicaGroups, ACoordinatorGoneForGoodStopsEveryGroupWithOneMessage) {
   Job job("replicas_coord", 1.0, 2);
   std::vector<ProcResult> res;
-  std::thread t([&] { res = run_groups(job, 100000, {0, 1}, {}, {}, {}, /*restarts=*/0); });
+  std::thread t([&] {
+    res = run_groups(job, 100000, {0, 1}, {{"FSDP_COORDINATOR_TIMEOUT=2"}, {"FSDP_COORDINATOR_TIMEOUT=2"}}, {}, {},
+                     /*restarts=*/0);
+  });
   // Once both groups committed a step, the coordinator dies.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (slurp(job.coordinator->out).find("quorum 0:") == std::string::npos &&
@@ -494,7 +499,8 @@ TEST(ReplicaGroups, TheCoordinatorKilledStopsEveryGroupWithOneMessage) {
   ASSERT_NE(coord.find("quorum 0:"), std::string::npos) << coord;
   for (auto& r : res) {
     EXPECT_NE(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("stopped answering"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("stopped answering for 2 s"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("within FSDP_COORDINATOR_TIMEOUT"), std::string::npos) << r.output;
   }
 }
 

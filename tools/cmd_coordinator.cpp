@@ -10,8 +10,9 @@
 #include <cstdio>
 #include <string>
 
-#include "comm/quorum.h"
 #include "command.h"
+#include "fsdp/config.h"
+#include "replicas/coordinator.h"
 
 namespace {
 
@@ -19,7 +20,7 @@ std::atomic<bool> g_stop{false};
 void on_signal(int) { g_stop = true; }
 
 int cmd_coordinator(int argc, char** argv) {
-  fsdp::comm::CoordinatorOptions o;
+  fsdp::replicas::CoordinatorOptions o;
   double timeout_s = 10;
   bool all = false;
   CLI::App app{"Keep the quorum of replica groups: each group is one `fsdp run` (FSDP_REPLICA_GROUP=g, "
@@ -50,7 +51,8 @@ int cmd_coordinator(int argc, char** argv) {
     std::fflush(stdout);
   };
   try {
-    fsdp::comm::Coordinator c(o);
+    o.job_token = fsdp::config::read_env().job_token;
+    fsdp::replicas::Coordinator c(o);
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
     c.run(g_stop);

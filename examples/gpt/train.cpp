@@ -838,6 +838,7 @@ int train(const Args& args, const examples::StepHooks& hooks) {
   // The training loop.
   const auto run_start = Clock::now();
   Sent sent;  // inside the steps' spans (what the plan predicts)
+  int64_t applied = 0;  // steps this run trained and applied (a group that healed part-way skipped the others)
   std::string last_groups;  // the last quorum's groups, printed when they change
   for (int64_t step = first_step; step < a.steps; step = replicas ? replicas->step() : step + 1) {
     if (replicas) {
@@ -867,6 +868,7 @@ int train(const Args& args, const examples::StepHooks& hooks) {
       std::fflush(stdout);
     }
     if (!r.applied) continue;
+    ++applied;
     sent.add(r);
     if (!a.ckpt_dir.empty() && a.ckpt_every > 0 && (step + 1) % a.ckpt_every == 0 && step + 1 < a.steps)
       checkpoints.save(step + 1);
@@ -886,9 +888,9 @@ int train(const Args& args, const examples::StepHooks& hooks) {
   const double seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
 
   if (replicas && run.lead)
-    std::printf("replica group %d: %lld bytes sent to other groups\n", replicas->group(),
-                (long long)replicas->bytes_sent());
-  print_ledger(run, model, *opt, plan, a.steps - first_step, seconds, sent, tokens_per_step);
+    std::printf("replica group %d: %lld bytes sent to other groups; the coordinator restarted %lld time(s) under it\n",
+                replicas->group(), (long long)replicas->bytes_sent(), (long long)replicas->coordinator_restarts());
+  print_ledger(run, model, *opt, plan, applied, seconds, sent, tokens_per_step);
   if (a.rank_memory) print_rank_memory(a, run, fopts, model, plan, construction_peak);
   finish(a, run, model, popts);
   return 0;

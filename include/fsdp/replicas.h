@@ -30,13 +30,22 @@
 // A group that joins late, restarts or thaws copies the parameters, the
 // optimizer's state and the buffers from a group that holds the current
 // step (shard r from rank r of a source; sources spread over the shards),
-// in start_step(), before its first step: no checkpoint is read.
+// in start_step(), before its first step: no checkpoint is read. The copy
+// lands in staging; only when every rank of the group has all of its shard
+// is it installed (a source that dies half way leaves the group's state as
+// it was, and the next quorum heals again).
+//
+// The coordinator may be restarted under a running job (on the same
+// address): the ranks wait for it (FSDP_COORDINATOR_TIMEOUT, 60 s by
+// default), tell the new one where they stand, and go on; no group restarts
+// and no step is applied twice.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +53,16 @@
 namespace fsdp {
 
 class FullyShardedModel;
+
+// How far a heal got on this rank (ReplicaOptions::on_heal): called once the
+// header (which tensors follow) crossed, and once all of it did.
+struct HealProgress {
+  int64_t step = 0;       // the quorum's step
+  bool lending = false;   // this rank lends its shard of the state (else it takes one)
+  int peer_group = -1;    // the group it lends to, or takes from
+  int64_t bytes = 0;      // bytes moved so far
+  int64_t total = 0;      // bytes in all
+};
 
 // Where the coordinator is and which group this process belongs to.
 struct ReplicaOptions {
@@ -56,6 +75,12 @@ struct ReplicaOptions {
   // Steps this group's state has committed already (a run resumed from a
   // checkpoint at step k passes k); 0: a fresh model.
   int64_t start_step = 0;
+  // How long a rank waits for a coordinator that stopped answering to come
+  // back (FSDP_COORDINATOR_TIMEOUT overrides it).
+  std::chrono::milliseconds coordinator_timeout{std::chrono::seconds(60)};
+  // Called as a heal moves this rank's shard (logs, progress bars, tests
+  // that stop a rank half way); on the calling thread, in start_step().
+  std::function<void(const HealProgress&)> on_heal;
 };
 
 // One step's quorum, as this group took part in it.
@@ -103,6 +128,9 @@ class ReplicaGroups {
   const StepQuorum& quorum() const;
   // Bytes this rank sent to other groups (gradients and heals).
   int64_t bytes_sent() const;
+  // How many times this rank found a new coordinator (one restarted on the
+  // same address) and went on with it.
+  int64_t coordinator_restarts() const;
 
  private:
   struct Impl;

@@ -84,6 +84,8 @@ const std::vector<Variable>& variables() {
        "the coordinator of replica groups (`fsdp coordinator`; fsdp/replicas.h)"},
       {"FSDP_REPLICA_GROUP", "an integer in [0, 1048576)", "ReplicaOptions::group (none)",
        "this process's replica group (fsdp/replicas.h)"},
+      {"FSDP_COORDINATOR_TIMEOUT", "seconds, > 0", "ReplicaOptions::coordinator_timeout (60 s)",
+       "how long a rank of a replica group waits for a coordinator that stopped answering to come back"},
       {"FSDP_JOB_TOKEN", "16 to 128 of [A-Za-z0-9_-]", "none", "the secret shared by the ranks of one job (`fsdp run` sets it)"},
       {"FSDP_HOST_ID", "any text", "host name, boot id and namespaces",
        "which ranks count as one host (tests run two hosts on one machine)"},
@@ -292,6 +294,8 @@ EnvConfig parse(const Lookup& lookup, const Lineage& lineage) {
   }
   if (auto g = r.integer("FSDP_REPLICA_GROUP", 0, (1 << 20) - 1, "this process's replica group"))
     c.replica_group = static_cast<int>(*g);
+  c.coordinator_timeout_ms =
+      ms(r.seconds("FSDP_COORDINATOR_TIMEOUT", 0, true, kWeek, "seconds to wait for the coordinator to come back"));
   if (const char* p = r.raw("FSDP_CUDA_PLUGIN")) c.cuda_plugin = p;
   if (const char* m = r.raw("TORCH_NCCL_ASYNC_ERROR_HANDLING")) c.nccl_async_error_handling = m;
   c.store_bind_all = r.choice("FSDP_STORE_BIND", {"all"}, "", "known",

@@ -1,20 +1,21 @@
 // fsdp-cpp: a replica group's side of per-step fault tolerance
 // (fsdp/replicas.h): the quorum of each step, the gradients' mean across
-// groups, the vote, and healing from a peer.
+// groups, the vote, and healing from a peer into staging.
 #include "fsdp/replicas.h"
 
+#include <unistd.h>
+
 #include <chrono>
-#include <functional>
-#include <map>
 #include <nlohmann/json.hpp>
 
-#include "comm/quorum.h"
-#include "compat/torch_compat.h"
 #include "fsdp/comm.h"
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/trace.h"
 #include "optim/optimizer_state.h"
+#include "replicas/client.h"
+#include "replicas/link.h"
+#include "state/step_state.h"
 
 namespace fsdp {
 namespace {
@@ -51,11 +52,10 @@ std::string sharding_of(const FullyShardedModel& model) {
                      mp.param_dtype ? c10::toString(*mp.param_dtype) : "fp32");
 }
 
-std::vector<torch::Tensor> optimizer_params(const torch::optim::Optimizer& opt) {
-  std::vector<torch::Tensor> out;
-  for (const auto& g : opt.param_groups())
-    for (const auto& p : g.params()) out.push_back(p);
-  return out;
+std::string this_host() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
 }
 
 // An error's message without the C++ stack c10::Error appends.
@@ -65,46 +65,72 @@ std::string message_of(const std::exception& e) {
   return cut == std::string::npos ? m : m.substr(0, cut);
 }
 
+// Whether every rank of the group got here with `ok` (a collective over the
+// group's own communicator: every rank calls it, in the same place).
+bool all_ok(const CommPtr& c, bool ok, const char* what) {
+  if (c->world_size() == 1) return ok;
+  auto failed = torch::tensor({ok ? 0.0f : 1.0f});
+  c->all_reduce(failed, ReduceOp::SUM, {what})->wait();
+  return failed.item<float>() == 0.0f;
+}
+
 }  // namespace
 
 struct ReplicaGroups::Impl {
   FullyShardedModel& model;
   torch::optim::Optimizer& opt;
-  comm::ReplicaPlace place;
-  std::unique_ptr<comm::QuorumClient> client;
-  std::unique_ptr<comm::ReplicaLink> link;
-  comm::QuorumView view;
+  replicas::ReplicaPlace place;
+  std::unique_ptr<replicas::QuorumClient> client;
+  std::unique_ptr<replicas::ReplicaLink> link;
+  replicas::QuorumView view;
+  std::pair<int64_t, int64_t> last_links{-1, -1};  // the previous quorum's links (era, comm): the same on every rank of the group
   StepQuorum q;
-  int64_t step = 0;
   int64_t sent_before = 0;  // bytes sent by links already closed
   torch::Tensor flat;       // the gradients averaged across groups, reused every step
+  std::function<void(const HealProgress&)> on_heal;
 
   Impl(FullyShardedModel& m, torch::optim::Optimizer& o, const ReplicaOptions& opts)
-      : model(m), opt(o), place(comm::resolve_replica_place(opts.coordinator, opts.group)), step(opts.start_step) {
+      : model(m),
+        opt(o),
+        place(replicas::resolve_replica_place(opts.coordinator, opts.group, opts.coordinator_timeout)),
+        on_heal(opts.on_heal) {
     const CommPtr& c = model.comm();
-    // One launch of the group: a number every rank agrees on and a later
-    // launch exceeds (rank 0's clock).
-    auto inc = torch::tensor(
-        {static_cast<int64_t>(
-            std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-                .count())},
-        torch::kInt64);
-    if (c->world_size() > 1) c->broadcast(inc, 0, {"replica group launch"})->wait();
     detail::checkpoint_kind(&opt);  // refuses an optimizer whose state cannot travel, before hello
-    comm::GroupIdentity id;
+    // One launch of the group: a number the coordinator's counter issues
+    // (later launches are larger, whatever the hosts' clocks say); rank 0
+    // takes it, the others agree by broadcast (-1: rank 0 could not, and
+    // says why).
+    std::string why;
+    int64_t launch = -1;
+    if (c->rank() == 0) {
+      try {
+        launch = replicas::take_launch(place, opts.connect_timeout);
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    auto inc = torch::tensor({launch}, torch::kInt64);
+    if (c->world_size() > 1) c->broadcast(inc, 0, {"replica group launch"})->wait();
+    if (inc.item<int64_t>() < 0)
+      throw Error(c->rank() == 0 ? why
+                                 : detail::cat("replica group ", place.group, ": rank 0 could not reach the coordinator "
+                                               "at ", place.host, ":", place.port, " (its message says why)"));
+    replicas::GroupIdentity id;
     id.group = place.group;
     id.rank = c->rank();
     id.group_size = c->world_size();
     id.incarnation = inc.item<int64_t>();
     id.model = model_fingerprint(model);
     id.sharding = sharding_of(model);
-    client = std::make_unique<comm::QuorumClient>(place, id, opts.connect_timeout);
+    id.host = this_host();
+    id.pid = static_cast<int64_t>(getpid());
+    client = std::make_unique<replicas::QuorumClient>(place, id, opts.start_step, opts.connect_timeout);
   }
 
-  comm::ReplicaLink& link_for(const comm::QuorumView& v) {
-    if (!link || link->comm() != v.comm) {
+  replicas::ReplicaLink& link_for(const replicas::QuorumView& v) {
+    if (!link || !link->serves(v)) {
       drop_link();
-      link = std::make_unique<comm::ReplicaLink>(*client, v);
+      link = std::make_unique<replicas::ReplicaLink>(*client, v);
     }
     return *link;
   }
@@ -113,162 +139,114 @@ struct ReplicaGroups::Impl {
     link.reset();
   }
 
-  // The state that makes a step: every shard the optimizer steps, its
-  // state, and the module's buffers, in one order on every group.
-  void heal(const comm::QuorumView& v) {
-    std::vector<int> healing;
-    for (int g : v.members)
-      if (std::find(v.sources.begin(), v.sources.end(), g) == v.sources.end()) healing.push_back(g);
-    if (healing.empty()) return;
-    const int r = client->identity().rank;
-    const int source = v.sources[r % v.sources.size()];
-    const int me = place.group;
-    const bool sending = me == source;
-    const bool receiving = v.heal;
-    if (!sending && !receiving) return;
-    trace::Span span("heal", "ft");
-    const auto t0 = Clock::now();
+  // The heal of quorum `v` as this rank takes part in it (heal_plan): lends
+  // its shard of the step state to the healing groups, or takes the
+  // source's into staging. The live state is not touched here.
+  std::optional<state::StagedStep> copy(const replicas::QuorumView& v, const replicas::HealPlan& plan, int64_t& got,
+                                        Clock::time_point& first_byte) {
     auto& l = link_for(v);
-    auto index_of = [&](int g) {
-      return static_cast<int>(std::find(v.members.begin(), v.members.end(), g) - v.members.begin());
+    const state::StepListing live = state::list_step(model, opt);
+    auto progress = [&](bool lending, int peer, int64_t bytes, int64_t total) {
+      if (on_heal) on_heal(HealProgress{v.step, lending, v.members[static_cast<size_t>(peer)], bytes, total});
     };
-    const auto* kind = detail::checkpoint_kind(&opt);
-    const auto names = detail::saved_tensors(kind, &opt);
-    const auto params = optimizer_params(opt);
-    std::vector<torch::Tensor> buffers;
-    for (const auto& b : model.module().buffers()) buffers.push_back(b);
-    // The order on both sides: the optimizer's header (which parameters
-    // have state, their step, which tensors), then every parameter shard and
-    // buffer, then the state tensors; the bulk in flight at once.
-    int64_t got = 0;
-    auto first_byte = t0;  // the receiver: when the source's header arrived
-    if (sending) {
-      json header = json::array();
-      std::vector<torch::Tensor> bulk;
-      for (const auto& p : params) bulk.push_back(p.contiguous());
-      for (const auto& b : buffers) bulk.push_back(b.contiguous());
-      for (const auto& p : params) {
-        auto it = opt.state().find(compat::optimizer_state_key(p));
-        if (it == opt.state().end() || !kind) {
-          header.push_back(nullptr);
-          continue;
-        }
-        json row{{"step", kind->step(*it->second)}, {"tensors", json::array()}};
-        for (const auto& n : names) {
-          auto t = kind->tensor(*it->second, n);
-          if (!t.defined()) continue;
-          row["tensors"].push_back(n);
-          bulk.push_back(t.contiguous());
-        }
-        header.push_back(row);
-      }
-      std::string h = header.dump();
+    if (!plan.send_to.empty()) {
+      const std::vector<torch::Tensor> bulk = live.tensors();
+      std::string h = live.header().dump();
       auto len = torch::tensor({static_cast<int64_t>(h.size())}, torch::kInt64);
       auto text = torch::from_blob(h.data(), {static_cast<int64_t>(h.size())}, torch::kUInt8);
-      for (int g : healing) {
-        const int to = index_of(g);
+      const int64_t total = 8 + static_cast<int64_t>(h.size()) + live.bytes();
+      for (int to : plan.send_to) {
         l.send_all(to, {len, text});
+        progress(true, to, 8 + static_cast<int64_t>(h.size()), total);
         l.lend(to, bulk);
+        progress(true, to, total, total);
       }
     }
-    if (receiving) {
-      const int from = index_of(source);
-      auto len = torch::zeros({1}, torch::kInt64);
-      l.recv(from, len);
-      first_byte = Clock::now();
-      std::string h(static_cast<size_t>(len.item<int64_t>()), '\0');
-      l.recv(from, torch::from_blob(h.data(), {static_cast<int64_t>(h.size())}, torch::kUInt8));
-      const json header = json::parse(h);
-      FSDP_CHECK(header.size() == params.size(), "heal: the source's optimizer has ", header.size(),
-                 " parameters, this one ", params.size());
-      // Into the parameters and buffers in place (a staging copy for one
-      // that is not contiguous), and into fresh state tensors.
-      std::vector<torch::Tensor> bulk;
-      std::vector<std::pair<torch::Tensor, torch::Tensor>> staged;
-      auto into = [&](const torch::Tensor& t) {
-        if (t.is_contiguous()) {
-          bulk.push_back(t);
-        } else {
-          auto tmp = torch::empty_like(t, torch::MemoryFormat::Contiguous);
-          staged.emplace_back(t, tmp);
-          bulk.push_back(tmp);
-        }
-      };
-      for (const auto& p : params) into(p);
-      for (const auto& b : buffers) into(b);
-      std::vector<std::map<std::string, torch::Tensor>> state(params.size());
-      for (size_t i = 0; i < params.size(); ++i) {
-        if (header[i].is_null()) continue;
-        for (const auto& n : header[i].at("tensors")) {
-          auto t = torch::empty_like(params[i], torch::MemoryFormat::Contiguous);
-          state[i][n.get<std::string>()] = t;
-          bulk.push_back(t);
-        }
-      }
-      {
-        torch::NoGradGuard ng;
-        l.take(from, bulk);
-        for (auto& [dst, tmp] : staged) dst.copy_(tmp);
-      }
-      got = 8 + static_cast<int64_t>(h.size());
-      for (const auto& t : bulk) got += t.numel() * t.element_size();
-      const detail::GroupOptions groups(opt);
-      for (size_t i = 0; i < params.size(); ++i) {
-        const auto& p = params[i];
-        const auto key = compat::optimizer_state_key(p);
-        if (header[i].is_null()) {
-          opt.state().erase(key);
-          continue;
-        }
-        auto get = [&](const std::string& n) {
-          auto it = state[i].find(n);
-          return it == state[i].end() ? torch::zeros_like(p) : it->second;
-        };
-        opt.state()[key] = kind->make(groups.of(p), header[i].at("step").get<int64_t>(), get);
-      }
-      step = v.step;
-    }
-    const auto t1 = Clock::now();
-    if (receiving) {
-      q.healed = true;
-      q.heal_source = source;
-      q.heal_seconds = std::chrono::duration<double>(t1 - first_byte).count();
-      q.heal_wait_seconds = std::chrono::duration<double>(first_byte - t0).count();
-      q.heal_bytes = got;
-    }
-    if (span.active())
-      span.arg("group", me).arg("quorum", v.id).arg("step", v.step).arg("source", source).arg("receiving", receiving)
-          .arg("bytes", got).arg("wait_ms", 1e3 * q.heal_wait_seconds);
+    if (plan.receive_from < 0) return std::nullopt;
+    auto len = torch::zeros({1}, torch::kInt64);
+    l.recv(plan.receive_from, len);
+    first_byte = Clock::now();
+    std::string h(static_cast<size_t>(len.item<int64_t>()), '\0');
+    l.recv(plan.receive_from, torch::from_blob(h.data(), {static_cast<int64_t>(h.size())}, torch::kUInt8));
+    const json header = json::parse(h, nullptr, false);
+    if (header.is_discarded()) throw Error("heal: the source's header is not JSON");
+    // Into fresh tensors: the live state is untouched until every rank of
+    // the group has all of its copy, so a source that dies half way leaves
+    // nothing torn.
+    state::StagedStep staged(live, header);
+    const int64_t total = 8 + static_cast<int64_t>(h.size()) + staged.bytes();
+    progress(false, plan.receive_from, 8 + static_cast<int64_t>(h.size()), total);
+    l.take(plan.receive_from, staged.tensors());
+    got = total;
+    progress(false, plan.receive_from, total, total);
+    return staged;
   }
 
   const StepQuorum& start_step() {
     for (;;) {
-      view = client->join(step);
+      view = client->join();
       q = StepQuorum{};
       q.id = view.id;
       q.step = view.step;
       q.groups = view.members;
+      const replicas::HealPlan plan = replicas::heal_plan(view, place.group, client->identity().rank);
+      // The ranks of a group agree before any of them goes on: a rank whose
+      // links or copy failed votes the step's failure, and so must all of
+      // them (one in the next quorum's join while the others all-gather in
+      // forward would hang the group).
+      const std::pair<int64_t, int64_t> links{view.era, view.comm};
+      const bool agree = plan.any || (view.members.size() > 1 && links != last_links);
+      last_links = links;
+      bool ok = true;
+      std::string why;
+      std::optional<state::StagedStep> staged;
+      const auto t0 = Clock::now();
+      auto first_byte = t0;
+      int64_t got = 0;
+      const bool copying = !plan.send_to.empty() || plan.receive_from >= 0;
+      trace::Span span(copying ? "heal" : "connect", "ft");
       try {
         // Every member connects now, so the links' set-up never waits on
         // a member's forward and backward.
         if (view.members.size() > 1) link_for(view);
-        heal(view);
-        return q;
+        if (plan.any) staged = copy(view, plan, got, first_byte);
       } catch (const std::exception& e) {
-        // A peer died or froze while connecting or copying: the step is
-        // dropped on every group and the next quorum heals again.
-        q.committed = false;
-        q.dropped = vote_failed(
-            detail::cat("connecting to the other groups or healing from a peer failed: ", message_of(e)));
-        trace_quorum();
+        ok = false;
+        why = detail::cat(plan.any ? "healing from a peer" : "connecting to the other groups", " failed: ", message_of(e));
       }
+      if (agree && !all_ok(model.comm(), ok, "replica group heal agreement")) {
+        if (ok) why = "another rank of this group failed to connect or copy its shard";
+        ok = false;
+      }
+      if (ok && staged) {
+        staged->install(opt);
+        client->healed();
+      }
+      if (ok && view.heal) {
+        q.healed = true;
+        q.heal_source = plan.source;
+        q.heal_seconds = std::chrono::duration<double>(Clock::now() - first_byte).count();
+        q.heal_wait_seconds = std::chrono::duration<double>(first_byte - t0).count();
+        q.heal_bytes = got;
+      }
+      if (span.active())
+        span.arg("group", place.group).arg("quorum", view.id).arg("step", view.step).arg("source", plan.source)
+            .arg("receiving", plan.receive_from >= 0).arg("bytes", got).arg("ok", ok)
+            .arg("wait_ms", 1e3 * q.heal_wait_seconds);
+      if (ok) return q;
+      // The step is dropped on every group and the next quorum heals again.
+      q.committed = false;
+      q.dropped = vote_failed(why);
+      trace_quorum();
     }
   }
 
   // Votes this rank's failure; returns why the step was dropped.
   std::string vote_failed(const std::string& why) {
     drop_link();
-    return client->vote(view, false, why).why;
+    last_links = {-1, -1};
+    const replicas::Outcome o = client->vote(false, why);
+    return o.expired ? "the coordinator no longer knew the step's outcome" : o.why;
   }
 
   // The step's quorum as this group took part in it, into the trace.
@@ -280,11 +258,18 @@ struct ReplicaGroups::Impl {
                           {"heal_seconds", q.heal_seconds}, {"heal_wait_seconds", q.heal_wait_seconds}});
   }
 
+  std::vector<torch::Tensor> optimizer_params() const {
+    std::vector<torch::Tensor> out;
+    for (const auto& g : opt.param_groups())
+      for (const auto& p : g.params()) out.push_back(p);
+    return out;
+  }
+
   bool commit() {
     model.wait_pending();
     bool ok = true;
     std::string why;
-    const auto params = optimizer_params(opt);
+    const auto params = optimizer_params();
     std::vector<torch::Tensor> grads;
     for (const auto& p : params) {
       if (!p.requires_grad()) continue;
@@ -307,10 +292,11 @@ struct ReplicaGroups::Impl {
       ok = false;
       why = detail::cat("the mean across groups failed: ", message_of(e));
       drop_link();
+      last_links = {-1, -1};
     }
-    const comm::StepOutcome d = client->vote(view, ok, why);
+    const replicas::Outcome d = client->vote(ok, why);
     q.committed = d.commit;
-    q.dropped = d.why;
+    q.dropped = d.expired ? "the coordinator no longer knew the step's outcome" : d.why;
     if (d.commit) {
       if (across) {
         torch::NoGradGuard ng;
@@ -324,9 +310,9 @@ struct ReplicaGroups::Impl {
           at += n;
         }
       }
-      ++step;
     } else {
       drop_link();  // the next quorum connects afresh
+      last_links = {-1, -1};
     }
     trace_quorum();
     return d.commit;
@@ -338,9 +324,10 @@ ReplicaGroups::ReplicaGroups(FullyShardedModel& model, torch::optim::Optimizer& 
 ReplicaGroups::~ReplicaGroups() = default;
 const StepQuorum& ReplicaGroups::start_step() { return impl_->start_step(); }
 bool ReplicaGroups::commit() { return impl_->commit(); }
-int64_t ReplicaGroups::step() const { return impl_->step; }
+int64_t ReplicaGroups::step() const { return impl_->client->committed(); }
 int ReplicaGroups::group() const { return impl_->place.group; }
 const StepQuorum& ReplicaGroups::quorum() const { return impl_->q; }
+int64_t ReplicaGroups::coordinator_restarts() const { return impl_->client->coordinator_restarts(); }
 int64_t ReplicaGroups::bytes_sent() const {
   return impl_->sent_before + (impl_->link ? impl_->link->bytes_sent() : 0);
 }

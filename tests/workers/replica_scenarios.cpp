@@ -11,9 +11,14 @@
 // FSDP_TEST_FAULT="G:R:S:WHAT" hurts rank R of group G at step S of its
 // first launch (FSDP_RESTART_COUNT 0): WHAT is kill (SIGKILL before the
 // step's forward), kill_reduce (SIGKILL after backward, while the others
-// average), or stop_reduce (SIGSTOP after backward, once; the test sends
-// SIGCONT). FSDP_TEST_HOLD="S:FILE" holds this group before its step S
-// until FILE exists (the test makes it once what it waits for happened).
+// average), stop_reduce (SIGSTOP after backward, once; the test sends
+// SIGCONT), kill_lend (SIGKILL half way through lending its shard to a
+// group that heals at step S: after the header, before the tensors) or
+// kill_take (the same on the healing side). FSDP_TEST_HOLD="S:FILE" holds
+// this group before its step S until FILE exists (the test makes it once
+// what it waits for happened). Each launch prints
+//   LAUNCH group=G rank=R pid=P restart=K
+// so that a test can stop or kill it from outside.
 #include <signal.h>
 #include <unistd.h>
 
@@ -25,6 +30,7 @@
 #include "../core_model.h"
 #include "../replica_batch.h"
 #include "fsdp/comm.h"
+#include "fsdp/config.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/replicas.h"
 #include "fsdp/trace.h"
@@ -90,13 +96,25 @@ FSDP_SCENARIO(replica_train) {
       "Block and Gate");
   auto model = fully_shard(net, comm, o);
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
-  ReplicaGroups replicas(*model, opt);
+  const Fault fault = fault_from_env();
+  const int r = comm->rank();
+  const char* restart = std::getenv("FSDP_RESTART_COUNT");
+  ReplicaOptions ro;
+  ro.on_heal = [&fault, r](const HealProgress& h) {
+    // Half way: the header crossed, the tensors have not.
+    const int g = config::read_env().replica_group.value_or(-1);
+    if (fault.group != g || fault.rank != r || fault.step != h.step || h.bytes == h.total) return;
+    if ((fault.what == "kill_lend" && h.lending) || (fault.what == "kill_take" && !h.lending)) raise(SIGKILL);
+  };
+  ReplicaGroups replicas(*model, opt, ro);
+  std::printf("LAUNCH group=%d rank=%d pid=%d restart=%s\n", replicas.group(), r, static_cast<int>(getpid()),
+              restart ? restart : "0");
+  std::fflush(stdout);
   // FSDP_TEST_TRACE=DIR: each group's ranks trace into DIR/group<g>, as gpt --trace does.
   const char* trace_to = std::getenv("FSDP_TEST_TRACE");
   if (trace_to)
     trace::start(std::string(trace_to) + "/group" + std::to_string(replicas.group()), comm->rank(), comm->world_size());
-  const Fault fault = fault_from_env();
-  const int g = replicas.group(), r = comm->rank();
+  const int g = replicas.group();
   const bool hurt_here = fault.group == g && fault.rank == r;
   bool hurt = false;  // once per launch
   while (replicas.step() < steps) {
@@ -131,8 +149,9 @@ FSDP_SCENARIO(replica_train) {
       for (int64_t i = 0; i < f.numel(); ++i) std::printf(" %.9g", f[i].item<double>());
       std::printf("\n");
     }
-    std::printf("DONE group=%d steps=%lld sent=%lld\n", g, static_cast<long long>(replicas.step()),
-                static_cast<long long>(replicas.bytes_sent()));
+    std::printf("DONE group=%d steps=%lld sent=%lld coordinator_restarts=%lld\n", g,
+                static_cast<long long>(replicas.step()), static_cast<long long>(replicas.bytes_sent()),
+                static_cast<long long>(replicas.coordinator_restarts()));
   }
   std::fflush(stdout);
   return 0;

@@ -1,0 +1,282 @@
+// fsdp-cpp: the coordinator's store I/O and process (see coordinator.h).
+#include "replicas/coordinator.h"
+
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <random>
+#include <thread>
+
+#include "comm/rendezvous.h"
+#include "comm/store_listen.h"
+#include "fsdp/errors.h"
+
+namespace fsdp::replicas {
+namespace {
+
+using detail::cat;
+
+// At most this many registrations counted but not written are checked again
+// (a rank killed between its count and its write leaves one for good).
+constexpr size_t kMaxHoles = 1024;
+
+}  // namespace
+
+CoordinatorCore::CoordinatorCore(Kv& kv, const std::string& job_token, RuleOptions o, const std::string& epoch,
+                                 int64_t launch_seed, Time now, Log log)
+    : kv_(kv), keys_(job_token), log_(std::move(log)) {
+  s_.o = o;
+  s_.started = now;
+  // The era: a number of this process's own, from its epoch (JSON-safe).
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : epoch) h = (h ^ c) * 1099511628211ull;
+  s_.era = static_cast<int64_t>(h & ((uint64_t{1} << 53) - 1));
+  kv_.set(Keys::job(), job_token.empty() ? "none" : comm::token_fingerprint(job_token));
+  // The counter first: a rank takes a launch only once it read the settings.
+  launch_counter_ = kv_.add(keys_.launches(), std::max<int64_t>(0, launch_seed));
+  kv_.set(keys_.cfg(), to_json(Settings{kProtocol, o.heartbeat_timeout.count(), epoch}));
+}
+
+void CoordinatorCore::log(const std::string& line) const {
+  if (log_) log_(line);
+}
+
+bool CoordinatorCore::rang() {
+  const auto v = kv_.get({keys_.bell()});
+  if (!v[0]) return false;
+  kv_.erase(keys_.bell());
+  return true;
+}
+
+void CoordinatorCore::complain(const std::string& key, const std::string& text, const std::string& why) {
+  if (complained_.size() > 4096) complained_.clear();
+  if (complained_.insert(key + "\n" + text).second) log(cat("ignored ", key, ": ", why));
+}
+
+void CoordinatorCore::discover(Time now, std::vector<std::string>& logs) {
+  const int64_t n = kv_.add(keys_.nreg(), 0);
+  for (; registered_ < n; ++registered_) holes_.push_back(registered_);
+  if (holes_.empty()) return;
+  while (holes_.size() > kMaxHoles) holes_.erase(holes_.begin());
+  std::vector<std::string> keys;
+  for (int64_t i : holes_) keys.push_back(keys_.reg(i));
+  const auto values = kv_.get(keys);
+  std::vector<int64_t> still;
+  for (size_t i = 0; i < holes_.size(); ++i) {
+    if (!values[i]) {
+      still.push_back(holes_[i]);  // its writer is between its count and its write: checked again next pass
+      continue;
+    }
+    kv_.erase(keys[i]);
+    std::string why;
+    const auto reg = parse_registration(*values[i], &why);
+    if (!reg) {
+      complain(keys[i], *values[i], why);
+      continue;
+    }
+    newest_launch_ = std::max(newest_launch_, reg->inc);
+    const auto before = s_.groups.find(reg->group);
+    const int64_t was = before == s_.groups.end() ? -1 : before->second.inc;
+    const int size = before == s_.groups.end() ? 0 : before->second.size;
+    for (auto& l : take_registration(s_, *reg, now)) logs.push_back(std::move(l));
+    if (was >= 0 && s_.groups.at(reg->group).inc != was)
+      for (int r = 0; r < size; ++r) {  // the earlier launch's keys: nobody reads them again
+        kv_.erase(keys_.mailbox(reg->group, was, r));
+        kv_.erase(keys_.heartbeat(reg->group, was, r));
+      }
+    const std::pair<int, int> gr{reg->group, reg->rank};
+    if (std::find(watched_.begin(), watched_.end(), gr) == watched_.end()) watched_.push_back(gr);
+  }
+  holes_ = std::move(still);
+}
+
+void CoordinatorCore::read(Time now, std::vector<std::string>& logs) {
+  if (watched_.empty()) return;
+  std::vector<std::string> keys;
+  for (auto [g, r] : watched_) {
+    const int64_t inc = s_.groups.at(g).inc;
+    keys.push_back(keys_.mailbox(g, inc, r));
+    keys.push_back(keys_.heartbeat(g, inc, r));
+  }
+  const auto values = kv_.get(keys);
+  for (size_t i = 0; i < watched_.size(); ++i) {
+    const auto [g, r] = watched_[i];
+    const auto& mb = values[2 * i];
+    if (mb && *mb != seen_mb_[watched_[i]]) {
+      std::string why;
+      const auto m = parse_message(*mb, &why);
+      if (!m) {
+        complain(keys[2 * i], *mb, why);
+        seen_mb_[watched_[i]] = *mb;
+      } else if (take_message(s_, g, r, *m, now, logs)) {
+        seen_mb_[watched_[i]] = *mb;
+      }
+    }
+    const auto& hb = values[2 * i + 1];
+    if (hb && *hb != seen_hb_[watched_[i]]) {
+      std::string why;
+      const auto rep = parse_report(*hb, &why);
+      if (!rep) {
+        complain(keys[2 * i + 1], *hb, why);
+        seen_hb_[watched_[i]] = *hb;
+      } else if (take_report(s_, g, r, *rep, now, logs)) {
+        seen_hb_[watched_[i]] = *hb;
+      }
+    }
+  }
+}
+
+void CoordinatorCore::pass(Time now) {
+  std::vector<std::string> logs;
+  discover(now, logs);
+  // Launches stay above every launch a previous coordinator issued.
+  if (newest_launch_ >= launch_counter_) launch_counter_ = kv_.add(keys_.launches(), newest_launch_ - launch_counter_ + 1);
+  read(now, logs);
+  const Liveness l = liveness(s_, now);
+  apply(s_, l);
+  for (const auto& c : l.changes) logs.push_back(c.log);
+  if (s_.recovering && recovery_done(s_, now)) {
+    s_.recovering = false;
+    if (s_.q.id >= 0)
+      logs.push_back(cat("recovered the job's state from its ranks: ", s_.groups.size(), " group(s), quorum ", s_.q.id,
+                         s_.q.decided ? " decided" : " in flight", ", step ", s_.job_step, " committed"));
+  }
+  const Verdict v = decide(s_, now);
+  if (const auto d = apply(s_, v, now)) {
+    const std::string key = keys_.decision(d->era, d->q);
+    kv_.set(key, to_json(*d));
+    s_.published[{d->era, d->q}] = key;
+  }
+  if (!v.log.empty()) logs.push_back(v.log);
+  const Formation f = form(s_, now);
+  const std::string stuck_before = s_.stuck;
+  apply(s_, f);
+  for (const auto& r : f.replies) {
+    GroupState& G = s_.groups[r.group];
+    const std::string key = keys_.answer(r.group, G.inc, r.round);
+    kv_.set(key, to_json(r.answer));
+    if (!G.answer_key.empty() && G.answer_key != key) kv_.erase(G.answer_key);  // its ranks asked again: they read it
+    G.answer_key = key;
+  }
+  for (const auto& line : f.logs) logs.push_back(line);
+  if (!f.stuck.empty() && f.stuck != stuck_before) logs.push_back(f.stuck);
+  const Cleanup c = cleanup(s_, keys_);
+  apply(s_, c);
+  for (const auto& [key, d] : c.publish) kv_.set(key, to_json(d));
+  for (const auto& key : c.erase) kv_.erase(key);
+  for (const auto& line : logs) log(line);
+}
+
+// ---------------------------------------------------------------- process
+
+namespace {
+
+// The coordinator's own store, through its client.
+class TcpKv final : public Kv {
+ public:
+  explicit TcpKv(c10::intrusive_ptr<c10d::TCPStore> s) : s_(std::move(s)) {}
+  void set(const std::string& key, const std::string& value) override {
+    s_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  std::vector<std::optional<std::string>> get(const std::vector<std::string>& keys) override {
+    std::vector<std::optional<std::string>> out(keys.size());
+    if (keys.empty()) return out;
+    // multiGet waits for an absent key: ask first (one round trip when all
+    // are there, which is the usual case).
+    std::vector<std::string> present;
+    if (s_->check(keys)) {
+      present = keys;
+    } else {
+      for (const auto& k : keys)
+        if (s_->check({k})) present.push_back(k);
+    }
+    if (present.empty()) return out;
+    const auto values = s_->multiGet(present);
+    for (size_t i = 0, j = 0; i < keys.size() && j < present.size(); ++i)
+      if (keys[i] == present[j]) {
+        out[i] = std::string(values[j].begin(), values[j].end());
+        ++j;
+      }
+    return out;
+  }
+  int64_t add(const std::string& key, int64_t delta) override { return s_->add(key, delta); }
+  void erase(const std::string& key) override { s_->deleteKey(key); }
+
+ private:
+  c10::intrusive_ptr<c10d::TCPStore> s_;
+};
+
+}  // namespace
+
+struct Coordinator::Impl {
+  CoordinatorOptions o;
+  c10d::TCPStore* server = nullptr;
+  int port = 0;
+  std::unique_ptr<Kv> kv;
+  std::unique_ptr<CoordinatorCore> core;
+};
+
+Coordinator::Coordinator(CoordinatorOptions o) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.o = std::move(o);
+  if (m.o.heartbeat_timeout.count() <= 0) throw Error("fsdp coordinator: the heartbeat timeout must be > 0");
+  m.server = comm::host_store(m.o.host, m.o.port, std::chrono::seconds(30), m.o.bind_all);
+  m.port = m.o.port;
+  m.kv = std::make_unique<TcpKv>(comm::connect_store_client(m.o.host == "0.0.0.0" ? "127.0.0.1" : m.o.host, m.port,
+                                                            std::chrono::seconds(10)));
+  std::random_device rd;
+  const std::string epoch = std::to_string(rd()) + "-" + std::to_string(rd()) + "-" + std::to_string(getpid());
+  const int64_t seed =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  RuleOptions rules{m.o.heartbeat_timeout, m.o.min_groups};
+  m.core = std::make_unique<CoordinatorCore>(*m.kv, m.o.job_token, rules, epoch, seed, Clock::now(), m.o.log);
+  if (m.o.log)
+    m.o.log(cat("coordinator on ", m.o.host, ":", m.port, ": heartbeat timeout ", m.o.heartbeat_timeout.count() / 1000.0,
+                " s, the first quorum waits for ", m.o.min_groups, " group(s)",
+                m.o.job_token.empty() ? "; no FSDP_JOB_TOKEN: any process that reaches the port can write its keys"
+                                      : "; keys under the job token"));
+}
+
+Coordinator::~Coordinator() {
+  impl_->core.reset();
+  impl_->kv.reset();
+  comm::close_hosted_store(impl_->server);
+}
+
+int Coordinator::port() const { return impl_->port; }
+
+void Coordinator::run(const std::atomic<bool>& stop) {
+  Impl& m = *impl_;
+  // Every mailbox is read when the bell rang (a rank wrote one) or a tick
+  // passed (the heartbeats, the join window); in between, one check of the
+  // bell: every millisecond while messages come (a step's votes arrive
+  // within milliseconds of each other), every 4 ms when it is quiet, so
+  // the coordinator costs the ranks' host little while a step computes.
+  const auto tick = std::chrono::milliseconds(std::clamp<int64_t>(m.o.heartbeat_timeout.count() / 40, 5, 50));
+  auto last = Clock::now() - tick, rang_at = Clock::now();
+  std::string failing;  // the store's last error, logged once
+  while (!stop.load()) {
+    try {
+      const bool rung = m.core->rang();
+      const auto now = Clock::now();
+      if (rung) rang_at = now;
+      if (rung || now - last >= tick) {
+        last = now;
+        m.core->pass(now);
+      }
+      failing.clear();
+    } catch (const std::exception& e) {
+      // Its own store failed a call: say so once, and try again.
+      if (failing != e.what() && m.o.log) m.o.log(cat("a call to its own store failed (trying again): ", e.what()));
+      failing = e.what();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(Clock::now() - rang_at < std::chrono::milliseconds(50) ? 1 : 4));
+  }
+}
+
+}  // namespace fsdp::replicas
