@@ -51,13 +51,17 @@ std::optional<int> parse_args(int argc, char** argv, Args& a) {
                  "bytes of one load_hf read (HfLoadOptions::buffer_bytes, e.g. 16MiB; default: the library's)");
   app.add_option("--log-every", a.log_every, "a step line every N steps")->check(fsdp::cli::integer(1, 1 << 30));
   if (const std::optional<int> rc = fsdp::cli::parse(app, argc, argv)) return rc;
-  try {
-    fsdp::parse_strategy(a.strategy);
-    fsdp::cli::parse_bytes(a.max_shard_size);
-    if (!a.load_buffer.empty()) fsdp::cli::parse_bytes(a.load_buffer);
-  } catch (const fsdp::Error& e) {
-    throw fsdp::UsageError(e.what());
-  }
+  // Values CLI11 cannot check alone, each named in its usage error.
+  auto check = [](const char* flag, auto&& parse) {
+    try {
+      parse();
+    } catch (const fsdp::Error& e) {
+      throw fsdp::UsageError(std::string(flag) + ": " + e.what());
+    }
+  };
+  check("--strategy", [&] { fsdp::parse_strategy(a.strategy); });
+  check("--max-shard-size", [&] { fsdp::cli::parse_bytes(a.max_shard_size); });
+  if (!a.load_buffer.empty()) check("--load-buffer", [&] { fsdp::cli::parse_bytes(a.load_buffer); });
   return std::nullopt;
 }
 
