@@ -19,7 +19,7 @@ set(FSDP_UNITY_BATCH 8 CACHE STRING "files per unity batch (FSDP_UNITY)")
 
 # Where the project's own headers resolve ("comm/x.h" from a layer's file,
 # "fsdp/x.h", "gpt/x.h", "test_util.h", ...), after the including file's folder.
-set(FSDP_HEADER_DIRS ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tools
+set(FSDP_HEADER_DIRS ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/cli ${PROJECT_SOURCE_DIR}/tools
     ${PROJECT_SOURCE_DIR}/examples ${PROJECT_SOURCE_DIR}/tests ${PROJECT_SOURCE_DIR}/tests/support
     ${PROJECT_SOURCE_DIR}/tests/workers)
 

@@ -86,7 +86,7 @@ TEST(Construction, AFailedWrapLeavesNothingBehind) {
 static_assert(std::is_base_of_v<Error, CollectiveError>);
 static_assert(std::is_base_of_v<Error, memory::OutOfMemory>);
 static_assert(std::is_base_of_v<Error, InternalError>);
-static_assert(std::is_base_of_v<Error, UsageError>);  // the tools' (tools/usage.h)
+static_assert(std::is_base_of_v<Error, UsageError>);  // the command-line programs' (cli/usage.h)
 static_assert(std::is_base_of_v<std::runtime_error, Error>);
 
 // Each kind raised for real and caught as fsdp::Error, with its own type intact.

@@ -152,6 +152,55 @@ TEST(GptCli, PlanBeforeStepOneMatchesTheMeasuredRun) {
   fs::remove_all(d);
 }
 
+// `fsdp plan` plans what a run on this host does unless told otherwise
+// (CPU ranks keep one copy of each unit per host where the host lets them:
+// --share-host auto) and says which; a run's own plan (gpt --plan) asks the
+// same rule with its communicator's answer. With make scale's flags (FULL_SHARD,
+// --ac block, prefetch, gpt's loop dropping the logits) at a small size, both
+// print the same predicted peak.
+TEST(GptCli, FsdpPlanPrintsThePeakOfTheRunsOwnPlan) {
+  const std::string d = cli_dir("plan-same");
+  std::ofstream(d + "/t.txt") << std::string(4000, 'x') << "the quick brown fox jumps over the lazy dog\n";
+  const std::vector<std::string> model = {"--layers", "2", "--dim", "64", "--heads", "2", "--vocab", "256",
+                                          "--seq", "32", "--batch", "2", "--ac", "block", "--strategy", "full"};
+  std::vector<std::string> plan = {bin_path("fsdp"), "plan", "--world", "2", "--prefetch", "1", "--logits", "dropped"};
+  plan.insert(plan.end(), model.begin(), model.end());
+  const auto planned = run_command(plan);
+  ASSERT_EQ(planned.exit_code, 0) << planned.output;
+  const auto said = fsdp::testing::lines_with(planned.output, "host-shared units: ");
+  ASSERT_EQ(said.size(), 1u) << planned.output;
+  EXPECT_NE(said[0].find("as the CPU ranks fsdp run starts here (--share-host auto): "), std::string::npos) << said[0];
+  std::vector<std::string> run = {bin_path("fsdp"), "run", "-n", "2", "--", bin_path("gpt"), "--text", d + "/t.txt",
+                                  "--steps", "0", "--eval-every", "0", "--sample", "0", "--no-progress", "--plan"};
+  run.insert(run.end(), model.begin(), model.end());
+  const auto ran = run_command(run, {}, 120);
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  // "  predicted peak      2.17 MiB   rest + working + A": the same line in both.
+  auto peak_line = [](const std::string& text) {
+    std::vector<std::string> lines;
+    for (std::string l : fsdp::testing::lines_with(text, "  predicted peak ")) {
+      if (l.rfind("[rank 0] ", 0) == 0) l = l.substr(9);
+      if (l.rfind("  predicted peak ", 0) == 0) lines.push_back(l);
+    }
+    EXPECT_EQ(lines.size(), 1u) << text;
+    return lines.empty() ? std::string("(none)") : lines[0];
+  };
+  const std::string by_plan = peak_line(planned.output), by_run = peak_line(ran.output);
+  EXPECT_EQ(by_plan, by_run) << "fsdp plan:\n" << planned.output << "\ngpt --plan:\n" << ran.output;
+  // Shared or not, both agree on it: the host-shared rows come with the same answer.
+  const bool shared = said[0].find("host-shared units: on") != std::string::npos;
+  EXPECT_EQ(fsdp::testing::lines_with(planned.output, "  host-shared units ").size(), shared ? 1u : 0u);
+  EXPECT_EQ(fsdp::testing::lines_with(ran.output, "  host-shared units ").size(), shared ? 1u : 0u) << ran.output;
+  // Told otherwise, it says so and plans each rank's own copy.
+  plan.insert(plan.end(), {"--share-host", "off"});
+  const auto copies = run_command(plan);
+  ASSERT_EQ(copies.exit_code, 0) << copies.output;
+  EXPECT_EQ(fsdp::testing::lines_with(copies.output, "host-shared units: off (--share-host off)").size(), 1u)
+      << copies.output;
+  EXPECT_EQ(fsdp::testing::lines_with(copies.output, "  host-shared units ").size(), 0u) << copies.output;
+  fs::remove_all(d);
+}
+
 // --ac: activation checkpointing of the blocks trains the same (the loss
 // lines are equal to --ac none's), the planner's peak with recomputation is
 // within 10% of the measured one, and the peak is lower.

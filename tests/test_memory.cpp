@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "fsdp/comm.h"
 #include "fsdp/fully_shard.h"
@@ -206,6 +207,35 @@ TEST_F(MemoryCache, SteadyStateStepFaultsInAlmostNoPages) {
   // most back to the kernel and they fault in again (hundreds per step).
   EXPECT_LE(with_cache, 20.0) << "the cache should leave a steady-state step (almost) fault-free";
   memory::set_caching(true);
+}
+
+// Background work (a background save's snapshot and writes) is counted in
+// current like any tensor and apart from training's own bytes, whatever
+// thread frees it: the foreground counter does not move while another
+// thread allocates or frees background blocks.
+TEST_F(MemoryCache, BackgroundWorkIsCountedApartWhateverThreadFreesIt) {
+  const auto s0 = memory::stats();
+  EXPECT_EQ(s0.foreground_current + s0.background_current, s0.current);
+  torch::Tensor snapshot;
+  std::thread save([&] {
+    memory::BackgroundWork background;
+    snapshot = torch::empty({5 * kMiB}, torch::kUInt8);
+    auto writer_buffer = torch::empty({kMiB}, torch::kUInt8);  // allocated and freed on the thread
+  });
+  save.join();
+  const auto s1 = memory::stats();
+  EXPECT_EQ(s1.background_current - s0.background_current, 5 * kMiB);
+  EXPECT_EQ(s1.foreground_current, s0.foreground_current) << "the save's blocks are not training's";
+  EXPECT_EQ(s1.current - s0.current, 5 * kMiB) << "background blocks count in current";
+  auto activation = torch::empty({2 * kMiB}, torch::kUInt8);  // training's, on this thread
+  EXPECT_EQ(memory::stats().foreground_current - s0.foreground_current, 2 * kMiB);
+  std::thread release([&] { snapshot = torch::Tensor(); });  // the save drops its snapshot mid-forward
+  release.join();
+  const auto s2 = memory::stats();
+  EXPECT_EQ(s2.background_current, s0.background_current) << "a background block leaves the background's counter";
+  EXPECT_EQ(s2.foreground_current - s0.foreground_current, 2 * kMiB)
+      << "training's bytes do not move when a background block is freed, on any thread";
+  EXPECT_EQ(s2.foreground_current + s2.background_current, s2.current);
 }
 
 // The allocator's footprint (what it holds from the system) and its

@@ -13,6 +13,7 @@
 
 #include "core_model.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/plan.h"
 #include "optim/optimizer_state.h"
 #include "test_util.h"
 
@@ -242,6 +243,42 @@ TEST(OptimizerState, EveryLibtorchOptimizerHasARow) {
   }
   EXPECT_EQ(detail::checkpoint_kind(nullptr), nullptr);
   EXPECT_EQ(detail::optimizer_kinds().size(), all.size() - 1);  // FusedAdamW shares AdamW's row
+}
+
+// One table says what each kind keeps (common/optimizer_table.h): the
+// planner's O before a run (plan::state_per_param), the ledger's O in a run
+// and what the ledger records for the report agree with what the optimizer
+// holds after a step, for every kind and the options that change it.
+TEST(OptimizerState, ThePlannerAndTheLedgerCountWhatEachKindKeeps) {
+  struct Kind {
+    const char* plan;  // plan::parse_optimizer's name
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)> make;
+  };
+  using namespace torch::optim;
+  const std::vector<Kind> kinds = {
+      {"sgd-plain", [](auto ps) { return std::make_unique<SGD>(ps, SGDOptions(0.1)); }},
+      {"sgd-momentum", [](auto ps) { return std::make_unique<SGD>(ps, SGDOptions(0.1).momentum(0.9)); }},
+      {"adam", [](auto ps) { return std::make_unique<Adam>(ps); }},
+      {"adamw-amsgrad", [](auto ps) { return std::make_unique<AdamW>(ps, AdamWOptions().amsgrad(true)); }},
+      {"adagrad", [](auto ps) { return std::make_unique<Adagrad>(ps); }},
+      {"rmsprop", [](auto ps) { return std::make_unique<RMSprop>(ps); }},
+      {"rmsprop-momentum-centered",
+       [](auto ps) { return std::make_unique<RMSprop>(ps, RMSpropOptions().momentum(0.9).centered(true)); }},
+  };
+  for (const Kind& k : kinds) {
+    const plan::Optimizer planned = plan::parse_optimizer(k.plan);
+    EXPECT_EQ(plan::to_string(planned), k.plan) << "parse and print back";
+    auto w = torch::randn({10}, torch::requires_grad());
+    auto opt = k.make({w});
+    (w * w).sum().backward();
+    opt->step();
+    const int per_param = plan::state_per_param(planned);
+    EXPECT_EQ(detail::optimizer_state_bytes(*opt, w), per_param * 10 * 4) << k.plan;
+    EXPECT_EQ(detail::state_tensors_per_param(*opt), per_param) << k.plan;
+  }
+  EXPECT_THROW(plan::parse_optimizer("lbfgs"), Error) << "one state for the whole model: nothing to plan per parameter";
+  EXPECT_THROW(plan::parse_optimizer("adam-momentum"), Error);
+  EXPECT_EQ(plan::state_per_param(plan::parse_optimizer("sgd")), 1) << "sgd: with momentum, the common case";
 }
 
 // A program's own optimizer: the ledger counts nothing it cannot read, a

@@ -328,6 +328,16 @@ TEST(Report, MergedTraceGivesTheSameNumbers) {
 TEST(Report, MissingRankAndMetadataBecomeWarnings) {
   std::string dir = fresh_dir("partial");
   write_synthetic_trace(dir);
+  EXPECT_EQ(fsdp::report::analyze(dir)["optimizer_state_per_param"], 2) << "as the trace recorded it";
+  // A trace without what the optimizer keeps: the report says so, it assumes no optimizer.
+  for (int r = 0; r < 4; ++r) {
+    const std::string f = dir + "/trace-rank" + std::to_string(r) + ".json";
+    if (!std::ifstream(f)) continue;
+    json t = json::parse(slurp(f));
+    t["otherData"].erase("optimizer_state_per_param");
+    std::ofstream(f) << t.dump();
+  }
+  EXPECT_TRUE(fsdp::report::analyze(dir)["optimizer_state_per_param"].is_null());
   std::remove((dir + "/trace-rank2.json").c_str());
   json m = fsdp::report::analyze(dir);
   ASSERT_FALSE(m["warnings"].empty());

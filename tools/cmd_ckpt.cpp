@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <optional>
 #include <filesystem>
 #include <string>
 
@@ -151,14 +152,7 @@ int cmd_ckpt(int argc, char** argv) {
                  argv[1]);
     return 2;
   }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::fprintf(stderr, "fsdp ckpt: usage error: %s\nrun 'fsdp ckpt --help' (or 'fsdp ckpt SUBCOMMAND --help') "
-                         "for the flags\n", e.what());
-    return 2;  // usage errors exit 2, like every fsdp command
-  }
+  if (const std::optional<int> rc = fsdp::cli::parse(app, argc, argv)) return *rc;  // --help, usage errors
   try {
     if (*ins) return inspect(path);
     if (*ver) return verify(path);

@@ -8,8 +8,10 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <optional>
 #include <string>
 
+#include "cli_checks.h"
 #include "command.h"
 #include "fsdp/config.h"
 #include "replicas/coordinator.h"
@@ -35,15 +37,7 @@ int cmd_coordinator(int argc, char** argv) {
       ->check(CLI::Range(0.05, 3600.0));
   app.add_option("--min-groups", o.min_groups, "groups the first quorum waits for (default 1)")
       ->check(CLI::Range(1, 1 << 20));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "fsdp coordinator: usage error: %s\nrun 'fsdp coordinator --help' for the flags\n", e.what());
-    return 2;
-  }
+  if (const std::optional<int> rc = fsdp::cli::parse(app, argc, argv)) return *rc;
   o.bind_all = all;
   o.heartbeat_timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   o.log = [](const std::string& line) {

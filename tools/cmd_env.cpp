@@ -6,9 +6,11 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <optional>
 #include <cstdlib>
 #include <string>
 
+#include "cli_checks.h"
 #include "command.h"
 #include "fsdp/config.h"
 
@@ -18,15 +20,7 @@ int cmd_env(int argc, char** argv) {
   bool markdown = false;
   CLI::App app{"Every environment variable fsdp-cpp reads: its value here, what it allows, its default", "fsdp env"};
   app.add_flag("--markdown", markdown, "print the table of docs/CONFIG.md (no values)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "fsdp env: usage error: %s\nrun 'fsdp env --help' for the flags\n", e.what());
-    return 2;
-  }
+  if (const std::optional<int> rc = fsdp::cli::parse(app, argc, argv)) return *rc;
   const auto& vars = fsdp::config::variables();
   if (markdown) {
     std::printf("| variable | allowed | unset | what it sets |\n|---|---|---|---|\n");

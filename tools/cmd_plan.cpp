@@ -10,10 +10,13 @@
 #include "cli_checks.h"
 #include "usage.h"
 #include "command.h"
+#include "common/collective_path.h"
+#include "fsdp/config.h"
+#include "host_probe.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
 #include "fsdp/plan.h"
-#include "gpt/plan_gpt.h"  // GPT-mini's units and activations (tools/gpt, the fsdp_gpt_spec library)
+#include "gpt/plan_gpt.h"  // GPT-mini's units and activations (cli/gpt, the fsdp_gpt_spec library)
 
 namespace {
 
@@ -26,12 +29,40 @@ using gpt::gpt_released;
 using gpt::gpt_units;
 using gpt::GptShape;
 
+// What `--share-host auto` plans: whether the CPU ranks `fsdp run` starts
+// here keep one copy of each unit per host, decided by the run's own rule
+// (path::choose; the planner then asks path::host_shared_unit per strategy)
+// on the environment as the run reads it (FSDP_SHARE_HOST, FSDP_TRANSPORT,
+// FSDP_TIERS) and on what this host allows (host_probe.h), and why.
+struct ShareHost {
+  bool on = false;
+  std::string why;
+};
+ShareHost share_host_here(const fsdp::config::EnvConfig& env, int world, int hosts, bool sharded) {
+  if (world == 1) return {false, "one rank: nothing to share"};
+  if (!sharded) return {false, "NO_SHARD keeps a whole replica on every rank"};
+  fsdp::path::Facts f;
+  f.transport = env.transport;
+  f.tiers = env.tiers;
+  f.ranks = world;
+  f.share_host = env.share_host.value_or(true);
+  if (hosts > 1) f.hosts_differ = "the ranks are on " + std::to_string(hosts) + " hosts";
+  // Only where it would be used, as the run probes only then.
+  if (f.share_host && f.transport != "tcp" && (hosts == 1 || f.tiers)) {
+    const fsdp::tools::SiblingProbe probe = fsdp::tools::probe_siblings();
+    if (hosts == 1) f.cma_blocked = probe.cma_blocked;
+    f.share_blocked = !probe.cma_blocked.empty() ? probe.cma_blocked : probe.share_blocked;
+  }
+  const fsdp::path::Choice c = fsdp::path::choose(f);
+  return {c.host_shared, c.reason};
+}
+
 int cmd_plan(int argc, char** argv) {
-  std::string model = "gpt", strategy = "full", wrap = "block", dtype = "fp32", optimizer = "adam", ac = "none";
+  std::string model = "gpt", strategy = "full", wrap = "block", dtype = "fp32", optimizer = "adamw", ac = "none";
   std::string budget_text, budget_rss_text, fixed_text, bandwidth_text, intra_text, inter_text, compute_text;
   GptShape s;
   int world = 2, micro_steps = 1, prefetch = 0, hosts = 1, shard_group = 0, replicas = 0;
-  bool as_json = false, measure = false, save_async = false;
+  bool as_json = false, measure = false, save_async = false, no_sync = false;
   CLI::App app{"Predict per-rank memory (P, G, O, P_block, A, peak) and traffic per step for a model, "
                "and recommend a strategy under a memory budget (the FSDP guide's ledger and decision tree)",
                "fsdp plan"};
@@ -43,6 +74,12 @@ int cmd_plan(int argc, char** argv) {
   app.add_option("--attention", attention, "matmul|sdpa: GPT-mini's attention (gpt --attention)")
       ->capture_default_str()
       ->check(CLI::IsMember({"matmul", "sdpa"}));
+  std::string logits = "held";
+  app.add_option("--logits", logits,
+                 "held|dropped: whether the training loop keeps the logits [B,T,V] alive through backward (held: a "
+                 "`logits` variable still in scope; dropped: gpt's own loop, which plans itself so)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"held", "dropped"}));
   app.add_option("--vocab", s.vocab, "V: vocabulary")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 24));
   app.add_option("--seq", s.seq, "T: context length")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 24));
   app.add_option("--batch", s.batch, "B: micro-batch per rank")->capture_default_str()->check(fsdp::cli::integer(1, 1 << 24));
@@ -68,10 +105,16 @@ int cmd_plan(int argc, char** argv) {
   app.add_option("--ac", ac,
                  "activation checkpointing: none|block|every:K (blocks keep their input and recompute in backward)")
       ->capture_default_str();
-  app.add_option("--optimizer", optimizer, "adam|sgd (with momentum)|sgd-plain")->capture_default_str();
+  app.add_option("--optimizer", optimizer,
+                 "what O counts, a kind of the optimizer table: adam|adamw[-amsgrad], sgd (with momentum)|sgd-plain, "
+                 "adagrad, rmsprop[-momentum][-centered]")
+      ->capture_default_str();
   app.add_option("--micro-steps", micro_steps, "gradient accumulation steps per optimizer step")
       ->capture_default_str()
       ->check(fsdp::cli::integer(1, 1 << 20));
+  app.add_flag("--no-sync", no_sync,
+               "with --micro-steps K: micro-steps 0..K-2 under no_sync (gpt --accum does so): one reduce per step, "
+               "every unit's unsharded gradient held until the last micro-step");
   app.add_flag("--save-async", save_async,
                "checkpoints saved in the background: count their snapshot (C = P + O of a rank) in the peak");
   app.add_option("--prefetch", prefetch, "units all-gathered ahead of the computing one")
@@ -93,21 +136,14 @@ int cmd_plan(int argc, char** argv) {
                  "communication the compute time cannot cover (needs link rates)");
   app.add_option("--bandwidth", bandwidth_text, "link rate per rank for time estimates, e.g. 2GB/s");
   app.add_flag("--measure", measure, "measure this host's loopback TCP rate and use it as --bandwidth");
-  std::string share_host = "off";
+  std::string share_host = "auto";
   app.add_option("--share-host", share_host,
-                 "on|off: ranks of one host share one copy of each unit, as CPU ranks on one host do by default "
-                 "(FSDP_SHARE_HOST); off: each rank keeps its own, as on GPUs")
+                 "auto|on|off: ranks of one host share one copy of each unit (host-shared units); auto: what CPU "
+                 "ranks that fsdp run starts here do (on, unless FSDP_SHARE_HOST=off or FSDP_TRANSPORT=tcp); off: "
+                 "each rank keeps its own, as on GPUs")
       ->capture_default_str();
   app.add_flag("--json", as_json, "print JSON instead of tables");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "fsdp plan: usage error: %s\nrun 'fsdp plan --help' for the flags\n", e.what());
-    return 2;
-  }
+  if (const std::optional<int> rc = fsdp::cli::parse(app, argc, argv)) return *rc;
   // Everything below checks the user's input: a bad value is a usage error (exit 2).
   PlanOptions o;
   std::optional<fsdp::ShardingStrategy> chosen;  // none: auto
@@ -117,6 +153,7 @@ int cmd_plan(int argc, char** argv) {
     if (model != "gpt") throw fsdp::UsageError("--model: expected gpt, found '" + model + "'");
     if (dtype != "fp32" && dtype != "bf16") throw fsdp::UsageError("--dtype: expected fp32|bf16, found '" + dtype + "'");
     s.sdpa = attention == "sdpa";
+    s.caller_holds_logits = logits == "held";
     s.validate();
     // The planner counts bytes in int64: keep every term far from overflowing.
     const long double P = (long double)s.num_params(), B = s.batch, T = s.seq, V = s.vocab, h = s.heads,
@@ -132,11 +169,11 @@ int cmd_plan(int argc, char** argv) {
     o.param_bytes = dtype == "bf16" ? 2 : 4;
     o.optimizer = parse_optimizer(optimizer);
     o.micro_steps = micro_steps;
+    o.no_sync = no_sync;
     o.prefetch = prefetch;
     o.async_checkpoint = save_async;
-    if (share_host != "on" && share_host != "off")
-      throw fsdp::UsageError("--share-host: expected on|off, found '" + share_host + "'");
-    o.share_host = share_host == "on";
+    if (share_host != "auto" && share_host != "on" && share_host != "off")
+      throw fsdp::UsageError("--share-host: expected auto|on|off, found '" + share_host + "'");
     if (!bandwidth_text.empty()) parse_bandwidth(bandwidth_text);  // checked here, used below
     o.hosts = hosts;
     o.shard_group = shard_group;
@@ -195,6 +232,19 @@ int cmd_plan(int argc, char** argv) {
   }
   if (measure) o.bandwidth = measure_loopback_bandwidth();
   if (!bandwidth_text.empty()) o.bandwidth = parse_bandwidth(bandwidth_text);
+  // Host-shared units: what the run would do here unless told (and said either way).
+  std::string share_line;
+  if (share_host == "auto") {
+    const bool sharded = !chosen || *chosen != fsdp::ShardingStrategy::NO_SHARD;
+    const ShareHost here = share_host_here(fsdp::config::read_env(), world, hosts, sharded);
+    o.share_host = here.on;
+    share_line = std::string("host-shared units: ") + (here.on ? "on" : "off") +
+                 ", as the CPU ranks fsdp run starts here (--share-host auto): " + here.why +
+                 (here.on ? ". --share-host off plans each rank's own copy, as on GPUs" : "") + "\n";
+  } else {
+    o.share_host = share_host == "on";
+    share_line = "host-shared units: " + share_host + " (--share-host " + share_host + ")\n";
+  }
 
   ActivationEstimate act = gpt_activations(s, o.param_bytes, ac);
   char head[256];
@@ -205,6 +255,8 @@ int cmd_plan(int argc, char** argv) {
   nlohmann::json j;
   std::string text = head;
   text += "activations A = " + fsdp::memory::format_bytes(act.total) + ": " + act.str() + "\n";
+  text += share_line;
+  j["share_host"] = {{"on", o.share_host}, {"asked", share_host}, {"line", share_line.substr(0, share_line.size() - 1)}};
   if (measure) text += "measured loopback TCP: " + format_bandwidth(o.bandwidth) + "\n";
   if (o.compute_seconds > 0) {
     char c[160];

@@ -7,9 +7,11 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "cli_checks.h"
 #include "command.h"
 #include "gpt/data.h"
 
@@ -21,15 +23,7 @@ int cmd_prepare(int argc, char** argv) {
   CLI::App app{"Tokenize text files (byte-level) into train.bin / val.bin (90/10 split)", "fsdp prepare"};
   app.add_option("--text", texts, "text files, concatenated in the order given")->required()->expected(1, -1);
   app.add_option("--out", out, "output folder (created)")->required();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "fsdp prepare: usage error: %s\nrun 'fsdp prepare --help' for the flags\n", e.what());
-    return 2;
-  }
+  if (const std::optional<int> rc = fsdp::cli::parse(app, argc, argv)) return *rc;
   gpt::data::Prepared p = gpt::data::prepare(texts, out);
   std::printf("fsdp prepare: %zu file(s) -> %s (%lld tokens), %s (%lld tokens), vocab 256 (bytes)\n",
               texts.size(), p.train_path.c_str(), (long long)p.train_tokens, p.val_path.c_str(),

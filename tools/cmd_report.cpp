@@ -5,9 +5,11 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <optional>
 #include <filesystem>
 #include <string>
 
+#include "cli_checks.h"
 #include "command.h"
 #include "fsdp/flight.h"
 #include "fsdp/memory.h"
@@ -30,15 +32,7 @@ int cmd_report(int argc, char** argv) {
   app.add_option("--title", title, "page title")->capture_default_str();
   app.add_flag("--no-merge", no_merge, "do not write DIR/trace.json");
   app.add_flag("--json", print_json, "print the report's data model (JSON) to stdout instead of a summary");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "fsdp report: usage error: %s\nrun 'fsdp report --help' for the flags\n", e.what());
-    return 2;
-  }
+  if (const std::optional<int> rc = fsdp::cli::parse(app, argc, argv)) return *rc;
   // A folder of flight recorder dumps (and no trace): their page instead.
   {
     bool is_file = in.size() > 5 && in.compare(in.size() - 5, 5, ".json") == 0;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "command.h"
+#include "program.h"
 #include "usage.h"
 #include "fsdp/errors.h"
 #include "fsdp/init.h"
@@ -51,15 +52,7 @@ int main(int argc, char** argv) {
     if (c.name == argv[1]) {
       std::string name = std::string("fsdp ") + argv[1];
       argv[1] = name.data();
-      try {
-        return c.main(argc - 1, argv + 1);
-      } catch (const fsdp::UsageError& e) {
-        std::fprintf(stderr, "fsdp %s: usage error: %s\n", c.name.c_str(), e.what());
-        return 2;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "fsdp %s: error: %s\n", c.name.c_str(), e.what());
-        return 1;
-      }
+      return fsdp::cli::run_program(name, [&] { return c.main(argc - 1, argv + 1); }, /*is_rank=*/false);
     }
   }
   std::fprintf(stderr, "fsdp: unknown command '%s'\n\n", argv[1]);

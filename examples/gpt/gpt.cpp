@@ -13,11 +13,13 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include <unistd.h>
 
 #include "cli_checks.h"
+#include "program.h"
 #include "usage.h"
 #include "fsdp/device.h"
 #include "fsdp/errors.h"
@@ -35,9 +37,9 @@ using gpt::Args;
 
 constexpr int64_t kMaxSteps = int64_t(1) << 40;  // step counts: far beyond any run, no overflow
 
-// Throws CLI::ParseError (bad syntax) or fsdp::UsageError (bad values): exit 2.
-// Returns false when --help was printed.
-bool parse_args(int argc, char** argv, Args& a) {
+// Returns the exit code to return now (after --help, or a bad flag said on
+// stderr), or nullopt to train. Throws fsdp::UsageError for a bad value.
+std::optional<int> parse_args(int argc, char** argv, Args& a) {
   CLI::App app{"Train GPT-mini (byte-level) with FSDP. Run under `fsdp run -n N --` for N ranks.", "gpt"};
   auto* o_data = app.add_option("--data", a.data, "training tokens (.bin, uint16; from `fsdp prepare`)");
   auto* o_text = app.add_option("--text", a.text, "text files instead of --data (split 90/10: train/val)")
@@ -148,12 +150,7 @@ bool parse_args(int argc, char** argv, Args& a) {
   // A repeated single-value flag takes the last value (scripts append overrides).
   for (CLI::Option* o : app.get_options())
     if (o->get_expected_max() == 1) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return false;
-  }
+  if (const std::optional<int> rc = fsdp::cli::parse(app, argc, argv)) return rc;
   // Values CLI11 cannot check alone.
   if (a.data.empty() && a.text.empty()) usage_error("give the training data: --data FILE.bin or --text FILE...");
   a.cfg.validate();
@@ -201,7 +198,7 @@ bool parse_args(int argc, char** argv, Args& a) {
       usage_error(std::string("--max-memory: ") + e.what());
     }
   }
-  return true;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -209,46 +206,17 @@ bool parse_args(int argc, char** argv, Args& a) {
 namespace gpt {
 
 int run(int argc, char** argv, const examples::StepHooks& hooks) {
-  try {
+  return fsdp::cli::run_program("gpt", [&] {
     fsdp::init();  // the counting allocator (ledger, --max-memory) and SIGPIPE, before any tensor
-  } catch (const std::exception& e) {  // an environment variable set wrong (docs/CONFIG.md)
-    std::fprintf(stderr, "gpt: error: %s\n", e.what());
-    return 1;
-  }
-  Args a;
-  try {
-    if (!parse_args(argc, argv, a)) return 0;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "gpt: usage error: %s\nrun 'gpt --help' for the flags\n", e.what());
-    return 2;
-  } catch (const fsdp::UsageError& e) {
-    std::fprintf(stderr, "gpt: usage error: %s\nrun 'gpt --help' for the flags\n", e.what());
-    return 2;
-  }
-  try {
+    Args a;
+    if (const std::optional<int> rc = parse_args(argc, argv, a)) return *rc;
     // The device first: a GPU's CUDA support is loaded before anything asks
     // libtorch about CUDA (fsdp/device.h).
     const torch::Device dev = fsdp::parse_device(a.device);
     // The budget covers the whole process: construction and loading included.
     if (!a.max_memory.empty()) fsdp::set_device_memory_limit(dev, fsdp::cli::parse_bytes(a.max_memory));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt: error: %s\n", e.what());
-    return 1;
-  }
-  try {
     return gpt::train(a, hooks);
-  } catch (const fsdp::UsageError& e) {
-    std::fprintf(stderr, "gpt: usage error: %s\n", e.what());
-    return 2;
-  } catch (const c10::Error& e) {  // libtorch's message, without its C++ backtrace
-    const char* r = std::getenv("RANK");
-    std::fprintf(stderr, "gpt: error (rank %s): %s\n", r ? r : "0", e.what_without_backtrace());
-    return 1;
-  } catch (const std::exception& e) {
-    const char* r = std::getenv("RANK");
-    std::fprintf(stderr, "gpt: error (rank %s): %s\n", r ? r : "0", e.what());
-    return 1;
-  }
+  });
 }
 
 }  // namespace gpt

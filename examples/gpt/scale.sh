@@ -49,8 +49,12 @@ COMMON=(--text "${TEXT[@]}" "${MODEL[@]}" --steps "$STEPS" --eval-every 0 --log-
 start=$(date +%s)
 
 echo "== the planner: FULL_SHARD at N=$N, --ac block, prefetch; tensors $BUDGET, the whole process $BUDGET_RSS"
-PLAN=(plan --world "$N" --strategy full "${MODEL[@]}" --ac block --prefetch 1 --budget "$BUDGET" --budget-rss "$BUDGET_RSS")
-"$BUILD/bin/fsdp" "${PLAN[@]}" | grep -E '^plan:|rest = |predicted peak|P_full|process budget|tensors get|nothing is left|^=>' || true
+# As the run below trains: gpt's loop drops the logits once the loss is computed; and with
+# fsdp plan's default --share-host auto, host-shared units as the run has them on this host.
+# So the plan's peak is the one the run prints with --plan.
+PLAN=(plan --world "$N" --strategy full "${MODEL[@]}" --ac block --prefetch 1 --logits dropped --budget "$BUDGET"
+      --budget-rss "$BUDGET_RSS")
+"$BUILD/bin/fsdp" "${PLAN[@]}" | grep -E '^plan:|^host-shared units:|rest = |predicted peak|P_full|process budget|tensors get|nothing is left|^=>' || true
 # The tensors' limit: the smaller of SCALE_BUDGET and what the process budget leaves them.
 read -r LIMIT FITS < <("$BUILD/bin/fsdp" "${PLAN[@]}" --json | python3 -c '
 import json, sys

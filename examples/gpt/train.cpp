@@ -218,6 +218,9 @@ struct Run {
   std::shared_ptr<fsdp::WaitClock> waits;  // time blocked in collectives
   int rank = 0, N = 1;
   bool lead = false;
+  // CPU ranks whose communicator maps each other's memory: units then keep
+  // one copy per host (host-shared), and the plans count them so.
+  bool shares_host = false;
 };
 
 Run start_run(const Args& a) {
@@ -239,6 +242,7 @@ Run start_run(const Args& a) {
   run.comm = fsdp::with_wait_clock(run.comm, run.waits);
   run.rank = run.comm->rank(), run.N = run.comm->world_size();
   run.lead = run.rank == 0;
+  run.shares_host = a.device == "cpu" && run.comm->shares_host_memory();
   if (int th = a.threads ? a.threads : default_threads(*run.comm)) torch::set_num_threads(th);
   if (a.resume && a.ckpt_dir.empty()) throw fsdp::UsageError("--resume needs --ckpt-dir DIR (where to look)");
   if (a.save_async && a.ckpt_dir.empty())
@@ -338,7 +342,7 @@ Model build_model(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts)
 
 // The planner on GPT-mini: `units` from the wrapped model (--plan) or from
 // the flags alone (the budget check before anything is built).
-fsdp::plan::Plan gpt_plan(const Args& a, int N, fsdp::ShardingStrategy strategy,
+fsdp::plan::Plan gpt_plan(const Args& a, const Run& run, int N, fsdp::ShardingStrategy strategy,
                           const std::vector<fsdp::plan::UnitSpec>& units) {
   // train_step drops the logits once the loss is computed.
   gpt::GptShape shape{a.cfg.layers, a.cfg.dim, a.cfg.heads, a.cfg.vocab, a.cfg.seq, a.batch};
@@ -348,12 +352,14 @@ fsdp::plan::Plan gpt_plan(const Args& a, int N, fsdp::ShardingStrategy strategy,
   po.world = N;
   po.strategy = strategy;
   po.param_bytes = a.dtype == "bf16" ? 2 : 4;
-  po.optimizer = fsdp::plan::Optimizer::ADAM;
+  po.optimizer = fsdp::plan::parse_optimizer("adamw");  // gpt's optimizer: fsdp::FusedAdamW
   po.micro_steps = static_cast<int>(a.accum);
+  po.no_sync = a.accum > 1;  // train_step: micro-steps 0..K-2 under no_sync
   po.prefetch = a.prefetch ? 1 : 0;
   po.async_checkpoint = a.save_async;
-  // Host-shared units are CPU memory (ranks on GPUs move bytes with NCCL).
-  po.share_host = a.device == "cpu";
+  // What this run's communicator does (the planner asks the same rule the
+  // layout does whether each unit is host-shared then).
+  po.share_host = run.shares_host;
   const int act_bytes = po.param_bytes;
   return fsdp::plan::make_plan(units, gpt::gpt_activations(shape, act_bytes, a.ac).total, po,
                                gpt::gpt_released(shape, a.wrap, act_bytes, a.ac),
@@ -375,7 +381,7 @@ void check_budget(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts)
   using fsdp::memory::format_bytes;
   const int64_t limit = fsdp::cli::parse_bytes(a.max_memory);
   const auto units = flag_units(a);
-  const fsdp::plan::Plan p = gpt_plan(a, run.N, fopts.strategy, units);
+  const fsdp::plan::Plan p = gpt_plan(a, run, run.N, fopts.strategy, units);
   const std::string budget = "--max-memory " + a.max_memory + " (" + format_bytes(limit) + ")";
   const bool eager_too_big = a.construct == "eager" && p.P_full > limit;
   if (eager_too_big && p.peak <= limit)
@@ -397,12 +403,12 @@ void check_budget(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts)
   const auto full = fsdp::ShardingStrategy::FULL_SHARD;
   int fit_n = 0;
   for (int n = run.N; n <= 65536 && !fit_n; n = n < 64 ? n + 1 : n * 2)
-    if (gpt_plan(a, n, full, units).peak <= limit) fit_n = n;
-  if (fopts.strategy != full && gpt_plan(a, run.N, full, units).peak <= limit)
-    fix = "--strategy full at this N (its peak: " + format_bytes(gpt_plan(a, run.N, full, units).peak) + ")";
+    if (gpt_plan(a, run, n, full, units).peak <= limit) fit_n = n;
+  if (fopts.strategy != full && gpt_plan(a, run, run.N, full, units).peak <= limit)
+    fix = "--strategy full at this N (its peak: " + format_bytes(gpt_plan(a, run, run.N, full, units).peak) + ")";
   else if (fit_n)
     fix = "N = " + std::to_string(fit_n) + " ranks or more with --strategy full (peak " +
-          format_bytes(gpt_plan(a, fit_n, full, units).peak) + ")";
+          format_bytes(gpt_plan(a, run, fit_n, full, units).peak) + ")";
   else
     fix = "no N fits with FULL_SHARD: lower A (a smaller --batch or --seq) or P_block (a finer --wrap)";
   if (biggest == act && fix.rfind("no N", 0) != 0) fix += ", or lower A with a smaller --batch";
@@ -411,7 +417,7 @@ void check_budget(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts)
   if (biggest == act && a.ac == "none") {
     Args with_ac = a;
     with_ac.ac = "block";
-    const int64_t peak_ac = gpt_plan(with_ac, run.N, fopts.strategy, units).peak;
+    const int64_t peak_ac = gpt_plan(with_ac, run, run.N, fopts.strategy, units).peak;
     if (peak_ac <= limit)
       fix = "--ac block (each block keeps only its input and recomputes its activations in backward: peak " +
             format_bytes(peak_ac) + " at this N), or " + fix;
@@ -451,7 +457,7 @@ void print_run(const Args& a, const Run& run, const Data& d, const fsdp::FsdpOpt
 
 // The planner on this run: the real units, GPT-mini's activation estimate.
 fsdp::plan::Plan plan_run(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts, Model& model) {
-  auto plan = gpt_plan(a, run.N, fopts.strategy, fsdp::plan::units_from(model->units()));
+  auto plan = gpt_plan(a, run, run.N, fopts.strategy, fsdp::plan::units_from(model->units()));
   if (run.lead) std::printf("%s\n", plan.str().c_str()), std::fflush(stdout);
   return plan;
 }
@@ -690,11 +696,13 @@ void log_step(const Args& a, const Run& run, int64_t step, const StepResult& r, 
 }
 
 // The ledger: measured memory terms against the FSDP guide's formulas (and the
-// plan's peak and traffic against the measured ones with --plan).
-void print_ledger(const Run& run, Model& model, torch::optim::Optimizer& opt, const std::optional<fsdp::plan::Plan>& plan,
-                  int64_t steps_run, double seconds, const Sent& sent, int64_t tokens_per_step) {
+// plan's peak and traffic against the measured ones with --plan). Every
+// rank's ledger is returned (--rank-memory prints each).
+fsdp::Ledger print_ledger(const Run& run, Model& model, torch::optim::Optimizer& opt,
+                          const std::optional<fsdp::plan::Plan>& plan, int64_t steps_run, double seconds,
+                          const Sent& sent, int64_t tokens_per_step) {
   const fsdp::Ledger ledger = model->ledger(&opt);
-  if (!run.lead) return;
+  if (!run.lead) return ledger;
   std::printf("trained %lld steps in %.1f s (%.0f tokens/s)\n", (long long)steps_run, seconds,
               double(tokens_per_step * steps_run) / std::max(seconds, 1e-9));
   std::printf("%s\n", ledger.str().c_str());
@@ -721,24 +729,27 @@ void print_ledger(const Run& run, Model& model, torch::optim::Optimizer& opt, co
                 steps_run > 0 && sent.total > 0 ? double(plan->traffic.total()) * steps_run / double(sent.total) : 0.0);
   }
   std::fflush(stdout);
+  return ledger;
 }
 
 // --rank-memory: one line per rank, the tensors against the plan, then the
 // process's peak resident memory (VmHWM) in its parts (fsdp/memory.h,
 // ProcessMemory), as text and as bytes for scripts (make scale's table).
 void print_rank_memory(const Args& a, const Run& run, const fsdp::FsdpOptions& fopts, Model& model,
-                       const std::optional<fsdp::plan::Plan>& plan, int64_t construction_peak) {
+                       const std::optional<fsdp::plan::Plan>& plan, int64_t construction_peak,
+                       const fsdp::Ledger& ledger) {
   using fsdp::memory::format_bytes;
   const auto ms = fsdp::memory::stats();
   const int64_t planned =
-      plan ? plan->peak : gpt_plan(a, run.N, fopts.strategy, fsdp::plan::units_from(model->units())).peak;
+      plan ? plan->peak : gpt_plan(a, run, run.N, fopts.strategy, fsdp::plan::units_from(model->units())).peak;
   const fsdp::memory::ProcessMemory pm = fsdp::memory::process_memory();
   std::printf("rank %d memory: plan peak %s | construction %s | training peak %s | from start %s | VmHWM %s = "
               "%s at start + %s code since + %s tensors + %s comm + %s cache + %s malloc used + %s malloc free + "
               "%s unexplained + %s elsewhere (comm buffers at most %s; host-shared %s, PSS now %s) "
               "| bytes: plan_peak=%lld construction=%lld training_peak=%lld from_start=%lld vmhwm=%lld "
               "at_start=%lld code_since=%lld tensors=%lld comm=%lld cache=%lld malloc_used=%lld malloc_free=%lld "
-              "unexplained=%lld elsewhere=%lld comm_high=%lld fixed=%lld shared=%lld pss=%lld\n",
+              "unexplained=%lld elsewhere=%lld comm_high=%lld fixed=%lld shared=%lld pss=%lld "
+              "ledger_A=%lld ledger_C=%lld ledger_peak=%lld ledger_predicted_peak=%lld ledger_notes=%zu\n",
               run.rank, format_bytes(planned).c_str(), format_bytes(construction_peak).c_str(),
               format_bytes(ms.peak).c_str(), format_bytes(ms.high_water).c_str(), format_bytes(pm.vmhwm).c_str(),
               format_bytes(pm.at_start).c_str(), format_bytes(pm.code_since).c_str(),
@@ -751,7 +762,8 @@ void print_rank_memory(const Args& a, const Run& run, const fsdp::FsdpOptions& f
               (long long)pm.at_start, (long long)pm.code_since, (long long)pm.tensors, (long long)pm.comm,
               (long long)pm.cache, (long long)pm.malloc_other, (long long)pm.malloc_free,
               (long long)pm.unexplained, (long long)pm.elsewhere, (long long)pm.comm_high, (long long)pm.fixed(),
-              (long long)pm.shared, (long long)pm.pss);
+              (long long)pm.shared, (long long)pm.pss, (long long)ledger.A, (long long)ledger.C,
+              (long long)ledger.peak, (long long)ledger.predicted_peak, ledger.notes.size());
   std::fflush(stdout);
 }
 
@@ -890,8 +902,8 @@ int train(const Args& args, const examples::StepHooks& hooks) {
   if (replicas && run.lead)
     std::printf("replica group %d: %lld bytes sent to other groups; the coordinator restarted %lld time(s) under it\n",
                 replicas->group(), (long long)replicas->bytes_sent(), (long long)replicas->coordinator_restarts());
-  print_ledger(run, model, *opt, plan, applied, seconds, sent, tokens_per_step);
-  if (a.rank_memory) print_rank_memory(a, run, fopts, model, plan, construction_peak);
+  const fsdp::Ledger ledger = print_ledger(run, model, *opt, plan, applied, seconds, sent, tokens_per_step);
+  if (a.rank_memory) print_rank_memory(a, run, fopts, model, plan, construction_peak, ledger);
   finish(a, run, model, popts);
   return 0;
 }

@@ -1,29 +1,28 @@
 // build/bin/llama: fine-tune a Hugging Face Llama checkpoint with FSDP, and
-// export the result in the same layout.
+// export the result in the same layout (llama::run: its flags; train.cpp:
+// the run; main.cpp calls it).
 //
 //   fsdp prepare --text a.txt --out data/x       # byte tokens (ids < 256)
 //   fsdp run -n 4 -- build/bin/llama --hf Llama-dir --data data/x/train.bin
 //       --steps 20 --export llama-finetuned
 #include <CLI/CLI.hpp>
 
-#include <cstdio>
-#include <cstdlib>
+#include <optional>
 
 #include "cli_checks.h"
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/init.h"
 #include "llama/train.h"
+#include "program.h"
 #include "usage.h"
 
-int main(int argc, char** argv) {
-  try {
-    fsdp::init();  // the counting allocator (DeferredInit needs it), before any tensor
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "llama: error: %s\n", e.what());
-    return 1;
-  }
-  llama::Args a;
+namespace llama {
+namespace {
+
+// Returns the exit code to return now (after --help, or a bad flag said on
+// stderr), or nullopt to fine-tune. Throws fsdp::UsageError for a bad value.
+std::optional<int> parse_args(int argc, char** argv, Args& a) {
   CLI::App app{"Fine-tune a Hugging Face Llama checkpoint with FSDP. Run under `fsdp run -n N --`.", "llama"};
   app.add_option("--hf", a.hf, "the checkpoint: a directory with config.json and model*.safetensors")->required();
   app.add_option("--data", a.data, "training tokens (.bin, uint16 ids below the vocabulary size; fsdp prepare)")
@@ -51,28 +50,30 @@ int main(int argc, char** argv) {
   app.add_option("--load-buffer", a.load_buffer,
                  "bytes of one load_hf read (HfLoadOptions::buffer_bytes, e.g. 16MiB; default: the library's)");
   app.add_option("--log-every", a.log_every, "a step line every N steps")->check(fsdp::cli::integer(1, 1 << 30));
-  try {
-    app.parse(argc, argv);
-    fsdp::parse_strategy(a.strategy);
-    fsdp::cli::parse_bytes(a.max_shard_size);
-    if (!a.load_buffer.empty()) fsdp::cli::parse_bytes(a.load_buffer);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "llama: usage error: %s\nrun 'llama --help' for the flags\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "llama: usage error: %s\n", e.what());
-    return 2;
-  }
-  try {
-    return llama::finetune(a);
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "llama: error (rank %s): %s\n", std::getenv("RANK") ? std::getenv("RANK") : "0",
-                 e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "llama: error (rank %s): %s\n", std::getenv("RANK") ? std::getenv("RANK") : "0", e.what());
-  }
-  return 1;
+  if (const std::optional<int> rc = fsdp::cli::parse(app, argc, argv)) return rc;
+  // Values CLI11 cannot check alone, each named in its usage error.
+  auto check = [](const char* flag, auto&& parse) {
+    try {
+      parse();
+    } catch (const fsdp::Error& e) {
+      throw fsdp::UsageError(std::string(flag) + ": " + e.what());
+    }
+  };
+  check("--strategy", [&] { fsdp::parse_strategy(a.strategy); });
+  check("--max-shard-size", [&] { fsdp::cli::parse_bytes(a.max_shard_size); });
+  if (!a.load_buffer.empty()) check("--load-buffer", [&] { fsdp::cli::parse_bytes(a.load_buffer); });
+  return std::nullopt;
 }
+
+}  // namespace
+
+int run(int argc, char** argv) {
+  return fsdp::cli::run_program("llama", [&] {
+    fsdp::init();  // the counting allocator (DeferredInit needs it), before any tensor
+    Args a;
+    if (const std::optional<int> rc = parse_args(argc, argv, a)) return *rc;
+    return finetune(a);
+  });
+}
+
+}  // namespace llama

@@ -1,5 +1,5 @@
 // The Llama fine-tuning run (train.cpp); llama.cpp parses its flags.
-// defines: llama::Args, llama::finetune
+// defines: llama::Args, llama::finetune, llama::run
 #pragma once
 
 #include <cstdint>
@@ -29,5 +29,9 @@ struct Args {
 // Loads --hf into a model built without memory (every rank reads its
 // shards' bytes), fine-tunes it, exports it. Collective; returns the exit code.
 int finetune(const Args& a);
+
+// The llama program (llama.cpp): flags, then finetune(). Returns the exit
+// code: 0; 1 for an error; 2 for a usage error (said on stderr).
+int run(int argc, char** argv);
 
 }  // namespace llama

@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "cli_checks.h"
+#include "program.h"
 #include "fsdp/flight.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/plan.h"
@@ -56,10 +57,10 @@ struct Flags {
   int straggler_window = 5;
 };
 
-// Returns -1 to train; otherwise the exit code (0 after --help; 2 for a
-// usage error, said on stderr).
-int parse_flags(int argc, char** argv, Flags& f) {
-  CLI::App app{"the FSDP guide's demo: TinyModel trained with Adam and gradient accumulation"};
+// Returns nullopt to train; otherwise the exit code (0 after --help; 2 for a
+// bad flag, said on stderr). Throws fsdp::UsageError for a bad value.
+std::optional<int> parse_flags(int argc, char** argv, Flags& f) {
+  CLI::App app{"the FSDP guide's demo: TinyModel trained with Adam and gradient accumulation", "tiny"};
   app.add_option("--strategy", f.strategy, "full | grad-op | none | hybrid | hybrid-zero2 (hybrid: shard groups of one host)")
       ->check(CLI::IsMember({"full", "grad-op", "none", "hybrid", "hybrid-zero2"}));
   app.add_option("--epochs", f.epochs, "optimizer steps (the FSDP guide calls them epochs)")->check(CLI::Range(1, 1000000));
@@ -90,29 +91,19 @@ int parse_flags(int argc, char** argv, Flags& f) {
       ->check(fsdp::cli::real(0, 1e6));
   app.add_option("--straggler-window", f.straggler_window, "consecutive slow steps before a rank is named")
       ->check(CLI::Range(1, 1000000));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::fprintf(stderr, "tiny: usage error: %s\nrun 'tiny --help' for the flags\n", e.what());
-    return 2;
-  }
+  if (const std::optional<int> rc = fsdp::cli::parse(app, argc, argv)) return rc;
   if (!f.max_memory.empty()) {
     try {
       fsdp::cli::parse_bytes(f.max_memory);
     } catch (const fsdp::Error& e) {
-      std::fprintf(stderr, "tiny: usage error: --max-memory: %s\nrun 'tiny --help' for the flags\n", e.what());
-      return 2;
+      throw fsdp::UsageError(std::string("--max-memory: ") + e.what());
     }
   }
-  if (f.straggler_factor > 0 && !(f.straggler_factor > 1)) {
-    std::fprintf(stderr,
-                 "tiny: usage error: --straggler-factor %g: expected a factor > 1 (e.g. 1.5: 50%% slower than the "
-                 "other ranks) or 0 to turn the monitor off\n",
-                 f.straggler_factor);
-    return 2;
-  }
-  return -1;
+  if (f.straggler_factor > 0 && !(f.straggler_factor > 1))
+    throw fsdp::UsageError("--straggler-factor " + std::to_string(f.straggler_factor) +
+                           ": expected a factor > 1 (e.g. 1.5: 50% slower than the other ranks) or 0 to turn the "
+                           "monitor off");
+  return std::nullopt;
 }
 
 // What this rank sent in the training steps: the last step's counters and
@@ -161,149 +152,143 @@ void print_traffic(const fsdp::FullyShardedModel& model, const Flags& f, const S
   std::printf("%s", examples::traffic_by_tier_line(sent.total, sent.inter_host, sent.steps).c_str());
 }
 
+// One run of the demo, its flags parsed. Collective; returns the exit code.
+int train(const Flags& f, const examples::StepHooks& hooks) {
+  // First: a CUDA device loads CUDA support before anything (the seed
+  // below, a communicator) asks libtorch about CUDA (fsdp/device.h).
+  const torch::Device dev = fsdp::parse_device(f.device);
+  fsdp::CommOptions copts;
+  if (dev.is_cuda()) copts.backend = fsdp::CommBackend::NCCL;  // ranks sharing one GPU: FSDP_BACKEND=gloo
+  // Time blocked in collectives: busy = wall - blocked names a straggler.
+  auto waits = std::make_shared<fsdp::WaitClock>();
+  auto comm = fsdp::with_wait_clock(fsdp::make_communicator_from_env(copts), waits);
+  const int rank = comm->rank();
+  if (!f.trace_dir.empty()) fsdp::trace::start(f.trace_dir, rank, comm->world_size());
+  // Flight recorder dumps (a failed collective, SIGUSR1) go next to the
+  // checkpoints unless FSDP_FLIGHT_DIR / fsdp run --flight-dir says.
+  if (!f.ckpt_dir.empty()) fsdp::flight::set_default_dir(f.ckpt_dir + "/flight");
+  if (!f.max_memory.empty()) fsdp::set_device_memory_limit(dev, fsdp::cli::parse_bytes(f.max_memory));
+
+  torch::manual_seed(0);
+  TinyModel net;
+  fsdp::FsdpOptions opts;
+  opts.strategy = fsdp::parse_strategy(f.strategy);
+  opts.wrap = fsdp::WrapPolicy::size_based(f.min_params);
+  opts.device = dev;
+  auto model = fsdp::fully_shard(net, comm, opts);
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(f.lr));
+  fsdp::verify_optimizer(*model, opt);
+  if (rank == 0) std::printf("%s", model->describe_units().c_str()), std::fflush(stdout);
+
+  int start = 0;
+  if (f.resume && !f.ckpt_dir.empty()) {
+    auto r = fsdp::load_checkpoint(*model, &opt, f.ckpt_dir);
+    start = r.found ? r.train_state.value("step", 0) : 0;
+    if (rank == 0 && r.found)
+      std::printf("resumed from %s at step %d%s\n", r.path.c_str(), start, r.note.empty() ? "" : ("; " + r.note).c_str());
+    if (rank == 0 && !r.found) std::printf("no checkpoint in %s yet: starting fresh\n", f.ckpt_dir.c_str());
+  }
+
+  torch::manual_seed(1000 + rank);  // each rank its own data, as in the FSDP guide
+  auto data = torch::randn({f.micro_bs, 512}).to(model->options().device);
+  // Progress lines on rank 0; checkpoint and weight saves show theirs the same way.
+  fsdp::ProgressOptions po;
+  po.rank = rank;
+  po.enabled = !f.no_progress;
+  po.interval_s = f.progress_every;
+  fsdp::CheckpointOptions ckpt_opts;
+  ckpt_opts.progress = po;
+  po.label = "train";
+  po.unit = "steps";
+  po.total = f.epochs;
+  po.initial = std::min(start, f.epochs);
+  po.rate_scale = double(f.micro_bs) * f.accum * comm->world_size();
+  po.rate_unit = "samples/s";
+  fsdp::Progress progress(po);
+  // Per-rank busy time every step; a rank slower than the factor x the
+  // others' median for the window's steps in a row is named.
+  std::optional<fsdp::StragglerMonitor> stragglers;
+  if (f.straggler_factor > 0) stragglers.emplace(comm, f.straggler_factor, f.straggler_window);
+  if (stragglers) stragglers->set_logging(false);  // printed below with the epoch lines
+  Sent sent;
+
+  for (int epoch = start; epoch < f.epochs; ++epoch) {
+    sent.before = comm->counters();
+    const auto t0 = std::chrono::steady_clock::now();
+    const double waited0 = waits->seconds();
+    fsdp::set_step(epoch);
+    {
+      fsdp::PhaseScope phase(fsdp::Phase::DATA);  // one fixed batch: nothing to load
+      if (hooks.data) hooks.data(rank, epoch);
+    }
+    if (hooks.step) hooks.step(rank, epoch);
+    fsdp::trace::Span step_span("step", "step");
+    if (step_span.active()) step_span.arg("step", epoch);
+    opt.zero_grad();
+    torch::Tensor loss;
+    for (int micro = 0; micro < f.accum; ++micro) {
+      // --no-sync: the gradients of all but the last micro-step stay local.
+      std::optional<fsdp::FullyShardedModel::NoSyncGuard> local;
+      if (f.no_sync && micro < f.accum - 1) local.emplace(model->no_sync());
+      {
+        fsdp::PhaseScope phase(fsdp::Phase::FORWARD);
+        loss = model.forward(data).sum() / f.accum;
+      }
+      fsdp::PhaseScope phase(fsdp::Phase::BACKWARD);
+      loss.backward();
+    }
+    {
+      FSDP_TRACE_SPAN("optimizer_step", "optim");
+      fsdp::PhaseScope phase(fsdp::Phase::OPTIMIZER);
+      opt.step();
+    }
+    if (step_span.active()) step_span.arg("loss", loss.item<double>());
+    step_span.end();
+    if (rank == 0)
+      fsdp::progress::clear_line(), std::printf("epoch %d loss %.6f\n", epoch, loss.item<double>()), std::fflush(stdout);
+    if (!f.ckpt_dir.empty() && f.ckpt_every > 0 && (epoch + 1) % f.ckpt_every == 0) {
+      fsdp::PhaseScope phase(fsdp::Phase::CHECKPOINT);
+      fsdp::save_checkpoint(*model, &opt, f.ckpt_dir, epoch + 1, {{"step", epoch + 1}}, ckpt_opts);
+    }
+    sent.after = comm->counters();  // before the monitor's own all-gather
+    sent.add_step();
+    if (stragglers) {
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      auto rep = stragglers->observe(wall - (waits->seconds() - waited0));  // collective
+      // Quiet when healthy: a line only when a rank is named (and the summary at the end).
+      if (rank == 0 && !rep.message.empty()) fsdp::progress::clear_line(), std::printf("%s\n", rep.message.c_str());
+    }
+    char loss_text[32];
+    std::snprintf(loss_text, sizeof loss_text, "%.6f", loss.item<double>());
+    progress.update(epoch + 1, {{"loss", loss_text}});
+  }
+
+  progress.finish();
+  if (stragglers && rank == 0 && !stragglers->summary().empty()) std::printf("%s\n", stragglers->summary().c_str());
+  if (sent.steps == 0) sent.after = sent.before = comm->counters();
+  auto ledger = model->ledger(&opt);
+  if (rank == 0) std::printf("\n%s", ledger.str().c_str()), print_traffic(*model, f, sent);
+  if (!f.save.empty()) {
+    fsdp::save_full(*model, f.save, ckpt_opts.progress);
+    if (rank == 0) std::printf("saved full weights to %s\n", f.save.c_str());
+  }
+  if (!f.trace_dir.empty()) fsdp::trace::stop();
+  comm->barrier()->wait();
+  if (!f.trace_dir.empty() && rank == 0)
+    std::printf("trace: %s (fsdp report %s -o report.html)\n", fsdp::trace::merge(f.trace_dir).c_str(),
+                f.trace_dir.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int run(int argc, char** argv, const examples::StepHooks& hooks) {
-  try {
+  return fsdp::cli::run_program("tiny", [&] {
     fsdp::init();  // the counting allocator (ledger, --max-memory) and SIGPIPE, before any tensor
-  } catch (const std::exception& e) {  // an environment variable set wrong (docs/CONFIG.md)
-    std::fprintf(stderr, "tiny: error: %s\n", e.what());
-    return 1;
-  }
-  Flags f;
-  if (const int rc = parse_flags(argc, argv, f); rc >= 0) return rc;
-  try {
-    // First: a CUDA device loads CUDA support before anything (the seed
-    // below, a communicator) asks libtorch about CUDA (fsdp/device.h).
-    const torch::Device dev = fsdp::parse_device(f.device);
-    fsdp::CommOptions copts;
-    if (dev.is_cuda()) copts.backend = fsdp::CommBackend::NCCL;  // ranks sharing one GPU: FSDP_BACKEND=gloo
-    // Time blocked in collectives: busy = wall - blocked names a straggler.
-    auto waits = std::make_shared<fsdp::WaitClock>();
-    auto comm = fsdp::with_wait_clock(fsdp::make_communicator_from_env(copts), waits);
-    const int rank = comm->rank();
-    if (!f.trace_dir.empty()) fsdp::trace::start(f.trace_dir, rank, comm->world_size());
-    // Flight recorder dumps (a failed collective, SIGUSR1) go next to the
-    // checkpoints unless FSDP_FLIGHT_DIR / fsdp run --flight-dir says.
-    if (!f.ckpt_dir.empty()) fsdp::flight::set_default_dir(f.ckpt_dir + "/flight");
-    if (!f.max_memory.empty()) fsdp::set_device_memory_limit(dev, fsdp::cli::parse_bytes(f.max_memory));
-
-    torch::manual_seed(0);
-    TinyModel net;
-    fsdp::FsdpOptions opts;
-    opts.strategy = fsdp::parse_strategy(f.strategy);
-    opts.wrap = fsdp::WrapPolicy::size_based(f.min_params);
-    opts.device = dev;
-    auto model = fsdp::fully_shard(net, comm, opts);
-    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(f.lr));
-    fsdp::verify_optimizer(*model, opt);
-    if (rank == 0) std::printf("%s", model->describe_units().c_str()), std::fflush(stdout);
-
-    int start = 0;
-    if (f.resume && !f.ckpt_dir.empty()) {
-      auto r = fsdp::load_checkpoint(*model, &opt, f.ckpt_dir);
-      start = r.found ? r.train_state.value("step", 0) : 0;
-      if (rank == 0 && r.found)
-        std::printf("resumed from %s at step %d%s\n", r.path.c_str(), start, r.note.empty() ? "" : ("; " + r.note).c_str());
-      if (rank == 0 && !r.found) std::printf("no checkpoint in %s yet: starting fresh\n", f.ckpt_dir.c_str());
-    }
-
-    torch::manual_seed(1000 + rank);  // each rank its own data, as in the FSDP guide
-    auto data = torch::randn({f.micro_bs, 512}).to(model->options().device);
-    // Progress lines on rank 0; checkpoint and weight saves show theirs the same way.
-    fsdp::ProgressOptions po;
-    po.rank = rank;
-    po.enabled = !f.no_progress;
-    po.interval_s = f.progress_every;
-    fsdp::CheckpointOptions ckpt_opts;
-    ckpt_opts.progress = po;
-    po.label = "train";
-    po.unit = "steps";
-    po.total = f.epochs;
-    po.initial = std::min(start, f.epochs);
-    po.rate_scale = double(f.micro_bs) * f.accum * comm->world_size();
-    po.rate_unit = "samples/s";
-    fsdp::Progress progress(po);
-    // Per-rank busy time every step; a rank slower than the factor x the
-    // others' median for the window's steps in a row is named.
-    std::optional<fsdp::StragglerMonitor> stragglers;
-    if (f.straggler_factor > 0) stragglers.emplace(comm, f.straggler_factor, f.straggler_window);
-    if (stragglers) stragglers->set_logging(false);  // printed below with the epoch lines
-    Sent sent;
-
-    for (int epoch = start; epoch < f.epochs; ++epoch) {
-      sent.before = comm->counters();
-      const auto t0 = std::chrono::steady_clock::now();
-      const double waited0 = waits->seconds();
-      fsdp::set_step(epoch);
-      {
-        fsdp::PhaseScope phase(fsdp::Phase::DATA);  // one fixed batch: nothing to load
-        if (hooks.data) hooks.data(rank, epoch);
-      }
-      if (hooks.step) hooks.step(rank, epoch);
-      fsdp::trace::Span step_span("step", "step");
-      if (step_span.active()) step_span.arg("step", epoch);
-      opt.zero_grad();
-      torch::Tensor loss;
-      for (int micro = 0; micro < f.accum; ++micro) {
-        // --no-sync: the gradients of all but the last micro-step stay local.
-        std::optional<fsdp::FullyShardedModel::NoSyncGuard> local;
-        if (f.no_sync && micro < f.accum - 1) local.emplace(model->no_sync());
-        {
-          fsdp::PhaseScope phase(fsdp::Phase::FORWARD);
-          loss = model.forward(data).sum() / f.accum;
-        }
-        fsdp::PhaseScope phase(fsdp::Phase::BACKWARD);
-        loss.backward();
-      }
-      {
-        FSDP_TRACE_SPAN("optimizer_step", "optim");
-        fsdp::PhaseScope phase(fsdp::Phase::OPTIMIZER);
-        opt.step();
-      }
-      if (step_span.active()) step_span.arg("loss", loss.item<double>());
-      step_span.end();
-      if (rank == 0)
-        fsdp::progress::clear_line(), std::printf("epoch %d loss %.6f\n", epoch, loss.item<double>()), std::fflush(stdout);
-      if (!f.ckpt_dir.empty() && f.ckpt_every > 0 && (epoch + 1) % f.ckpt_every == 0) {
-        fsdp::PhaseScope phase(fsdp::Phase::CHECKPOINT);
-        fsdp::save_checkpoint(*model, &opt, f.ckpt_dir, epoch + 1, {{"step", epoch + 1}}, ckpt_opts);
-      }
-      sent.after = comm->counters();  // before the monitor's own all-gather
-      sent.add_step();
-      if (stragglers) {
-        const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        auto rep = stragglers->observe(wall - (waits->seconds() - waited0));  // collective
-        // Quiet when healthy: a line only when a rank is named (and the summary at the end).
-        if (rank == 0 && !rep.message.empty()) fsdp::progress::clear_line(), std::printf("%s\n", rep.message.c_str());
-      }
-      char loss_text[32];
-      std::snprintf(loss_text, sizeof loss_text, "%.6f", loss.item<double>());
-      progress.update(epoch + 1, {{"loss", loss_text}});
-    }
-
-    progress.finish();
-    if (stragglers && rank == 0 && !stragglers->summary().empty()) std::printf("%s\n", stragglers->summary().c_str());
-    if (sent.steps == 0) sent.after = sent.before = comm->counters();
-    auto ledger = model->ledger(&opt);
-    if (rank == 0) std::printf("\n%s", ledger.str().c_str()), print_traffic(*model, f, sent);
-    if (!f.save.empty()) {
-      fsdp::save_full(*model, f.save, ckpt_opts.progress);
-      if (rank == 0) std::printf("saved full weights to %s\n", f.save.c_str());
-    }
-    if (!f.trace_dir.empty()) fsdp::trace::stop();
-    comm->barrier()->wait();
-    if (!f.trace_dir.empty() && rank == 0)
-      std::printf("trace: %s (fsdp report %s -o report.html)\n", fsdp::trace::merge(f.trace_dir).c_str(),
-                  f.trace_dir.c_str());
-    return 0;
-  } catch (const c10::Error& e) {  // libtorch's message, without its C++ backtrace
-    std::fprintf(stderr, "tiny: error: %s\n", e.what_without_backtrace());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "tiny: error: %s\n", e.what());
-    return 1;
-  }
+    Flags f;
+    if (const std::optional<int> rc = parse_flags(argc, argv, f)) return *rc;
+    return train(f, hooks);
+  });
 }
 
 }  // namespace tiny

@@ -301,6 +301,10 @@ struct Ledger {
   // as measured here.
   int64_t predicted_rest = 0;  // the plan's rest: (P+G+O)/N (NO_SHARD: P+G+O)
   int64_t predicted_peak = 0;  // the plan's peak: rest + its working set + A (+ C), at its worst moment
+  // A measurement that cannot be (a negative A) or a prediction that could
+  // not be made, said in plain words: the ledger reports it (str() prints
+  // it) and plans with what it can; it never fails the run it measures.
+  std::vector<std::string> notes;
   std::string str() const;     // the table printed by the examples
 };
 

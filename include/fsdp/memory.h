@@ -1,7 +1,8 @@
 // fsdp-cpp: the counting CPU allocator behind the ledger.
 // defines: memory::install, memory::stats, memory::reset_peak, memory::set_limit,
 //          memory::empty_cache, memory::set_caching, memory::OutOfMemory, memory::Stats,
-//          memory::ProcessMemory, memory::process_memory, memory::CommBuffers
+//          memory::ProcessMemory, memory::process_memory, memory::CommBuffers,
+//          memory::BackgroundWork
 //
 // Installed with c10::SetCPUAllocator before the model is built (by
 // fsdp::init, init.h, or by calling install() yourself; nothing installs it
@@ -42,6 +43,13 @@ struct Stats {
   // Communication buffers (CommBuffers): part of current, apart.
   int64_t comm_current = 0;
   int64_t comm_high = 0;  // the most at once since install
+  // Work running beside training (BackgroundWork: a background checkpoint's
+  // snapshot and writes): part of current, apart. foreground_current is the
+  // rest, kept in a counter of its own, so a block another thread frees
+  // never shows half counted in it: what a measurement of training's own
+  // bytes reads (the ledger's A).
+  int64_t background_current = 0;
+  int64_t foreground_current = 0;
   // What the allocator holds from the system (tensors, cache, headers,
   // rounding) now.
   int64_t footprint = 0;
@@ -102,6 +110,22 @@ class CommBuffers {
   ~CommBuffers();
   CommBuffers(const CommBuffers&) = delete;
   CommBuffers& operator=(const CommBuffers&) = delete;
+};
+
+// Allocations this thread makes while one lives belong to work running
+// beside training, whatever thread later frees them: they count in current
+// and peak like any tensor, and apart in Stats::background_current, so a
+// measurement of training's own bytes (Stats::foreground_current) is not
+// moved by them. A background checkpoint save holds one on its thread and
+// while the caller copies its snapshot (checkpoint/background_save.cpp).
+class BackgroundWork {
+ public:
+  // This thread's allocations belong to background work from here.
+  BackgroundWork();
+  // Until the outermost one on this thread goes.
+  ~BackgroundWork();
+  BackgroundWork(const BackgroundWork&) = delete;
+  BackgroundWork& operator=(const BackgroundWork&) = delete;
 };
 
 // The process's peak resident memory (VmHWM) broken into its parts: what a

@@ -9,7 +9,7 @@
 //          plan::TierTraffic, plan::tier_traffic, plan::compare_tiers, plan::tiers_str
 //
 // Needs only the standard library (no torch): a planner runs where no engine
-// is linked in. GPT-mini described by its flags is tools/gpt/plan_gpt.h.
+// is linked in. GPT-mini described by its flags is cli/gpt/plan_gpt.h.
 //
 // The core takes a list of units {name, numel} and an activation estimate, so
 // it plans a real wrapped model as well as a model described by flags:
@@ -18,7 +18,7 @@
 //
 // All quantities are per rank, in bytes (element counts where named numel).
 //   P, G, O   resident parameters (fp32 master), gradients, optimizer state
-//             (Adam 2 values per parameter, SGD with momentum 1, plain SGD 0)
+//             (state_per_param: Adam 2 values per parameter, SGD with momentum 1, plain SGD 0)
 //   rest      P + G + O                       (FULL_SHARD: (P+G+O)_full / N)
 //   P_block   the largest unit unsharded, in the compute dtype
 //   G_block   its unsharded gradient before the reduce-scatter
@@ -38,6 +38,9 @@
 //                                  - the activations already released
 //               SHARD_GRAD_OP  every unit unsharded (kept from forward to backward) + G_block
 //               NO_SHARD       nothing extra (fp32), the compute-dtype copy otherwise
+//             with no_sync accumulation (PlanOptions::no_sync) every unit's
+//             unsharded gradient (accumulated) is held at those moments of
+//             the last micro-step instead of the root's and G_block
 //   traffic   bytes this rank SENDS per optimizer step (ring algorithms):
 //               FULL_SHARD     AG forward + AG backward + RS = 3P * (N-1)/N
 //               SHARD_GRAD_OP  AG forward + RS                = 2P * (N-1)/N
@@ -48,7 +51,8 @@
 //             (HYBRID's memory terms are FULL_SHARD's / SHARD_GRAD_OP's at
 //             world size S: P, G, O divided by S, not N)
 //             with P = padded numel * bytes of the collective's dtype, times
-//             micro_steps (every micro-step gathers and reduces).
+//             micro_steps (every micro-step gathers and reduces; under no_sync
+//             only the last one reduces).
 #pragma once
 
 #include <cstdint>
@@ -66,13 +70,28 @@ struct UnitInfo;  // fully_shard.h
 // Also a strategy chosen under a memory budget; the formulas are in plan.h.
 namespace fsdp::plan {
 
-// The optimizer decides O, the state kept per parameter (state_per_param).
-enum class Optimizer { ADAM, SGD_MOMENTUM, SGD };
-// "adam", "sgd-momentum", "sgd-plain".
-const char* to_string(Optimizer o);
-// adam|adamw|sgd|sgd-momentum (sgd = SGD with momentum, the common case); throws fsdp::Error.
+// The optimizer decides O, the state kept per parameter (state_per_param):
+// a kind of the one table of what each optimizer keeps (docs/DESIGN.md,
+// "Optimizer state"; the ledger and the checkpoints read the same table),
+// with the options that change it.
+struct Optimizer {
+  // The table's name of the kind: sgd, adam, adamw, adagrad or rmsprop.
+  std::string type = "adam";
+  bool momentum = false;  // SGD, RMSprop: momentum > 0 (libtorch's default is 0)
+  bool amsgrad = false;   // Adam, AdamW: a third tensor (max_exp_avg_sq)
+  bool centered = false;  // RMSprop: grad_avg besides square_avg
+};
+// What parse_optimizer reads back: "adam", "adamw-amsgrad", "sgd-momentum",
+// "sgd-plain", "rmsprop-momentum-centered", ...
+std::string to_string(const Optimizer& o);
+// A kind of the table, with options as suffixes: adam|adamw[-amsgrad],
+// sgd (with momentum, the common case)|sgd-momentum|sgd-plain, adagrad,
+// rmsprop[-momentum][-centered]. Throws fsdp::Error naming what it reads
+// (LBFGS too: its state is one history for the whole model, not per parameter).
 Optimizer parse_optimizer(const std::string& text);
-int state_per_param(Optimizer o);  // Adam 2, SGD with momentum 1, plain SGD 0
+// The state tensors a parameter holds, by the table: Adam 2 (3 with
+// amsgrad), SGD with momentum 1, plain SGD 0, Adagrad 1, RMSprop 1 to 3.
+int state_per_param(const Optimizer& o);
 
 // One unit to plan: what the formulas need of it.
 struct UnitSpec {
@@ -91,8 +110,13 @@ struct PlanOptions {
   int reduce_bytes = 0;  // gradient reduction dtype; 0 = param_bytes
   int master_bytes = 4;  // the sharded master copy (always fp32 in fsdp-cpp)
   // Decides O.
-  Optimizer optimizer = Optimizer::ADAM;
+  Optimizer optimizer;  // Adam
   int micro_steps = 1;   // gradient accumulation steps per optimizer step
+  // Micro-steps 0..K-2 under FullyShardedModel::no_sync (DESIGN.md,
+  // "Gradient accumulation"): every unit keeps its unsharded gradient (param
+  // dtype, padded) from its first backward to the last micro-step's reduce,
+  // the peak counts them all (Plan::accumulated), and a step reduces once.
+  bool no_sync = false;
   int prefetch = 0;      // units gathered ahead (FsdpOptions::forward_prefetch / backward_prefetch)
   double bandwidth = 0;  // bytes/s per rank for the time estimate; 0 = unknown
   // Two tiers: H hosts of N/H consecutive ranks; the links inside a host
@@ -169,6 +193,10 @@ struct Plan {
   int64_t A_start = 0;      // activations when backward starts (what forward kept)
   int64_t A_recompute = 0;  // activations during the worst recompute (activation checkpointing; 0: none)
   int64_t recompute_grad = 0;  // gradients alive beside them (beyond the units gathered)
+  // options.no_sync with micro_steps > 1: every unit's unsharded gradient,
+  // held from the first micro-step's backward to the last one's reduce (part
+  // of `working`); 0 otherwise.
+  int64_t accumulated = 0;
   // A background checkpoint's snapshot (options.async_checkpoint): this
   // rank's fp32 parameter shards and optimizer state; 0 otherwise.
   int64_t C = 0;

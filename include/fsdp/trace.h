@@ -76,8 +76,11 @@
 //   "param_bytes_per_elem": 4 | 2,             // of param_dtype
 //   "master_bytes_per_elem": 4,                // the sharded fp32 master copy
 //   "reduce_bytes_per_elem": 4 | 2,            // gradient reduction dtype
-//   "optimizer": "adamw" | "sgd" | ...,
-//   "optimizer_state_per_param": 2 (Adam) | 1 (SGD+momentum) | 0,
+//   "optimizer": "adamw" | "sgd" | ... | "other",  // the optimizer table's kind
+//   "optimizer_state_per_param": 2 (Adam) | 1 (SGD+momentum) | 0 | ...,
+//             // both recorded by FullyShardedModel::ledger(&opt) from what the
+//             // optimizer keeps (averaged over its groups); absent, the report
+//             // says O is not recorded
 //   "units": [ {"index": int, "name": str ("" = root),
 //               "numel": int, "padded_numel": int, "shard_numel": int,
 //               "unsharded_bytes": int, "shard_bytes": int,
@@ -87,7 +90,7 @@
 //                            "numel": int} ] } ],
 //             // rank r owns flat elements [r*shard_numel, (r+1)*shard_numel)
 //   "ledger": {"P_full", "P", "G", "O", "P_block", "P_block_unit", "A",
-//              "predicted_rest", "predicted_peak"}   // fsdp::Ledger's fields, bytes,
+//              "predicted_rest", "predicted_peak", "notes"}   // fsdp::Ledger's fields, bytes,
 //             // this rank's values; the memory chart draws the two predictions.
 //   "plan": the planner's json (fsdp::plan::Plan::to_json()), optional.
 //   "model": str (e.g. "gpt L=6 d=256"), "command": str, anything else: shown raw.

@@ -25,6 +25,7 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/metadata.h"
 #include "fsdp/checkpoint.h"
+#include "fsdp/memory.h"
 
 namespace fsdp::ckpt {
 using fsdp::detail::cat;
@@ -96,6 +97,10 @@ struct BackgroundSave::State {
   }
 
   void run() {
+    // Everything this thread allocates (the snapshot's copies, the writer's
+    // buffers) is the save's, not training's: the ledger measures training's
+    // activations while it runs (memory::BackgroundWork).
+    memory::BackgroundWork background;
     // The copy at the caller's priority (the next optimizer step waits for
     // it); then the write takes the cycles training leaves: on a host whose
     // cores training fills, it yields to it (this thread's own priority;
@@ -145,6 +150,8 @@ BackgroundSave::BackgroundSave(CommPtr comm, std::string root, int64_t step, con
   // Only the CPU's tensors are copied on the thread: a device's copy is
   // quick where it is, and stays on the caller's stream.
   bool on_thread = copy == SnapshotCopy::ON_THREAD;
+  // The copies made here belong to the save, as its thread's do.
+  memory::BackgroundWork background;
   for (auto* list : {&st.model, &st.optim})
     for (const Slice& s : *list) {
       st.snapshot_bytes += s.data.defined() && s.data.numel() > 0 ? data_bytes(s) : 0;

@@ -1,6 +1,7 @@
 // fsdp-cpp: which path a communicator's collectives take, decided in one
 // place and torch-free.
-// defines: path::Path, path::words, path::Facts, path::Choice, path::choose
+// defines: path::Path, path::words, path::Facts, path::Choice, path::choose,
+//          path::UnitSharing, path::host_shared_unit
 //
 // The communicator (src/comm/gloo_communicator.cpp) gathers the facts: the
 // settings (FSDP_TRANSPORT, FSDP_TIERS), every rank's host (exchanged), what
@@ -13,7 +14,10 @@
 // (metadata "collective_path").
 #pragma once
 
+#include <cstdint>
 #include <string>
+
+#include "fsdp/strategy.h"
 
 namespace fsdp::path {
 
@@ -74,5 +78,23 @@ struct Choice {
 //   several hosts, otherwise                        -> TCP (cma with ranks
 //                                                      sharing a host: refused)
 Choice choose(const Facts& f);
+
+// What decides whether one unit keeps its parameters once per host.
+struct UnitSharing {
+  ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
+  bool on_cpu = true;        // its tensors live in host memory (FsdpOptions::device)
+  int64_t numel = 0;         // its parameters
+  int ranks = 1;             // the ranks it is sharded over (HYBRID: the shard group's)
+  bool host_memory = false;  // they map each other's memory: Communicator::shares_host_memory
+                             // in a run, Choice::host_shared on the facts a plan assumes
+};
+// The one rule, asked by the layout (src/unit/layout.cpp, Unit::host_shared)
+// and by the planner (src/plan/plan.cpp): a unit whose parameters are
+// sharded, in host memory, not empty, over ranks that map each other's
+// memory keeps one copy of them per host that every rank maps (docs/COMM.md
+// "Host-shared units"). NO_SHARD keeps a whole replica on every rank instead.
+constexpr bool host_shared_unit(const UnitSharing& u) {
+  return u.strategy != ShardingStrategy::NO_SHARD && u.on_cpu && u.numel > 0 && u.ranks > 1 && u.host_memory;
+}
 
 }  // namespace fsdp::path

@@ -35,28 +35,29 @@ constexpr int64_t ring_sent(int64_t padded, int n) { return n > 0 ? padded / n *
 //   NO_SHARD       all-reduce (DDP):                                  2P(N-1)/N
 //   HYBRID(_ZERO2) the above inside the group of S, and the replicas'
 //                  all-reduce of each shard: 2 (R-1)/R x P/S, R = N/S
+// `reduces`: the micro-steps that reduce (no_sync: 1); -1: every one.
 constexpr Bytes per_step(ShardingStrategy s, int64_t padded, int world, int group, int64_t micro_steps,
-                         int64_t param_bytes, int64_t reduce_bytes) {
+                         int64_t param_bytes, int64_t reduce_bytes, int64_t reduces = -1) {
   Bytes t;
-  const int64_t K = micro_steps;
+  const int64_t K = micro_steps, KR = reduces < 0 ? micro_steps : reduces;
   switch (s) {
     case ShardingStrategy::FULL_SHARD:
       t.all_gather = 2 * K * ring_sent(padded, world) * param_bytes;
-      t.reduce_scatter = K * ring_sent(padded, world) * reduce_bytes;
+      t.reduce_scatter = KR * ring_sent(padded, world) * reduce_bytes;
       break;
     case ShardingStrategy::SHARD_GRAD_OP:
       t.all_gather = K * ring_sent(padded, world) * param_bytes;
-      t.reduce_scatter = K * ring_sent(padded, world) * reduce_bytes;
+      t.reduce_scatter = KR * ring_sent(padded, world) * reduce_bytes;
       break;
     case ShardingStrategy::NO_SHARD:
-      t.all_reduce = 2 * K * ring_sent(padded, world) * reduce_bytes;
+      t.all_reduce = 2 * KR * ring_sent(padded, world) * reduce_bytes;
       break;
     case ShardingStrategy::HYBRID_SHARD:
     case ShardingStrategy::HYBRID_SHARD_ZERO2: {
       t = per_step(s == ShardingStrategy::HYBRID_SHARD ? ShardingStrategy::FULL_SHARD : ShardingStrategy::SHARD_GRAD_OP,
-                   padded, group, group, micro_steps, param_bytes, reduce_bytes);
+                   padded, group, group, micro_steps, param_bytes, reduce_bytes, reduces);
       const int64_t R = world / group, shard = padded / group;
-      t.all_reduce = 2 * K * (R - 1) * shard / R * reduce_bytes;
+      t.all_reduce = 2 * KR * (R - 1) * shard / R * reduce_bytes;
       break;
     }
   }

@@ -43,10 +43,16 @@ std::atomic<int64_t> g_allocs{0};
 std::atomic<int64_t> g_limit{0};
 std::atomic<int64_t> g_comm{0};        // of current: communication buffers (CommBuffers)
 std::atomic<int64_t> g_comm_high{0};
+// Of current: blocks allocated inside BackgroundWork, and all the others.
+// Each block moves exactly one of the two, so a reader of the foreground
+// never sees a background block's free half done.
+std::atomic<int64_t> g_background{0};
+std::atomic<int64_t> g_foreground{0};
 std::atomic<int64_t> g_footprint{0};   // bytes the allocator holds from the system
 std::atomic<int64_t> g_footprint_high{0};
 std::atomic<int64_t> g_mapped{0};      // of the footprint: mapped directly, not through malloc
 thread_local int tl_comm_depth = 0;
+thread_local int tl_background_depth = 0;
 std::mutex g_explainer_mu;
 std::function<std::string(int64_t, const Stats&)> g_explainer;
 
@@ -58,8 +64,11 @@ constexpr size_t kHeader = 64;  // keeps the data 64-byte aligned like the defau
 struct Header {
   int64_t size;      // bytes the tensor asked for: what current/peak count
   int64_t capacity;  // bytes of data behind the header (>= size); 0: not cacheable
-  int64_t comm;      // 1: a communication buffer (allocated inside CommBuffers)
+  int32_t comm;        // 1: a communication buffer (allocated inside CommBuffers)
+  int32_t background;  // 1: allocated inside BackgroundWork
 };
+// The counter of a block's account: background work's, or the foreground's.
+std::atomic<int64_t>& account_of(bool background) { return background ? g_background : g_foreground; }
 // What a block takes from the system, its header included.
 int64_t block_bytes(const Header& h) { return (h.capacity > 0 ? h.capacity : h.size) + int64_t(kHeader); }
 
@@ -225,6 +234,7 @@ void release(void* data) {
   const Header h = *reinterpret_cast<Header*>(raw);
   g_current.fetch_sub(h.size, std::memory_order_relaxed);
   if (h.comm) g_comm.fetch_sub(h.size, std::memory_order_relaxed);
+  account_of(h.background != 0).fetch_sub(h.size, std::memory_order_relaxed);
   Cache& c = cache();
   if (h.capacity > 0 && c.enabled.load(std::memory_order_relaxed) && c.put(raw, h.capacity, cache_bound()))
     return;
@@ -373,6 +383,7 @@ class CountingAllocator final : public c10::Allocator {
     int64_t limit = g_limit.load(std::memory_order_relaxed);
     int64_t now = g_current.fetch_add(size, std::memory_order_relaxed) + size;
     const bool comm = tl_comm_depth > 0;
+    const bool background = tl_background_depth > 0;
     if (limit > 0) {
       // Held plus cached bytes stay within the limit: give back cached blocks
       // (oldest first) before refusing anything.
@@ -399,6 +410,7 @@ class CountingAllocator final : public c10::Allocator {
     while (now > high && !g_high.compare_exchange_weak(high, now, std::memory_order_relaxed)) {
     }
     g_allocs.fetch_add(1, std::memory_order_relaxed);
+    account_of(background).fetch_add(size, std::memory_order_relaxed);
     if (comm) {
       const int64_t c_now = g_comm.fetch_add(size, std::memory_order_relaxed) + size;
       int64_t c_high = g_comm_high.load(std::memory_order_relaxed);
@@ -415,10 +427,11 @@ class CountingAllocator final : public c10::Allocator {
       } catch (...) {
         g_current.fetch_sub(size, std::memory_order_relaxed);
         if (comm) g_comm.fetch_sub(size, std::memory_order_relaxed);
+        account_of(background).fetch_sub(size, std::memory_order_relaxed);
         throw;
       }
     }
-    *reinterpret_cast<Header*>(raw) = Header{size, got, comm ? 1 : 0};
+    *reinterpret_cast<Header*>(raw) = Header{size, got, comm ? 1 : 0, background ? 1 : 0};
     void* data = raw + kHeader;
     return c10::DataPtr(data, data, &release, cpu);
   }
@@ -479,6 +492,8 @@ Stats stats() {
   s.cache_released = c.released.load(std::memory_order_relaxed);
   s.comm_current = g_comm.load(std::memory_order_relaxed);
   s.comm_high = g_comm_high.load(std::memory_order_relaxed);
+  s.background_current = g_background.load(std::memory_order_relaxed);
+  s.foreground_current = g_foreground.load(std::memory_order_relaxed);
   s.footprint = g_footprint.load(std::memory_order_relaxed);
   s.footprint_high = g_footprint_high.load(std::memory_order_relaxed);
   return s;
@@ -580,6 +595,9 @@ int64_t process_peak_rss() {
 
 CommBuffers::CommBuffers() { ++tl_comm_depth; }
 CommBuffers::~CommBuffers() { --tl_comm_depth; }
+
+BackgroundWork::BackgroundWork() { ++tl_background_depth; }
+BackgroundWork::~BackgroundWork() { --tl_background_depth; }
 
 // The process's proportional set size now (/proc/self/smaps_rollup "Pss:"):
 // resident bytes with each shared page divided among the processes that map

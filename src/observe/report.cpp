@@ -331,6 +331,15 @@ json traffic_lines(const json& meta0, int world, double pb, double rb, json& war
   return lines;
 }
 
+// The state tensors the optimizer keeps per parameter, as the run recorded
+// it (the ledger taken with the optimizer reads the optimizer table,
+// optim/optimizer_state.h); null where the trace does not say, and the page
+// then says so instead of assuming an optimizer.
+json optimizer_state_per_param(const json& meta0) {
+  const json k = meta0.value("optimizer_state_per_param", json(nullptr));
+  return k.is_number() && k.get<double>() >= 0 ? k : json(nullptr);
+}
+
 // One rank's events sorted into what the page draws and what the step table needs.
 struct SpanRow {
   double t, dur;
@@ -752,7 +761,7 @@ json analyze_ranks(std::vector<RankTrace> ranks, const std::string& path, const 
                 {"reduce_bytes_per_elem", rb},
                 {"master_bytes_per_elem", num(meta0, "master_bytes_per_elem", 4)},
                 {"optimizer", meta0.value("optimizer", "")},
-                {"optimizer_state_per_param", meta0.value("optimizer_state_per_param", json(nullptr))},
+                {"optimizer_state_per_param", optimizer_state_per_param(meta0)},
                 {"model", meta0.value("model", "")},
                 {"traffic_lines", lines},
                 {"t_end", t_end},

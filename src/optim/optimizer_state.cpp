@@ -23,9 +23,10 @@ bool is(const torch::optim::Optimizer& opt) {
 // --- Adam and AdamW: the same state, their own types ---
 
 template <class Options>
-std::vector<std::string> adam_kept(const OptimizerOptions& o) {
-  if (static_cast<const Options&>(o).amsgrad()) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-  return {"exp_avg", "exp_avg_sq"};
+optim_table::Settings adam_settings(const OptimizerOptions& o) {
+  optim_table::Settings s;
+  s.amsgrad = static_cast<const Options&>(o).amsgrad();
+  return s;
 }
 template <class State>
 torch::Tensor adam_tensor(const OptimizerParamState& st, const std::string& name) {
@@ -56,7 +57,11 @@ nlohmann::json adam_hyper(const OptimizerOptions& opts) {
 // --- SGD: a momentum buffer, saved (zeros) even without momentum, as
 // checkpoints always have ---
 
-std::vector<std::string> sgd_kept(const OptimizerOptions&) { return {"momentum_buffer"}; }
+optim_table::Settings sgd_settings(const OptimizerOptions& o) {
+  optim_table::Settings s;
+  s.momentum = static_cast<const torch::optim::SGDOptions&>(o).momentum() > 0;
+  return s;
+}
 torch::Tensor sgd_tensor(const OptimizerParamState& st, const std::string& name) {
   return name == "momentum_buffer" ? static_cast<const torch::optim::SGDParamState&>(st).momentum_buffer()
                                    : torch::Tensor();
@@ -76,7 +81,7 @@ nlohmann::json sgd_hyper(const OptimizerOptions& opts) {
 // --- Adagrad: the sum of squared gradients (made by its constructor, filled
 // with initial_accumulator_value) ---
 
-std::vector<std::string> adagrad_kept(const OptimizerOptions&) { return {"sum"}; }
+optim_table::Settings no_settings(const OptimizerOptions&) { return {}; }
 torch::Tensor adagrad_tensor(const OptimizerParamState& st, const std::string& name) {
   return name == "sum" ? static_cast<const torch::optim::AdagradParamState&>(st).sum() : torch::Tensor();
 }
@@ -97,12 +102,12 @@ nlohmann::json adagrad_hyper(const OptimizerOptions& opts) {
 // --- RMSprop: the running mean of squares, a momentum buffer with momentum,
 // the running mean of gradients when centered (as its step makes them) ---
 
-std::vector<std::string> rmsprop_kept(const OptimizerOptions& opts) {
+optim_table::Settings rmsprop_settings(const OptimizerOptions& opts) {
   auto& o = static_cast<const torch::optim::RMSpropOptions&>(opts);
-  std::vector<std::string> kept = {"square_avg"};
-  if (o.momentum() > 0) kept.push_back("momentum_buffer");
-  if (o.centered()) kept.push_back("grad_avg");
-  return kept;
+  optim_table::Settings s;
+  s.momentum = o.momentum() > 0;
+  s.centered = o.centered();
+  return s;
 }
 torch::Tensor rmsprop_tensor(const OptimizerParamState& st, const std::string& name) {
   auto& r = static_cast<const torch::optim::RMSpropParamState&>(st);
@@ -130,7 +135,6 @@ nlohmann::json rmsprop_hyper(const OptimizerOptions& opts) {
 
 // --- LBFGS: one state (keyed by the first parameter) for the whole model ---
 
-std::vector<std::string> none_kept(const OptimizerOptions&) { return {}; }
 torch::Tensor no_tensor(const OptimizerParamState&, const std::string&) { return {}; }
 std::unique_ptr<OptimizerParamState> no_make(const OptimizerOptions&, int64_t, const TensorOf&) { return nullptr; }
 nlohmann::json no_hyper(const OptimizerOptions&) { return nlohmann::json::object(); }
@@ -156,25 +160,35 @@ const char* const kLbfgsNotOnShards =
     "each element on its own (SGD, Adam, AdamW, fsdp::FusedAdamW, Adagrad, RMSprop), or parameters every rank holds "
     "whole. Fix: use one of those optimizers, or FsdpOptions::strategy = NO_SHARD.";
 
+// A kind: its row of the torch-free table, and what needs libtorch.
+OptimizerKind kind(const char* type, bool (*is)(const torch::optim::Optimizer&),
+                   optim_table::Settings (*settings)(const OptimizerOptions&),
+                   torch::Tensor (*tensor)(const OptimizerParamState&, const std::string&),
+                   int64_t (*step)(const OptimizerParamState&),
+                   std::unique_ptr<OptimizerParamState> (*make)(const OptimizerOptions&, int64_t, const TensorOf&),
+                   nlohmann::json (*hyper)(const OptimizerOptions&),
+                   int64_t (*other_bytes)(const OptimizerParamState&) = nullptr,
+                   const char* not_checkpointed = nullptr, const char* not_on_shards = nullptr) {
+  const optim_table::Row* row = optim_table::find(type);
+  FSDP_CHECK(row != nullptr, "optimizer kind '", type, "' has no row in common/optimizer_table.h");
+  return {row, row->type, row->cls, is, row->tensors, settings, tensor, step, make, hyper, other_bytes,
+          not_checkpointed, not_on_shards};
+}
+
 }  // namespace
 
 const std::vector<OptimizerKind>& optimizer_kinds() {
   using namespace torch::optim;
   static const std::vector<OptimizerKind> table = {
-      {"sgd", "torch::optim::SGD", is<SGD>, {"momentum_buffer"}, sgd_kept, sgd_tensor, no_step, sgd_make, sgd_hyper,
-       nullptr, nullptr, nullptr},
-      {"adam", "torch::optim::Adam", is<Adam>, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}, adam_kept<AdamOptions>,
-       adam_tensor<AdamParamState>, adam_step<AdamParamState>, adam_make<AdamOptions, AdamParamState>,
-       adam_hyper<AdamOptions>, nullptr, nullptr, nullptr},
-      {"adamw", "torch::optim::AdamW", is<AdamW>, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"},
-       adam_kept<AdamWOptions>, adam_tensor<AdamWParamState>, adam_step<AdamWParamState>,
-       adam_make<AdamWOptions, AdamWParamState>, adam_hyper<AdamWOptions>, nullptr, nullptr, nullptr},
-      {"adagrad", "torch::optim::Adagrad", is<Adagrad>, {"sum"}, adagrad_kept, adagrad_tensor, adagrad_step,
-       adagrad_make, adagrad_hyper, nullptr, nullptr, nullptr},
-      {"rmsprop", "torch::optim::RMSprop", is<RMSprop>, {"square_avg", "momentum_buffer", "grad_avg"}, rmsprop_kept,
-       rmsprop_tensor, rmsprop_step, rmsprop_make, rmsprop_hyper, nullptr, nullptr, nullptr},
-      {"lbfgs", "torch::optim::LBFGS", is<LBFGS>, {}, none_kept, no_tensor, no_step, no_make, no_hyper, lbfgs_bytes,
-       kLbfgsNotCheckpointed, kLbfgsNotOnShards},
+      kind("sgd", is<SGD>, sgd_settings, sgd_tensor, no_step, sgd_make, sgd_hyper),
+      kind("adam", is<Adam>, adam_settings<AdamOptions>, adam_tensor<AdamParamState>, adam_step<AdamParamState>,
+           adam_make<AdamOptions, AdamParamState>, adam_hyper<AdamOptions>),
+      kind("adamw", is<AdamW>, adam_settings<AdamWOptions>, adam_tensor<AdamWParamState>, adam_step<AdamWParamState>,
+           adam_make<AdamWOptions, AdamWParamState>, adam_hyper<AdamWOptions>),
+      kind("adagrad", is<Adagrad>, no_settings, adagrad_tensor, adagrad_step, adagrad_make, adagrad_hyper),
+      kind("rmsprop", is<RMSprop>, rmsprop_settings, rmsprop_tensor, rmsprop_step, rmsprop_make, rmsprop_hyper),
+      kind("lbfgs", is<LBFGS>, no_settings, no_tensor, no_step, no_make, no_hyper, lbfgs_bytes,
+           kLbfgsNotCheckpointed, kLbfgsNotOnShards),
   };
   return table;
 }
@@ -214,6 +228,20 @@ GroupOptions::GroupOptions(const torch::optim::Optimizer& opt) : first_(&opt.par
 const torch::optim::OptimizerOptions& GroupOptions::of(const torch::Tensor& param) const {
   auto it = by_param_.find(param.unsafeGetTensorImpl());
   return it == by_param_.end() ? *first_ : *it->second;
+}
+
+double state_tensors_per_param(const torch::optim::Optimizer& opt) {
+  const OptimizerKind* k = kind_of(opt);
+  if (!k || !k->row->per_parameter) return -1;
+  double tensors = 0, elements = 0;
+  for (auto& g : opt.param_groups()) {
+    const double held = static_cast<double>(k->held(g.options()).size());
+    for (auto& p : g.params()) {
+      tensors += held * static_cast<double>(p.numel());
+      elements += static_cast<double>(p.numel());
+    }
+  }
+  return elements > 0 ? tensors / elements : static_cast<double>(k->held(opt.defaults()).size());
 }
 
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& opt, const torch::Tensor& param) {

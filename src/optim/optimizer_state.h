@@ -1,10 +1,14 @@
 // fsdp-cpp: what each optimizer keeps per parameter — one row per optimizer
 // kind libtorch ships, read by everything that must know: the ledger (its O),
 // the checkpoints (which tensors, under which names, rebuilt how) and
-// verify_optimizer (what cannot step on shards).
+// verify_optimizer (what cannot step on shards). Which tensors a kind keeps
+// is the torch-free table of common/optimizer_table.h, which the planner
+// reads too; a row here adds what needs libtorch (the class, its state's
+// tensors, how to rebuild it).
 //
 // defines: TensorOf, OptimizerKind, optimizer_kinds, kind_of, checkpoint_kind,
-//          saved_tensors, GroupOptions, optimizer_state_bytes
+//          saved_tensors, GroupOptions, optimizer_state_bytes,
+//          state_tensors_per_param
 //
 //   kind     checkpoint type  state tensors per parameter (as saved)          step
 //   SGD      sgd              momentum_buffer (zeros without momentum)         -
@@ -33,6 +37,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/optimizer_table.h"
+
 namespace fsdp::detail {
 
 // A parameter's state tensor by name (what a load read for it).
@@ -40,17 +46,23 @@ using TensorOf = std::function<torch::Tensor(const std::string& name)>;
 
 // One optimizer kind. Rows are constant, made once (optimizer_kinds()).
 struct OptimizerKind {
-  // The name a checkpoint records ("adamw") and the class messages name.
+  // Its row of the torch-free table: which tensors it keeps.
+  const optim_table::Row* row;
+  // The name a checkpoint records ("adamw") and the class messages name (the row's).
   const char* type;
   const char* cls;
   // Whether `opt` is of this kind (a subclass counts).
   bool (*is)(const torch::optim::Optimizer& opt);
   // Every state tensor one parameter may keep, in the order a checkpoint
-  // lists them.
+  // lists them (the row's).
   std::vector<std::string> tensors;
-  // Those a parameter of a group with options `o` keeps: a subset of
-  // `tensors`, in the same order.
-  std::vector<std::string> (*kept)(const torch::optim::OptimizerOptions& o);
+  // What of a group's options changes the tensors its parameters keep.
+  optim_table::Settings (*settings)(const torch::optim::OptimizerOptions& o);
+  // Those a checkpoint saves for a parameter of a group with options `o`: a
+  // subset of `tensors`, in the same order.
+  std::vector<std::string> kept(const torch::optim::OptimizerOptions& o) const { return row->saved(settings(o)); }
+  // Those such a parameter holds in memory (what the ledger's O counts).
+  std::vector<std::string> held(const torch::optim::OptimizerOptions& o) const { return row->held(settings(o)); }
   // One state tensor of a parameter's state; undefined when it keeps none.
   torch::Tensor (*tensor)(const torch::optim::OptimizerParamState& st, const std::string& name);
   // The parameter's step count (0 for SGD, which counts none).
@@ -95,5 +107,10 @@ class GroupOptions {
 // Bytes of `param`'s state in `opt` (the ledger's O); 0 when it has none
 // or the optimizer is not a kind of the table.
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& opt, const torch::Tensor& param);
+// The state tensors `opt` holds per parameter by the table, averaged over
+// its parameters by their elements (groups may keep different ones: an
+// RMSprop group with momentum beside one without); -1 for an optimizer the
+// table does not have, or one whose state is not per parameter (LBFGS).
+double state_tensors_per_param(const torch::optim::Optimizer& opt);
 
 }  // namespace fsdp::detail

@@ -12,6 +12,7 @@
 #include "fsdp/memory.h"
 #include "plan/names.h"
 #include "common/collective_path.h"
+#include "common/optimizer_table.h"
 #include "common/ring_math.h"
 #include "common/shard_math.h"
 #include "common/traffic_math.h"
@@ -24,23 +25,58 @@ std::vector<UnitSpec> units_from(const std::vector<UnitInfo>& infos) {
   return out;
 }
 
-const char* to_string(Optimizer o) {
-  switch (o) {
-    case Optimizer::ADAM: return "adam";
-    case Optimizer::SGD_MOMENTUM: return "sgd-momentum";
-    case Optimizer::SGD: return "sgd-plain";
-  }
-  return "?";
+std::string to_string(const Optimizer& o) {
+  std::string s = o.type;
+  if (o.type == "sgd") return o.momentum ? "sgd-momentum" : "sgd-plain";
+  if (o.type == "rmsprop" && o.momentum) s += "-momentum";
+  if (o.type == "rmsprop" && o.centered) s += "-centered";
+  if ((o.type == "adam" || o.type == "adamw") && o.amsgrad) s += "-amsgrad";
+  return s;
 }
 
 Optimizer parse_optimizer(const std::string& t) {
-  if (t == "adam" || t == "adamw") return Optimizer::ADAM;
-  if (t == "sgd" || t == "sgd-momentum") return Optimizer::SGD_MOMENTUM;
-  if (t == "sgd-plain") return Optimizer::SGD;
-  throw Error("--optimizer: expected adam|adamw|sgd|sgd-momentum|sgd-plain, found '" + t + "'");
+  const char* expected = "adam|adamw[-amsgrad], sgd|sgd-momentum|sgd-plain, adagrad, rmsprop[-momentum][-centered]";
+  // The kind first, then its options as suffixes.
+  const size_t dash = t.find('-');
+  Optimizer o;
+  o.type = t.substr(0, dash);
+  std::string rest = dash == std::string::npos ? "" : t.substr(dash);
+  const optim_table::Row* row = optim_table::find(o.type);
+  if (row && !row->per_parameter)
+    throw Error("--optimizer: '" + t + "' (" + row->cls + ") keeps one state for the whole model, not a state per "
+                "parameter, so no plan can shard or size it; expected " + expected);
+  if (!row) throw Error("--optimizer: expected " + std::string(expected) + ", found '" + t + "'");
+  o.momentum = o.type == "sgd";  // SGD: with momentum unless -plain; RMSprop: without unless -momentum
+  auto take = [&](const char* suffix) {
+    const std::string s = suffix;
+    if (rest.compare(0, s.size(), s) != 0) return false;
+    rest = rest.substr(s.size());
+    return true;
+  };
+  if (o.type == "sgd") {
+    if (take("-plain")) o.momentum = false;
+    else take("-momentum");
+  } else if (o.type == "adam" || o.type == "adamw") {
+    o.amsgrad = take("-amsgrad");
+  } else if (o.type == "rmsprop") {
+    o.momentum = take("-momentum");
+    o.centered = take("-centered");
+  }
+  if (!rest.empty()) throw Error("--optimizer: expected " + std::string(expected) + ", found '" + t + "'");
+  return o;
 }
 
-int state_per_param(Optimizer o) { return o == Optimizer::ADAM ? 2 : o == Optimizer::SGD_MOMENTUM ? 1 : 0; }
+int state_per_param(const Optimizer& o) {
+  const optim_table::Row* row = optim_table::find(o.type);
+  FSDP_USER_CHECK(row != nullptr && row->per_parameter, "plan: optimizer '", o.type,
+                  "' is not a kind of the optimizer table with a state per parameter (sgd, adam, adamw, adagrad, "
+                  "rmsprop)");
+  optim_table::Settings s;
+  s.momentum = o.momentum;
+  s.amsgrad = o.amsgrad;
+  s.centered = o.centered;
+  return static_cast<int>(row->held(s).size());
+}
 
 void PlanOptions::validate() const {
   FSDP_USER_CHECK(world >= 1, "plan: --world must be >= 1, found ", world);
@@ -63,7 +99,7 @@ void PlanOptions::validate() const {
 Traffic traffic(ShardingStrategy s, int64_t padded, const PlanOptions& o) {
   // Integer math on the padded numel keeps the numbers exact (common/traffic_math.h).
   const traffic::Bytes b = traffic::per_step(s, padded, o.world, is_hybrid(s) ? o.group() : o.world, o.micro_steps,
-                                             o.param_bytes, o.reduce());
+                                             o.param_bytes, o.reduce(), o.no_sync ? 1 : -1);
   Traffic t;
   t.all_gather = b.all_gather;
   t.reduce_scatter = b.reduce_scatter;
@@ -142,8 +178,18 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
   // head's gradients exist from the start of backward until the root
   // reduces at the end), with one unit all of its gradient (an upper bound).
   const int64_t root_grad = p.units.size() == 1 ? 0 : p.units[0].padded_numel * opts.param_bytes;
+  // no_sync accumulation: every unit's unsharded gradient (param dtype) is
+  // held through the last micro-step's backward; the root's and the
+  // reducing unit's gradients are among them, and the reduce input is that
+  // buffer itself, or a copy in the reduce dtype (`convert`).
+  if (opts.no_sync && opts.micro_steps > 1) p.accumulated = p.padded_numel * opts.param_bytes;
+  const int64_t convert = opts.reduce() != opts.param_bytes ? p.G_block : 0;
+  // The gradients alive when the first reduce of the last backward is
+  // issued: the root's and the finished unit's, or every unit's.
+  const int64_t grads_at_reduce = p.accumulated > 0 ? p.accumulated + convert : root_grad + p.G_block;
   p.recompute_grad = recompute.activation_bytes == 0 ? 0
                      : recompute.grad_bytes >= 0 ? recompute.grad_bytes
+                     : p.accumulated > 0         ? p.accumulated
                      : p.units.size() == 1       ? p.G_block
                                                  : root_grad;
   // The worst recompute's moment, when it tops the others: working set
@@ -165,9 +211,9 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
   facts.ranks = opts.world;
   facts.share_host = opts.share_host;
   if (opts.hosts > 1) facts.hosts_differ = detail::cat("the ranks are on ", opts.hosts, " hosts");
-  const bool host_shared = !no_shard && N > 1 && path::choose(facts).host_shared &&
-                           (opts.strategy == ShardingStrategy::FULL_SHARD ||
-                            opts.strategy == ShardingStrategy::SHARD_GRAD_OP);
+  // (HYBRID came here as its inner strategy over the shard group.)
+  const bool host_shared =
+      path::host_shared_unit({opts.strategy, /*on_cpu=*/true, p.numel, opts.world, path::choose(facts).host_shared});
   int64_t in_shared = 0;  // of rest, what lies in the shared memory (fp32: the master shards)
   if (host_shared) {
     p.shared_per_host = p.padded_numel * opts.param_bytes;
@@ -184,11 +230,16 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
                                             ring::reduce_scatter_staging_bytes(u.shard_numel, opts.reduce(),
                                                                                opts.hosts, ring::kDefaultPieceBytes));
     const int64_t at_reduce =
-        p.staging + (p.units.size() == 1
+        p.staging + (p.units.size() == 1 && p.accumulated == 0
                          ? p.G_block - activation_bytes
-                         : root_grad + p.G_block - std::min(released_activation_bytes, activation_bytes));
-    p.working = std::max<int64_t>(0, at_reduce);
-    p.peak_at = at_reduce > 0 ? "first reduce-scatter" : "backward start";
+                         : (p.accumulated > 0 ? p.accumulated : root_grad + p.G_block) -
+                               std::min(released_activation_bytes, activation_bytes));
+    // (A reduce copies the accumulated gradients into the peers' memory,
+    // cast on the way: nothing of the allocator's.) They are held from the
+    // start of the last backward.
+    const int64_t at_start = p.accumulated;
+    p.working = std::max<int64_t>({0, at_reduce, at_start});
+    p.peak_at = at_reduce > at_start ? "first reduce-scatter" : "backward start";
     // (The finished unit's gradients have left the allocator by the next
     // recompute: copied to peer memory, freed.)
     consider_recompute(0, recompute.activation_bytes);
@@ -218,35 +269,37 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
       //  With activation checkpointing a third: the worst recompute, the
       //    saved inputs and one module's recomputed activations alive, the
       //    units of backward start gathered and the gradients begun.
-      const int64_t at_start = gathered;  // + A
-      int64_t at_reduce;                  // + A
+      const int64_t at_start = gathered + p.accumulated;  // + A
+      int64_t at_reduce;                                  // + A
       if (p.units.size() == 1) {
-        at_reduce = p.G_block + std::max(p.G_block, p.staging) - activation_bytes;
+        at_reduce = p.accumulated > 0 ? p.accumulated + std::max(convert, p.staging) - activation_bytes
+                                      : p.G_block + std::max(p.G_block, p.staging) - activation_bytes;
       } else {
-        at_reduce = gathered + root_grad + p.G_block + p.staging - std::min(released_activation_bytes, activation_bytes);
+        at_reduce = gathered + grads_at_reduce + p.staging - std::min(released_activation_bytes, activation_bytes);
       }
       p.working = std::max(at_start, at_reduce);
       p.peak_at = at_start >= at_reduce ? "backward start" : "first reduce-scatter";
       consider_recompute(gathered, recompute.activation_bytes);
       // (Without the ring's staging: measured, the recompute's peak and the
       // ring's buffers do not coincide.)
-      if (p.units.size() > 1 && opts.prefetch > 0) consider_recompute(gathered + p.G_block, next_A);
+      if (p.units.size() > 1 && opts.prefetch > 0)
+        consider_recompute(gathered + (p.accumulated > 0 ? convert : p.G_block), next_A);
       break;
     }
     case ShardingStrategy::SHARD_GRAD_OP: {
       const int64_t all = p.padded_numel * opts.param_bytes;
-      p.working = all + p.G_block;
+      p.working = all + (p.accumulated > 0 ? p.accumulated + convert : p.G_block);
       p.peak_at = "backward start";
       consider_recompute(all, recompute.activation_bytes);
-      if (p.units.size() > 1) consider_recompute(all + p.G_block, next_A);
+      if (p.units.size() > 1) consider_recompute(all + (p.accumulated > 0 ? convert : p.G_block), next_A);
       break;
     }
     case ShardingStrategy::NO_SHARD: {
       const int64_t copy = opts.param_bytes != opts.master_bytes ? p.padded_numel * opts.param_bytes : 0;
-      p.working = copy;
+      p.working = copy + p.accumulated;
       p.peak_at = "backward start";
       consider_recompute(copy, recompute.activation_bytes);
-      if (p.units.size() > 1) consider_recompute(copy + p.G_block, next_A);
+      if (p.units.size() > 1) consider_recompute(copy + (p.accumulated > 0 ? convert : p.G_block), next_A);
       break;
     }
     case ShardingStrategy::HYBRID_SHARD:
@@ -292,7 +345,9 @@ std::string Plan::str() const {
                                : std::string())
      << ", " << units.size()
      << " unit(s), " << (o.param_bytes == 2 ? "bf16" : "fp32") << " compute, optimizer " << to_string(o.optimizer)
-     << (o.micro_steps > 1 ? ", " + std::to_string(o.micro_steps) + " micro-steps" : "") << "\n";
+     << (o.micro_steps > 1 ? ", " + std::to_string(o.micro_steps) + " micro-steps" + (o.no_sync ? " (no_sync)" : "")
+                           : "")
+     << "\n";
   os << "\nmodel\n";
   os << line("parameters", millions(numel), "padded to multiples of N: " + millions(padded_numel));
   os << line("P (fp32, whole model)", b(P_full), "the FSDP guide's P = num_params x 4 B");
@@ -304,19 +359,34 @@ std::string Plan::str() const {
              o.optimizer_state_bytes >= 0 ? std::string("as measured") : std::to_string(k) + " x P" + (ns ? "" : "/N"));
   os << line("rest = P + G + O", b(rest), ns ? "" : "(P+G+O)/N, the FSDP guide's ledger");
   os << line("P_block (largest unit)", b(P_block), "unit " + (P_block_unit.empty() ? std::string("<root>") : P_block_unit));
+  const std::string grads = accumulated > 0 ? "accumulated grads" : "grads in flight";
   std::string wnote = peak_at == "recompute"
                           ? "at the worst recompute: the units gathered + " + b(recompute_grad) + " of gradients"
+                      : shared_per_host > 0
+                          ? (peak_at == "backward start"
+                                 ? "at backward start: " + std::string(accumulated > 0 ? "the accumulated grads; " : "") +
+                                       "the units gathered lie in host-shared memory"
+                                 : "at the first reduce-scatter: " + grads + " + staging " + b(staging) +
+                                       " - activations freed (the units gathered lie in host-shared memory)")
                       : o.strategy == ShardingStrategy::FULL_SHARD
                           ? (peak_at == "backward start" && units.size() == 1
-                                 ? std::string("at backward start: the one unit unsharded")
+                                 ? "at backward start: the one unit unsharded" +
+                                       std::string(accumulated > 0 ? " + its accumulated grads" : "")
                                  : peak_at == "backward start"
-                                 ? "at backward start: root unit + P_block x " + std::to_string(1 + o.prefetch)
-                                 : "at the first reduce-scatter: gathered units + grads in flight + ring staging " +
+                                 ? "at backward start: root unit + P_block x " + std::to_string(1 + o.prefetch) +
+                                       (accumulated > 0 ? " + accumulated grads" : "")
+                                 : "at the first reduce-scatter: gathered units + " + grads + " + ring staging " +
                                        b(staging) + " - activations freed")
                       : o.strategy == ShardingStrategy::SHARD_GRAD_OP
-                          ? "all units unsharded fwd->bwd + grad of one unit"
-                          : (working ? "compute-dtype copy" : "none (computes on the replica)");
+                          ? "all units unsharded fwd->bwd + " +
+                                std::string(accumulated > 0 ? "accumulated grads" : "grad of one unit")
+                          : (working ? (accumulated > 0 ? "compute-dtype copy (if any) + accumulated grads"
+                                                        : "compute-dtype copy")
+                                     : "none (computes on the replica)");
   os << line("working set at the peak", b(working), wnote);
+  if (accumulated > 0)
+    os << line("  of which accumulated", b(accumulated),
+               "no_sync: every unit's unsharded gradient, held until the last micro-step reduces it");
   os << line("A  activations", b(A),
              A_recompute > 0 ? "at the " + peak_at + " (activation checkpointing: " + b(A_start) +
                                    " kept by forward, " + b(A_recompute) + " during the worst recompute)"
@@ -437,6 +507,8 @@ std::string Plan::to_json() const {
           {"A_start", A_start},
           {"A_recompute", A_recompute},
           {"recompute_grad", recompute_grad},
+          {"no_sync", options.no_sync},
+          {"accumulated", accumulated},
           {"C", C},
           {"peak", peak},
           {"shared_per_host", shared_per_host},

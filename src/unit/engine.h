@@ -110,6 +110,9 @@ class Engine {
   bool forward_order_final = false;
   std::vector<PendingReduce> pending;  // issue order
   bool no_sync = false;
+  // A unit finished a backward under no_sync: gradients accumulate unsharded
+  // across micro-steps in this job (what the ledger plans with).
+  bool accumulated_no_sync = false;
   bool callback_queued = false;
   int depth = 0;  // nesting of unit calls on this thread
   int64_t root_forward_start_bytes = 0;

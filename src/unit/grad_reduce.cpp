@@ -35,7 +35,10 @@ void Engine::post_backward(Unit& u) {
   torch::Tensor in = u.post_backward(no_sync);
   if (u.n_grad_params == 0) return;
   if (opts.backward_prefetch == BackwardPrefetch::BACKWARD_POST) prefetch_after(u, /*backward=*/true);
-  if (no_sync) return;
+  if (no_sync) {
+    accumulated_no_sync = true;
+    return;
+  }
   pending.push_back(u.reduce(std::move(in)));
   if (!opts.async_reduce) {
     wait_pending();

@@ -18,6 +18,7 @@
 // is freed (FULL_SHARD, SHARD_GRAD_OP): the module's parameters keep their
 // shapes but hold no bytes until Unit::unshard (unit.cpp).
 #include "compat/torch_compat.h"
+#include "common/collective_path.h"
 #include "common/shard_math.h"
 #include "fsdp/deferred.h"
 #include "unit/engine.h"
@@ -72,8 +73,8 @@ Unit::Unit(int index, std::string name, torch::nn::Module* module, Unit* parent,
                             opts.strategy == ShardingStrategy::HYBRID_SHARD),
       keeps_unsharded(is_no_shard(opts)),
       full_is_shard(is_no_shard(opts) && param_dtype_of(opts) == torch::kFloat32),
-      host_shared(!is_no_shard(opts) && opts.device.is_cpu() && total_numel(slots) > 0 && comm->world_size() > 1 &&
-                  comm->shares_host_memory()),
+      host_shared(path::host_shared_unit({opts.strategy, opts.device.is_cpu(), total_numel(slots), comm->world_size(),
+                                          comm->shares_host_memory()})),
       n_grad_params(count_grad_params(slots)),
       params_(std::move(slots)) {
   // Back to back in the flat buffer; this rank's [lo, hi) of each.

@@ -44,6 +44,13 @@ plan::PlanOptions plan_options(const detail::Engine& e, const Ledger& l) {
   po.share_host = false;
   for (auto& u : e.units) po.share_host = po.share_host || u->host_shared;
   po.async_checkpoint = l.C > 0;
+  // Micro-steps under no_sync: every unit's unsharded gradient is held
+  // through the last one's backward. (How many micro-steps a step has only
+  // changes the traffic, which the ledger does not plan.)
+  if (e.accumulated_no_sync) {
+    po.no_sync = true;
+    po.micro_steps = 2;
+  }
   // Its hosts, when they are of equal size (the tiers; the planner's shape).
   if (!is_hybrid(o.strategy) && l.host_ranks > 0 && e.world() % l.host_ranks == 0)
     po.hosts = e.world() / l.host_ranks;
@@ -94,16 +101,37 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
   // The planner's formulas with this run's units and the terms measured
   // above: one formula for the peak, whether asked before a run (fsdp plan)
   // or during it (here). A recompute's activations come on top of what
-  // forward kept.
+  // forward kept. A measurement that cannot be is said, and planned as 0:
+  // the run it measures is not failed for it.
+  if (l.A < 0)
+    l.notes.push_back("A measured " + memory::format_bytes(l.A) + " (" + std::to_string(l.A) +
+                      " bytes): the root forward ended holding less than it began with, so something beside "
+                      "training freed memory meanwhile (on a GPU: a background save's device copies); the "
+                      "plan below counts A as 0");
+  if (l.A_recompute < 0)
+    l.notes.push_back("A_recompute measured " + memory::format_bytes(l.A_recompute) + "; the plan counts it as 0");
+  const int64_t A = std::max<int64_t>(0, l.A);
   plan::Recompute recompute;
-  if (l.A_recompute > 0) recompute.activation_bytes = l.A + l.A_recompute;
-  const plan::Plan p = plan::make_plan(plan::units_from(units()), l.A, plan_options(*engine_, l), 0, recompute);
-  l.predicted_rest = p.rest;
-  l.predicted_peak = p.peak;
+  if (l.A_recompute > 0) recompute.activation_bytes = A + l.A_recompute;
+  try {
+    const plan::Plan p = plan::make_plan(plan::units_from(units()), A, plan_options(*engine_, l), 0, recompute);
+    l.predicted_rest = p.rest;
+    l.predicted_peak = p.peak;
+  } catch (const std::exception& e) {
+    l.notes.push_back(std::string("no prediction: the planner refused this run's terms: ") + e.what());
+  }
   trace::set_metadata("ledger", {{"P_full", l.P_full}, {"P", l.P}, {"G", l.G}, {"O", l.O}, {"P_block", l.P_block},
                                  {"P_block_unit", l.P_block_unit}, {"A", l.A}, {"A_recompute", l.A_recompute}, {"C", l.C},
                                  {"predicted_rest", l.predicted_rest}, {"shared_per_host", l.shared_per_host},
-                                 {"predicted_peak", l.predicted_peak}});
+                                 {"predicted_peak", l.predicted_peak}, {"notes", l.notes}});
+  // What the optimizer keeps per parameter, by the optimizer table: the
+  // report's shard map draws O with it.
+  if (opt) {
+    const detail::OptimizerKind* k = detail::kind_of(*opt);
+    const double per_param = detail::state_tensors_per_param(*opt);
+    trace::set_metadata("optimizer", k ? k->type : "other");
+    if (per_param >= 0) trace::set_metadata("optimizer_state_per_param", per_param);
+  }
   if (l.process.at_start > 0) {
     const memory::ProcessMemory& m = l.process;
     trace::set_metadata("process_memory", {{"vmhwm", m.vmhwm}, {"at_start", m.at_start}, {"code_since", m.code_since},
@@ -157,6 +185,7 @@ std::string Ledger::str() const {
   row("sent", sent_intra_host + sent_inter_host,
       "bytes sent so far by tier: intra-host " + format_bytes(sent_intra_host) + ", inter-host " +
           format_bytes(sent_inter_host));
+  for (const std::string& n : notes) os << "  note: " << n << "\n";
   return os.str();
 }
 

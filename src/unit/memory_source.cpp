@@ -11,7 +11,7 @@ class CountingAllocator final : public MemorySource {
  public:
   MemoryReading read() const override {
     const memory::Stats s = memory::stats();
-    return {s.current, s.peak, s.cached};
+    return {s.current, s.peak, s.cached, s.foreground_current};
   }
   void reset_peak() override { memory::reset_peak(); }
   std::string name() const override { return "counting allocator"; }

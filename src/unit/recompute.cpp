@@ -261,11 +261,11 @@ struct RecomputeNode : torch::autograd::Function<RecomputeNode> {
     }
     std::vector<torch::Tensor> out;
     {
-      const int64_t before = site.engine->memory_source->read().current;
+      const int64_t before = site.engine->memory_source->read().training();
       torch::AutoGradMode grad_on(true);
       out = st->fn(det);
       site.engine->recompute_bytes =
-          std::max(site.engine->recompute_bytes, site.engine->memory_source->read().current - before);
+          std::max(site.engine->recompute_bytes, site.engine->memory_source->read().training() - before);
     }
     FSDP_CHECK(out.size() == grad_outputs.size(), "recompute of '", site.name, "' returned ", out.size(),
                " outputs, the forward ", grad_outputs.size());

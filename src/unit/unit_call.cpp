@@ -59,7 +59,7 @@ void Engine::pre_forward(Unit& u) {
     // end; a forward that never got a backward leaves units FORWARD_DONE.
     wait_pending();
     for (auto& x : units) x->forget_forward();
-    root_forward_start_bytes = memory_source->read().current;
+    root_forward_start_bytes = memory_source->read().training();
   }
   if (!forward_order_final && std::find(forward_order.begin(), forward_order.end(), &u) == forward_order.end())
     forward_order.push_back(&u);
@@ -90,7 +90,7 @@ void Engine::post_forward(Unit& u, const std::vector<torch::Tensor>& outputs) {
     // A is what a training forward leaves for backward; evaluation and
     // sampling forwards (no grad) keep nothing and do not count.
     if (will_backward) {
-      activation_bytes = memory_source->read().current - root_forward_start_bytes;
+      activation_bytes = memory_source->read().training() - root_forward_start_bytes;
       check_recompute_routed();
     }
     forward_order_final = true;

@@ -1,5 +1,5 @@
 // GPT-mini data: token files, the byte-level tokenizer, the batch order.
-// (tools/gpt: `fsdp prepare` writes the files, examples/gpt and
+// (cli/gpt: `fsdp prepare` writes the files, examples/gpt and
 // examples/llama train on them.)
 //
 // defines: gpt::data::Tokens, read_tokens, write_tokens, read_texts, encode,

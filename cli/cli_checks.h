@@ -1,5 +1,8 @@
-// fsdp-cpp: CLI11 value checks with one clear message for a bad value.
-// defines: fsdp::cli::integer, fsdp::cli::real
+// fsdp-cpp: what every command-line program (the fsdp command, the
+// examples) does with CLI11: value checks with one clear message for a bad
+// value, and the one parse that turns --help and usage errors into exit codes.
+// defines: fsdp::cli::integer, fsdp::cli::real, fsdp::cli::usage_error,
+//          fsdp::cli::parse
 //
 // CLI11's own PositiveNumber / Range(double) print the range as a 300-digit
 // number and let "nan" through. These name what is allowed and what was
@@ -15,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 namespace fsdp::cli {
@@ -65,6 +69,38 @@ inline CLI::Validator real(double lo, double hi) {
         return std::string();
       },
       "NUMBER in " + range);
+}
+
+// A usage error of program `name` (a bad flag or value), said on stderr the
+// way every fsdp-cpp program says it:
+//   <name>: usage error: <what>
+//   run '<name> --help' for the flags
+// Returns 2, the exit code of a usage error.
+inline int usage_error(const std::string& name, const std::string& what) {
+  std::fprintf(stderr, "%s: usage error: %s\nrun '%s --help' for the flags\n", name.c_str(), what.c_str(),
+               name.c_str());
+  return 2;
+}
+
+// Parses argv into `app` (named: CLI::App{"...", "fsdp plan"}). Returns the
+// exit code to return now, or nullopt to go on: after --help (printed) 0,
+// after a usage error (said as usage_error says it; a command with
+// subcommands points at theirs too) 2.
+inline std::optional<int> parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+    return std::nullopt;
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help-all, --version
+    const std::string name = app.get_name();
+    if (app.get_subcommands([](CLI::App*) { return true; }).empty()) return usage_error(name, e.what());
+    std::fprintf(stderr, "%s: usage error: %s\nrun '%s --help' (or '%s SUBCOMMAND --help') for the flags\n",
+                 name.c_str(), e.what(), name.c_str(), name.c_str());
+    return 2;
+  }
 }
 
 }  // namespace fsdp::cli

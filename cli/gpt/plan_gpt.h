@@ -1,7 +1,7 @@
 // GPT-mini for the planner: its units and activations from its flags, so
 // `fsdp plan --model gpt` and the trainer's --plan need no model built.
-// (tools/gpt: what the `fsdp` command knows of GPT-mini, without the model
-// code of examples/gpt, which links it too.)
+// (cli/gpt: what the command-line programs know of GPT-mini without the
+// model: the `fsdp` command and examples/gpt, which links it too.)
 //
 // defines: gpt::GptShape, gpt::gpt_units, gpt::ActivationEstimate, gpt::recompute_every,
 //          gpt::gpt_activations, gpt::gpt_recompute, gpt::gpt_candidates, gpt::gpt_released,
