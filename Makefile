@@ -7,6 +7,7 @@
 #   make install PREFIX=DIR   headers, libraries, the fsdp command and the CMake package
 #   make fuzz   libFuzzer over the checkpoint parsers (clang, build-fuzz/, FUZZ_SECONDS each)
 #   make test-asan  the test suite with address+undefined sanitizers (build-asan/)
+#   make sim SEEDS=N [FROM=S]  the replica groups' simulator over N seeds (default 100000), on every core
 #   make test-gpu   on a machine with an NVIDIA GPU: build with FSDP_CUDA, the GPU tests, parity and
 #                   the speed table against PyTorch FSDP2 into one results file (docs/GPU.md)
 #   make gpu-bundle the build packages as one folder, for a GPU machine without them or a network
@@ -44,7 +45,7 @@ TORCH_PIP := torch==$(TORCH_VERSION) numpy safetensors
 TEST_PIP := transformers==5.25.0
 TEST_PIP_MARK := $(TORCH_ENV)/.test-$(subst =,-,$(TEST_PIP))
 
-.PHONY: deps debs deps-build torch test-pydeps configure build test demo scale tiny bench clean fuzz test-asan test-asan-ci \
+.PHONY: deps debs deps-build torch test-pydeps configure build test demo scale tiny bench clean fuzz test-asan test-asan-ci sim \
         docs install test-gpu gpu-bundle torch-gpu rehearse-gpu
 
 # The one place that installs Debian packages: those of $(DEBS) that are
@@ -140,6 +141,13 @@ scale: deps build
 
 bench: deps build
 	bash bench/run.sh $(BUILD)
+
+# The replica groups' simulator (tests/sim) over SEEDS schedules from FROM,
+# split over the cores; the suite runs 2000 of them.
+SEEDS ?= 100000
+FROM ?= 1
+sim: deps-build build
+	bash tests/sim/run.sh $(BUILD) $(SEEDS) $(FROM) $(JOBS)
 
 # Warnings fail it, an undocumented public name among them (docs/Doxyfile,
 # docs/check_docs.sh, which the test Docs.EveryPublicNameHasABrief runs too);

@@ -14,9 +14,12 @@
 
 #include <chrono>
 #include <map>
+#include <random>
 #include <set>
 #include <sstream>
 #include <thread>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "core_model.h"
 #include "fsdp/trace.h"
@@ -59,14 +62,25 @@ struct Background {
 struct Job {
   std::string dir;
   int port = free_port();
+  double heartbeat_s;
+  int min_groups;
+  int lives = 0;
   std::unique_ptr<Background> coordinator;
 
-  explicit Job(const std::string& tag, double heartbeat_s = 2.0, int min_groups = 3) : dir(temp_dir(tag)) {
+  explicit Job(const std::string& tag, double heartbeat = 2.0, int min = 3)
+      : dir(temp_dir(tag)), heartbeat_s(heartbeat), min_groups(min) {
+    start_coordinator();
+  }
+  // A coordinator on the job's port (again: the previous one stopped), its
+  // output in coordinator.log (then coordinator-2.log, ...).
+  void start_coordinator(const std::vector<std::string>& env = {}) {
+    ++lives;
+    std::vector<std::string> argv{bin_path("fsdp"), "coordinator", "--port", std::to_string(port),
+                                  "--heartbeat-timeout", std::to_string(heartbeat_s), "--min-groups",
+                                  std::to_string(min_groups)};
+    if (!env.empty()) argv.insert(argv.begin(), env.begin(), env.end()), argv.insert(argv.begin(), "/usr/bin/env");
     coordinator = std::make_unique<Background>(
-        std::vector<std::string>{bin_path("fsdp"), "coordinator", "--port", std::to_string(port),
-                                 "--heartbeat-timeout", std::to_string(heartbeat_s), "--min-groups",
-                                 std::to_string(min_groups)},
-        dir + "/coordinator.log");
+        argv, dir + (lives == 1 ? "/coordinator.log" : "/coordinator-" + std::to_string(lives) + ".log"));
   }
   std::vector<std::string> env(int group, const std::vector<std::string>& extra = {}) const {
     std::vector<std::string> e{"FSDP_COORDINATOR=127.0.0.1:" + std::to_string(port),
@@ -502,6 +516,299 @@ TEST(ReplicaGroups, ACoordinatorGoneForGoodStopsEveryGroupWithOneMessage) {
     EXPECT_NE(r.output.find("stopped answering for 2 s"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("within FSDP_COORDINATOR_TIMEOUT"), std::string::npos) << r.output;
   }
+}
+
+// The hole of a lone group: restarted by its launcher faster than the
+// heartbeat timeout, the coordinator used to wait for votes the new launch
+// would never cast, and the group hung. Now the launch change drops the
+// step at once, and the new launch, which holds nothing of the job's state,
+// is refused with one message instead of waiting forever.
+TEST(ReplicaGroups, ALoneGroupRestartedFasterThanTheHeartbeatTimeoutIsToldAtOnce) {
+  Job job("replicas_lone", 5.0, 1);
+  const auto res = run_groups(job, 10, {0}, {{"FSDP_TEST_FAULT=0:1:4:kill_reduce"}}, {}, {}, /*restarts=*/1);
+  const std::string coord = job.coordinator->stop();
+  ASSERT_TRUE(restarted(res[0])) << res[0].output;
+  EXPECT_NE(coord.find("dropped: group 0 restarted during the step"), std::string::npos) << coord;
+  EXPECT_NE(res[0].exit_code, 0) << res[0].output;
+  EXPECT_NE(res[0].output.find("this job committed 4 steps, and no live group holds them"), std::string::npos)
+      << res[0].output << coord;
+  // It ended by itself, well before run_groups' 180 s bound would have ended it.
+  EXPECT_LT(res[0].seconds, 90) << res[0].output << coord;
+}
+
+// A heal interrupted half way: group 1 comes back and heals (at step 5 or
+// later), shard 0 from group 0 and shard 1 from group 2; group 0's rank 0
+// dies after the header crossed and before the tensors did. Group 1's rank 1
+// got its whole shard, rank 0 did not: neither installs (the group agrees
+// first), both vote the failure, nobody waits in forward, and the next
+// quorum heals group 1 again from group 2. Groups 1 and 2 never restart
+// again, and every group ends equal to the reference.
+TEST(ReplicaGroups, AHealInterruptedHalfWayLeavesNoRankWaitingAndNothingTorn) {
+  Job job("replicas_heal_kill");
+  const int64_t steps = 12;
+  const std::string back = job.dir + "/back", back0 = job.dir + "/back0";
+  std::vector<ProcResult> res;
+  std::thread t([&] {
+    // Groups 0 and 2 hold before step 5 until group 1 is back; groups 1 and
+    // 2 before step 10 until group 0 is back from its own kill (so that it
+    // has steps left to rejoin).
+    res = run_groups(job, steps, {0, 1, 2},
+                     {{"FSDP_TEST_HOLD=5:" + back, "FSDP_TEST_FAULT=0:0:5:kill_lend"},
+                      {"FSDP_TEST_FAULT=1:1:3:kill", "FSDP_TEST_HOLD=10:" + back0},
+                      {"FSDP_TEST_HOLD=5:" + back, "FSDP_TEST_HOLD2=10:" + back0}});
+  });
+  wait_for_log(job, "group 1 restarted");
+  touch(back);
+  wait_for_log(job, "group 0 restarted");
+  touch(back0);
+  t.join();
+  const std::string coord = job.coordinator->stop();
+  for (int g = 0; g < 3; ++g) ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << coord;
+  EXPECT_NE(coord.find("healing 1 from 0,2"), std::string::npos) << coord;
+  // Group 0 lost its rank 0 in the heal and restarted; group 1 restarted
+  // once (its own kill), never again; group 2 never.
+  EXPECT_TRUE(restarted(res[0])) << res[0].output;
+  const auto count = [](const std::string& out, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = out.find(what); at != std::string::npos; at = out.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count(res[1].output, "restarting all"), 1u) << res[1].output;
+  EXPECT_FALSE(restarted(res[2])) << res[2].output;
+  // The interrupted heal was voted down (the drop names the first failed
+  // vote, group 1's rank 0; its rank 1, whose copy had arrived, voted the
+  // failure with it: group 1's second launch never restarted).
+  EXPECT_NE(coord.find("group 1 rank 0 failed: healing from a peer failed"), std::string::npos) << coord;
+  expect_groups_match_reference(res, steps);
+}
+
+// The coordinator killed under a running job and started again on the
+// same address: the ranks wait for it, tell it where they stand, and go
+// on. No group restarts, no step is applied twice or lost (every group's
+// committed steps run 0, 1, ... once each), and every group ends equal to
+// the reference.
+TEST(ReplicaGroups, TheCoordinatorRestartedUnderTheJobCostsNoGroupARestart) {
+  Job job("replicas_coord_restart", 2.0, 3);
+  const int64_t steps = 40;
+  const std::string go = job.dir + "/restarted";
+  std::vector<ProcResult> res;
+  std::thread t([&] {
+    // Each group holds before step 30 until the new coordinator is up (the
+    // old one dies wherever the groups are then: mid-step, mid-vote).
+    res = run_groups(job, steps, {0, 1, 2},
+                     {{"FSDP_TEST_HOLD=30:" + go}, {"FSDP_TEST_HOLD=30:" + go}, {"FSDP_TEST_HOLD=30:" + go}});
+  });
+  wait_for_log(job, "quorum 0:");
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  const std::string first = job.coordinator->stop(SIGKILL);
+  job.start_coordinator();
+  touch(go);
+  t.join();
+  const std::string second = job.coordinator->stop();
+  for (int g = 0; g < 3; ++g)
+    ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << first << second;
+  for (int g = 0; g < 3; ++g) {
+    EXPECT_FALSE(restarted(res[g])) << res[g].output;
+    std::vector<int64_t> want(steps);
+    for (int64_t i = 0; i < steps; ++i) want[i] = i;
+    EXPECT_EQ(committed_steps(res[g].output, g), want) << res[g].output;
+    EXPECT_NE(res[g].output.find("coordinator_restarts=1"), std::string::npos) << res[g].output;
+  }
+  EXPECT_NE(second.find("recovered the job's state from its ranks"), std::string::npos) << second;
+  expect_groups_match_reference(res, steps);
+}
+
+// What the coordinator cannot parse, it logs once and ignores: registrations
+// that are not JSON or name a group of another size, a mailbox of another
+// protocol version, a heartbeat of the wrong type. The job goes on.
+TEST(ReplicaGroups, JunkInTheCoordinatorsStoreIsLoggedAndTheJobGoesOn) {
+  Job job("replicas_junk", 2.0, 2);
+  const int64_t steps = 6;
+  const std::string go = job.dir + "/junk";
+  std::vector<ProcResult> res;
+  std::thread t([&] {
+    res = run_groups(job, steps, {0, 1}, {{"FSDP_TEST_HOLD=3:" + go}, {"FSDP_TEST_HOLD=3:" + go}});
+  });
+  wait_for_log(job, "quorum 0:");
+  {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(job.port);
+    o.isServer = false;
+    o.waitWorkers = false;
+    o.timeout = std::chrono::seconds(10);
+    auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+    auto bytes = [](const std::string& t) { return std::vector<uint8_t>(t.begin(), t.end()); };
+    const int64_t n = store->add("fsdp-ft/nreg", 3);
+    store->set("fsdp-ft/reg/" + std::to_string(n - 3), bytes("{not json"));
+    store->set("fsdp-ft/reg/" + std::to_string(n - 2),
+               bytes(R"({"group":7,"rank":0,"inc":1,"size":1,"host":"x","pid":1,"model":"m","sharding":"s"})"));
+    // reg n-1 stays a hole: counted, never written.
+    store->set("fsdp-ft/mb/7/1/0", bytes(R"({"v":99,"seq":1,"kind":"vote"})"));
+    store->set("fsdp-ft/hb/7/1/0", bytes(R"({"inc":1,"n":"seven"})"));
+    store->set("fsdp-ft/bell", bytes(""));
+  }
+  wait_for_log(job, "ignored fsdp-ft/mb/7/1/0");
+  touch(go);
+  t.join();
+  const std::string coord = job.coordinator->stop();
+  for (int g = 0; g < 2; ++g) ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << coord;
+  EXPECT_NE(coord.find("registration: not JSON"), std::string::npos) << coord;
+  EXPECT_NE(coord.find("message: of protocol 99, expected 2"), std::string::npos) << coord;
+  EXPECT_NE(coord.find("heartbeat: field 'n': expected an integer"), std::string::npos) << coord;
+  for (int g = 0; g < 2; ++g) EXPECT_EQ(committed_steps(res[g].output, g).size(), static_cast<size_t>(steps));
+}
+
+// With FSDP_JOB_TOKEN the coordinator's keys live under the token; a group
+// started with another token is told whose coordinator it reached.
+TEST(ReplicaGroups, AGroupWithAnotherJobTokenIsToldTheCoordinatorIsAnotherJobs) {
+  Job job("replicas_token", 2.0, 1);
+  job.coordinator->stop();
+  const std::string token = "FSDP_JOB_TOKEN=replica-test-token-0001";
+  job.start_coordinator({token});
+  const auto ok = run_groups(job, 3, {0}, {{token}});
+  const auto other = run_groups(job, 3, {1}, {{"FSDP_JOB_TOKEN=replica-test-token-0002"}}, {}, {}, /*restarts=*/0);
+  const std::string coord = job.coordinator->stop();
+  EXPECT_EQ(ok[0].exit_code, 0) << ok[0].output << coord;
+  EXPECT_NE(coord.find("keys under the job token"), std::string::npos) << coord;
+  EXPECT_NE(other[0].exit_code, 0) << other[0].output;
+  EXPECT_NE(other[0].output.find("belongs to another job: its FSDP_JOB_TOKEN fingerprint is"), std::string::npos)
+      << other[0].output;
+}
+
+// Chaos: three groups of two ranks over 300 steps, and a fault every ~20
+// steps drawn from a seed (FSDP_TEST_CHAOS_SEED, default 1): a rank killed,
+// a whole group killed, a rank stopped past the heartbeat timeout and
+// continued, a source killed as a heal starts, the coordinator killed and
+// started again at once. Every group finishes; a group no fault touched
+// never restarts; every group ends with the same weights, equal to a
+// reference that replays the committed schedule.
+TEST(ReplicaGroups, ChaosOfThreeGroupsOverThreeHundredSteps) {
+  Job job("replicas_chaos", 1.0, 3);
+  const int64_t steps = 300;
+  const char* seed_env = std::getenv("FSDP_TEST_CHAOS_SEED");
+  std::mt19937 rng(seed_env ? static_cast<unsigned>(std::atoi(seed_env)) : 1u);
+  auto pick = [&](int n) { return static_cast<int>(std::uniform_int_distribution<int>(0, n - 1)(rng)); };
+  std::vector<std::unique_ptr<Background>> groups;
+  auto outputs = [&] {
+    std::vector<std::string> v;
+    for (auto& g : groups) v.push_back(slurp(g->out));
+    return v;
+  };
+  for (int g = 0; g < 3; ++g) {
+    std::vector<std::string> argv{"/usr/bin/env"};
+    for (const auto& e : job.env(g)) argv.push_back(e);
+    for (const auto& a : Job::group_argv(steps, {}, /*restarts=*/40)) argv.push_back(a);
+    groups.push_back(std::make_unique<Background>(argv, job.dir + "/group" + std::to_string(g) + ".log"));
+  }
+  // The pid of group g's rank r in its latest launch (its LAUNCH line).
+  auto pid_of = [&](int g, int r) -> pid_t {
+    pid_t pid = -1;
+    for (const auto& line : lines_with(slurp(groups[g]->out), "LAUNCH group=" + std::to_string(g) + " rank=" +
+                                                                   std::to_string(r) + " pid="))
+      pid = static_cast<pid_t>(std::stol(line.substr(line.find("pid=") + 4)));
+    return pid;
+  };
+  auto progress = [&] {
+    int64_t most = -1;
+    const auto outs = outputs();
+    for (int g = 0; g < 3; ++g)
+      for (const auto& st : steps_in(outs[g]))
+        if (st.commit) most = std::max(most, st.step);
+    return most;
+  };
+  std::vector<int> exit_status(3, -1);  // once reaped
+  auto all_done = [&] {
+    bool done = true;
+    for (int g = 0; g < 3; ++g) {
+      if (exit_status[g] >= 0) continue;
+      int status = 0;
+      if (waitpid(groups[g]->pid, &status, WNOHANG) == groups[g]->pid) {
+        exit_status[g] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        groups[g]->pid = -1;
+      } else {
+        done = false;
+      }
+    }
+    return done;
+  };
+  std::set<int> hit;
+  std::vector<std::string> faults;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(6);
+  for (int64_t next = 20; next < steps - 20; next += 15 + pick(11)) {
+    while (progress() < next && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const int what = pick(5), g = pick(3), r = pick(kRanks);
+    const pid_t pid = pid_of(g, r);
+    if (what == 0 && pid > 0) {
+      kill(pid, SIGKILL);
+      hit.insert(g);
+      faults.push_back("step " + std::to_string(next) + ": killed group " + std::to_string(g) + " rank " +
+                       std::to_string(r));
+    } else if (what == 1) {
+      for (int k = 0; k < kRanks; ++k)
+        if (pid_of(g, k) > 0) kill(pid_of(g, k), SIGKILL);
+      hit.insert(g);
+      faults.push_back("step " + std::to_string(next) + ": killed group " + std::to_string(g) + " (its host lost)");
+    } else if (what == 2 && pid > 0) {
+      kill(pid, SIGSTOP);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      kill(pid, SIGCONT);
+      hit.insert(g);
+      faults.push_back("step " + std::to_string(next) + ": stopped group " + std::to_string(g) + " rank " +
+                       std::to_string(r) + " for 1.5 s");
+    } else if (what == 3 && pid > 0) {
+      // Kill a group; once the coordinator logs its heal, kill rank r of a source.
+      // "quorum N: step S, groups 0,1,2; healing 1,2 from 0": the heals of group g.
+      auto heals_of = [g](const std::string& log) {
+        std::vector<std::string> v;
+        for (const auto& line : lines_with(log, "; healing ")) {
+          const auto at = line.find("; healing ") + 10, from = line.find(" from ", at);
+          if (from == std::string::npos) continue;
+          const auto healing = parse_members(line.substr(at, from - at));
+          if (std::find(healing.begin(), healing.end(), g) != healing.end()) v.push_back(line.substr(from + 6));
+        }
+        return v;
+      };
+      const size_t before = heals_of(slurp(job.coordinator->out)).size();
+      kill(pid, SIGKILL);
+      hit.insert(g);
+      std::vector<std::string> now;
+      while ((now = heals_of(slurp(job.coordinator->out))).size() <= before && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      if (now.size() <= before) continue;
+      const int source = now.back()[0] - '0';
+      const pid_t src = pid_of(source, r);
+      if (src > 0) kill(src, SIGKILL);
+      hit.insert(source);
+      faults.push_back("step " + std::to_string(next) + ": killed group " + std::to_string(g) + ", then group " +
+                       std::to_string(source) + " rank " + std::to_string(r) + " as it started to heal it");
+    } else if (what == 4) {
+      job.coordinator->stop(SIGKILL);
+      job.start_coordinator();
+      faults.push_back("step " + std::to_string(next) + ": the coordinator killed and started again");
+    }
+  }
+  while (!all_done() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::vector<ProcResult> res(3);
+  for (int g = 0; g < 3; ++g) {
+    res[g].exit_code = exit_status[g];  // -1: still running at the deadline (the Background stops it)
+    res[g].output = slurp(groups[g]->out);
+  }
+  std::string coord;
+  for (int life = 1; life <= job.lives; ++life)
+    coord += slurp(job.dir + (life == 1 ? "/coordinator.log" : "/coordinator-" + std::to_string(life) + ".log"));
+  job.coordinator->stop();
+  std::string story;
+  for (const auto& f : faults) story += f + "\n";
+  for (int g = 0; g < 3; ++g) ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << story << coord;
+  for (int g = 0; g < 3; ++g)
+    if (!hit.count(g)) EXPECT_FALSE(restarted(res[g])) << "group " << g << " was not hit:\n" << story << res[g].output;
+  expect_groups_match_reference(res, steps);
+  int64_t pairs = 0;
+  for (const auto& members : schedule_of({res[0].output, res[1].output, res[2].output}, steps)) pairs += members.size();
+  std::printf("chaos: %zu faults; (group, step) pairs committed: %lld of %lld\n%s", faults.size(),
+              static_cast<long long>(pairs), static_cast<long long>(3 * steps), story.c_str());
 }
 
 // DDP-like replication: groups of one rank under NO_SHARD. A killed group

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
@@ -152,7 +153,11 @@ void CoordinatorCore::pass(Time now) {
   if (!v.log.empty()) logs.push_back(v.log);
   const Formation f = form(s_, now);
   const std::string stuck_before = s_.stuck;
+  const QuorumState before = s_.q;
   apply(s_, f);
+  if (f.next && before.comm >= 0 && (before.era != f.next->era || before.comm != f.next->comm) && s_.job)
+    retired_.push_back({before.era, before.comm, static_cast<int>(before.members.size()), s_.job->size, now, {}});
+  retire_links(now);
   for (const auto& r : f.replies) {
     GroupState& G = s_.groups[r.group];
     const std::string key = keys_.answer(r.group, G.inc, r.round);
@@ -167,6 +172,33 @@ void CoordinatorCore::pass(Time now) {
   for (const auto& [key, d] : c.publish) kv_.set(key, to_json(d));
   for (const auto& key : c.erase) kv_.erase(key);
   for (const auto& line : logs) log(line);
+}
+
+void CoordinatorCore::retire_links(Time now) {
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    Retired& r = *it;
+    std::vector<std::string> keys;
+    std::vector<std::pair<int, int>> which;
+    for (int shard = 0; shard < r.shards; ++shard)
+      for (int m = 0; m < r.members; ++m)
+        if (!r.done.count({shard, m})) {
+          keys.push_back(Keys::link_written(keys_.link(r.era, r.comm, shard), m));
+          which.emplace_back(shard, m);
+        }
+    const auto values = kv_.get(keys);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!values[i]) continue;
+      const auto list = nlohmann::json::parse(*values[i], nullptr, false);
+      const std::string prefix = keys_.link(r.era, r.comm, which[i].first);
+      if (list.is_array())
+        for (const auto& k : list)
+          if (k.is_string() && k.get<std::string>().compare(0, prefix.size(), prefix) == 0) kv_.erase(k.get<std::string>());
+      kv_.erase(keys[i]);
+      r.done.insert(which[i]);
+    }
+    const bool all = static_cast<int>(r.done.size()) == r.shards * r.members;
+    it = all || now - r.since > 10 * s_.o.heartbeat_timeout ? retired_.erase(it) : std::next(it);
+  }
 }
 
 // ---------------------------------------------------------------- process

@@ -77,6 +77,17 @@ class CoordinatorCore {
   std::set<std::string> complained_;         // malformed values logged once
   int64_t newest_launch_ = 0;                // the largest launch registered
   int64_t launch_counter_ = 0;               // the counter's value as last read
+  // Links no quorum uses any more, whose keys are deleted as their members'
+  // lists of written keys appear (given up after a while: a member that
+  // died while connecting wrote none).
+  struct Retired {
+    int64_t era = 0, comm = 0;
+    int members = 0, shards = 0;
+    Time since{};
+    std::set<std::pair<int, int>> done;  // (shard, member) lists read
+  };
+  std::vector<Retired> retired_;
+  void retire_links(Time now);
 };
 
 struct CoordinatorOptions {

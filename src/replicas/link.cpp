@@ -1,8 +1,12 @@
 // fsdp-cpp: the links across replica groups (see link.h).
 #include "replicas/link.h"
 
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
 #include <algorithm>
 #include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
 
 #include "comm/checks.h"
 #include "comm/cma.h"
@@ -23,15 +27,76 @@ std::string group_list(const std::vector<int>& v) {
   return s.empty() ? "none" : s;
 }
 
-}  // namespace
+// The coordinator's store as the links' connection sees it: every key it
+// writes is recorded, so that the coordinator can delete them once the
+// links are retired (a quorum with other links formed).
+class RecordingStore final : public c10d::Store {
+ public:
+  struct Written {
+    std::mutex mu;
+    std::vector<std::string> keys;
+    void add(const std::string& k) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    }
+  };
+  RecordingStore(c10::intrusive_ptr<c10d::Store> s, std::shared_ptr<Written> w) : s_(std::move(s)), w_(std::move(w)) {
+    timeout_ = s_->getTimeout();
+  }
+  c10::intrusive_ptr<c10d::Store> clone() override { return c10::make_intrusive<RecordingStore>(s_->clone(), w_); }
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    w_->add(key);
+    s_->set(key, value);
+  }
+  std::vector<uint8_t> get(const std::string& key) override { return s_->get(key); }
+  int64_t add(const std::string& key, int64_t value) override {
+    w_->add(key);
+    return s_->add(key, value);
+  }
+  bool deleteKey(const std::string& key) override { return s_->deleteKey(key); }
+  bool check(const std::vector<std::string>& keys) override { return s_->check(keys); }
+  int64_t getNumKeys() override { return s_->getNumKeys(); }
+  void wait(const std::vector<std::string>& keys) override { s_->wait(keys); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    s_->wait(keys, timeout);
+  }
 
+ private:
+  c10::intrusive_ptr<c10d::Store> s_;
+  std::shared_ptr<Written> w_;
+};
+
+}  // namespace
 
 ReplicaLink::ReplicaLink(const QuorumClient& client, const QuorumView& q)
     : comm_(q.comm), era_(q.era), rank_(client.identity().rank), timeout_(client.heartbeat_timeout()), members_(q.members) {
   const ReplicaPlace& place = client.place();
   auto store = comm::connect_store_client(place.host, place.port, std::chrono::seconds(5));
-  mesh_ = comm::connect_mesh_through(store, client.keys().link(q.era, q.comm, rank_), q.index, static_cast<int>(q.members.size()),
-                               place.host, place.port, timeout_);
+  const std::string prefix = client.keys().link(q.era, q.comm, rank_);
+  auto written = std::make_shared<RecordingStore::Written>();
+  // Whatever happens, the list of what was written (Keys::link_written):
+  // the coordinator reads it when it retires these links.
+  auto publish = [&] {
+    try {
+      nlohmann::json list = nlohmann::json::array();
+      {
+        std::lock_guard<std::mutex> lock(written->mu);
+        for (const auto& k : written->keys) list.push_back(k);
+      }
+      const std::string text = list.dump();
+      store->set(Keys::link_written(prefix, q.index), std::vector<uint8_t>(text.begin(), text.end()));
+    } catch (const std::exception&) {
+      // The coordinator is gone: its store, and these keys, with it.
+    }
+  };
+  try {
+    mesh_ = comm::connect_mesh_through(c10::make_intrusive<RecordingStore>(store, written), prefix, q.index,
+                                       static_cast<int>(q.members.size()), place.host, place.port, timeout_);
+  } catch (...) {
+    publish();
+    throw;
+  }
+  publish();
   // Cross-memory attach when every member is on this host (as a
   // communicator's ranks choose it; FSDP_TRANSPORT=tcp turns it off).
   transport_ = std::make_unique<comm::TransportChoice>(

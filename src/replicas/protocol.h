@@ -27,7 +27,9 @@
 //   ans/<g>/<inc>/<n>    the answer to request round n of group g's launch inc
 //   dec/<era>/<q>        quorum q's outcome (Decision); era: the coordinator
 //                        process that formed it
-//   q<era>.<c>/r<r>/...  the Gloo links of communicator c, shard r
+//   q<era>.<c>/r<r>/...  the Gloo links of communicator c, shard r; written/<i>:
+//                        the keys member i wrote there (deleted, with them,
+//                        once the coordinator retired the links)
 //
 // and, outside the token's path, "fsdp-ft/job": the token's fingerprint
 // ("none" without one), so that a rank with another token is told so.
@@ -70,6 +72,11 @@ class Keys {
   // The prefix of the links of communicator `comm` (of coordinator era
   // `era`) for shard r.
   std::string link(int64_t era, int64_t comm, int shard) const;
+  // Under a link's prefix: the keys member `index` wrote there (a JSON list),
+  // for the coordinator to delete once the links are retired.
+  static std::string link_written(const std::string& prefix, int index) {
+    return prefix + "written/" + std::to_string(index);
+  }
   const std::string& base() const { return base_; }
 
  private:

@@ -12,11 +12,11 @@
 // first launch (FSDP_RESTART_COUNT 0): WHAT is kill (SIGKILL before the
 // step's forward), kill_reduce (SIGKILL after backward, while the others
 // average), stop_reduce (SIGSTOP after backward, once; the test sends
-// SIGCONT), kill_lend (SIGKILL half way through lending its shard to a
-// group that heals at step S: after the header, before the tensors) or
+// SIGCONT), kill_lend (SIGKILL half way through lending its shard in the
+// first heal at step S or later: after the header, before the tensors) or
 // kill_take (the same on the healing side). FSDP_TEST_HOLD="S:FILE" holds
 // this group before its step S until FILE exists (the test makes it once
-// what it waits for happened). Each launch prints
+// what it waits for happened; FSDP_TEST_HOLD2 a second hold). Each launch prints
 //   LAUNCH group=G rank=R pid=P restart=K
 // so that a test can stop or kill it from outside.
 #include <signal.h>
@@ -71,13 +71,15 @@ std::string join(const std::vector<int>& v) {
 }
 
 void hold_at(int64_t step) {
-  const char* h = std::getenv("FSDP_TEST_HOLD");
-  if (!h) return;
-  const std::string v = h;
-  const auto colon = v.find(':');
-  if (std::stoll(v.substr(0, colon)) != step) return;
-  const std::string file = v.substr(colon + 1);
-  for (int i = 0; i < 12000 && access(file.c_str(), F_OK) != 0; ++i) usleep(10000);
+  for (const char* name : {"FSDP_TEST_HOLD", "FSDP_TEST_HOLD2"}) {
+    const char* h = std::getenv(name);
+    if (!h) continue;
+    const std::string v = h;
+    const auto colon = v.find(':');
+    if (std::stoll(v.substr(0, colon)) != step) continue;
+    const std::string file = v.substr(colon + 1);
+    for (int i = 0; i < 12000 && access(file.c_str(), F_OK) != 0; ++i) usleep(10000);
+  }
 }
 
 FSDP_SCENARIO(replica_train) {
@@ -101,9 +103,10 @@ FSDP_SCENARIO(replica_train) {
   const char* restart = std::getenv("FSDP_RESTART_COUNT");
   ReplicaOptions ro;
   ro.on_heal = [&fault, r](const HealProgress& h) {
-    // Half way: the header crossed, the tensors have not.
+    // Half way through the first heal at step S or later: the header
+    // crossed, the tensors have not.
     const int g = config::read_env().replica_group.value_or(-1);
-    if (fault.group != g || fault.rank != r || fault.step != h.step || h.bytes == h.total) return;
+    if (fault.group != g || fault.rank != r || h.step < fault.step || h.bytes == h.total) return;
     if ((fault.what == "kill_lend" && h.lending) || (fault.what == "kill_take" && !h.lending)) raise(SIGKILL);
   };
   ReplicaGroups replicas(*model, opt, ro);

@@ -1,0 +1,214 @@
+// fsdp-cpp tests: the replica groups' protocol and rules in one process —
+// every parser refuses what is malformed with a reason (never a throw), the
+// coordinator's pass survives junk in every key, and the rules' decisions
+// on hand-built snapshots. The same code runs under faults in the simulator
+// (tests/sim/replica_sim.cpp); real processes in tests/test_replicas.cpp.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "replicas/coordinator.h"
+#include "replicas/protocol.h"
+#include "replicas/rules.h"
+
+namespace fsdp::testing {
+namespace FSDP_TEST_ID {
+
+using namespace fsdp::replicas;
+
+Time at_ms(int64_t ms) { return Time{} + std::chrono::milliseconds(ms); }
+
+// An in-memory store for the coordinator's pass.
+class MapKv final : public Kv {
+ public:
+  std::map<std::string, std::string> kv;
+  void set(const std::string& k, const std::string& v) override { kv[k] = v; }
+  std::vector<std::optional<std::string>> get(const std::vector<std::string>& keys) override {
+    std::vector<std::optional<std::string>> out;
+    for (const auto& k : keys) {
+      auto it = kv.find(k);
+      out.push_back(it == kv.end() ? std::nullopt : std::optional<std::string>(it->second));
+    }
+    return out;
+  }
+  int64_t add(const std::string& k, int64_t d) override {
+    auto it = kv.find(k);
+    const int64_t v = (it == kv.end() ? 0 : std::stoll(it->second)) + d;
+    kv[k] = std::to_string(v);
+    return v;
+  }
+  void erase(const std::string& k) override { kv.erase(k); }
+};
+
+TEST(ReplicaProtocol, EveryMalformedValueParsesToAReasonNeverAThrow) {
+  const std::vector<std::string> junk = {
+      "", "{", "[1,2]", "null", "\"text\"", "\xff\xfe\x00 bytes", "{\"v\": 2}", "{\"v\": 99, \"seq\": 1}",
+      R"({"v":2,"seq":1,"kind":"vote","inc":1,"committed":0,"whole":false,"cur":null,"last":null,"last_commit":false,"round":2,"ok":true,"why":""})",
+      R"({"v":2,"seq":1,"kind":"req","inc":1,"committed":-5,"whole":false,"cur":null,"last":null,"last_commit":false,"round":1})",
+      R"({"v":2,"seq":1,"kind":"req","inc":1,"committed":0,"whole":"yes","cur":null,"last":null,"last_commit":false,"round":1})",
+      R"({"v":2,"seq":1,"kind":"req","inc":1,"committed":0,"whole":false,"cur":{"q":1,"era":1,"comm":1,"step":1,"members":[2,1]},"last":null,"last_commit":false,"round":1})",
+      R"({"v":2,"seq":1,"kind":"jump","inc":1,"committed":0,"whole":false,"cur":null,"last":null,"last_commit":false,"round":1})",
+      R"({"group":1e300,"rank":0})", R"({"group":-1})", R"({"inc":1,"n":"seven"})",
+      R"({"refused":7})", R"({"q":1,"era":1,"comm":1,"step":1,"members":[],"sources":[],"heal":false})",
+      std::string(1 << 20, '['),
+  };
+  for (const auto& text : junk) {
+    std::string why;
+    EXPECT_NO_THROW({
+      EXPECT_FALSE(parse_message(text, &why)) << text.substr(0, 80);
+      EXPECT_FALSE(why.empty());
+      why.clear();
+      EXPECT_FALSE(parse_registration(text, &why)) << text.substr(0, 80);
+      EXPECT_FALSE(parse_report(text, &why)) << text.substr(0, 80);
+      EXPECT_FALSE(parse_answer(text, &why)) << text.substr(0, 80);
+      EXPECT_FALSE(parse_decision(text, &why)) << text.substr(0, 80);
+      EXPECT_FALSE(parse_settings(text, &why)) << text.substr(0, 80);
+    });
+  }
+  // What a rank writes parses back to the same.
+  RankMessage m;
+  m.seq = 3;
+  m.kind = Kind::VOTE;
+  m.inc = 17;
+  m.at.committed = 4;
+  m.at.whole = true;
+  m.at.cur = QuorumRef{5, 99, 2, 4, {0, 2}};
+  m.round = 6;
+  m.ok = false;
+  m.why = "a peer died";
+  std::string why;
+  const auto back = parse_message(to_json(m), &why);
+  ASSERT_TRUE(back) << why;
+  EXPECT_EQ(back->at.cur, m.at.cur);
+  EXPECT_EQ(back->why, m.why);
+  EXPECT_EQ(back->round, 6);
+  std::string other = to_json(m);
+  other.replace(other.find("\"v\":2"), 5, "\"v\":3");
+  EXPECT_FALSE(parse_message(other, &why));
+  EXPECT_NE(why.find("of protocol 3, expected 2"), std::string::npos) << why;
+}
+
+TEST(ReplicaCoordinator, JunkInEveryKeyIsLoggedOnceAndIgnored) {
+  MapKv kv;
+  std::vector<std::string> logs;
+  RuleOptions o{std::chrono::milliseconds(1000), 1};
+  CoordinatorCore core(kv, "", o, "epoch-1", 1000, at_ms(0), [&](const std::string& l) { logs.push_back(l); });
+  const Keys& keys = core.keys();
+  kv.kv[keys.nreg()] = "4";
+  kv.kv[keys.reg(0)] = "{not json";
+  kv.kv[keys.reg(1)] = to_json(Registration{7, 0, 1, 1, "h", 1, "m", "s"});
+  // reg(2): a hole, counted and never written; reg(3): of a rank past its group's size.
+  kv.kv[keys.reg(3)] = R"({"group":8,"rank":3,"inc":1,"size":2,"host":"h","pid":1,"model":"m","sharding":"s"})";
+  kv.kv[keys.mailbox(7, 1, 0)] = R"({"v":99})";
+  kv.kv[keys.heartbeat(7, 1, 0)] = "\xff";
+  for (int i = 0; i < 5; ++i) EXPECT_NO_THROW(core.pass(at_ms(100 * i)));
+  size_t ignored = 0;
+  for (const auto& l : logs) ignored += l.rfind("ignored ", 0) == 0;
+  EXPECT_EQ(ignored, 4u) << ::testing::PrintToString(logs);  // each once: reg 0, reg 3, the mailbox, the heartbeat
+  EXPECT_EQ(kv.kv.count(keys.reg(0)), 0u) << "a registration is deleted once read";
+}
+
+// Two groups of two ranks in quorum 0 (era 5), as the coordinator formed it.
+CoordState two_groups_in_a_quorum() {
+  CoordState s;
+  s.o.heartbeat_timeout = std::chrono::milliseconds(1000);
+  s.recovering = false;
+  s.era = 5;
+  for (int g = 0; g < 2; ++g) {
+    take_registration(s, Registration{g, 0, 10 + g, 2, "h", 1, "m", "FULL_SHARD"}, at_ms(0));
+    take_registration(s, Registration{g, 1, 10 + g, 2, "h", 2, "m", "FULL_SHARD"}, at_ms(0));
+  }
+  s.q.id = 0;
+  s.q.era = 5;
+  s.q.comm = 0;
+  s.q.step = 3;
+  s.q.members = {0, 1};
+  s.q.launches = {{0, 10}, {1, 11}};
+  s.q.decided = false;
+  s.next_q = 1;
+  s.next_comm = 1;
+  return s;
+}
+
+void vote(CoordState& s, int g, int r, bool ok, int64_t seq, Time now) {
+  RankMessage m;
+  m.seq = seq;
+  m.kind = Kind::VOTE;
+  m.inc = s.groups.at(g).inc;
+  m.at.committed = 3;
+  m.at.whole = true;
+  m.at.cur = s.q.ref();
+  m.round = 2;
+  m.ok = ok;
+  m.why = ok ? "" : "the link broke";
+  std::vector<std::string> logs;
+  ASSERT_TRUE(take_message(s, g, r, m, now, logs));
+}
+
+TEST(ReplicaRules, AStepCommitsExactlyWhenEveryRankOfEveryMemberVotedOk) {
+  CoordState s = two_groups_in_a_quorum();
+  vote(s, 0, 0, true, 1, at_ms(10));
+  vote(s, 0, 1, true, 1, at_ms(10));
+  vote(s, 1, 0, true, 1, at_ms(10));
+  EXPECT_EQ(decide(s, at_ms(20)).what, Verdict::WAIT);
+  vote(s, 1, 1, true, 1, at_ms(30));
+  // Even with a member's heartbeat late: the votes decide.
+  s.groups[1].lost = true;
+  const Verdict v = decide(s, at_ms(40));
+  EXPECT_EQ(v.what, Verdict::COMMIT) << v.why;
+  const auto d = apply(s, v, at_ms(40));
+  ASSERT_TRUE(d);
+  EXPECT_TRUE(d->commit);
+  EXPECT_EQ(d->era, 5);
+  EXPECT_EQ(s.job_step, 4);
+}
+
+TEST(ReplicaRules, AFailedVoteDropsAfterTheJoinWindowAndARelaunchDropsAtOnce) {
+  CoordState s = two_groups_in_a_quorum();
+  vote(s, 0, 0, false, 1, at_ms(10));
+  Verdict v = decide(s, at_ms(10));
+  EXPECT_EQ(v.what, Verdict::WAIT);  // the rank that never votes gets a moment
+  apply(s, v, at_ms(10));
+  v = decide(s, at_ms(10) + join_window(s.o) + std::chrono::milliseconds(1));
+  EXPECT_EQ(v.what, Verdict::DROP);
+  EXPECT_NE(v.why.find("group 0 rank 0 failed: the link broke"), std::string::npos) << v.why;
+
+  // Group 1 relaunched during the step (faster than any heartbeat timeout):
+  // the votes its earlier launch would have cast never come.
+  CoordState r = two_groups_in_a_quorum();
+  vote(r, 0, 0, true, 1, at_ms(10));
+  vote(r, 0, 1, true, 1, at_ms(10));
+  take_registration(r, Registration{1, 0, 21, 2, "h", 3, "m", "FULL_SHARD"}, at_ms(20));
+  const Verdict w = decide(r, at_ms(20));
+  EXPECT_EQ(w.what, Verdict::DROP);
+  EXPECT_NE(w.why.find("group 1 restarted during the step"), std::string::npos) << w.why;
+}
+
+TEST(ReplicaRules, TheJobsIdentityIsFixedByItsFirstQuorumNotByARegistration) {
+  CoordState s;
+  s.o.heartbeat_timeout = std::chrono::milliseconds(1000);
+  s.o.min_groups = 2;
+  s.recovering = false;
+  // A registration of another model that never asks: it fixes nothing.
+  take_registration(s, Registration{9, 0, 1, 1, "h", 1, "other", "FULL_SHARD"}, at_ms(0));
+  for (int g = 0; g < 2; ++g) {
+    take_registration(s, Registration{g, 0, 2 + g, 1, "h", 1, "m", "FULL_SHARD"}, at_ms(0));
+    RankMessage m;
+    m.seq = 1;
+    m.kind = Kind::REQ;
+    m.inc = 2 + g;
+    m.round = 1;
+    std::vector<std::string> logs;
+    ASSERT_TRUE(take_message(s, g, 0, m, at_ms(1), logs));
+  }
+  const Formation f = form(s, at_ms(2));
+  ASSERT_TRUE(f.next);
+  EXPECT_EQ(f.next->members, (std::vector<int>{0, 1}));
+  ASSERT_TRUE(f.job);
+  EXPECT_EQ(f.job->model, "m");
+}
+
+}  // namespace FSDP_TEST_ID
+}  // namespace fsdp::testing
