@@ -5,6 +5,7 @@ fault tolerance, measured with GPT-mini on this machine.
   python3 bench/replicas.py heal      [--build build]   heal of make scale's 85.7 M model vs loading it
   python3 bench/replicas.py overhead  [--build build]   step time: 2 groups x 2 ranks vs HYBRID_SHARD, 4 ranks
   python3 bench/replicas.py failures  [--build build]   3 groups, 200 steps, a rank killed every 20 steps
+  python3 bench/replicas.py chaos     [--build build]   3 groups, 300 steps, a fault of any kind every ~20 steps
 
 Each prints what it measured and the commands it ran; nothing is kept
 (every run is in a temporary directory). Run it on a quiet machine.
@@ -39,10 +40,23 @@ def free_port():
 class Coordinator:
     def __init__(self, build, work, timeout_s=10.0, min_groups=1):
         self.port = free_port()
-        self.log = os.path.join(work, "coordinator.log")
+        self.work = work
+        self.lives = 0
+        self.logs = []
         self.cmd = [f"{build}/bin/fsdp", "coordinator", "--port", str(self.port), "--heartbeat-timeout",
                     str(timeout_s), "--min-groups", str(min_groups)]
+        self.start()
+
+    def start(self):
+        """Starts it (again: on the same port, after kill())."""
+        self.lives += 1
+        self.log = os.path.join(self.work, f"coordinator-{self.lives}.log")
+        self.logs.append(self.log)
         self.p = subprocess.Popen(self.cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+
+    def kill(self):
+        self.p.send_signal(signal.SIGKILL)
+        self.p.wait()
 
     transport = "auto"
 
@@ -54,7 +68,7 @@ class Coordinator:
         return e
 
     def text(self):
-        return open(self.log).read()
+        return "".join(open(f).read() for f in self.logs)
 
     def stop(self):
         self.p.send_signal(signal.SIGTERM)
@@ -223,10 +237,152 @@ def failures(a):
         print(f"steps dropped: {drops}; the coordinator's log: {c.log} (removed with the run)")
         print(coord)
 
+def pid_of(build, group, rank):
+    """The pid of gpt rank `rank` of replica group `group` (its environment says which)."""
+    pids = subprocess.run(["pgrep", "-f", f"{build}/bin/gpt"], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"FSDP_REPLICA_GROUP={group}".encode() in env and f"RANK={rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+def chaos(a):
+    """3 groups of 2 ranks over --steps steps; about every 20 steps a fault drawn from --seed: a rank killed,
+    a group's host lost (both ranks), a rank stopped for 1.5 x the heartbeat timeout, a source killed as a
+    heal starts, the coordinator killed and started again at once."""
+    steps, every = a.steps, 20
+    rng = random.Random(a.seed)
+    with tempfile.TemporaryDirectory() as work:
+        c = Coordinator(a.build, work, timeout_s=a.timeout, min_groups=3)
+        logs = [os.path.join(work, f"g{g}.log") for g in range(3)]
+        cmd = [*SMALL, "--strategy", "full", "--steps", str(steps), "--log-every", "1", "--replicas", "3"]
+        ps = [subprocess.Popen(group_cmd(a.build, 2, cmd, restarts=steps // 10), env=c.env(g),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for g in range(3)]
+        stamped = [[] for _ in range(3)]
+
+        def copy(g):
+            with open(logs[g], "w") as f:
+                for line in ps[g].stdout:
+                    stamped[g].append((time.monotonic(), line))
+                    f.write(line)
+                    f.flush()
+        readers = [threading.Thread(target=copy, args=(g,)) for g in range(3)]
+        for t in readers:
+            t.start()
+        committed_re = re.compile(r"step\s+(\d+) \| quorum \d+: groups [\d,]+ committed")
+
+        def progress():
+            most = -1
+            for g in range(3):
+                for _, line in list(stamped[g]):
+                    m = committed_re.search(line)
+                    if m:
+                        most = max(most, int(m.group(1)))
+            return most
+        faults, down = [], []  # down: (group, the time it went down)
+        restarts_at = []       # (time, step) of each coordinator restart
+        k = every
+        while k < steps - every:
+            wait_for(lambda: progress() >= k or all(p.poll() is not None for p in ps), 900, f"step {k}")
+            what = rng.choice(["kill", "host", "stop", "heal", "coordinator"])
+            g, r = rng.randrange(3), rng.randrange(2)
+            t = time.monotonic()
+            if what == "kill" and pid_of(a.build, g, r):
+                os.kill(pid_of(a.build, g, r), signal.SIGKILL)
+                down.append((g, t))
+            elif what == "host":
+                for rr in range(2):
+                    if pid_of(a.build, g, rr):
+                        os.kill(pid_of(a.build, g, rr), signal.SIGKILL)
+                down.append((g, t))
+            elif what == "stop" and pid_of(a.build, g, r):
+                pid = pid_of(a.build, g, r)
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(1.5 * a.timeout)
+                os.kill(pid, signal.SIGCONT)
+                down.append((g, t))
+            elif what == "heal" and pid_of(a.build, g, r):
+                before = c.text().count(f"healing {g} from")
+                sources = [s for s in range(3) if s != g]
+                src_pids = {s: pid_of(a.build, s, r) for s in sources}
+                os.kill(pid_of(a.build, g, r), signal.SIGKILL)
+                down.append((g, t))
+                t0 = time.monotonic()
+                while c.text().count(f"healing {g} from") <= before and time.monotonic() - t0 < 60:
+                    time.sleep(0.001)
+                line = [l for l in c.text().splitlines() if f"healing {g} from" in l][-1:]
+                if line:
+                    sources = [int(x) for x in line[0].split(" from ")[1].split(",")]
+                    src = sources[r % len(sources)]  # shard r heals from source r mod #sources
+                    if src_pids.get(src):
+                        os.kill(src_pids[src], signal.SIGKILL)
+                        down.append((src, time.monotonic()))
+            elif what == "coordinator":
+                c.kill()
+                c.start()
+                restarts_at.append((time.monotonic(), progress()))
+            faults.append((k, what, g, r))
+            k += rng.randrange(15, 26)
+        for p in ps:
+            p.wait()
+        for t in readers:
+            t.join()
+        coord = c.stop()
+        committed = {}
+        for g in range(3):
+            for m in committed_re.finditer(open(logs[g]).read()):
+                committed[int(m.group(1))] = [int(x) for x in re.search(
+                    r"groups ([\d,]+) committed", m.group(0)).group(1).split(",")]
+        pairs = sum(len(v) for v in committed.values())
+        # Live pairs: a group is not live from its fault until its first committed step after it.
+        times = {g: [(t, int(m.group(1))) for t, line in stamped[g] for m in [committed_re.search(line)] if m]
+                 for g in range(3)}
+        dead_steps = 0
+        for g, t_down in down:
+            after = [s for t, s in times[g] if t > t_down]
+            before = [s for t, s in times[g] if t <= t_down]
+            if after and before:
+                dead_steps += max(0, after[0] - before[-1] - 1)
+        live = 3 * steps - dead_steps
+        print(f"{len(faults)} faults (step, kind, group, rank): {faults}")
+        print(f"steps committed: {len(committed)} of {steps}; (group, step) pairs committed: {pairs} of {3 * steps} "
+              f"({100.0 * pairs / (3 * steps):.1f}%); of the live groups' {live} pairs: {100.0 * pairs / live:.1f}%")
+        gaps_all, worst = [], (0.0, None)
+        hit = [(g, t) for g, t in down]
+        for g in range(3):
+            ts = times[g]
+            for (t0, _), (t1, s1) in zip(ts, ts[1:]):
+                gaps_all.append(t1 - t0)
+                # a gap of a group that was hit in it (its own restart, its stop) is not a survivor's wait
+                if any(hg == g and t0 - 1 <= th <= t1 for hg, th in hit):
+                    continue
+                if t1 - t0 > worst[0]:
+                    worst = (t1 - t0, (g, s1))
+        median_step = statistics.median(gaps_all) if gaps_all else 0.0
+        print(f"longest wait of a group no fault hit, between two committed steps: {worst[0]:.2f} s "
+              f"(group {worst[1][0] if worst[1] else '-'}, before step {worst[1][1] if worst[1] else '-'}); "
+              f"heartbeat timeout {a.timeout:.1f} s + median step {median_step:.2f} s = {a.timeout + median_step:.2f} s")
+        for t_r, s_r in restarts_at:
+            # what the restart cost: steps dropped from it to the next step every group committed, and the longest
+            # gap of any group across it
+            drops = [int(m.group(1)) for g in range(3) for tt, line in stamped[g] if tt >= t_r
+                     for m in [re.search(r"step\s+(\d+) \| quorum \d+: groups [\d,]+ dropped", line)] if m]
+            near = [d for d in drops if d <= s_r + 5]
+            gap = max((t1 - t0 for g in range(3) for (t0, _), (t1, _) in zip(times[g], times[g][1:])
+                       if t0 <= t_r <= t1), default=0.0)
+            print(f"coordinator restart at step {s_r}: {len(set(near))} step(s) dropped around it; the longest any "
+                  f"group waited across it: {gap:.2f} s (median step {median_step:.2f} s: "
+                  f"{gap / max(median_step, 1e-9):.1f} steps)")
+        print(f"steps dropped: {coord.count(') dropped: ')}; coordinator restarts: {len(restarts_at)}")
+
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["heal", "overhead", "failures"])
+    p.add_argument("what", choices=["heal", "overhead", "failures", "chaos"])
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--rounds", type=int, default=3)
@@ -238,8 +394,8 @@ def main():
     Coordinator.transport = a.transport
     a.build = os.path.abspath(a.build)
     if a.steps is None:
-        a.steps = {"heal": 4, "overhead": 30, "failures": 200}[a.what]
-    {"heal": heal, "overhead": overhead, "failures": failures}[a.what](a)
+        a.steps = {"heal": 4, "overhead": 30, "failures": 200, "chaos": 300}[a.what]
+    {"heal": heal, "overhead": overhead, "failures": failures, "chaos": chaos}[a.what](a)
 
 
 if __name__ == "__main__":

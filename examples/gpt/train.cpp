@@ -852,6 +852,7 @@ int train(const Args& args, const examples::StepHooks& hooks) {
   Sent sent;  // inside the steps' spans (what the plan predicts)
   int64_t applied = 0;  // steps this run trained and applied (a group that healed part-way skipped the others)
   std::string last_groups;  // the last quorum's groups, printed when they change
+  int64_t coordinator_lives = 0;  // coordinator restarts seen, printed when they change
   for (int64_t step = first_step; step < a.steps; step = replicas ? replicas->step() : step + 1) {
     if (replicas) {
       const fsdp::StepQuorum& q = replicas->start_step();
@@ -874,9 +875,12 @@ int train(const Args& args, const examples::StepHooks& hooks) {
       for (int g : q.groups) groups += (groups.empty() ? "" : ",") + std::to_string(g);
       const bool changed = groups != last_groups;
       last_groups = groups;
-      if (changed || !q.committed || step % a.log_every == 0)
-        std::printf("step %5lld | quorum %lld: groups %s %s%s\n", (long long)step, (long long)q.id, groups.c_str(),
-                    q.committed ? "committed" : "dropped: ", q.committed ? "" : q.dropped.c_str());
+      const bool restarted = replicas->coordinator_restarts() != coordinator_lives;
+      coordinator_lives = replicas->coordinator_restarts();
+      if (changed || restarted || !q.committed || step % a.log_every == 0)
+        std::printf("step %5lld | quorum %lld: groups %s %s%s%s\n", (long long)step, (long long)q.id, groups.c_str(),
+                    q.committed ? "committed" : "dropped: ", q.committed ? "" : q.dropped.c_str(),
+                    restarted ? " (the coordinator restarted meanwhile: this rank went on with the new one)" : "");
       std::fflush(stdout);
     }
     if (!r.applied) continue;

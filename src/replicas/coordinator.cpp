@@ -144,6 +144,11 @@ void CoordinatorCore::pass(Time now) {
       logs.push_back(cat("recovered the job's state from its ranks: ", s_.groups.size(), " group(s), quorum ", s_.q.id,
                          s_.q.decided ? " decided" : " in flight", ", step ", s_.job_step, " committed"));
   }
+  // Before deciding: a member of the quorum in flight that had not read its
+  // answer when a coordinator restarted gets it again.
+  const Formation again = reanswer(s_);
+  apply(s_, again);
+  write_replies(again, logs);
   const Verdict v = decide(s_, now);
   if (const auto d = apply(s_, v, now)) {
     const std::string key = keys_.decision(d->era, d->q);
@@ -158,6 +163,16 @@ void CoordinatorCore::pass(Time now) {
   if (f.next && before.comm >= 0 && (before.era != f.next->era || before.comm != f.next->comm) && s_.job)
     retired_.push_back({before.era, before.comm, static_cast<int>(before.members.size()), s_.job->size, now, {}});
   retire_links(now);
+  write_replies(f, logs);
+  if (!f.stuck.empty() && f.stuck != stuck_before) logs.push_back(f.stuck);
+  const Cleanup c = cleanup(s_, keys_);
+  apply(s_, c);
+  for (const auto& [key, d] : c.publish) kv_.set(key, to_json(d));
+  for (const auto& key : c.erase) kv_.erase(key);
+  for (const auto& line : logs) log(line);
+}
+
+void CoordinatorCore::write_replies(const Formation& f, std::vector<std::string>& logs) {
   for (const auto& r : f.replies) {
     GroupState& G = s_.groups[r.group];
     const std::string key = keys_.answer(r.group, G.inc, r.round);
@@ -166,12 +181,6 @@ void CoordinatorCore::pass(Time now) {
     G.answer_key = key;
   }
   for (const auto& line : f.logs) logs.push_back(line);
-  if (!f.stuck.empty() && f.stuck != stuck_before) logs.push_back(f.stuck);
-  const Cleanup c = cleanup(s_, keys_);
-  apply(s_, c);
-  for (const auto& [key, d] : c.publish) kv_.set(key, to_json(d));
-  for (const auto& key : c.erase) kv_.erase(key);
-  for (const auto& line : logs) log(line);
 }
 
 void CoordinatorCore::retire_links(Time now) {

@@ -88,6 +88,8 @@ class CoordinatorCore {
   };
   std::vector<Retired> retired_;
   void retire_links(Time now);
+  // Writes the answers `f` decided (deleting each group's previous one) and its lines.
+  void write_replies(const Formation& f, std::vector<std::string>& logs);
 };
 
 struct CoordinatorOptions {

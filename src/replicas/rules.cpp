@@ -608,12 +608,41 @@ Formation form(const CoordState& s, Time now) {
   return f;
 }
 
+Formation reanswer(const CoordState& s) {
+  Formation f;
+  const QuorumState& q = s.q;
+  if (s.recovering || q.decided || q.id < 0) return f;
+  // Every member holds the quorum's step whole (as far as it reported).
+  for (int gid : q.members) {
+    auto it = s.groups.find(gid);
+    if (it == s.groups.end() || it->second.inc < 0 || !it->second.whole || it->second.step != q.step) return f;
+  }
+  for (int gid : q.members) {
+    if (q.launches.count(gid)) continue;
+    const GroupState& G = s.groups.at(gid);
+    if (G.lost || static_cast<int>(G.ranks.size()) < G.size) continue;
+    const auto req = request_of(s, G);
+    if (!req || req->round <= G.answered || req->lo != q.step || req->hi != q.step) continue;
+    Answer a;
+    a.quorum = q.ref();
+    a.sources = q.members;
+    a.heal = false;
+    f.replies.push_back({gid, req->round, a});
+    f.logs.push_back(cat("quorum ", q.id, ": group ", gid, " asked for it again (it had not read its answer when the "
+                         "coordinator restarted)"));
+  }
+  return f;
+}
+
 void apply(CoordState& s, const Formation& f) {
   if (f.job && !s.job) s.job = f.job;
   for (const auto& r : f.replies) {
     GroupState& G = s.groups[r.group];
     G.answered = std::max(G.answered, r.round);
     G.refused = r.answer.refused;
+    // A member answered with the quorum in flight (reanswer): its launch takes part.
+    if (r.answer.refused.empty() && !r.answer.farewell && !f.next && r.answer.quorum == s.q.ref())
+      s.q.launches[r.group] = G.inc;
   }
   if (f.next) {
     if (f.next->comm == s.next_comm) ++s.next_comm;

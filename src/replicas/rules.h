@@ -184,6 +184,14 @@ struct Formation {
 Formation form(const CoordState& s, Time now);
 void apply(CoordState& s, const Formation& f);
 
+// A coordinator that restarted while some member of the quorum in flight
+// had not read its answer yet (that member still asks for the round the
+// quorum answered): the same quorum again, when every member holds its
+// step whole (nobody heals in it, so the sources do not matter), so that
+// the others, already in its collectives, are not left waiting for that
+// member until the links time out. The replies bind the member's launch.
+Formation reanswer(const CoordState& s);
+
 // Keys no rank will read again, and decisions to publish again (a rank
 // that waits for the outcome of a quorum whose key was deleted, or that
 // the coordinator never published: it restarted since).
