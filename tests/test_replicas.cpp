@@ -838,6 +838,44 @@ TEST(ReplicaGroups, GroupsOfOneRankReplicateLikeDdp) {
   expect_groups_match_reference(res, steps, 1);
 }
 
+// A group that joins part-way through (it heals at step k) counts the steps
+// it trained, not the job's: its tokens/s and its traffic per step come
+// from the steps it applied (each printed with --log-every 1).
+TEST(ReplicaGroups, TheGptExampleCountsTheStepsOfAGroupThatJoinedPartWay) {
+  Job job("replicas_gpt_late", 5.0, 1);
+  auto gpt_argv = [&](int g) {
+    std::vector<std::string> argv{"/usr/bin/env"};
+    for (const auto& e : job.env(g)) argv.push_back(e);
+    for (const std::string& a : {bin_path("fsdp"), std::string("run"), std::string("-n"), std::string("2"),
+                                 std::string("--"), bin_path("gpt"), std::string("--text"), source_path("docs/GUIDE.md"),
+                                 std::string("--dim"), std::string("32"), std::string("--layers"), std::string("1"),
+                                 std::string("--heads"), std::string("2"), std::string("--seq"), std::string("16"),
+                                 std::string("--batch"), std::string("2"), std::string("--steps"), std::string("300"),
+                                 std::string("--log-every"), std::string("1"), std::string("--replicas"),
+                                 std::string("2"), std::string("--eval-every"), std::string("0")})
+      argv.push_back(a);
+    return argv;
+  };
+  Background g0(gpt_argv(0), job.dir + "/g0.log");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (slurp(g0.out).find("step     5 | quorum") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const auto late = run_command(gpt_argv(1), {}, 180);
+  const std::string out0 = g0.stop(0);  // already finished
+  const std::string coord = job.coordinator->stop();
+  ASSERT_EQ(late.exit_code, 0) << late.output << coord;
+  const auto healed = lines_with(late.output, "replica group 1 healed from group 0 at step ");
+  ASSERT_EQ(healed.size(), 1u) << late.output;
+  const int64_t k = std::stoll(healed[0].substr(healed[0].find(" at step ") + 9));
+  EXPECT_GE(k, 5) << late.output;
+  const size_t committed = lines_with(late.output, "committed").size();
+  const auto trained = lines_with(late.output, "trained ");
+  ASSERT_EQ(trained.size(), 1u) << late.output;
+  EXPECT_NE(trained[0].find("trained " + std::to_string(300 - k) + " steps in"), std::string::npos)
+      << trained[0] << "\n(healed at step " << k << ")";
+  EXPECT_EQ(committed, static_cast<size_t>(300 - k)) << late.output;
+}
+
 // The GPT example as two replica groups (gpt --replicas 2, one `fsdp run`
 // each) with --trace DIR: each group's ranks trace into DIR/group<g>, and
 // `fsdp report DIR` draws both groups' participation.

@@ -58,7 +58,7 @@ constexpr Range kCmaSecond{kCma.end, kCma.end + kCmaMessages};
 constexpr int kHostSharedMessages = 2;
 constexpr Range kHostShared{kCmaSecond.end, kCmaSecond.end + kHostSharedMessages};
 
-// A replica link's point-to-point copies (quorum.h: a heal), numbered per
+// A replica link's point-to-point copies (replicas/link.h: a heal), numbered per
 // pair of ranks; its all-reduces take the rings' steps.
 constexpr Range kPeerCopy{kHostShared.end, kHostShared.end + 1};
 

@@ -933,6 +933,17 @@ bool Sim::run() {
   for (auto& g : groups)
     if (g->gave_up && !g->orphan_refused)
       violate("group " + std::to_string(g->id) + " gave up: " + g->last_crash);
+  // Bounded keys: what the store holds at the end is the current launches'
+  // mailboxes and heartbeats, an answer per group, the decisions some rank
+  // still waits for and a few fixed keys, whatever the run went through
+  // (the junk a fault wrote aside).
+  if (!failed() && w.store.alive) {
+    size_t keys_left = 0;
+    for (const auto& [k, v] : w.store.kv) keys_left += k.find("/900/") == std::string::npos;
+    const size_t bound = 10 + 3 * static_cast<size_t>(p.groups * p.ranks) + 3 * static_cast<size_t>(p.groups);
+    if (keys_left > bound)
+      violate("the store holds " + std::to_string(keys_left) + " keys at the end, more than " + std::to_string(bound));
+  }
   return !failed();
 }
 
