@@ -328,6 +328,10 @@ QuorumView QuorumClient::join() {
   }
   if (!j.refused.empty())
     throw Error(cat("replica group ", id.group, " was refused by the coordinator at ", where(place_), ": ", j.refused));
+  if (j.leaving)
+    throw Error(cat("replica group ", id.group, " rank ", id.rank, ": the other ranks of this group ended their run "
+                    "(they said bye) while this rank asked for the step after ", committed(),
+                    " (a coordinator restart came between their reads of one answer); this rank ends too"));
   FSDP_CHECK(j.internal.empty(), "replica group ", id.group, " rank ", id.rank, ": ", j.internal);
   return *j.view;
 }

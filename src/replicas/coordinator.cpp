@@ -131,6 +131,16 @@ void CoordinatorCore::read(Time now, std::vector<std::string>& logs) {
 
 void CoordinatorCore::pass(Time now) {
   std::vector<std::string> logs;
+  // A pass comes every tick (timeout / 40 at most); a gap of a quarter of
+  // the timeout is this process's own stall (SIGSTOP, a paused host): what
+  // it did not see meanwhile is not the ranks' silence.
+  if (last_pass_ != Time{} && now - last_pass_ > s_.o.heartbeat_timeout / 4) {
+    const auto d = now - last_pass_;
+    forgive(s_, d);
+    logs.push_back(cat("this coordinator was held up for ", std::chrono::duration_cast<std::chrono::milliseconds>(d).count() / 1000.0,
+                       " s (stopped or starved): the ranks' silence meanwhile is not counted"));
+  }
+  last_pass_ = now;
   discover(now, logs);
   // Launches stay above every launch a previous coordinator issued.
   if (newest_launch_ >= launch_counter_) launch_counter_ = kv_.add(keys_.launches(), newest_launch_ - launch_counter_ + 1);

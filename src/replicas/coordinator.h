@@ -77,6 +77,7 @@ class CoordinatorCore {
   std::set<std::string> complained_;         // malformed values logged once
   int64_t newest_launch_ = 0;                // the largest launch registered
   int64_t launch_counter_ = 0;               // the counter's value as last read
+  Time last_pass_{};                         // when the previous pass ran
   // Links no quorum uses any more, whose keys are deleted as their members'
   // lists of written keys appear (given up after a while: a member that
   // died while connecting wrote none).

@@ -60,7 +60,7 @@ RankSide::Joined RankSide::on_answer(const Answer& a) {
     return j;
   }
   if (a.farewell) {
-    j.internal = "a farewell answered a request for a quorum";
+    j.leaving = true;
     return j;
   }
   QuorumView v;

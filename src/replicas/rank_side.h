@@ -84,6 +84,7 @@ class RankSide {
   struct Joined {
     std::optional<QuorumView> view;
     std::string refused;   // the coordinator refused the group: its reason
+    bool leaving = false;  // the group's other ranks said bye: this rank ends too
     std::string internal;  // the answer contradicts this rank's state (a bug)
   };
   Joined on_answer(const Answer& a);

@@ -113,6 +113,7 @@ std::vector<std::string> take_registration(CoordState& s, const Registration& re
     G.silent.clear();
     G.answered = -1;
     G.whole = false;
+    G.stale = false;
     G.step = 0;
     G.refused = s.job ? differs(*s.job, G) : "";
     logs.push_back(cat("group ", G.id, again ? " restarted" : " joined", ": ", G.size,
@@ -137,22 +138,41 @@ namespace {
 // which ids are taken, which step the job reached, which quorum is in
 // flight, which outcome a rank read already and which launch of each member
 // took part. In steady state it knows all of it, and nothing changes.
+int R_index(const GroupState& G, const RankState& R) {
+  for (const auto& [r, k] : G.ranks)
+    if (&k == &R) return r;
+  return -1;
+}
+
 void learn(CoordState& s, GroupState& G, RankState& R, const Standing& at, Time now,
            std::vector<std::string>& logs) {
   if (!R.at) {
     // The ranks of a launch report one state; one that differs makes it stale.
     bool first = true;
     for (const auto& [r, k] : G.ranks) first = first && !k.at;
+    // A rank first heard after this coordinator recovered (it was stopped
+    // through the restart) whose state rests on an outcome this coordinator
+    // does not know as it read it: the job may have gone on without that
+    // outcome, so its state is no source of anything. It heals.
+    const bool stale = !s.recovering && at.whole && at.last && known_outcome(s, *at.last) != at.last_commit;
+    if (stale)
+      logs.push_back(cat("group ", G.id, " rank ", R_index(G, R), " holds a state from before this coordinator knew the "
+                         "job (it was stopped through a coordinator restart): it heals"));
+    const bool whole = at.whole && !stale;
+    if (stale) G.stale = true;
     if (first) {
-      G.whole = at.whole;
+      G.whole = whole;
       G.step = at.committed;
     } else {
-      if (!at.whole || at.committed != G.step) G.whole = false;
+      if (!whole || at.committed != G.step) G.whole = false;
       G.step = std::min(G.step, at.committed);
     }
+    R.at = at;
+    if (!whole) R.at->whole = false;
+  } else {
+    R.at = at;
   }
-  R.at = at;
-  if (at.whole) s.job_step = std::max(s.job_step, at.committed);
+  if (R.at->whole) s.job_step = std::max(s.job_step, at.committed);
   if (at.last) s.next_q = std::max(s.next_q, at.last->q + 1);
   if (at.cur) {
     s.next_q = std::max(s.next_q, at.cur->q + 1);
@@ -276,6 +296,16 @@ void apply(CoordState& s, const Liveness& l) {
     if (c.lost) G.silent = c.silent;
     else G.whole = false;  // what it holds may be stale
   }
+}
+
+void forgive(CoordState& s, Clock::duration d) {
+  s.started += d;
+  for (auto& [gid, G] : s.groups) {
+    G.seen_at += d;
+    for (auto& [r, k] : G.ranks) k.beat_at += d;
+  }
+  s.q.decided_at += d;
+  if (s.q.first_failure != Time{}) s.q.first_failure += d;
 }
 
 std::optional<bool> known_outcome(const CoordState& s, const QuorumRef& ref) {
@@ -487,7 +517,30 @@ Formation form(const CoordState& s, Time now) {
       Answer a;
       a.farewell = true;
       f.replies.push_back({gid, round, a});
+      continue;
     }
+    // Some ranks said bye while the others still ask for an earlier round
+    // (a coordinator that restarted lost the answer their group-mates read
+    // and left on): the group is leaving, and they are told so.
+    int64_t bye = -1;
+    bool released_all = true;
+    std::set<int64_t> asked;
+    for (const auto& [r, k] : G.ranks) {
+      if (!k.msg) continue;
+      if (k.msg->kind == Kind::BYE) {
+        bye = std::max(bye, k.msg->round);
+        released_all = released_all && released(s, *k.msg);
+      } else if (k.msg->kind == Kind::REQ || (k.msg->kind == Kind::VOTE && !(*k.msg->at.cur == s.q.ref() && !s.q.decided))) {
+        asked.insert(k.msg->round);
+      }
+    }
+    if (bye < 0 || !released_all) continue;
+    for (int64_t r : asked)
+      if (r < bye && r > G.answered) {
+        Answer a;
+        a.farewell = true;
+        f.replies.push_back({gid, r, a});
+      }
   }
   if (!q.decided) return f;
   std::vector<int> asking, pending;
@@ -565,12 +618,26 @@ Formation form(const CoordState& s, Time now) {
     if (agreed[gid] && step_of[gid] == top && s.groups.at(gid).whole) sources.push_back(gid);
   if (sources.empty()) {
     // Nobody holds a committed state (the job's first step, or every group
-    // restarted): the lowest group at the top step is the state.
+    // restarted): the lowest group at the top step is the state. Not a
+    // stale one: its state rests on an outcome the job does not have.
     for (int gid : pending)
-      if (agreed[gid] && step_of[gid] == top) {
+      if (agreed[gid] && step_of[gid] == top && !s.groups.at(gid).stale) {
         sources.push_back(gid);
         break;
       }
+    if (sources.empty()) {
+      const std::string why = cat(
+          "its state rests on a step this coordinator does not know as committed (the group was stopped through a "
+          "coordinator restart), and no group with the job's state is here to heal from. Start it from a checkpoint");
+      for (int gid : pending)
+        if (s.groups.at(gid).stale) {
+          Answer a;
+          a.refused = why;
+          f.replies.push_back({gid, round_of[gid], a});
+          f.logs.push_back(cat("group ", gid, " refused: ", why));
+        }
+      if (!f.replies.empty()) return f;
+    }
   }
   if (sources.empty()) {
     f.stuck = cat("no group holds step ", top, " whole (their ranks disagree): restore from a checkpoint");

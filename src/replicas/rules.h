@@ -72,6 +72,7 @@ struct GroupState {
   int64_t answered = -1;     // the last request round answered (this launch)
   std::string answer_key;    // the key of that answer (deleted when the next is written)
   bool whole = false;        // holds a state a committed quorum left (this launch)
+  bool stale = false;        // its state rests on an outcome this coordinator does not know (see learn)
   int64_t step = 0;          // steps that state holds
 };
 
@@ -144,6 +145,11 @@ void apply(CoordState& s, const Liveness& l);
 // The outcome of the quorum `ref` names, when known (the same id with
 // another comm or step is not the same quorum: nullopt).
 std::optional<bool> known_outcome(const CoordState& s, const QuorumRef& ref);
+
+// The coordinator itself was held up for `d` (stopped, paused, starved):
+// no rank is blamed for it. Every time the rules measure from moves `d`
+// later, so that silence and windows count only while it ran.
+void forgive(CoordState& s, Clock::duration d);
 
 // Whether the coordinator has heard enough to decide: every group it heard
 // of reported from every rank (and a moment passed for the others to), or

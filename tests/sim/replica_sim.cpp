@@ -136,6 +136,7 @@ struct RankSim {
   int64_t beats = 0;
   std::string phase = "starting";  // what it waits for (printed with a failure)
   bool finished = false;           // exited normally
+  int64_t state_gen = 0;           // bumped when a heal replaces its state
 
   RankSim(Sim& sim, GroupSim& group, int r, int launch);
   Task<void> main_task();
@@ -228,7 +229,12 @@ class Sim {
   // What the invariants remember.
   // A quorum is its whole QuorumRef: a coordinator that restarted knowing
   // nothing may use the same id again for another quorum.
-  std::map<std::string, std::vector<std::pair<const RankSim*, bool>>> outcome_read;  // quorum -> who read what
+  struct Read {
+    const RankSim* rank;
+    bool commit;
+    int64_t state_gen;  // the rank's state then (a heal replaces it)
+  };
+  std::map<std::string, std::vector<Read>> outcome_read;  // quorum -> who read what
   std::map<std::tuple<std::string, int, int64_t, int>, bool> votes;  // (quorum, group, launch, rank) -> ok
   std::map<std::pair<std::string, int>, int64_t> trained_at;         // (quorum, group) -> step its ranks trained from
   std::map<std::string, Model> lent;                                 // heal meeting -> what the source lent
@@ -393,6 +399,7 @@ Task<QuorumView> RankSim::join() {
   }
   const auto j = side->on_answer(*a);
   if (!j.refused.empty()) throw Crash{"refused: " + j.refused};
+  if (j.leaving) throw Crash{"the other ranks of this group ended their run"};
   if (!j.internal.empty()) {
     s.violate(proc.name + ": " + j.internal);
     throw Crash{j.internal};
@@ -414,14 +421,8 @@ Task<Outcome> RankSim::vote(QuorumView v, bool ok, std::string why) {
   }
   const Outcome o = side->on_decision(*d);
   if (!o.expired) {
-    // Against what every rank still alive (or finished) read: a rank that
-    // died took what it read with it (its group heals).
-    auto& reads = s.outcome_read[name_of(v)];
-    for (const auto& [other, outcome] : reads)
-      if ((other->proc.alive || other->finished) && outcome != o.commit)
-        s.violate("quorum " + name_of(v) + ": " + proc.name + " read " + (o.commit ? "commit" : "drop") + ", " +
-                  other->proc.name + " read " + (outcome ? "commit" : "drop"));
-    reads.emplace_back(this, o.commit);
+    // Checked at the end against what the others read (Sim::check_outcomes).
+    s.outcome_read[name_of(v)].push_back({this, o.commit, state_gen});
     if (o.commit) {
       // Every rank of every member voted ok (some launch of each member).
       const std::string name = name_of(v);
@@ -574,6 +575,7 @@ Task<void> RankSim::body() {
         s.violate(proc.name + " healed to step " + std::to_string(staged->step) + " in a quorum at step " +
                   std::to_string(v.step));
       state = *staged;
+      ++state_gen;
       side->healed();
       ++s.heals;
     }
@@ -661,7 +663,8 @@ void Sim::on_rank_exit(GroupSim& g, RankSim& r, bool ok, const std::string& why)
   }
   // `fsdp run`: one rank failed, so it stops the others and restarts all.
   g.last_crash = why;
-  g.orphan_refused = why.find("no live group holds them") != std::string::npos;
+  g.orphan_refused = why.find("no live group holds them") != std::string::npos ||
+                     why.find("no group with the job's state is here to heal from") != std::string::npos;
   g.restarting = true;
   for (RankSim* other : g.current) w.kill(other->proc, "the launcher restarts its group");
   w.break_meetings("grp/" + std::to_string(g.id) + "/L" + std::to_string(g.launches) + "/", "the group restarts");
@@ -933,6 +936,22 @@ bool Sim::run() {
   for (auto& g : groups)
     if (g->gave_up && !g->orphan_refused)
       violate("group " + std::to_string(g->id) + " gave up: " + g->last_crash);
+  // Outcomes: every rank whose state still rests on what it read (alive or
+  // finished, and not healed since) read the same outcome of each quorum. A
+  // rank that died took what it read with it; one whose state a heal
+  // replaced (stopped through a coordinator restart, it read an outcome the
+  // new coordinator could not learn) no longer holds it.
+  if (!failed())
+    for (const auto& [name, reads] : outcome_read) {
+      const Read* first = nullptr;
+      for (const auto& r : reads) {
+        if (!(r.rank->proc.alive || r.rank->finished) || r.rank->state_gen != r.state_gen) continue;
+        if (!first) first = &r;
+        else if (first->commit != r.commit)
+          violate("quorum " + name + ": " + first->rank->proc.name + " read " + (first->commit ? "commit" : "drop") +
+                  " and " + r.rank->proc.name + " read " + (r.commit ? "commit" : "drop") + ", and both still hold it");
+      }
+    }
   // Bounded keys: what the store holds at the end is the current launches'
   // mailboxes and heartbeats, an answer per group, the decisions some rank
   // still waits for and a few fixed keys, whatever the run went through
