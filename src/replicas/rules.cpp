@@ -1,33 +1,23 @@
-// fsdp-cpp: the coordinator's rules (see rules.h). Deterministic: the clock
-// is an argument, maps are ordered, nothing is read from outside.
+// fsdp-cpp: the coordinator's rules (see rules.h): whether the quorum in
+// flight commits, which groups form the next one, farewells, cleanup.
+// Deterministic: the clock is an argument, maps are ordered, nothing is read
+// from outside.
 #include "replicas/rules.h"
 
 #include <algorithm>
 #include <climits>
 
-#include "fsdp/errors.h"
+#include "replicas/rules_detail.h"
 
 namespace fsdp::replicas {
 namespace {
 
+using detail::all_said_bye;
 using detail::cat;
-
-std::string ids(const std::vector<int>& v) {
-  std::string s;
-  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
-  return s.empty() ? "none" : s;
-}
-
-bool in(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
-
-double seconds(Clock::duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count() / 1000.0; }
-
-bool all_said_bye(const GroupState& g) {
-  if (g.ranks.empty()) return false;
-  for (const auto& [r, k] : g.ranks)
-    if (!k.gone) return false;
-  return true;
-}
+using detail::differs;
+using detail::ids;
+using detail::in;
+using detail::trim;
 
 std::string who(const GroupState& g, int r) {
   auto it = g.ranks.find(r);
@@ -44,17 +34,6 @@ std::string short_why(const std::string& why) {
     w = w.substr(0, advice) + (close == std::string::npos ? "" : w.substr(close));
   }
   return w;
-}
-
-// Every identity field of `g` against the job's; "" when they agree.
-std::string differs(const CoordState::Identity& j, const GroupState& g) {
-  std::string d;
-  if (j.size != g.size) d += cat("ranks per group: ", g.size, " here, ", j.size, " in group ", j.group, "; ");
-  if (j.sharding != g.sharding) d += cat("sharding: ", g.sharding, " here, ", j.sharding, " in group ", j.group, "; ");
-  if (j.model != g.model) d += cat("model: ", g.model, " here, ", j.model, " in group ", j.group, "; ");
-  if (d.empty()) return "";
-  return d + "Expected every replica group to train the same model with the same sharding and the same number of "
-             "ranks; start this group like the others";
 }
 
 CoordState::Identity identity_of(const GroupState& g) { return {g.size, g.model, g.sharding, g.id}; }
@@ -81,263 +60,10 @@ CoordState::Identity choose_identity(const CoordState& s, const std::vector<int>
   return identity_of(s.groups.at(-best->second.second));
 }
 
-void trim(std::map<int64_t, CoordState::Known>& outcomes) {
-  while (outcomes.size() > kOutcomes) outcomes.erase(outcomes.begin());
-}
-
 }  // namespace
 
 Clock::duration join_window(const RuleOptions& o) {
   return std::max<Clock::duration>(std::chrono::milliseconds(200), o.heartbeat_timeout / 10);
-}
-
-// ---------------------------------------------------------------- registry
-
-std::vector<std::string> take_registration(CoordState& s, const Registration& reg, Time now) {
-  std::vector<std::string> logs;
-  GroupState& G = s.groups[reg.group];
-  G.id = reg.group;
-  if (reg.inc < G.inc) return logs;  // an earlier launch's
-  if (reg.inc > G.inc) {
-    // A new launch of the group: what the earlier one held is gone.
-    const bool again = G.inc >= 0;
-    if (!G.answer_key.empty()) s.garbage.push_back(G.answer_key);  // the earlier launch's last answer
-    G.answer_key.clear();
-    G.inc = reg.inc;
-    G.seen_at = now;
-    G.size = reg.size;
-    G.model = reg.model;
-    G.sharding = reg.sharding;
-    G.ranks.clear();
-    G.lost = false;
-    G.silent.clear();
-    G.answered = -1;
-    G.whole = false;
-    G.stale = false;
-    G.step = 0;
-    G.refused = s.job ? differs(*s.job, G) : "";
-    logs.push_back(cat("group ", G.id, again ? " restarted" : " joined", ": ", G.size,
-                       G.size == 1 ? " rank (" : " ranks (", G.sharding, ")",
-                       G.refused.empty() ? "" : "; refused: " + G.refused));
-  }
-  if (reg.size != G.size || reg.model != G.model || reg.sharding != G.sharding) {
-    logs.push_back(cat("ignored the registration of group ", G.id, " rank ", reg.rank,
-                       ": its size, model or sharding differ from its own launch's first rank's"));
-    return logs;
-  }
-  RankState& R = G.ranks[reg.rank];
-  R.host = reg.host;
-  R.pid = reg.pid;
-  if (R.beat_at == Time{}) R.beat_at = now;
-  return logs;
-}
-
-namespace {
-
-// What a rank's standing teaches: a coordinator that restarted learns here
-// which ids are taken, which step the job reached, which quorum is in
-// flight, which outcome a rank read already and which launch of each member
-// took part. In steady state it knows all of it, and nothing changes.
-int R_index(const GroupState& G, const RankState& R) {
-  for (const auto& [r, k] : G.ranks)
-    if (&k == &R) return r;
-  return -1;
-}
-
-void learn(CoordState& s, GroupState& G, RankState& R, const Standing& at, Time now,
-           std::vector<std::string>& logs) {
-  if (!R.at) {
-    // The ranks of a launch report one state; one that differs makes it stale.
-    bool first = true;
-    for (const auto& [r, k] : G.ranks) first = first && !k.at;
-    // A rank first heard after this coordinator recovered (it was stopped
-    // through the restart) whose state rests on an outcome this coordinator
-    // does not know as it read it: the job may have gone on without that
-    // outcome, so its state is no source of anything. It heals.
-    const bool stale = !s.recovering && at.whole && at.last && known_outcome(s, *at.last) != at.last_commit;
-    if (stale)
-      logs.push_back(cat("group ", G.id, " rank ", R_index(G, R), " holds a state from before this coordinator knew the "
-                         "job (it was stopped through a coordinator restart): it heals"));
-    const bool whole = at.whole && !stale;
-    if (stale) G.stale = true;
-    if (first) {
-      G.whole = whole;
-      G.step = at.committed;
-    } else {
-      if (!whole || at.committed != G.step) G.whole = false;
-      G.step = std::min(G.step, at.committed);
-    }
-    R.at = at;
-    if (!whole) R.at->whole = false;
-  } else {
-    R.at = at;
-  }
-  if (R.at->whole) s.job_step = std::max(s.job_step, at.committed);
-  if (at.last) s.next_q = std::max(s.next_q, at.last->q + 1);
-  if (at.cur) {
-    s.next_q = std::max(s.next_q, at.cur->q + 1);
-    s.next_comm = std::max(s.next_comm, at.cur->comm + 1);
-  }
-  // Which launch of this group took part in a decided quorum it names.
-  for (const auto* ref : {at.last ? &*at.last : nullptr, at.cur ? &*at.cur : nullptr}) {
-    if (!ref) continue;
-    auto k = s.outcomes.find(ref->q);
-    if (k != s.outcomes.end() && k->second.ref == *ref && in(ref->members, G.id)) k->second.launches.emplace(G.id, G.inc);
-  }
-  // What only a coordinator that restarted needs: the outcome a rank read
-  // already, and the quorum in flight. Afterwards a rank that names a quorum
-  // this coordinator did not form is stale (frozen through the restart):
-  // it learns "expired" and heals.
-  if (!s.recovering) {
-    if (at.cur && at.cur->q == s.q.id && at.cur == std::optional<QuorumRef>(s.q.ref()) && !s.q.launches.count(G.id) &&
-        in(s.q.members, G.id) && !s.q.decided)
-      s.q.launches[G.id] = G.inc;
-    return;
-  }
-  if (at.last && !s.outcomes.count(at.last->q)) {
-    s.outcomes[at.last->q] = CoordState::Known{*at.last, at.last_commit, {}};
-    trim(s.outcomes);
-  }
-  if (at.last && at.last->q > s.q.id) {
-    // Decided by the coordinator before this one.
-    s.q = QuorumState{};
-    s.q.id = at.last->q;
-    s.q.era = at.last->era;
-    s.q.comm = at.last->comm;
-    s.q.step = at.last->step;
-    s.q.members = at.last->members;
-    s.q.committed = at.last_commit;
-    s.q.decided_at = now;
-  }
-  if (at.cur && at.cur->q > s.q.id) {
-    const QuorumRef& c = *at.cur;
-    s.q = QuorumState{};
-    s.q.id = c.q;
-    s.q.era = c.era;
-    s.q.comm = c.comm;
-    s.q.step = c.step;
-    s.q.members = c.members;
-    s.q.decided = false;
-    logs.push_back(cat("quorum ", c.q, " (step ", c.step, ", groups ", ids(c.members),
-                       ") was in flight: learned from group ", G.id));
-  }
-  if (at.cur && at.cur->q == s.q.id && *at.cur == s.q.ref() && in(s.q.members, G.id) && !s.q.launches.count(G.id))
-    s.q.launches[G.id] = G.inc;
-}
-
-}  // namespace
-
-bool take_message(CoordState& s, int g, int r, const RankMessage& m, Time now, std::vector<std::string>& logs) {
-  auto git = s.groups.find(g);
-  if (git == s.groups.end() || m.inc > git->second.inc) return false;  // its registration comes first
-  GroupState& G = git->second;
-  if (m.inc < G.inc) return true;  // an earlier launch's leftover
-  auto rit = G.ranks.find(r);
-  if (rit == G.ranks.end()) return false;
-  RankState& R = rit->second;
-  if (R.msg && m.seq <= R.msg->seq) return true;  // seen already (a duplicate, or older)
-  R.msg = m;
-  if (m.kind == Kind::BYE) R.gone = true;
-  learn(s, G, R, m.at, now, logs);
-  return true;
-}
-
-bool take_report(CoordState& s, int g, int r, const Report& rep, Time now, std::vector<std::string>& logs) {
-  auto git = s.groups.find(g);
-  if (git == s.groups.end() || rep.inc > git->second.inc) return false;
-  GroupState& G = git->second;
-  if (rep.inc < G.inc) return true;  // another launch's (a leftover, or a zombie of an earlier launch)
-  auto rit = G.ranks.find(r);
-  if (rit == G.ranks.end()) return false;
-  RankState& R = rit->second;
-  if (rep.n != R.beat) {
-    R.beat = rep.n;
-    R.beat_at = now;
-  }
-  learn(s, G, R, rep.at, now, logs);
-  return true;
-}
-
-// ---------------------------------------------------------------- liveness
-
-Liveness liveness(const CoordState& s, Time now) {
-  Liveness l;
-  for (const auto& [gid, G] : s.groups) {
-    if (G.inc < 0 || G.ranks.empty()) continue;
-    std::string silent;
-    for (int r = 0; r < G.size; ++r) {
-      auto it = G.ranks.find(r);
-      if (it == G.ranks.end()) {
-        // Never heard from: silent since its launch was first seen.
-        if (now - G.seen_at > s.o.heartbeat_timeout)
-          silent += cat(silent.empty() ? "" : ", ", "rank ", r, " never registered in ", seconds(now - G.seen_at), " s");
-        continue;
-      }
-      const RankState& k = it->second;
-      if (!k.gone && now - k.beat_at > s.o.heartbeat_timeout)
-        silent += cat(silent.empty() ? "" : ", ", "rank ", r, " (host ", k.host, ", pid ", k.pid, ") silent for ",
-                      seconds(now - k.beat_at), " s");
-    }
-    const bool bye = all_said_bye(G) && static_cast<int>(G.ranks.size()) == G.size;
-    const bool lost = !silent.empty() || bye;
-    if (lost && !G.lost)
-      l.changes.push_back({gid, true, silent,
-                           bye ? cat("group ", gid, " left (every rank said bye)") : cat("group ", gid, " lost: ", silent)});
-    if (!lost && G.lost)
-      l.changes.push_back({gid, false, "", cat("group ", gid, " is back: its heartbeats move again (it will heal)")});
-  }
-  return l;
-}
-
-void apply(CoordState& s, const Liveness& l) {
-  for (const auto& c : l.changes) {
-    GroupState& G = s.groups[c.group];
-    G.lost = c.lost;
-    if (c.lost) G.silent = c.silent;
-    else G.whole = false;  // what it holds may be stale
-  }
-}
-
-void forgive(CoordState& s, Clock::duration d) {
-  s.started += d;
-  for (auto& [gid, G] : s.groups) {
-    G.seen_at += d;
-    for (auto& [r, k] : G.ranks) k.beat_at += d;
-  }
-  s.q.decided_at += d;
-  if (s.q.first_failure != Time{}) s.q.first_failure += d;
-}
-
-std::optional<bool> known_outcome(const CoordState& s, const QuorumRef& ref) {
-  auto it = s.outcomes.find(ref.q);
-  if (it == s.outcomes.end() || !(it->second.ref == ref)) return std::nullopt;
-  return it->second.commit;
-}
-
-bool recovery_done(const CoordState& s, Time now) {
-  if (!s.recovering) return true;
-  const auto elapsed = now - s.started;
-  if (elapsed >= s.o.heartbeat_timeout) return true;
-  // Every live rank says where it stands within a heartbeat period of the
-  // coordinator's start (its heartbeat finds the new epoch); a moment more
-  // for the connection.
-  const auto period = std::max<Clock::duration>(s.o.heartbeat_timeout / 10, std::chrono::milliseconds(5));
-  if (elapsed < period + std::chrono::milliseconds(250)) return false;
-  auto complete = [&](int gid) {
-    auto it = s.groups.find(gid);
-    if (it == s.groups.end() || it->second.inc < 0) return false;
-    for (int r = 0; r < it->second.size; ++r) {
-      auto k = it->second.ranks.find(r);
-      if (k == it->second.ranks.end() || !k->second.at) return false;
-    }
-    return true;
-  };
-  for (const auto& [gid, G] : s.groups)
-    if (!G.lost && !complete(gid)) return false;
-  if (!s.q.decided)
-    for (int gid : s.q.members)
-      if (!complete(gid)) return false;
-  return true;
 }
 
 // ------------------------------------------------------------------ decide

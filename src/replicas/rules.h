@@ -4,6 +4,7 @@
 // quorum in flight, the clock). No I/O here: coordinator.cpp reads the
 // store into a CoordState and writes back what the rules decided, and the
 // simulator (tests/sim/) drives the same functions under injected faults.
+// (registry.cpp: the registry, liveness and recovery; rules.cpp: the decisions.)
 // defines: RuleOptions, RankState, GroupState, QuorumState, CoordState,
 //          take_registration, take_message, take_report, Liveness, liveness, apply,
 //          recovery_done, Verdict, decide, Formation, form, Cleanup, cleanup,
