@@ -158,28 +158,46 @@ def overhead(a):
     print(f"median over {a.rounds} rounds: HYBRID_SHARD {hy:.1f} ms/step, replica groups {ft:.1f} ms/step, "
           f"ratio {ft / hy:.3f}")
 
+def pid_of(build, group, rank):
+    """The pid of gpt rank `rank` of replica group `group` (its environment says which)."""
+    pids = subprocess.run(["pgrep", "-f", f"{build}/bin/gpt"], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"FSDP_REPLICA_GROUP={group}".encode() in env and f"RANK={rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+def start_groups(a, c, work, steps, restarts):
+    """3 groups of 2 ranks (GPT-mini SMALL, --log-every 1): their processes, log files, stamped lines
+    (each line with the time it arrived) and the threads that read them."""
+    logs = [os.path.join(work, f"g{g}.log") for g in range(3)]
+    cmd = [*SMALL, "--strategy", "full", "--steps", str(steps), "--log-every", "1", "--replicas", "3"]
+    ps = [subprocess.Popen(group_cmd(a.build, 2, cmd, restarts=restarts), env=c.env(g),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for g in range(3)]
+    stamped = [[] for _ in range(3)]
+
+    def copy(g):
+        with open(logs[g], "w") as f:
+            for line in ps[g].stdout:
+                stamped[g].append((time.monotonic(), line))
+                f.write(line)
+                f.flush()
+    readers = [threading.Thread(target=copy, args=(g,)) for g in range(3)]
+    for t in readers:
+        t.start()
+    return ps, logs, stamped, readers
+
 
 def failures(a):
     steps, every = a.steps, 20
     rng = random.Random(a.seed)
     with tempfile.TemporaryDirectory() as work:
         c = Coordinator(a.build, work, timeout_s=a.timeout, min_groups=3)
-        logs = [os.path.join(work, f"g{g}.log") for g in range(3)]
-        cmd = [*SMALL, "--strategy", "full", "--steps", str(steps), "--log-every", "1", "--replicas", "3"]
-        ps = [subprocess.Popen(group_cmd(a.build, 2, cmd, restarts=steps // every + 1), env=c.env(g),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for g in range(3)]
-        # Each line as it arrives, with the time it arrived (for the waits).
-        stamped = [[] for _ in range(3)]
-
-        def copy(g):
-            with open(logs[g], "w") as f:
-                for line in ps[g].stdout:
-                    stamped[g].append((time.monotonic(), line))
-                    f.write(line)
-                    f.flush()
-        readers = [threading.Thread(target=copy, args=(g,)) for g in range(3)]
-        for t in readers:
-            t.start()
+        ps, logs, stamped, readers = start_groups(a, c, work, steps, steps // every + 1)
         kills = []
         for k in range(every, steps, every):
             # Once the job reached step k, kill rank 0 or 1 of a random group.
@@ -188,16 +206,10 @@ def failures(a):
                 return bool(done) and int(done[-1]) >= k
             wait_for(reached, 600, f"step {k}")
             g, r = rng.randrange(3), rng.randrange(2)
-            pids = subprocess.run(["pgrep", "-f", f"{a.build}/bin/gpt"], capture_output=True, text=True).stdout.split()
-            for pid in pids:
-                try:
-                    env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-                except OSError:
-                    continue
-                if f"FSDP_REPLICA_GROUP={g}".encode() in env and f"RANK={r}".encode() in env:
-                    os.kill(int(pid), signal.SIGKILL)
-                    kills.append((k, g, r))
-                    break
+            pid = pid_of(a.build, g, r)
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+                kills.append((k, g, r))
         for p in ps:
             p.wait()
         for t in readers:
@@ -237,18 +249,6 @@ def failures(a):
         print(f"steps dropped: {drops}; the coordinator's log: {c.log} (removed with the run)")
         print(coord)
 
-def pid_of(build, group, rank):
-    """The pid of gpt rank `rank` of replica group `group` (its environment says which)."""
-    pids = subprocess.run(["pgrep", "-f", f"{build}/bin/gpt"], capture_output=True, text=True).stdout.split()
-    for pid in pids:
-        try:
-            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if f"FSDP_REPLICA_GROUP={group}".encode() in env and f"RANK={rank}".encode() in env:
-            return int(pid)
-    return None
-
 
 def chaos(a):
     """3 groups of 2 ranks over --steps steps; about every 20 steps a fault drawn from --seed: a rank killed,
@@ -258,21 +258,7 @@ def chaos(a):
     rng = random.Random(a.seed)
     with tempfile.TemporaryDirectory() as work:
         c = Coordinator(a.build, work, timeout_s=a.timeout, min_groups=3)
-        logs = [os.path.join(work, f"g{g}.log") for g in range(3)]
-        cmd = [*SMALL, "--strategy", "full", "--steps", str(steps), "--log-every", "1", "--replicas", "3"]
-        ps = [subprocess.Popen(group_cmd(a.build, 2, cmd, restarts=steps // 10), env=c.env(g),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for g in range(3)]
-        stamped = [[] for _ in range(3)]
-
-        def copy(g):
-            with open(logs[g], "w") as f:
-                for line in ps[g].stdout:
-                    stamped[g].append((time.monotonic(), line))
-                    f.write(line)
-                    f.flush()
-        readers = [threading.Thread(target=copy, args=(g,)) for g in range(3)]
-        for t in readers:
-            t.start()
+        ps, logs, stamped, readers = start_groups(a, c, work, steps, steps // 10)
         committed_re = re.compile(r"step\s+(\d+) \| quorum \d+: groups [\d,]+ committed")
 
         def progress():

@@ -61,14 +61,7 @@ void World::kill(Proc& p, const std::string& why) {
   ++p.life;
   p.held.clear();
   p.tasks.clear();  // not running: every coroutine of it is suspended
-  for (auto& [key, m] : meetings_)
-    if (!m.done && !m.broken)
-      for (auto& [q, g] : m.arrived)
-        if (q == &p) {
-          fail_meeting(m, p.name + " died", now());
-          break;
-        }
-  for (const auto& prefix : p.links) break_meetings(prefix, p.name + " died");
+  leave_meetings(p, p.name + " died");
   if (p.on_exit) sched.at(now(), [&p, why] { p.on_exit(false, why); });
 }
 
@@ -79,19 +72,23 @@ void World::exit(Proc& p, bool ok, const std::string& why) {
   p.frozen = false;
   ++p.life;
   p.held.clear();
-  for (auto& [key, m] : meetings_)
-    if (!m.done && !m.broken)
-      for (auto& [q, g] : m.arrived)
-        if (q == &p) {
-          fail_meeting(m, p.name + " exited", now());
-          break;
-        }
-  for (const auto& prefix : p.links) break_meetings(prefix, p.name + " exited");
+  leave_meetings(p, p.name + " exited");
   // Its frames go once the running one suspended (not from inside it).
   sched.at(now(), [&p, ok, why] {
     if (!p.alive) p.tasks.clear();
     if (p.on_exit) p.on_exit(ok, why);
   });
+}
+
+void World::leave_meetings(Proc& p, const std::string& why) {
+  for (auto& [key, m] : meetings_)
+    if (!m.done && !m.broken)
+      for (auto& [q, g] : m.arrived)
+        if (q == &p) {
+          fail_meeting(m, why, now());
+          break;
+        }
+  for (const auto& prefix : p.links) break_meetings(prefix, why);
 }
 
 void World::freeze(Proc& p) {

@@ -171,6 +171,8 @@ class World {
   };
   void exec(uint64_t gen, Op op, std::shared_ptr<Gate> g, int64_t deadline, int64_t reply_delay);
   void try_complete(const std::string& key);
+  // `p` is gone: every meeting it arrived at fails, and so do its links'.
+  void leave_meetings(Proc& p, const std::string& why);
   void fail_meeting(Meeting& m, const std::string& why, int64_t t);
   int64_t delay() { return chance(net_spike) ? range(5 * kMs, 40 * kMs) : range(net_base / 2, net_base * 2); }
 
