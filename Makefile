@@ -214,8 +214,10 @@ test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) $(if $(wildcard $(ASAN_BUILD)/CMakeCache.txt),,$(GENERATOR)) -DFSDP_PYTHON=$(TORCH_PYTHON) \
 	  -DFSDP_SANITIZE=ON -DFSDP_BUILD_BENCH=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 ifeq ($(ASAN_QUICK),1)
-	nice -n 15 cmake --build $(ASAN_BUILD) -j $(JOBS) --target fsdp_rank_programs
+	nice -n 15 cmake --build $(ASAN_BUILD) -j $(JOBS) --target fsdp_rank_programs fsdp_replica_sim
 	$(MAKE) build
+	@echo "test-asan: the replica groups' simulator under the sanitizers (its coroutines and the real protocol code): 300 seeds"
+	$(ASAN_ENV) $(ASAN_BUILD)/bin/fsdp_replica_sim --seeds 300
 	@echo "test-asan: skipped under the sanitizers (timing or memory bounds they cannot hold; see ASAN_SKIP): $(words $(subst :, ,$(ASAN_SKIP))) test(s)$(if $(ASAN_SKIP),: $(ASAN_SKIP))"
 	$(ASAN_ENV) FSDP_TEST_BIN_DIR=$(CURDIR)/$(ASAN_BUILD)/bin $(BUILD)/bin/fsdp_tests --gtest_filter='$(ASAN_FILTER)$(if $(ASAN_SKIP),-$(ASAN_SKIP))'
 else
