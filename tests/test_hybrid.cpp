@@ -292,7 +292,9 @@ TEST(HybridPlan, RecommendsHybridWhenTheInterHostLinkDominates) {
   // With a budget one recommendation: 157 MiB, where FULL_SHARD and
   // HYBRID_SHARD fit (not SHARD_GRAD_OP, not HYBRID_SHARD_ZERO2). Their ends
   // expose as much; at 1 Gbit/s between hosts HYBRID_SHARD's step sends
-  // less across (FULL_SHARD's backward all-gather crosses too).
+  // less across (FULL_SHARD's backward all-gather crosses too). Each rank
+  // with its own copy of the units (--share-host off): `auto` plans what the
+  // CPU ranks would do on the host the test runs on, which differs by host.
   auto verdicts = [](const std::string& out) {
     std::vector<std::string> v;
     std::istringstream in(out);
@@ -301,15 +303,29 @@ TEST(HybridPlan, RecommendsHybridWhenTheInterHostLinkDominates) {
     return v;
   };
   auto slow = run_command({bin_path("fsdp"), "plan", "--world", "8", "--hosts", "2", "--intra-bw", "10GB/s",
-                           "--inter-bw", "1Gbit/s", "--strategy", "auto", "--budget", "157MiB"});
+                           "--inter-bw", "1Gbit/s", "--strategy", "auto", "--budget", "157MiB", "--share-host",
+                           "off"});
   ASSERT_EQ(slow.exit_code, 0) << slow.output;
   EXPECT_EQ(verdicts(slow.output), std::vector<std::string>{"=> recommended: HYBRID_SHARD with --wrap size:65536 "
                                                             "--prefetch 1"})
       << slow.output;
+  // One copy of each unit per host (--share-host on): every sharded
+  // strategy's units lie in host-shared memory, so SHARD_GRAD_OP fits too
+  // (its share of the host's copy instead of a whole unit per rank) and,
+  // keeping the units between forward and backward, sends as little across
+  // hosts as HYBRID_SHARD_ZERO2 and comes first.
+  auto shared = run_command({bin_path("fsdp"), "plan", "--world", "8", "--hosts", "2", "--intra-bw", "10GB/s",
+                             "--inter-bw", "1Gbit/s", "--strategy", "auto", "--budget", "157MiB", "--share-host",
+                             "on"});
+  ASSERT_EQ(shared.exit_code, 0) << shared.output;
+  EXPECT_TRUE(contains(shared.output, "host-shared units: on (--share-host on)")) << shared.output;
+  EXPECT_EQ(verdicts(shared.output), std::vector<std::string>{"=> recommended: SHARD_GRAD_OP with --wrap size:65536 "
+                                                              "--prefetch 1"})
+      << shared.output;
   // As fast between hosts as inside (1000 GB/s a host, 8 ranks sharing it):
   // the difference is under 1%, a tie, and FULL_SHARD comes first.
   auto fast = run_command({bin_path("fsdp"), "plan", "--world", "8", "--hosts", "2", "--intra-bw", "10GB/s",
-                           "--inter-bw", "1000GB/s", "--strategy", "auto", "--budget", "157MiB"});
+                           "--inter-bw", "1000GB/s", "--strategy", "auto", "--budget", "157MiB", "--share-host", "off"});
   ASSERT_EQ(fast.exit_code, 0) << fast.output;
   EXPECT_EQ(verdicts(fast.output), std::vector<std::string>{"=> recommended: FULL_SHARD with --wrap size:65536 "
                                                             "--prefetch 1"})

@@ -49,6 +49,8 @@ struct Stats {
   // never shows half counted in it: what a measurement of training's own
   // bytes reads (the ledger's A).
   int64_t background_current = 0;
+  // Bytes allocated outside BackgroundWork now: about current -
+  // background_current, counted on its own.
   int64_t foreground_current = 0;
   // What the allocator holds from the system (tensors, cache, headers,
   // rounding) now.
