@@ -271,6 +271,7 @@ def chaos(a):
             return most
         faults, down = [], []  # down: (group, the time it went down)
         restarts_at = []       # (time, step) of each coordinator restart
+        fault_at = []          # (time, kind, step, the groups it hit) of each fault
         k = every
         while k < steps - every:
             wait_for(lambda: progress() >= k or all(p.poll() is not None for p in ps), 900, f"step {k}")
@@ -312,6 +313,7 @@ def chaos(a):
                 c.start()
                 restarts_at.append((time.monotonic(), progress()))
             faults.append((k, what, g, r))
+            fault_at.append((t, what, k, {hg for hg, th in down if th >= t}))
             k += rng.randrange(15, 26)
         for p in ps:
             p.wait()
@@ -352,6 +354,14 @@ def chaos(a):
         print(f"longest wait of a group no fault hit, between two committed steps: {worst[0]:.2f} s "
               f"(group {worst[1][0] if worst[1] else '-'}, before step {worst[1][1] if worst[1] else '-'}); "
               f"heartbeat timeout {a.timeout:.1f} s + median step {median_step:.2f} s = {a.timeout + median_step:.2f} s")
+        # Each fault: the longest gap between two committed steps of a group it did not hit, across it.
+        for t_f, what, k_f, hit_f in fault_at:
+            spans = [(t1 - t0, g) for g in range(3) if g not in hit_f
+                     for (t0, _), (t1, _) in zip(times[g], times[g][1:]) if t0 <= t_f <= t1]
+            gap, g = max(spans, default=(0.0, None))
+            print(f"fault at step {k_f} ({what}, hit {sorted(hit_f) or '-'}): the longest gap of a group it did not "
+                  f"hit: {gap:.2f} s (group {g if g is not None else '-'}) = heartbeat timeout + "
+                  f"{(gap - a.timeout) / max(median_step, 1e-9):.1f} median steps")
         for t_r, s_r in restarts_at:
             # what the restart cost: steps dropped from it to the next step every group committed, and the longest
             # gap of any group across it

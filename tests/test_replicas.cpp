@@ -549,12 +549,15 @@ TEST(ReplicaGroups, AHealInterruptedHalfWayLeavesNoRankWaitingAndNothingTorn) {
   const std::string back = job.dir + "/back", back0 = job.dir + "/back0";
   std::vector<ProcResult> res;
   std::thread t([&] {
-    // Groups 0 and 2 hold before step 5 until group 1 is back; groups 1 and
-    // 2 before step 10 until group 0 is back from its own kill (so that it
-    // has steps left to rejoin).
+    // Groups 0 and 2 hold before step 5 until group 1 is back, and group
+    // 1's second launch registers only once they hold there (however fast
+    // it restarts, its heal is at step 5, where group 0's rank 0 dies
+    // lending); groups 1 and 2 hold before step 10 until group 0 is back
+    // from its own kill (so that it has steps left to rejoin).
     res = run_groups(job, steps, {0, 1, 2},
                      {{"FSDP_TEST_HOLD=5:" + back, "FSDP_TEST_FAULT=0:0:5:kill_lend"},
-                      {"FSDP_TEST_FAULT=1:1:3:kill", "FSDP_TEST_HOLD=10:" + back0},
+                      {"FSDP_TEST_FAULT=1:1:3:kill", "FSDP_TEST_HOLD=10:" + back0,
+                       "FSDP_TEST_HOLD_RELAUNCH=" + back + ".held"},
                       {"FSDP_TEST_HOLD=5:" + back, "FSDP_TEST_HOLD2=10:" + back0}});
   });
   wait_for_log(job, "group 1 restarted");

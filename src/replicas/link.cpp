@@ -29,7 +29,12 @@ std::string group_list(const std::vector<int>& v) {
 
 // The coordinator's store as the links' connection sees it: every key it
 // writes is recorded, so that the coordinator can delete them once the
-// links are retired (a quorum with other links formed).
+// links are retired (a quorum with other links formed). While the
+// connection waits for a member's address (the wait polls check()), it
+// also watches the quorum's decision: a member that died as the links
+// connected (a heal's source killed as the heal starts) makes its group
+// relaunch, the coordinator drops the quorum at once, and every member
+// gives up then rather than after the heartbeat timeout.
 class RecordingStore final : public c10d::Store {
  public:
   struct Written {
@@ -40,10 +45,13 @@ class RecordingStore final : public c10d::Store {
       if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
     }
   };
-  RecordingStore(c10::intrusive_ptr<c10d::Store> s, std::shared_ptr<Written> w) : s_(std::move(s)), w_(std::move(w)) {
+  RecordingStore(c10::intrusive_ptr<c10d::Store> s, std::shared_ptr<Written> w, std::string decision_key)
+      : s_(std::move(s)), w_(std::move(w)), decision_key_(std::move(decision_key)) {
     timeout_ = s_->getTimeout();
   }
-  c10::intrusive_ptr<c10d::Store> clone() override { return c10::make_intrusive<RecordingStore>(s_->clone(), w_); }
+  c10::intrusive_ptr<c10d::Store> clone() override {
+    return c10::make_intrusive<RecordingStore>(s_->clone(), w_, decision_key_);
+  }
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
     w_->add(key);
     s_->set(key, value);
@@ -54,7 +62,22 @@ class RecordingStore final : public c10d::Store {
     return s_->add(key, value);
   }
   bool deleteKey(const std::string& key) override { return s_->deleteKey(key); }
-  bool check(const std::vector<std::string>& keys) override { return s_->check(keys); }
+  bool check(const std::vector<std::string>& keys) override {
+    if (s_->check(keys)) return true;
+    const auto now = Clock::now();
+    if (now - watched_ >= std::chrono::milliseconds(10)) {
+      watched_ = now;
+      if (s_->check({decision_key_})) {
+        const auto v = s_->get(decision_key_);
+        std::string why;
+        const auto d = parse_decision(std::string_view(reinterpret_cast<const char*>(v.data()), v.size()), &why);
+        if (d && !d->commit)
+          throw Error(detail::cat("the coordinator dropped the quorum while its links connected (", d->why,
+                                  "): given up at once"));
+      }
+    }
+    return false;
+  }
   int64_t getNumKeys() override { return s_->getNumKeys(); }
   void wait(const std::vector<std::string>& keys) override { s_->wait(keys); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
@@ -64,6 +87,8 @@ class RecordingStore final : public c10d::Store {
  private:
   c10::intrusive_ptr<c10d::Store> s_;
   std::shared_ptr<Written> w_;
+  const std::string decision_key_;  // the quorum's (Keys::decision)
+  Clock::time_point watched_{};     // when it was last read
 };
 
 }  // namespace
@@ -90,7 +115,8 @@ ReplicaLink::ReplicaLink(const QuorumClient& client, const QuorumView& q)
     }
   };
   try {
-    mesh_ = comm::connect_mesh_through(c10::make_intrusive<RecordingStore>(store, written), prefix, q.index,
+    mesh_ = comm::connect_mesh_through(
+        c10::make_intrusive<RecordingStore>(store, written, client.keys().decision(q.era, q.id)), prefix, q.index,
                                        static_cast<int>(q.members.size()), place.host, place.port, timeout_);
   } catch (...) {
     publish();

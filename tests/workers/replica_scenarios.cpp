@@ -19,6 +19,7 @@
 // what it waits for happened; FSDP_TEST_HOLD2 a second hold). Each launch prints
 //   LAUNCH group=G rank=R pid=P restart=K
 // so that a test can stop or kill it from outside.
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -78,8 +79,19 @@ void hold_at(int64_t step) {
     const auto colon = v.find(':');
     if (std::stoll(v.substr(0, colon)) != step) continue;
     const std::string file = v.substr(colon + 1);
+    // FILE.held says a rank waits here (FSDP_TEST_HOLD_RELAUNCH waits for it).
+    if (access(file.c_str(), F_OK) != 0) close(open((file + ".held").c_str(), O_CREAT | O_WRONLY, 0644));
     for (int i = 0; i < 12000 && access(file.c_str(), F_OK) != 0; ++i) usleep(10000);
   }
+}
+
+// FSDP_TEST_HOLD_RELAUNCH=FILE: a relaunched rank (FSDP_RESTART_COUNT > 0)
+// waits for FILE before it registers, so that the others reach a step first.
+void hold_relaunch() {
+  const char* restart = std::getenv("FSDP_RESTART_COUNT");
+  const char* file = std::getenv("FSDP_TEST_HOLD_RELAUNCH");
+  if (!file || !restart || std::atoi(restart) == 0) return;
+  for (int i = 0; i < 12000 && access(file, F_OK) != 0; ++i) usleep(10000);
 }
 
 FSDP_SCENARIO(replica_train) {
@@ -109,6 +121,7 @@ FSDP_SCENARIO(replica_train) {
     if (fault.group != g || fault.rank != r || h.step < fault.step || h.bytes == h.total) return;
     if ((fault.what == "kill_lend" && h.lending) || (fault.what == "kill_take" && !h.lending)) raise(SIGKILL);
   };
+  hold_relaunch();
   ReplicaGroups replicas(*model, opt, ro);
   std::printf("LAUNCH group=%d rank=%d pid=%d restart=%s\n", replicas.group(), r, static_cast<int>(getpid()),
               restart ? restart : "0");
