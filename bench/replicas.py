@@ -313,7 +313,7 @@ def chaos(a):
                 c.start()
                 restarts_at.append((time.monotonic(), progress()))
             faults.append((k, what, g, r))
-            fault_at.append((t, what, k, {hg for hg, th in down if th >= t}))
+            fault_at.append((t, time.monotonic(), what, k, {hg for hg, th in down if th >= t}))
             k += rng.randrange(15, 26)
         for p in ps:
             p.wait()
@@ -354,10 +354,11 @@ def chaos(a):
         print(f"longest wait of a group no fault hit, between two committed steps: {worst[0]:.2f} s "
               f"(group {worst[1][0] if worst[1] else '-'}, before step {worst[1][1] if worst[1] else '-'}); "
               f"heartbeat timeout {a.timeout:.1f} s + median step {median_step:.2f} s = {a.timeout + median_step:.2f} s")
-        # Each fault: the longest gap between two committed steps of a group it did not hit, across it.
-        for t_f, what, k_f, hit_f in fault_at:
+        # Each fault: the longest gap between two committed steps of a group it did not hit, among the gaps that
+        # overlap the fault (from its first kill to its last).
+        for t_f, t_e, what, k_f, hit_f in fault_at:
             spans = [(t1 - t0, g) for g in range(3) if g not in hit_f
-                     for (t0, _), (t1, _) in zip(times[g], times[g][1:]) if t0 <= t_f <= t1]
+                     for (t0, _), (t1, _) in zip(times[g], times[g][1:]) if t0 <= t_e and t1 >= t_f]
             gap, g = max(spans, default=(0.0, None))
             print(f"fault at step {k_f} ({what}, hit {sorted(hit_f) or '-'}): the longest gap of a group it did not "
                   f"hit: {gap:.2f} s (group {g if g is not None else '-'}) = heartbeat timeout + "

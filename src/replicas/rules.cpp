@@ -467,8 +467,11 @@ Cleanup cleanup(const CoordState& s, const Keys& keys) {
     }
     c.publish.emplace_back(keys.decision(ref.era, ref.q), d);
   }
+  // The current quorum's decision stays while it is current, read or not:
+  // its members that are still connecting its links watch it (ReplicaLink)
+  // and give up at once when it is a drop.
   for (const auto& [id, key] : s.published)
-    if (!waited.count(id) && !(id == std::make_pair(s.q.era, s.q.id) && !s.q.decided)) c.erase.push_back(key);
+    if (!waited.count(id) && id != std::make_pair(s.q.era, s.q.id)) c.erase.push_back(key);
   c.erase.insert(c.erase.end(), s.garbage.begin(), s.garbage.end());
   return c;
 }
