@@ -65,7 +65,13 @@ Loaded load() {
       candidates.push_back(dir + "/../lib/" + kPluginFile);
       candidates.push_back(dir + "/" + kPluginFile);
     }
-    if (*FSDP_CUDA_PLUGIN_INSTALL_DIR) candidates.push_back(std::string(FSDP_CUDA_PLUGIN_INSTALL_DIR) + "/" + kPluginFile);
+    if (*FSDP_CUDA_PLUGIN_INSTALL_DIR) {
+      // Appended, not operator+ on a temporary: GCC 12 warns wrongly of the
+      // latter (-Warray-bounds in char_traits' memcpy).
+      std::string installed = FSDP_CUDA_PLUGIN_INSTALL_DIR;
+      installed.append("/").append(kPluginFile);
+      candidates.push_back(std::move(installed));
+    }
   }
   std::string tried;
   for (const std::string& c : candidates) {
