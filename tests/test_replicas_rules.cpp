@@ -97,27 +97,34 @@ TEST(ReplicaCoordinator, JunkInEveryKeyIsLoggedOnceAndIgnored) {
   RuleOptions o{std::chrono::milliseconds(1000), 1};
   CoordinatorCore core(kv, "", o, "epoch-1", 1000, at_ms(0), [&](const std::string& l) { logs.push_back(l); });
   const Keys& keys = core.keys();
-  kv.kv[keys.nreg()] = "5";
-  kv.kv[keys.reg(0)] = "{not json";
-  kv.kv[keys.reg(1)] = to_json(Registration{7, 0, 1, 1, "h", 1, "m", "s"});
+  const int64_t era = era_of("epoch-1");
+  kv.kv[keys.nreg(era)] = "5";
+  kv.kv[keys.reg(era, 0)] = "{not json";
+  kv.kv[keys.reg(era, 1)] = to_json(Registration{7, 0, 1, 1, "h", 1, "m", "s"});
   // reg(2): a hole, counted and never written (its rank killed between the
   // two); reg(3): of a rank past its group's size; reg(4): a group that
   // registers after the hole, and is not held up by it.
-  kv.kv[keys.reg(3)] = R"({"group":8,"rank":3,"inc":1,"size":2,"host":"h","pid":1,"model":"m","sharding":"s"})";
-  kv.kv[keys.reg(4)] = to_json(Registration{9, 0, 2, 1, "h", 2, "m", "s"});
+  kv.kv[keys.reg(era, 3)] = R"({"group":8,"rank":3,"inc":1,"size":2,"host":"h","pid":1,"model":"m","sharding":"s"})";
+  kv.kv[keys.reg(era, 4)] = to_json(Registration{9, 0, 2, 1, "h", 2, "m", "s"});
   kv.kv[keys.mailbox(7, 1, 0)] = R"({"v":99})";
   kv.kv[keys.heartbeat(7, 1, 0)] = "\xff";
   for (int i = 0; i < 5; ++i) EXPECT_NO_THROW(core.pass(at_ms(100 * i)));
   size_t ignored = 0;
   for (const auto& l : logs) ignored += l.rfind("ignored ", 0) == 0;
   EXPECT_EQ(ignored, 4u) << ::testing::PrintToString(logs);  // each once: reg 0, reg 3, the mailbox, the heartbeat
-  EXPECT_EQ(kv.kv.count(keys.reg(0)), 0u) << "a registration is deleted once read";
+  EXPECT_EQ(kv.kv.count(keys.reg(era, 0)), 0u) << "a registration is deleted once read";
   EXPECT_NE(std::find(logs.begin(), logs.end(), "group 9 joined: 1 rank (s)"), logs.end())
       << ::testing::PrintToString(logs);
   // The hole is read again later: its rank (slow, not dead) writes it.
-  kv.kv[keys.reg(2)] = to_json(Registration{10, 0, 3, 1, "h", 3, "m", "s"});
+  kv.kv[keys.reg(era, 2)] = to_json(Registration{10, 0, 3, 1, "h", 3, "m", "s"});
+  // A registration counted with an earlier coordinator (its rank was
+  // stopped through the restart, and wrote when it resumed) lands where this
+  // one never reads: it cannot take the place of a later one.
+  kv.kv[keys.reg(era_of("epoch-0"), 5)] = to_json(Registration{11, 0, 4, 1, "h", 4, "m", "s"});
   core.pass(at_ms(600));
   EXPECT_NE(std::find(logs.begin(), logs.end(), "group 10 joined: 1 rank (s)"), logs.end())
+      << ::testing::PrintToString(logs);
+  EXPECT_EQ(std::find(logs.begin(), logs.end(), "group 11 joined: 1 rank (s)"), logs.end())
       << ::testing::PrintToString(logs);
 }
 

@@ -204,8 +204,15 @@ QuorumClient::QuorumClient(const ReplicaPlace& place, GroupIdentity id, int64_t 
       }
       reg = sh->side.registration();
     }
-    const int64_t i = s.add(sh->keys.nreg(), 1);
-    s.set(sh->keys.reg(i - 1), to_json(reg));
+    // Counted and written under the coordinator these settings name: if
+    // another took its place meanwhile, this write is never read and the
+    // next beat registers with the new one.
+    std::string bad;
+    const auto settings = parse_settings(*cfg, &bad);
+    if (!settings) return;  // not this protocol's: refuse() said so above
+    const int64_t era = era_of(settings->epoch);
+    const int64_t i = s.add(sh->keys.nreg(era), 1);
+    s.set(sh->keys.reg(era, i - 1), to_json(reg));
     s.set(sh->keys.bell(), "");
     sh->registered = *cfg;
   };

@@ -31,9 +31,7 @@ CoordinatorCore::CoordinatorCore(Kv& kv, const std::string& job_token, RuleOptio
   s_.o = o;
   s_.started = now;
   // The era: a number of this process's own, from its epoch (JSON-safe).
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : epoch) h = (h ^ c) * 1099511628211ull;
-  s_.era = static_cast<int64_t>(h & ((uint64_t{1} << 53) - 1));
+  s_.era = era_of(epoch);
   kv_.set(Keys::job(), job_token.empty() ? "none" : comm::token_fingerprint(job_token));
   // The counter first: a rank takes a launch only once it read the settings.
   launch_counter_ = kv_.add(keys_.launches(), std::max<int64_t>(0, launch_seed));
@@ -57,12 +55,12 @@ void CoordinatorCore::complain(const std::string& key, const std::string& text, 
 }
 
 void CoordinatorCore::discover(Time now, std::vector<std::string>& logs) {
-  const int64_t n = kv_.add(keys_.nreg(), 0);
+  const int64_t n = kv_.add(keys_.nreg(s_.era), 0);
   for (; registered_ < n; ++registered_) holes_.push_back(registered_);
   if (holes_.empty()) return;
   while (holes_.size() > kMaxHoles) holes_.erase(holes_.begin());
   std::vector<std::string> keys;
-  for (int64_t i : holes_) keys.push_back(keys_.reg(i));
+  for (int64_t i : holes_) keys.push_back(keys_.reg(s_.era, i));
   const auto values = kv_.get(keys);
   std::vector<int64_t> still;
   for (size_t i = 0; i < holes_.size(); ++i) {

@@ -273,6 +273,12 @@ std::string to_json(const Settings& s) {
   return json{{"v", s.protocol}, {"heartbeat_ms", s.heartbeat_ms}, {"epoch", s.epoch}}.dump();
 }
 
+int64_t era_of(const std::string& epoch) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : epoch) h = (h ^ c) * 1099511628211ull;
+  return static_cast<int64_t>(h & ((uint64_t{1} << 53) - 1));
+}
+
 std::optional<Settings> parse_settings(std::string_view text, std::string* why) {
   Fields f(text, "the coordinator's settings:");
   Settings s;

@@ -15,9 +15,13 @@
 //   launches             a counter: each launch of a group takes the next value
 //                        (its incarnation: later launches are larger, whatever
 //                        the hosts' clocks say)
-//   nreg, reg/<i>        the i-th registration (Registration): a rank of a
-//                        launch, who it is and what its group trains; a
-//                        rank registers again with every new coordinator
+//   nreg/<era>,          the i-th registration (Registration) with the
+//   reg/<era>/<i>        coordinator process `era` (era_of its settings'
+//                        epoch): a rank of a launch, who it is and what its
+//                        group trains; a rank registers again with every new
+//                        coordinator, and a write that counted with an
+//                        earlier one (its rank was stopped through a
+//                        restart) lands where the new one never reads
 //   hb/<g>/<inc>/<r>     its heartbeat (Report): a counter and where it
 //                        stands (what a coordinator that restarted learns
 //                        the job's state from), written every tenth of the
@@ -57,8 +61,10 @@ class Keys {
   static std::string job();
   std::string cfg() const { return base_ + "cfg"; }
   std::string launches() const { return base_ + "launches"; }
-  std::string nreg() const { return base_ + "nreg"; }
-  std::string reg(int64_t i) const { return base_ + "reg/" + std::to_string(i); }
+  std::string nreg(int64_t era) const { return base_ + "nreg/" + std::to_string(era); }
+  std::string reg(int64_t era, int64_t i) const {
+    return base_ + "reg/" + std::to_string(era) + "/" + std::to_string(i);
+  }
   // A launch's own keys: a write of an earlier launch that arrives late (a
   // store that was stopped reads a dead client's last request when it
   // resumes) can never overwrite a later launch's.
@@ -176,6 +182,9 @@ struct Settings {
 };
 std::string to_json(const Settings& s);
 std::optional<Settings> parse_settings(std::string_view text, std::string* why);
+// The coordinator process an epoch names, as a JSON-safe number (FNV-1a,
+// 53 bits): what its decisions, links and registrations are keyed by.
+int64_t era_of(const std::string& epoch);
 
 // Bounds on what a message may hold (a larger one is malformed).
 constexpr int kMaxGroupId = 1 << 20;

@@ -373,11 +373,12 @@ Task<void> RankSim::heartbeat() {
         const auto st = parse_settings(cfg, &why);
         if (!st || st->protocol != kProtocol) fatal = "settings: " + why;
         sim::Op add;
-        add.add = std::make_pair(s.keys.nreg(), int64_t{1});
+        const int64_t era = st ? era_of(st->epoch) : 0;
+        add.add = std::make_pair(s.keys.nreg(era), int64_t{1});
         auto a = co_await s.w.call(proc, hb, add, 1 * kS);
         if (a) {
           sim::Op reg;
-          reg.sets = {{s.keys.reg(a->added - 1), to_json(side->registration())}, {s.keys.bell(), ""}};
+          reg.sets = {{s.keys.reg(era, a->added - 1), to_json(side->registration())}, {s.keys.bell(), ""}};
           if (co_await s.w.call(proc, hb, reg, 1 * kS)) registered = cfg;
         }
       }
@@ -831,15 +832,19 @@ void Sim::schedule_faults(int n) {
         case 8: {  // malformed and foreign values in the store
           if (!w.store.alive) break;
           auto& kv = w.store.kv;
-          const int64_t n = (kv.count(keys.nreg()) ? std::stoll(kv[keys.nreg()]) : 0);
+          // Where this coordinator reads registrations (its settings' epoch).
+          std::string bad;
+          const auto st = kv.count(keys.cfg()) ? parse_settings(kv[keys.cfg()], &bad) : std::nullopt;
+          const int64_t era = st ? era_of(st->epoch) : 0;
+          const int64_t n = (kv.count(keys.nreg(era)) ? std::stoll(kv[keys.nreg(era)]) : 0);
           static const char* junk[] = {"", "{", "[1,2]", "null", "{\"group\": \"x\"}", "\xff\xfe garbage",
                                        "{\"v\": 99, \"seq\": 1}", "{\"group\": 1e300, \"rank\": -1}"};
           const std::string j = junk[w.range(0, 7)];
-          kv[keys.nreg()] = std::to_string(n + 3);
-          kv[keys.reg(n)] = j;
+          kv[keys.nreg(era)] = std::to_string(n + 3);
+          kv[keys.reg(era, n)] = j;
           // A registration of a group nobody runs, with a mailbox and a heartbeat of junk.
           Registration fake{900, 0, 1, 1, "nowhere", 1, "other model", "other"};
-          kv[keys.reg(n + 1)] = to_json(fake);
+          kv[keys.reg(era, n + 1)] = to_json(fake);
           kv[keys.mailbox(900, 1, 0)] = j;
           kv[keys.heartbeat(900, 1, 0)] = "{\"inc\": 1, \"n\": \"seven\"}";
           // n + 2 stays a hole: counted, never written (a rank killed between the two).
