@@ -464,6 +464,11 @@ Cleanup cleanup(const CoordState& s, const Keys& keys) {
     if (const auto o = known_outcome(s, ref)) {
       d.commit = *o;
       d.expired = false;
+    } else if (s.recovering) {
+      // Not yet "expired": a rank this coordinator has not heard since it
+      // started may have read the outcome (its group-mate, say), and its
+      // report comes before the recovery ends.
+      continue;
     }
     c.publish.emplace_back(keys.decision(ref.era, ref.q), d);
   }
