@@ -24,6 +24,7 @@
 #include "core_model.h"
 #include "fsdp/trace.h"
 #include "replica_batch.h"
+#include "replicas/protocol.h"
 #include "test_util.h"
 
 namespace fsdp::testing {
@@ -641,9 +642,16 @@ TEST(ReplicaGroups, JunkInTheCoordinatorsStoreIsLoggedAndTheJobGoesOn) {
     o.timeout = std::chrono::seconds(10);
     auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
     auto bytes = [](const std::string& t) { return std::vector<uint8_t>(t.begin(), t.end()); };
-    const int64_t n = store->add("fsdp-ft/nreg", 3);
-    store->set("fsdp-ft/reg/" + std::to_string(n - 3), bytes("{not json"));
-    store->set("fsdp-ft/reg/" + std::to_string(n - 2),
+    // Registrations live under the coordinator's era (its settings' epoch).
+    const auto cfg = store->get("fsdp-ft/cfg");
+    std::string bad;
+    const auto settings = replicas::parse_settings(std::string(cfg.begin(), cfg.end()), &bad);
+    EXPECT_TRUE(settings) << bad;  // (no ASSERT: the groups' thread must be joined)
+    const std::string era = std::to_string(settings ? replicas::era_of(settings->epoch) : 0);
+    const std::string reg = "fsdp-ft/reg/" + era + "/";
+    const int64_t n = store->add("fsdp-ft/nreg/" + era, 3);
+    store->set(reg + std::to_string(n - 3), bytes("{not json"));
+    store->set(reg + std::to_string(n - 2),
                bytes(R"({"group":7,"rank":0,"inc":1,"size":1,"host":"x","pid":1,"model":"m","sharding":"s"})"));
     // reg n-1 stays a hole: counted, never written.
     store->set("fsdp-ft/mb/7/1/0", bytes(R"({"v":99,"seq":1,"kind":"vote"})"));
