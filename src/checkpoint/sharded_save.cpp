@@ -11,8 +11,6 @@
 //   6. rank 0 deletes checkpoints beyond keep_last (rename to .trash-*, then delete)
 // Readers only ever follow `latest` or a directory with metadata.json, and
 // metadata.json is only ever written into a directory that has every shard.
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <set>
@@ -122,7 +120,7 @@ std::string commit_checkpoint(const std::string& root, const std::string& tmp_di
   }
   Metadata meta = merge_rank_indexes(ranks, step, strategy, train_state);
   atomic_write_file(join_path(tmp_dir, kMetadataFile), meta.dump(), fsync);
-  for (int r = 0; r < world; ++r) ::unlink(join_path(tmp_dir, rank_index_name(r)).c_str());
+  for (int r = 0; r < world; ++r) remove_file(join_path(tmp_dir, rank_index_name(r)));
   if (fsync) fsync_dir(tmp_dir);
 
   const std::string name = step_dir_name(step);
@@ -177,10 +175,10 @@ SaveResult detail::save_sharded_checked(Communicator& comm, const std::string& r
     detail::check_slices(detail::kModel, model, false);
     detail::check_slices(detail::kOptim, optim, false);
     if (rank == 0) {
-      detail::make_dirs(root);
+      detail::make_dirs(root, opts.fsync);
       for (auto& n : detail::list_dir(root))  // leftovers of saves killed part-way
         if (n.rfind(".tmp-step-", 0) == 0 || n.rfind(".trash-", 0) == 0) detail::remove_tree(detail::join_path(root, n));
-      detail::make_dirs(tmp_dir);
+      detail::make_dirs(tmp_dir, opts.fsync);
     }
   } catch (const std::exception& e) {
     err = cat("rank ", rank, ": ", e.what());

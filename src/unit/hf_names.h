@@ -46,10 +46,4 @@ std::pair<int64_t, int64_t> owned_range(const FullyShardedModel& m, const ParamS
 // "'a', 'b' and 3 more", for messages.
 std::string join_names(const std::vector<std::string>& v, size_t most = 6);
 
-// Writes `bytes` to path (temp file, fsync, rename, fsync of the directory
-// unless fsync is false). Throws fsdp::Error naming the path.
-void write_durable(const std::string& path, const std::string& bytes, bool fsync);
-// fsync of a file or directory (throws fsdp::Error naming it).
-void fsync_path(const std::string& path);
-
 }  // namespace fsdp::detail::hf

@@ -5,11 +5,11 @@
 // exact notion of ckpt::Slice, so every strategy saves and loads the same
 // way and resharding N -> M is the checkpoint layer's interval overlap.
 #include <chrono>
-#include <filesystem>
 #include <functional>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "checkpoint/file_io.h"
 #include "compat/torch_compat.h"
 #include "fsdp/progress.h"
 #include "fsdp/state_dict.h"
@@ -287,7 +287,7 @@ ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimiz
   wait_for_checkpoint(model);  // a background save is committed (or failed, here) before anything is read
   // A checkpoint root that was never created is "no checkpoint yet": a
   // (re)started job with --resume starts fresh instead of failing.
-  if (!std::filesystem::exists(path_or_root)) {
+  if (!ckpt::detail::path_exists(path_or_root)) {
     ckpt::LoadResult none;
     none.note = "'" + path_or_root + "' does not exist yet";
     return none;
