@@ -4,8 +4,9 @@
 //   1. rank 0 creates root/.tmp-step-N             -> previous checkpoint intact
 //   2. every rank writes + fsyncs its shard file and its index
 //   3. rank 0 merges the indexes into metadata.json (fsync), fsyncs the dir
-//   4. rank 0 renames .tmp-step-N -> step-N, fsyncs root
-//                                                  -> step-N complete; `latest` still
+//   4. rank 0 renames .tmp-step-N -> step-N, fsyncs root (a step-N saved
+//      before is swapped with the new one atomically, then removed: never
+//      deleted first)               -> step-N complete; `latest` still
 //                                                     names the previous one
 //   5. rank 0 rewrites `latest` (temp, fsync, rename, fsync root)
 //   6. rank 0 deletes checkpoints beyond keep_last (rename to .trash-*, then delete)
@@ -125,9 +126,10 @@ std::string commit_checkpoint(const std::string& root, const std::string& tmp_di
 
   const std::string name = step_dir_name(step);
   const std::string final_dir = join_path(root, name);
-  if (path_exists(final_dir)) delete_checkpoint(root, name, fsync);  // saving the same step again
-  rename_path(tmp_dir, final_dir);
-  if (fsync) fsync_dir(root);
+  // Saving the same step again: the two directories swap in one step, so a
+  // crash leaves the previous step-N or the new one, never neither (deleting
+  // the previous one first lost it to a crash before the rename).
+  publish_dir(tmp_dir, final_dir, fsync);
   atomic_write_file(join_path(root, kLatestFile), name + "\n", fsync);
 
   if (keep_last > 0) {
@@ -177,7 +179,9 @@ SaveResult detail::save_sharded_checked(Communicator& comm, const std::string& r
     if (rank == 0) {
       detail::make_dirs(root, opts.fsync);
       for (auto& n : detail::list_dir(root))  // leftovers of saves killed part-way
-        if (n.rfind(".tmp-step-", 0) == 0 || n.rfind(".trash-", 0) == 0) detail::remove_tree(detail::join_path(root, n));
+        if (n.rfind(".tmp-step-", 0) == 0 || n.rfind(".trash-", 0) == 0 ||
+            (n.rfind(".step-", 0) == 0 && n.find(".fsdp-tmp-") != std::string::npos))
+          detail::remove_tree(detail::join_path(root, n));
       detail::make_dirs(tmp_dir, opts.fsync);
     }
   } catch (const std::exception& e) {
