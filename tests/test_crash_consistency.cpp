@@ -63,10 +63,12 @@ void restore(const std::string& dir, const std::string& from) {
 
 // The enumeration. `start` puts the folder in the state before the write,
 // `write` runs the writer, `check(k)` judges what a crash at k left after the
-// power cut (k = 0: no crash), `again` is a clean write after it. Returns K.
+// power cut (k = 0: no crash); a clean write follows each. `swap`: whether
+// the file system swaps two paths atomically (RENAME_EXCHANGE). Returns K.
 int64_t enumerate(const std::string& dir, const std::function<void()>& start, const std::function<void()>& write,
-                  const std::function<void(int64_t)>& check) {
+                  const std::function<void(int64_t)>& check, bool swap = true) {
   FaultInjectionEnv env(dir);
+  env.set_exchange_supported(swap);
   start();
   env.reset();
   {
@@ -143,7 +145,8 @@ Tensors with_optim(const Tensors& model, int seed) {
 // after every crash of `save`; K.
 int64_t enumerate_sharded_save(const std::string& tag, int64_t step, int keep_last,
                                const std::function<void(const std::string&, int64_t, const Tensors&, const Tensors&,
-                                                        const ckpt::SaveOptions&)>& save) {
+                                                        const ckpt::SaveOptions&)>& save,
+                               bool swap = true) {
   const std::string dir = temp_dir("crash-" + tag), base = temp_dir("crash-" + tag + "-base");
   const std::string root = dir + "/ckpt";
   ckpt::SaveOptions so;
@@ -160,7 +163,8 @@ int64_t enumerate_sharded_save(const std::string& tag, int64_t step, int keep_la
         const std::string w = which(got, both);
         EXPECT_NE(w, "") << describe(got, both);
         if (k == 0) EXPECT_EQ(w, "new") << "a power cut after the save returned lost it";
-      });
+      },
+      swap);
 }
 
 void save_now(const std::string& root, int64_t step, const Tensors& m, const Tensors& o, const ckpt::SaveOptions& so) {
@@ -192,6 +196,11 @@ TEST(CrashConsistency, ShardedSaveWithKeepLastOneKeepsThePreviousOrTheNew) {
 TEST(CrashConsistency, ShardedSaveOfTheSameStepAgainKeepsThePreviousOrTheNew) {
   const int64_t K = enumerate_sharded_save("same-step", 1, 0, save_now);
   std::printf("sharded save, same step again: %lld crash points\n", static_cast<long long>(K));
+}
+
+TEST(CrashConsistency, ShardedSaveOfTheSameStepAgainWithoutAnAtomicSwap) {
+  const int64_t K = enumerate_sharded_save("same-step-no-swap", 1, 0, save_now, /*swap=*/false);
+  std::printf("sharded save, same step again, no RENAME_EXCHANGE: %lld crash points\n", static_cast<long long>(K));
 }
 
 TEST(CrashConsistency, BackgroundSaveKeepsThePreviousOrTheNew) {
@@ -227,7 +236,7 @@ std::pair<bool, Tensors> load_hf_dir(const std::string& dir, std::string* error)
   return {true, got};
 }
 
-void enumerate_hf_export(const std::string& tag, bool replacing) {
+void enumerate_hf_export(const std::string& tag, bool replacing, bool swap = true) {
   const std::string dir = temp_dir("crash-" + tag), base = temp_dir("crash-" + tag + "-base");
   const std::string out = dir + "/export";
   const Tensors m1 = values(1), m2 = values(2);
@@ -254,15 +263,20 @@ void enumerate_hf_export(const std::string& tag, bool replacing) {
         EXPECT_NE(w, "") << describe(got, both);
         if (!replacing) EXPECT_EQ(w, "new");
         if (k == 0) EXPECT_EQ(w, "new") << "a power cut after the export returned lost it";
-      });
+      },
+      swap);
   EXPECT_GT(K, 20);
-  std::printf("HF export (%s): %lld crash points\n", replacing ? "replacing one" : "new directory",
-              static_cast<long long>(K));
+  std::printf("HF export (%s%s): %lld crash points\n", replacing ? "replacing one" : "new directory",
+              swap ? "" : ", no RENAME_EXCHANGE", static_cast<long long>(K));
 }
 
 TEST(CrashConsistency, HfExportIntoANewDirectoryIsAbsentOrComplete) { enumerate_hf_export("hf-new", false); }
 
 TEST(CrashConsistency, HfExportOverAPreviousOneKeepsThePreviousOrTheNew) { enumerate_hf_export("hf-replace", true); }
+
+TEST(CrashConsistency, HfExportOverAPreviousOneWithoutAnAtomicSwap) {
+  enumerate_hf_export("hf-replace-no-swap", true, /*swap=*/false);
+}
 
 TEST(CrashConsistency, ConvertToHfIsAbsentOrComplete) {
   const std::string dir = temp_dir("crash-to-hf"), src = temp_dir("crash-to-hf-src");

@@ -46,6 +46,12 @@ class FaultInjectionEnv final : public fsdp::detail::Env {
     std::lock_guard<std::mutex> g(mu_);
     crash_at_ = k;
   }
+  // Whether exchange() swaps (false: a file system without RENAME_EXCHANGE,
+  // where the writers fall back to two renames). Kept across resets.
+  void set_exchange_supported(bool ok) {
+    std::lock_guard<std::mutex> g(mu_);
+    exchange_ok_ = ok;
+  }
   // Mutating calls under root since the last reset.
   int64_t mutations() const {
     std::lock_guard<std::mutex> g(mu_);
@@ -100,7 +106,8 @@ class FaultInjectionEnv final : public fsdp::detail::Env {
     if (!r) return px().sync_dir(dir);
     std::lock_guard<std::mutex> g(mu_);
     count();
-    px().sync_dir(dir);
+    // The model is the durability here: no real fsync (a test's speed must
+    // not depend on the disk's).
     auto it = cur_.find(*r);
     if (it == cur_.end()) return;
     std::map<std::string, int> kids;
@@ -123,7 +130,7 @@ class FaultInjectionEnv final : public fsdp::detail::Env {
     if (!a || !b) return px().exchange(x, y);
     std::lock_guard<std::mutex> g(mu_);
     count();
-    if (!px().exchange(x, y)) return false;
+    if (!exchange_ok_ || !px().exchange(x, y)) return false;
     auto ta = take_tree(*a), tb = take_tree(*b);
     for (auto& [suffix, id] : ta) cur_[*b + suffix] = id;
     for (auto& [suffix, id] : tb) cur_[*a + suffix] = id;
@@ -192,8 +199,7 @@ class FaultInjectionEnv final : public fsdp::detail::Env {
     }
     void pread(int64_t offset, size_t n, void* dst) const override { f_->pread(offset, n, dst); }
     void sync() override {
-      env_->counted([&] {
-        f_->sync();
+      env_->counted([&] {  // the model's sync; no real fsync (see sync_dir)
         std::string bytes(static_cast<size_t>(f_->size()), '\0');
         if (!bytes.empty()) f_->pread(0, bytes.size(), bytes.data());
         env_->nodes_[static_cast<size_t>(id_)].data = std::move(bytes);
@@ -314,6 +320,7 @@ class FaultInjectionEnv final : public fsdp::detail::Env {
   std::map<std::string, int> cur_;    // the live tree: path under root -> inode
   int64_t ops_ = 0, crash_at_ = 0;
   bool crashed_ = false;
+  bool exchange_ok_ = true;
 };
 
 }  // namespace fsdp::testing
