@@ -34,7 +34,7 @@
 #include "fsdp/hf.h"
 #include "fsdp/state_dict.h"
 #include "unit/engine_access.h"
-#include "unit/hf_names.h"
+#include "state/hf_names.h"
 
 namespace fs = std::filesystem;
 
