@@ -1,82 +1,44 @@
 // fsdp-cpp checkpoints: durable file operations (see file_io.h).
 #include "checkpoint/file_io.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <system_error>
 
 #include "fsdp/errors.h"
 
 namespace fsdp::ckpt::detail {
 namespace fs = std::filesystem;
 using fsdp::detail::cat;
+using fsdp::detail::env;
 
-namespace {
-[[noreturn]] void io_fail(const std::string& path, const char* what, int err) {
-  throw Error(cat(what, " '", path, "' failed: ", std::strerror(err),
-                  ". Check that the directory exists, is writable and the disk has space."));
-}
-}  // namespace
-
-FileHandle::FileHandle(const std::string& path, int flags, const char* what, int mode) : path_(path) {
-  fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
-  if (fd_ < 0) io_fail(path, what, errno);
+FileHandle FileHandle::create(const std::string& path) {
+  FileHandle h;
+  h.f_ = env().create(path);
+  h.path_ = path;
+  return h;
 }
 
-FileHandle::~FileHandle() {
-  if (fd_ >= 0) ::close(fd_);
+FileHandle FileHandle::open(const std::string& path) {
+  FileHandle h;
+  h.f_ = env().open(path);
+  h.path_ = path;
+  return h;
 }
 
-FileHandle& FileHandle::operator=(FileHandle&& o) noexcept {
-  if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = o.fd_;
-    path_ = std::move(o.path_);
-    o.fd_ = -1;
-  }
-  return *this;
+int64_t FileHandle::size() const { return f_->size(); }
+void FileHandle::write_all(const void* data, size_t n) { f_->append(data, n); }
+void FileHandle::pwrite_all(int64_t offset, const void* data, size_t n) { f_->pwrite(offset, data, n); }
+void FileHandle::pread_all(int64_t offset, size_t n, void* dst) const { f_->pread(offset, n, dst); }
+void FileHandle::sync() { f_->sync(); }
+void FileHandle::close() {
+  if (!f_) return;
+  auto f = std::move(f_);
+  f->close();
 }
-
-int64_t FileHandle::size() const {
-  struct stat st;
-  if (::fstat(fd_, &st) != 0) io_fail(path_, "stat", errno);
-  return st.st_size;
-}
-
-void FileHandle::write_all(const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t k = ::write(fd_, p, std::min<size_t>(n, 1 << 30));
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      io_fail(path_, "writing", errno);
-    }
-    p += k;
-    n -= static_cast<size_t>(k);
-  }
-}
-
-void FileHandle::pwrite_all(int64_t offset, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t k = ::pwrite(fd_, p, std::min<size_t>(n, 1 << 30), offset);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      io_fail(path_, "writing", errno);
-    }
-    p += k;
-    offset += k;
-    n -= static_cast<size_t>(k);
-  }
-}
-
-void FileHandle::pread_all(int64_t offset, size_t n, void* dst) const { detail::pread_all(fd_, path_, offset, n, dst); }
 
 void pread_all(int fd, const std::string& path, int64_t offset, size_t n, void* dst) {
   char* p = static_cast<char*>(dst);
@@ -85,7 +47,7 @@ void pread_all(int fd, const std::string& path, int64_t offset, size_t n, void* 
     ssize_t k = ::pread(fd, p, std::min<size_t>(n, 1 << 30), offset);
     if (k < 0) {
       if (errno == EINTR) continue;
-      io_fail(path, "reading", errno);
+      throw Error(cat("reading '", path, "' failed: ", std::strerror(errno), ". Check the disk."));
     }
     if (k == 0) throw_truncated(path, from, to, offset);
     p += k;
@@ -100,92 +62,68 @@ void throw_truncated(const std::string& path, int64_t from, int64_t to, int64_t 
                   "again."));
 }
 
-void FileHandle::sync() {
-  if (::fsync(fd_) != 0) io_fail(path_, "fsync", errno);
-}
-
-void FileHandle::close() {
-  if (fd_ < 0) return;
-  int fd = fd_;
-  fd_ = -1;
-  if (::close(fd) != 0) io_fail(path_, "close", errno);
-}
-
-void fsync_dir(const std::string& dir) {
-  FileHandle d(dir, O_RDONLY | O_DIRECTORY, "opening directory");
-  d.sync();
-}
+void fsync_dir(const std::string& dir) { env().sync_dir(dir); }
 
 void atomic_write_file(const std::string& path, const std::string& content, bool do_fsync) {
-  std::string tmp = path + ".tmp";
-  {
-    FileHandle f(tmp, O_WRONLY | O_CREAT | O_TRUNC, "creating");
-    f.write_all(content.data(), content.size());
-    if (do_fsync) f.sync();
-    f.close();
-  }
-  rename_path(tmp, path);
-  if (do_fsync) fsync_dir(parent_dir(path));
+  fsdp::detail::replace_file(path, content, do_fsync);
 }
 
 std::string read_small_file(const std::string& path, int64_t max_bytes) {
-  FileHandle f(path, O_RDONLY, "opening");
-  int64_t n = f.size();
-  if (n > max_bytes)
-    throw Error(cat("'", path, "' has ", n, " bytes; expected at most ", max_bytes,
-                    ". This is not a file fsdp-cpp wrote; check the path."));
-  std::string s(static_cast<size_t>(n), '\0');
-  f.pread_all(0, s.size(), s.data());
-  return s;
+  return fsdp::detail::read_file(path, max_bytes);
 }
 
-bool path_exists(const std::string& p) {
-  std::error_code ec;
-  return fs::exists(p, ec);
-}
-bool is_directory(const std::string& p) {
-  std::error_code ec;
-  return fs::is_directory(p, ec);
-}
+bool path_exists(const std::string& p) { return env().kind(p) != fsdp::detail::FileKind::kNone; }
+bool is_directory(const std::string& p) { return env().kind(p) == fsdp::detail::FileKind::kDirectory; }
 std::string join_path(const std::string& a, const std::string& b) {
   if (a.empty()) return b;
   return a.back() == '/' ? a + b : a + "/" + b;
 }
-std::string parent_dir(const std::string& p) {
-  fs::path pp = fs::path(p).lexically_normal();
-  if (!pp.has_filename()) pp = pp.parent_path();  // "dir/" -> "dir"
-  auto par = pp.parent_path().string();
-  return par.empty() ? "." : par;
-}
+std::string parent_dir(const std::string& p) { return fsdp::detail::parent_folder(p); }
 std::string base_name(const std::string& p) {
   fs::path pp = fs::path(p).lexically_normal();
   if (!pp.has_filename()) pp = pp.parent_path();
   return pp.filename().string();
 }
-void make_dirs(const std::string& p) {
-  std::error_code ec;
-  fs::create_directories(p, ec);
-  if (ec) throw Error(cat("creating directory '", p, "' failed: ", ec.message(),
-                          ". Check the path and permissions."));
+
+void make_dirs(const std::string& p, bool do_fsync) { fsdp::detail::make_dirs(p, do_fsync); }
+
+std::string make_temp_dir(const std::string& dest, bool do_fsync) {
+  const std::string parent = parent_dir(dest);
+  make_dirs(parent, do_fsync);
+  return env().make_temp_dir(parent, "." + base_name(dest) + ".fsdp-tmp-");
 }
-void remove_tree(const std::string& p) {
-  std::error_code ec;
-  fs::remove_all(p, ec);
-  if (ec) throw Error(cat("removing '", p, "' failed: ", ec.message(), ". Check permissions."));
+
+bool is_temp_dir_of(const std::string& name, const std::string& dest_name) {
+  const std::string prefix = "." + dest_name + ".fsdp-tmp-";
+  return name.size() == prefix.size() + 6 && name.compare(0, prefix.size(), prefix) == 0;
 }
-void rename_path(const std::string& from, const std::string& to) {
-  if (::rename(from.c_str(), to.c_str()) != 0)
-    throw Error(cat("renaming '", from, "' to '", to, "' failed: ", std::strerror(errno),
-                    ". Check permissions and that both are on the same file system."));
+
+void remove_tree(const std::string& p) { env().remove_tree(p); }
+void remove_file(const std::string& p) { env().remove_file(p); }
+void rename_path(const std::string& from, const std::string& to) { env().rename(from, to); }
+
+void publish_dir(const std::string& tmp, const std::string& dest, bool do_fsync) {
+  const std::string parent = parent_dir(dest);
+  if (!path_exists(dest)) {
+    rename_path(tmp, dest);
+    if (do_fsync) fsync_dir(parent);
+    return;
+  }
+  if (!env().exchange(tmp, dest)) {
+    // No atomic swap on this file system: the previous one moves aside into
+    // an empty directory of ours (rename replaces it), then the new one in.
+    // Both renames are in one directory and made durable by one sync.
+    const std::string old = make_temp_dir(dest, do_fsync);
+    rename_path(dest, old);
+    rename_path(tmp, dest);
+    if (do_fsync) fsync_dir(parent);
+    remove_tree(old);
+    return;
+  }
+  if (do_fsync) fsync_dir(parent);
+  remove_tree(tmp);  // now the previous one
 }
-std::vector<std::string> list_dir(const std::string& dir) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
-    out.push_back(it->path().filename().string());
-  if (ec) throw Error(cat("listing '", dir, "' failed: ", ec.message(), "."));
-  std::sort(out.begin(), out.end());
-  return out;
-}
+
+std::vector<std::string> list_dir(const std::string& dir) { return env().list_dir(dir); }
 
 }  // namespace fsdp::ckpt::detail

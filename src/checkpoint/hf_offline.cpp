@@ -49,46 +49,62 @@ int64_t convert_to_hf(const std::string& path, const std::string& out_dir, torch
     total += t.numel() * es;
     params += t.numel();
   }
-  const std::string tmp = d::join_path(d::parent_dir(out_dir), "." + d::base_name(out_dir) + ".fsdp-tmp");
-  d::remove_tree(tmp);
-  d::make_dirs(tmp);
-  d::PieceReader reader(dir, m, true);
-  nlohmann::json weight_map = nlohmann::json::object(), sums = nlohmann::json::object();
-  const int n = static_cast<int>(files.size());
-  for (int k = 0; k < n; ++k) {
-    std::vector<TensorSpec> specs;
-    for (auto& name : files[static_cast<size_t>(k)]) specs.push_back({name, sec->second.at(name).shape, dtype});
-    SafetensorsWriter w(d::join_path(tmp, hf_file_name(k, n)), specs, {{"format", "pt"}});
-    for (auto& name : files[static_cast<size_t>(k)]) {
-      const d::TensorMeta& t = sec->second.at(name);
-      weight_map[name] = hf_file_name(k, n);
-      const std::string what = cat("checkpoint '", dir, "': tensor '", name, "'");
-      for (auto& op : d::plan_reads(what, t, 0, t.numel())) {
-        const int64_t step = std::max<int64_t>(1, kPart / d::element_size(t.dtype));
-        for (int64_t a = op.src_lo; a < op.src_hi; a += step) {
-          const int64_t b = std::min(op.src_hi, a + step);
-          auto buf = torch::empty({b - a}, torch::TensorOptions().dtype(t.dtype));
-          reader.read(d::kModel, name, t, t.pieces[op.piece], a, b, buf.data_ptr());
-          w.write(buf.to(dtype));
+  // The files go into a temporary directory beside out_dir (mkdtemp: a name
+  // nobody could plant a link at), renamed into place when complete: a kill
+  // at any point leaves out_dir absent or complete. Leftovers of killed
+  // conversions to the same out_dir go first.
+  const std::string parent = d::parent_dir(out_dir);
+  if (d::is_directory(parent))
+    for (auto& n : d::list_dir(parent))
+      if (d::is_temp_dir_of(n, d::base_name(out_dir))) d::remove_tree(d::join_path(parent, n));
+  const std::string tmp = d::make_temp_dir(out_dir);
+  try {
+    d::PieceReader reader(dir, m, true);
+    nlohmann::json weight_map = nlohmann::json::object(), sums = nlohmann::json::object();
+    const int n = static_cast<int>(files.size());
+    for (int k = 0; k < n; ++k) {
+      std::vector<TensorSpec> specs;
+      for (auto& name : files[static_cast<size_t>(k)]) specs.push_back({name, sec->second.at(name).shape, dtype});
+      SafetensorsWriter w(d::join_path(tmp, hf_file_name(k, n)), specs, {{"format", "pt"}});
+      for (auto& name : files[static_cast<size_t>(k)]) {
+        const d::TensorMeta& t = sec->second.at(name);
+        weight_map[name] = hf_file_name(k, n);
+        const std::string what = cat("checkpoint '", dir, "': tensor '", name, "'");
+        for (auto& op : d::plan_reads(what, t, 0, t.numel())) {
+          const int64_t step = std::max<int64_t>(1, kPart / d::element_size(t.dtype));
+          for (int64_t a = op.src_lo; a < op.src_hi; a += step) {
+            const int64_t b = std::min(op.src_hi, a + step);
+            auto buf = torch::empty({b - a}, torch::TensorOptions().dtype(t.dtype));
+            reader.read(d::kModel, name, t, t.pieces[op.piece], a, b, buf.data_ptr());
+            w.write(buf.to(dtype));
+          }
         }
       }
+      const int64_t bytes = w.finish();
+      nlohmann::json chunks = nlohmann::json::array();
+      for (uint32_t c : w.chunk_crc32c()) chunks.push_back(d::crc32c_hex(c));
+      sums[hf_file_name(k, n)] = {{"bytes", bytes}, {"crc32c", d::crc32c_hex(w.file_crc32c())}, {"chunk_crc32c", chunks}};
     }
-    const int64_t bytes = w.finish();
-    nlohmann::json chunks = nlohmann::json::array();
-    for (uint32_t c : w.chunk_crc32c()) chunks.push_back(d::crc32c_hex(c));
-    sums[hf_file_name(k, n)] = {{"bytes", bytes}, {"crc32c", d::crc32c_hex(w.file_crc32c())}, {"chunk_crc32c", chunks}};
+    nlohmann::json index = {
+        {"metadata",
+         {{"total_size", total},
+          {"total_parameters", params},
+          {"format", "fsdp-cpp/hf-export"},
+          {"fsdp_checksums", {{"algorithm", "crc32c"}, {"chunk_bytes", SafetensorsWriter::kChunkBytes}, {"files", sums}}}}},
+        {"weight_map", weight_map}};
+    d::atomic_write_file(d::join_path(tmp, "model.safetensors.index.json"), index.dump(2) + "\n");
+    d::fsync_dir(tmp);
+    // rename(2), not a swap: fails, rather than replace it, when out_dir
+    // appeared meanwhile.
+    d::rename_path(tmp, out_dir);
+    d::fsync_dir(parent);
+  } catch (const std::exception&) {
+    try {
+      d::remove_tree(tmp);
+    } catch (const std::exception&) {  // the first error is the one to report
+    }
+    throw;
   }
-  nlohmann::json index = {
-      {"metadata",
-       {{"total_size", total},
-        {"total_parameters", params},
-        {"format", "fsdp-cpp/hf-export"},
-        {"fsdp_checksums", {{"algorithm", "crc32c"}, {"chunk_bytes", SafetensorsWriter::kChunkBytes}, {"files", sums}}}}},
-      {"weight_map", weight_map}};
-  d::atomic_write_file(d::join_path(tmp, "model.safetensors.index.json"), index.dump(2) + "\n");
-  d::fsync_dir(tmp);
-  d::rename_path(tmp, out_dir);
-  d::fsync_dir(d::parent_dir(out_dir));
   return total;
 }
 

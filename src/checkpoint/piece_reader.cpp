@@ -56,7 +56,7 @@ PieceReader::Open& PieceReader::open(int file) {
   if (!path_exists(f->path))
     throw Error(cat("checkpoint file '", f->path, "' (written by rank ", f->meta->rank, " of ", meta_.world_size,
                     ") is missing. The checkpoint directory is incomplete; copy it again or use another one."));
-  f->fh = FileHandle(f->path, O_RDONLY, "opening");
+  f->fh = FileHandle::open(f->path);
   int64_t size = f->fh.size();
   if (size != f->meta->bytes)
     throw Error(cat("checkpoint file '", f->path, "': expected ", f->meta->bytes, " bytes (metadata.json), found ",

@@ -34,13 +34,7 @@ RangeReader::RangeReader(int fd, const std::string& path, int64_t file_size, boo
     : path_(path), size_(file_size), fd_(fd) {
   if (!direct || size_ <= 0) return;
   // The same file with O_DIRECT: -1 (EINVAL) where the file system refuses it.
-  direct_fd_ = ::open(cat("/proc/self/fd/", fd).c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-  struct stat a, b;
-  if (direct_fd_ >= 0 && (::fstat(fd, &a) != 0 || ::fstat(direct_fd_, &b) != 0 || a.st_dev != b.st_dev ||
-                          a.st_ino != b.st_ino)) {
-    ::close(direct_fd_);
-    direct_fd_ = -1;
-  }
+  direct_fd_ = fsdp::detail::env().reopen_direct(fd);
   if (direct_fd_ < 0) return;
   map_ = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd_, 0);
   if (map_ == MAP_FAILED) {  // residency cannot be told: read through the cache

@@ -165,7 +165,8 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorSpec> s
   m.header_total = 8 + static_cast<int64_t>(text.size());
   m.file_size = m.header_total + offset;
 
-  m.file = detail::FileHandle(m.tmp_path, O_WRONLY | O_CREAT | O_TRUNC, "creating");
+  detail::remove_file(m.tmp_path);  // a killed write's leftover
+  m.file = detail::FileHandle::create(m.tmp_path);
   uint64_t n = text.size();
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
@@ -178,7 +179,10 @@ SafetensorsWriter::~SafetensorsWriter() {
   if (impl_ && !impl_->finished) {
     // Abandoned (an exception unwound past us): leave no partial file behind.
     impl_->file = detail::FileHandle();
-    ::unlink(impl_->tmp_path.c_str());
+    try {
+      detail::remove_file(impl_->tmp_path);
+    } catch (...) {  // a destructor reports nothing; the next write of this file removes it
+    }
   }
 }
 
@@ -247,7 +251,7 @@ struct SafetensorsReader::Impl {
 SafetensorsReader::SafetensorsReader(std::string path) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.path = std::move(path);
-  m.file = detail::FileHandle(m.path, O_RDONLY, "opening");
+  m.file = detail::FileHandle::open(m.path);
   m.size = m.file.size();
   if (m.size < 8) m.bad(cat("the file has ", m.size, " bytes; expected at least 8 (the header length)"));
   unsigned char len[8];

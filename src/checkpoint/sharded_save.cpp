@@ -4,15 +4,14 @@
 //   1. rank 0 creates root/.tmp-step-N             -> previous checkpoint intact
 //   2. every rank writes + fsyncs its shard file and its index
 //   3. rank 0 merges the indexes into metadata.json (fsync), fsyncs the dir
-//   4. rank 0 renames .tmp-step-N -> step-N, fsyncs root
-//                                                  -> step-N complete; `latest` still
+//   4. rank 0 renames .tmp-step-N -> step-N, fsyncs root (a step-N saved
+//      before is swapped with the new one atomically, then removed: never
+//      deleted first)               -> step-N complete; `latest` still
 //                                                     names the previous one
 //   5. rank 0 rewrites `latest` (temp, fsync, rename, fsync root)
 //   6. rank 0 deletes checkpoints beyond keep_last (rename to .trash-*, then delete)
 // Readers only ever follow `latest` or a directory with metadata.json, and
 // metadata.json is only ever written into a directory that has every shard.
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <set>
@@ -122,14 +121,15 @@ std::string commit_checkpoint(const std::string& root, const std::string& tmp_di
   }
   Metadata meta = merge_rank_indexes(ranks, step, strategy, train_state);
   atomic_write_file(join_path(tmp_dir, kMetadataFile), meta.dump(), fsync);
-  for (int r = 0; r < world; ++r) ::unlink(join_path(tmp_dir, rank_index_name(r)).c_str());
+  for (int r = 0; r < world; ++r) remove_file(join_path(tmp_dir, rank_index_name(r)));
   if (fsync) fsync_dir(tmp_dir);
 
   const std::string name = step_dir_name(step);
   const std::string final_dir = join_path(root, name);
-  if (path_exists(final_dir)) delete_checkpoint(root, name, fsync);  // saving the same step again
-  rename_path(tmp_dir, final_dir);
-  if (fsync) fsync_dir(root);
+  // Saving the same step again: the two directories swap in one step, so a
+  // crash leaves the previous step-N or the new one, never neither (deleting
+  // the previous one first lost it to a crash before the rename).
+  publish_dir(tmp_dir, final_dir, fsync);
   atomic_write_file(join_path(root, kLatestFile), name + "\n", fsync);
 
   if (keep_last > 0) {
@@ -177,10 +177,12 @@ SaveResult detail::save_sharded_checked(Communicator& comm, const std::string& r
     detail::check_slices(detail::kModel, model, false);
     detail::check_slices(detail::kOptim, optim, false);
     if (rank == 0) {
-      detail::make_dirs(root);
+      detail::make_dirs(root, opts.fsync);
       for (auto& n : detail::list_dir(root))  // leftovers of saves killed part-way
-        if (n.rfind(".tmp-step-", 0) == 0 || n.rfind(".trash-", 0) == 0) detail::remove_tree(detail::join_path(root, n));
-      detail::make_dirs(tmp_dir);
+        if (n.rfind(".tmp-step-", 0) == 0 || n.rfind(".trash-", 0) == 0 ||
+            (n.rfind(".step-", 0) == 0 && n.find(".fsdp-tmp-") != std::string::npos))
+          detail::remove_tree(detail::join_path(root, n));
+      detail::make_dirs(tmp_dir, opts.fsync);
     }
   } catch (const std::exception& e) {
     err = cat("rank ", rank, ": ", e.what());

@@ -22,6 +22,7 @@
 #include <stdexcept>
 
 #include "comm/cma.h"
+#include "common/env.h"
 #include "comm/slots.h"
 #include "comm/mesh.h"
 #include "common/proc_state.h"
@@ -80,16 +81,14 @@ std::string why_unreadable(const Name& name, int reader, const ProbeResult& p, c
 
 namespace {
 std::string read_line(const char* path) {
-  std::ifstream f(path);
-  std::string s;
-  std::getline(f, s);
+  std::string s = ::fsdp::detail::read_proc_text(path, 4096);
+  if (const auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
   return s;
 }
 
 std::string ns_of(const char* path) {
-  char ns[64] = {0};
-  const ssize_t k = readlink(path, ns, sizeof ns - 1);
-  return k > 0 ? std::string(ns, static_cast<size_t>(k)) : std::string("?");
+  const std::string ns = ::fsdp::detail::env().read_link(path);
+  return ns.empty() ? std::string("?") : ns;
 }
 
 }  // namespace

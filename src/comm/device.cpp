@@ -24,6 +24,7 @@
 #include <climits>
 #include <mutex>
 
+#include "common/env.h"
 #include "fsdp/config.h"
 #include "fsdp/device.h"
 #include "fsdp/errors.h"
@@ -46,10 +47,8 @@ struct Loaded {
 };
 
 std::string program_dir() {
-  char buf[PATH_MAX];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  std::string p(buf, static_cast<size_t>(n));
+  const std::string p = ::fsdp::detail::env().read_link("/proc/self/exe");
+  if (p.empty()) return "";
   return p.substr(0, p.find_last_of('/'));
 }
 

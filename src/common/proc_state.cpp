@@ -1,6 +1,8 @@
 // fsdp-cpp: the /proc/<pid>/stat reader (see proc_state.h).
 #include "common/proc_state.h"
 
+#include "common/env.h"
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -32,12 +34,10 @@ State parse_stat_line(const std::string& line) {
 State read_state(int64_t pid) {
   if (pid <= 0) return State::Unreadable;
   const std::string dir = "/proc/" + std::to_string(pid);
-  std::ifstream f(dir + "/stat");
-  std::string line;
-  if (!std::getline(f, line)) {
-    struct stat st {};
-    return ::stat(dir.c_str(), &st) != 0 && errno == ENOENT ? State::Gone : State::Unreadable;
-  }
+  std::string line = ::fsdp::detail::read_proc_text(dir + "/stat", 4096);
+  if (const auto nl = line.find('\n'); nl != std::string::npos) line.resize(nl);
+  if (line.empty())
+    return ::fsdp::detail::env().kind(dir) == ::fsdp::detail::FileKind::kNone ? State::Gone : State::Unreadable;
   return parse_stat_line(line);
 }
 

@@ -11,6 +11,7 @@
 #include <limits>
 #include <optional>
 
+#include "common/env.h"
 #include "fsdp/errors.h"
 
 namespace fsdp::config {
@@ -428,13 +429,16 @@ Lineage this_process() {
       const std::string dir = "/proc/" + std::to_string(pid);
       Ancestor a;
       a.pid = pid;
-      std::ifstream comm(dir + "/comm");
-      std::getline(comm, a.command);
-      std::ifstream env_file(dir + "/environ", std::ios::binary);
-      std::string entry;
-      while (std::getline(env_file, entry, '\0')) {
+      a.command = ::fsdp::detail::read_proc_text(dir + "/comm", 4096);
+      if (const auto nl = a.command.find('\n'); nl != std::string::npos) a.command.resize(nl);
+      const std::string env_text = ::fsdp::detail::read_proc_text(dir + "/environ", size_t(2) << 20);
+      for (size_t at = 0; at < env_text.size();) {
+        size_t end = env_text.find('\0', at);
+        if (end == std::string::npos) end = env_text.size();
+        const std::string entry = env_text.substr(at, end - at);
         const size_t eq = entry.find('=');
         if (eq != std::string::npos) a.env.emplace(entry.substr(0, eq), entry.substr(eq + 1));
+        at = end + 1;
       }
       // An unreadable environ reads as empty; the empty one of a process
       // started with none says nothing either.
@@ -442,9 +446,8 @@ Lineage this_process() {
       out.push_back(a);
       if (!a.readable || pid == 1) break;
       // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-      std::ifstream stat(dir + "/stat");
-      std::string line;
-      std::getline(stat, line);
+      std::string line = ::fsdp::detail::read_proc_text(dir + "/stat", 4096);
+      if (const auto nl = line.find('\n'); nl != std::string::npos) line.resize(nl);
       const size_t close = line.rfind(')');
       int ppid = 0;
       if (close == std::string::npos || std::sscanf(line.c_str() + close + 1, " %*c %d", &ppid) != 1) break;

@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "fsdp/config.h"
+#include "common/env.h"
 #include "fsdp/errors.h"
 
 namespace fsdp {
@@ -374,15 +375,17 @@ std::string dump(const std::string& reason, const std::string& where) {
   static std::atomic<uint64_t> writes{0};
   std::lock_guard<std::mutex> one_at_a_time(write_mu);
   try {
-    std::filesystem::create_directories(d);
+    fsdp::detail::Env& fs = fsdp::detail::env();
+    fsdp::detail::make_dirs(d, /*do_fsync=*/false);
     const std::string tmp = path + ".tmp" + std::to_string(getpid()) + "." + std::to_string(++writes);
     {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      f << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-      f.flush();
-      if (!f.good()) throw std::runtime_error("write failed (disk full?)");
+      const std::string text = j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+      fs.remove_file(tmp);
+      auto f = fs.create(tmp);
+      f->append(text.data(), text.size());
+      f->close();
     }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error(std::strerror(errno));
+    fs.rename(tmp, path);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fsdp: flight recorder: could not write %s: %s (set FSDP_FLIGHT_DIR or fsdp run --flight-dir)\n",
                  path.c_str(), e.what());
@@ -439,13 +442,18 @@ bool dumps_on_signal() { return g_sig_installed.load(); }
 
 std::vector<nlohmann::json> read_dumps(const std::string& d) {
   std::vector<std::pair<int, nlohmann::json>> found;
-  std::error_code ec;
-  for (auto& e : std::filesystem::directory_iterator(d, ec)) {
-    const std::string name = e.path().filename().string();
+  fsdp::detail::Env& fs = fsdp::detail::env();
+  if (fs.kind(d) != fsdp::detail::FileKind::kDirectory) return {};
+  for (const std::string& name : fs.list_dir(d)) {
     if (name.rfind("flight-rank", 0) != 0 || name.size() < 17 || name.compare(name.size() - 5, 5, ".json") != 0)
       continue;
-    std::ifstream f(e.path());
-    auto j = nlohmann::json::parse(f, nullptr, false);
+    std::string text;
+    try {
+      text = fsdp::detail::read_file(d + "/" + name, int64_t(1) << 30);
+    } catch (const std::exception&) {  // unreadable or not a file: not a dump
+      continue;
+    }
+    auto j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object() || j.value("schema", "") != "fsdp-flight/1") continue;
     found.emplace_back(j.value("rank", 0), std::move(j));
   }

@@ -15,6 +15,7 @@
 #include <map>
 #include <set>
 
+#include "common/env.h"
 #include "fsdp/errors.h"
 #include "fsdp/flight.h"
 #include "observe/html.h"
@@ -255,16 +256,11 @@ ReportSummary write_report(const std::vector<nlohmann::json>& dumps, const std::
     page += std::string("<span><i style=\"background:") + color_of(k) + "\"></i>" + k + "</span>";
   page += "<span><i style=\"background:#e15759;border:1px solid #900\"></i>unfinished</span></div>\n" + svg + table +
           "</body></html>\n";
-  const std::string tmp = out_path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    FSDP_USER_CHECK(f.good(), "fsdp report: cannot write '", tmp, "'. Pass -o with a writable path.");
-    f << page;
-    f.flush();
-    FSDP_USER_CHECK(f.good(), "fsdp report: writing '", tmp, "' failed (disk full?).");
+  try {
+    fsdp::detail::replace_file(out_path, page, /*do_fsync=*/false);
+  } catch (const Error& e) {
+    throw Error(fsdp::detail::cat("fsdp report: ", e.what(), " Pass -o with a writable path."));
   }
-  FSDP_USER_CHECK(std::rename(tmp.c_str(), out_path.c_str()) == 0, "fsdp report: cannot rename '", tmp, "' to '",
-                  out_path, "'.");
   sum.bytes = static_cast<int64_t>(page.size());
   return sum;
 }

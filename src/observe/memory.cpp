@@ -30,6 +30,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "common/env.h"
 #include "fsdp/deferred.h"
 #include "fsdp/errors.h"
 
@@ -265,25 +266,15 @@ int64_t kb_field(const char* buf, const char* key) {
 }
 // RssShmem from /proc/self/status, without allocating.
 int64_t read_rss_shmem() {
-  const int fd = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
   char buf[4096];
-  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
-  ::close(fd);
-  if (n <= 0) return 0;
-  buf[n] = 0;
+  if (::fsdp::detail::env().read_proc("/proc/self/status", buf, sizeof buf) <= 0) return 0;
   return kb_field(buf, "RssShmem:");
 }
 Resident read_statm() {
   Resident r;
   r.shmem = read_rss_shmem();
-  const int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return r;
   char buf[160];
-  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
-  ::close(fd);
-  if (n <= 0) return r;
-  buf[n] = 0;
+  if (::fsdp::detail::env().read_proc("/proc/self/statm", buf, sizeof buf) <= 0) return r;
   long long size = 0, resident = 0, shared = 0;
   if (std::sscanf(buf, "%lld %lld %lld", &size, &resident, &shared) != 3) return r;
   const int64_t page = ::sysconf(_SC_PAGESIZE);
@@ -583,14 +574,9 @@ void set_oom_explainer(std::function<std::string(int64_t, const Stats&)> fn) {
 }
 
 int64_t process_peak_rss() {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  long long kib = 0;
-  while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "VmHWM: %lld kB", &kib) == 1) break;
-  std::fclose(f);
-  return static_cast<int64_t>(kib) * 1024;
+  char buf[4096];
+  if (::fsdp::detail::env().read_proc("/proc/self/status", buf, sizeof buf) <= 0) return 0;
+  return kb_field(buf, "VmHWM:");
 }
 
 CommBuffers::CommBuffers() { ++tl_comm_depth; }
@@ -603,10 +589,13 @@ BackgroundWork::~BackgroundWork() { --tl_background_depth; }
 // resident bytes with each shared page divided among the processes that map
 // it; -1 where the kernel does not say.
 int64_t read_pss() {
-  std::ifstream in("/proc/self/smaps_rollup");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("Pss:", 0) == 0) return std::stoll(line.substr(4)) * 1024;
+  char buf[4096];
+  if (::fsdp::detail::env().read_proc("/proc/self/smaps_rollup", buf, sizeof buf) <= 0) return -1;
+  for (const char* at = buf; (at = std::strstr(at, "Pss:")) != nullptr; ++at)
+    if (at == buf || at[-1] == '\n') {
+      long long kb = 0;
+      return std::sscanf(at + 4, " %lld", &kb) == 1 ? kb * 1024 : -1;
+    }
   return -1;
 }
 

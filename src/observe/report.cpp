@@ -21,6 +21,7 @@
 #include <map>
 #include <set>
 
+#include "common/env.h"
 #include "common/traffic_math.h"
 #include "fsdp/errors.h"
 #include "fsdp/strategy.h"
@@ -47,16 +48,17 @@ struct RankTrace {
   std::vector<json> events;
 };
 
-bool is_dir(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
+bool is_dir(const std::string& p) { return fsdp::detail::env().kind(p) == fsdp::detail::FileKind::kDirectory; }
 
 json read_json(const std::string& file) {
-  std::ifstream in(file);
-  FSDP_USER_CHECK(in.good(), "report: cannot open '", file, "'. Expected a trace directory written by --trace ",
-                  "or a trace.json file.");
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::string text;
+  try {
+    text = fsdp::detail::read_file(file, int64_t(4) << 30);
+  } catch (const Error& e) {
+    throw Error(fsdp::detail::cat("report: ", e.what(), " Expected a trace directory written by --trace or a "
+                                  "trace.json file."));
+  }
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   FSDP_USER_CHECK(j.is_object() && j.contains("traceEvents") && j["traceEvents"].is_array(), "report: '", file,
                   "' is not a Chrome trace (expected a JSON object with a traceEvents array). ",
                   "Was the run interrupted before fsdp::trace::stop()?");
@@ -66,17 +68,13 @@ json read_json(const std::string& file) {
 // DIR's trace-rank<R>.json files as (R, path), by rank.
 std::vector<std::pair<int, std::string>> rank_files(const std::string& dir) {
   std::vector<std::pair<int, std::string>> files;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      std::string n = e->d_name;
+  if (is_dir(dir))
+    for (const std::string& n : fsdp::detail::env().list_dir(dir))
       if (n.rfind("trace-rank", 0) == 0 && n.size() > 15 && n.substr(n.size() - 5) == ".json") {
         std::string num = n.substr(10, n.size() - 15);
         if (!num.empty() && std::all_of(num.begin(), num.end(), ::isdigit))
           files.emplace_back(std::stoi(num), dir + "/" + n);
       }
-    }
-    ::closedir(d);
-  }
   std::sort(files.begin(), files.end());
   return files;
 }
@@ -86,8 +84,8 @@ std::vector<RankTrace> load(const std::string& path) {
   if (is_dir(path)) {
     const auto files = rank_files(path);
     if (files.empty() && !is_dir(path + "/trace.json")) {
-      std::ifstream probe(path + "/trace.json");
-      if (probe.good()) return load(path + "/trace.json");
+      if (fsdp::detail::env().kind(path + "/trace.json") == fsdp::detail::FileKind::kFile)
+        return load(path + "/trace.json");
     }
     FSDP_USER_CHECK(!files.empty(), "report: expected trace-rank<R>.json files in '", path,
                     "', found none. Run the trainer with --trace ", path, " first.");
@@ -129,17 +127,13 @@ std::vector<RankTrace> load(const std::string& path) {
 std::vector<std::pair<int, std::string>> group_dirs(const std::string& path) {
   std::vector<std::pair<int, std::string>> out;
   if (!is_dir(path)) return out;
-  if (!rank_files(path).empty() || !::access((path + "/trace.json").c_str(), F_OK)) return out;  // its own trace
-  if (DIR* d = ::opendir(path.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n.size() > 5 && n.rfind("group", 0) == 0 &&
-          std::all_of(n.begin() + 5, n.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }) &&
-          is_dir(path + "/" + n))
-        out.emplace_back(std::stoi(n.substr(5)), path + "/" + n);
-    }
-    ::closedir(d);
-  }
+  if (!rank_files(path).empty() || fsdp::detail::env().kind(path + "/trace.json") != fsdp::detail::FileKind::kNone)
+    return out;  // its own trace
+  for (const std::string& n : fsdp::detail::env().list_dir(path))
+    if (n.size() > 5 && n.rfind("group", 0) == 0 &&
+        std::all_of(n.begin() + 5, n.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }) &&
+        is_dir(path + "/" + n))
+      out.emplace_back(std::stoi(n.substr(5)), path + "/" + n);
   std::sort(out.begin(), out.end());
   // Only the folders that hold a trace (a group killed before it wrote one has none).
   out.erase(std::remove_if(out.begin(), out.end(), [](const auto& g) { return rank_files(g.second).empty(); }),

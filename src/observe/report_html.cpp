@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <fstream>
 
+#include "common/env.h"
 #include "fsdp/errors.h"
 #include "fsdp/trace.h"
 #include "observe/html.h"
@@ -39,16 +40,11 @@ int64_t write_html(const nlohmann::json& model, const std::string& out_path, con
   size_t p = page.find("__DATA__");
   FSDP_CHECK(p != std::string::npos, "report template lost its data placeholder");
   page.replace(p, 8, data);
-  std::string tmp = out_path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    FSDP_USER_CHECK(f.good(), "report: cannot write '", tmp, "'. Pass -o with a writable path.");
-    f << page;
-    f.flush();
-    FSDP_USER_CHECK(f.good(), "report: writing '", tmp, "' failed (disk full?).");
+  try {
+    fsdp::detail::replace_file(out_path, page, /*do_fsync=*/false);
+  } catch (const Error& e) {
+    throw Error(fsdp::detail::cat("report: ", e.what(), " Pass -o with a writable path."));
   }
-  FSDP_USER_CHECK(std::rename(tmp.c_str(), out_path.c_str()) == 0, "report: cannot rename '", tmp, "' to '",
-                  out_path, "'.");
   return static_cast<int64_t>(page.size());
 }
 

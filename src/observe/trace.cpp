@@ -18,9 +18,11 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <sys/stat.h>
 #include <vector>
 
+#include "common/env.h"
 #include "fsdp/errors.h"
 #include "fsdp/memory.h"
 
@@ -99,14 +101,10 @@ void sample_memory_locked(int tid, double ts) {
 }
 
 void make_dirs(const std::string& dir) {
-  std::string cur;
-  for (size_t i = 0; i <= dir.size(); ++i) {
-    if (i == dir.size() || dir[i] == '/') {
-      if (!cur.empty() && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-        throw Error(fsdp::detail::cat("trace: cannot create directory '", cur, "': ", std::strerror(errno),
-                                      ". Pass a writable --trace DIR."));
-    }
-    if (i < dir.size()) cur += dir[i];
+  try {
+    fsdp::detail::make_dirs(dir, /*do_fsync=*/false);
+  } catch (const Error& e) {
+    throw Error(fsdp::detail::cat("trace: ", e.what(), " Pass a writable --trace DIR."));
   }
 }
 
@@ -123,18 +121,13 @@ nlohmann::json event_json(const Event& e, int pid) {
 // Writes `text` to path through a temp file and rename, so a reader never
 // sees half a trace.
 void write_atomically(const std::string& path, const std::function<void(std::ostream&)>& body) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f)
-      throw Error(fsdp::detail::cat("trace: cannot write '", tmp, "': ", std::strerror(errno),
-                                    ". Check that the trace directory is writable."));
-    body(f);
-    f.flush();
-    if (!f) throw Error(fsdp::detail::cat("trace: writing '", tmp, "' failed (disk full?)."));
+  std::ostringstream f;
+  body(f);
+  try {
+    fsdp::detail::replace_file(path, f.str(), /*do_fsync=*/false);
+  } catch (const Error& e) {
+    throw Error(fsdp::detail::cat("trace: ", e.what(), " Check that the trace directory is writable."));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw Error(fsdp::detail::cat("trace: cannot rename '", tmp, "' to '", path, "': ", std::strerror(errno)));
 }
 
 }  // namespace
@@ -273,12 +266,13 @@ void set_metadata(const std::string& key, const nlohmann::json& value) {
 
 namespace {
 
+// The largest rank file merge reads (never allocate from an unbounded size).
+constexpr int64_t kMaxTraceBytes = int64_t(4) << 30;
+
 std::vector<std::pair<int, std::string>> rank_files(const std::string& dir) {
   std::vector<std::pair<int, std::string>> out;
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return out;
-  while (dirent* e = ::readdir(d)) {
-    std::string n = e->d_name;
+  if (fsdp::detail::env().kind(dir) != fsdp::detail::FileKind::kDirectory) return out;
+  for (const std::string& n : fsdp::detail::env().list_dir(dir)) {
     const std::string pre = "trace-rank", suf = ".json";
     if (n.size() > pre.size() + suf.size() && n.compare(0, pre.size(), pre) == 0 &&
         n.compare(n.size() - suf.size(), suf.size(), suf) == 0) {
@@ -287,7 +281,6 @@ std::vector<std::pair<int, std::string>> rank_files(const std::string& dir) {
         out.emplace_back(std::stoi(num), dir + "/" + n);
     }
   }
-  ::closedir(d);
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -304,8 +297,8 @@ std::string merge(const std::string& dir) {
     f << "{\"traceEvents\":[";
     bool first = true;
     for (auto& [rank, file] : files) {
-      std::ifstream in(file);
-      nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      nlohmann::json j = nlohmann::json::parse(fsdp::detail::read_file(file, kMaxTraceBytes), nullptr,
+                                               /*allow_exceptions=*/false);
       FSDP_USER_CHECK(j.is_object() && j.contains("traceEvents") && j["traceEvents"].is_array(),
                       "trace merge: '", file, "' is not a trace (expected a JSON object with traceEvents). ",
                       "Was the run interrupted before trace::stop()? Delete the file and merge again.");

@@ -307,7 +307,7 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
       break;  // planned above, as their inner strategy at world size S
   }
   // A background save writes each byte once: NO_SHARD's ranks each save
-  // 1/N of the replica (src/unit/state_dict.cpp).
+  // 1/N of the replica (src/state/state_dict.cpp).
   if (opts.async_checkpoint) p.C = no_shard ? (p.P + p.O + N - 1) / N : p.P + p.O;
   p.peak = p.rest - in_shared + p.working + p.A + p.C;
   p.full_shard = traffic(ShardingStrategy::FULL_SHARD, p.padded_numel, opts);

@@ -14,6 +14,7 @@
 
 #include <unistd.h>
 
+#include "common/env.h"
 #include "fsdp/errors.h"
 #include "fsdp/memory.h"
 #include "fsdp/plan.h"
@@ -304,11 +305,10 @@ Recommendation recommend(const std::vector<Candidate>& cands, int64_t A, const P
 // A process budget.
 
 int64_t resident_now() {
-  std::FILE* f = std::fopen("/proc/self/statm", "r");
-  if (!f) return 0;
+  char buf[160];
+  if (::fsdp::detail::env().read_proc("/proc/self/statm", buf, sizeof buf) <= 0) return 0;
   long long size = 0, resident = 0;
-  const int got = std::fscanf(f, "%lld %lld", &size, &resident);
-  std::fclose(f);
+  const int got = std::sscanf(buf, "%lld %lld", &size, &resident);
   return got == 2 ? static_cast<int64_t>(resident) * ::sysconf(_SC_PAGESIZE) : 0;
 }
 

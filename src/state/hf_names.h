@@ -37,19 +37,14 @@ struct Piece {
   int64_t src_row = 0, dst_row = 0, rows = 0;
 };
 
-// The elements [lo, hi) of slot `s` this rank writes in an export: its
-// slice, except that NO_SHARD's replicas split each parameter evenly and
-// HYBRID's replica groups other than the first write nothing (each byte is
-// written once).
+// The elements [lo, hi) of slot `s` this rank writes, in a checkpoint and in
+// an export alike: its slice, except that NO_SHARD's replicas split each
+// parameter evenly and HYBRID's replica groups other than the first write
+// nothing (each byte is written once; a load reads each rank's [lo, hi)
+// whatever wrote it). The one definition (hf_load.cpp); state_dict.cpp asks it.
 std::pair<int64_t, int64_t> owned_range(const FullyShardedModel& m, const ParamSlot& s);
 
 // "'a', 'b' and 3 more", for messages.
 std::string join_names(const std::vector<std::string>& v, size_t most = 6);
-
-// Writes `bytes` to path (temp file, fsync, rename, fsync of the directory
-// unless fsync is false). Throws fsdp::Error naming the path.
-void write_durable(const std::string& path, const std::string& bytes, bool fsync);
-// fsync of a file or directory (throws fsdp::Error naming it).
-void fsync_path(const std::string& path);
 
 }  // namespace fsdp::detail::hf

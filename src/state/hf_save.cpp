@@ -6,8 +6,9 @@
 //      same plan: the HF tensors (from the name map), the writer of each
 //      (the rank holding most of it, balanced by bytes), each writer's files
 //      (at most max_shard_size each), and the pieces each writer lacks.
-//   2. rank 0 makes DIR's temporary sibling .DIR.fsdp-tmp (leftovers of a
-//      killed export removed); the ranks agree.
+//   2. rank 0 makes DIR's temporary sibling .DIR.fsdp-tmp-XXXXXX (mkdtemp:
+//      nobody can plant a link at a name they cannot predict; leftovers of a
+//      killed export removed) and tells the others its name; the ranks agree.
 //   3. rounds: in each, every writer gathers (a rooted gather: the owners
 //      send, only the writer receives) the next pieces it lacks, at most
 //      kRoundElements per writer, converted to the output dtype by their
@@ -17,32 +18,30 @@
 //      1 MiB chunk and whole).
 //   4. each rank records its files' checksums (.rank-R.json); the ranks agree.
 //   5. rank 0 writes model.safetensors.index.json and the config, syncs the
-//      directory, and swaps it into DIR (rename; an existing DIR is swapped
-//      out first and removed), then syncs DIR's parent; the ranks agree.
+//      directory, and puts it in DIR's place (ckpt::detail::publish_dir: a
+//      rename, or an atomic swap with an existing DIR, removed after), then
+//      syncs DIR's parent; the ranks agree.
 // A kill before 5 leaves DIR as it was (the next export removes the
 // temporary); during 5, DIR is the previous export or absent, never a mix.
-#include <fcntl.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 
+#include "checkpoint/file_io.h"
 #include "comm/fail_together.h"
 #include "fsdp/hf.h"
 #include "fsdp/state_dict.h"
 #include "unit/engine_access.h"
-#include "unit/hf_names.h"
+#include "state/hf_names.h"
 
 namespace fs = std::filesystem;
 
 namespace fsdp {
 using detail::cat;
 namespace hf = detail::hf;
+namespace io = ckpt::detail;
 
 namespace {
 
@@ -54,6 +53,8 @@ constexpr int64_t kRoundElements = int64_t(16) << 20;
 // Elements converted at once when a rank writes its own slices.
 constexpr int64_t kWriteChunk = int64_t(8) << 20;
 constexpr const char* kExportFormat = "fsdp-cpp/hf-export";
+// The largest index save_hf reads back (an existing export's, to tell it is one).
+constexpr int64_t kMaxIndexBytes = int64_t(256) << 20;
 
 // One HF tensor of the export.
 struct OutTensor {
@@ -269,17 +270,16 @@ std::vector<Need> plan_needs(const std::vector<OutTensor>& ts,
 // An export directory save_hf may replace: absent, empty, or one it wrote.
 std::string refuse_replacing(const std::string& dir, const HfSaveOptions& opts) {
   std::error_code ec;
-  if (!opts.copy_from.empty() && fs::exists(opts.copy_from) && fs::exists(dir) &&
+  if (!opts.copy_from.empty() && io::path_exists(opts.copy_from) && io::path_exists(dir) &&
       fs::equivalent(dir, opts.copy_from, ec))
     return cat("save_hf: the export directory '", dir, "' is the directory it copies from (HfSaveOptions::copy_from); "
                "export into a new directory.");
-  if (!fs::exists(dir)) return "";
-  if (!fs::is_directory(dir)) return cat("save_hf: '", dir, "' is a file; export into a directory (a new one).");
-  if (fs::is_empty(dir)) return "";
-  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
-  if (fs::exists(index)) {
-    std::ifstream in(index);
-    auto j = nlohmann::json::parse(in, nullptr, false);
+  if (!io::path_exists(dir)) return "";
+  if (!io::is_directory(dir)) return cat("save_hf: '", dir, "' is a file; export into a directory (a new one).");
+  if (io::list_dir(dir).empty()) return "";
+  const std::string index = io::join_path(dir, "model.safetensors.index.json");
+  if (io::path_exists(index)) {
+    auto j = nlohmann::json::parse(io::read_small_file(index, kMaxIndexBytes), nullptr, false);
     if (!j.is_discarded() && j.is_object() && j.contains("metadata") && j["metadata"].is_object() &&
         j["metadata"].value("format", "") == kExportFormat)
       return "";
@@ -288,11 +288,8 @@ std::string refuse_replacing(const std::string& dir, const HfSaveOptions& opts) 
              "new directory, or remove that one first.");
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(cat("save_hf: cannot read '", path, "' to copy it."));
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+// A file copied through (a config, a tokenizer), at most 1 GiB.
+std::string slurp(const std::string& path) { return io::read_small_file(path, int64_t(1) << 30); }
 
 void agree(Communicator& comm, const std::string& err, const std::string& dir, const char* phase) {
   comm::fail_together(comm, err, {cat("save_hf ", phase)}, [&](const std::vector<int>& ranks) {
@@ -301,32 +298,6 @@ void agree(Communicator& comm, const std::string& err, const std::string& dir, c
     return cat("exporting to '", dir, "' failed on rank(s) ", hf::join_names(v), " (", phase,
                "; see their messages); '", dir, "' is as it was before the export.");
   });
-}
-
-// Puts `tmp` in place of `dir`: a swap when dir exists (the old one removed
-// after), a rename otherwise; then syncs the parent.
-void publish(const std::string& tmp, const std::string& dir, bool fsync) {
-  const std::string parent = fs::path(dir).parent_path().empty() ? "." : fs::path(dir).parent_path().string();
-  if (fs::exists(dir)) {
-#ifdef SYS_renameat2
-    if (::syscall(SYS_renameat2, AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), 2 /* RENAME_EXCHANGE */) == 0) {
-      if (fsync) hf::fsync_path(parent);
-      fs::remove_all(tmp);  // now the previous export
-      return;
-    }
-#endif
-    // No atomic swap here: the previous export moves aside first (a kill
-    // between the two renames leaves DIR absent and the old one beside it).
-    const std::string old = (fs::path(parent) / ("." + fs::path(dir).filename().string() + ".fsdp-old")).string();
-    fs::remove_all(old);
-    fs::rename(dir, old);
-    fs::rename(tmp, dir);
-    if (fsync) hf::fsync_path(parent);
-    fs::remove_all(old);
-    return;
-  }
-  fs::rename(tmp, dir);
-  if (fsync) hf::fsync_path(parent);
 }
 
 }  // namespace
@@ -369,21 +340,36 @@ HfSaveResult save_hf(const FullyShardedModel& model, const std::string& dir_in, 
   for (auto& t : ts) res.total_bytes += t.numel * es;
 
   // 2. The temporary directory.
-  const fs::path parent = fs::path(dir).parent_path().empty() ? fs::path(".") : fs::path(dir).parent_path();
-  const std::string tmp = (parent / ("." + fs::path(dir).filename().string() + ".fsdp-tmp")).string();
+  std::string tmp;
   if (me == 0) {
     try {
       err = refuse_replacing(dir, opts);
       if (err.empty()) {
-        fs::create_directories(parent);
-        fs::remove_all(tmp);
-        fs::create_directories(tmp);
+        const std::string parent = io::parent_dir(dir);
+        if (io::is_directory(parent))
+          for (auto& n : io::list_dir(parent))
+            if (io::is_temp_dir_of(n, io::base_name(dir))) io::remove_tree(io::join_path(parent, n));
+        tmp = io::make_temp_dir(dir, opts.fsync);
       }
     } catch (const std::exception& e) {
-      err = cat("save_hf: preparing '", tmp, "': ", e.what());
+      err = cat("save_hf: preparing a temporary directory beside '", dir, "': ", e.what());
     }
   }
   agree(comm, err, dir, "preparing");
+  if (N > 1) {  // rank 0's temporary directory, by name, to every rank
+    constexpr int64_t kMaxName = 4096;
+    auto name = torch::zeros({kMaxName}, torch::kFloat32);  // one byte per element
+    if (me == 0) {
+      FSDP_CHECK(static_cast<int64_t>(tmp.size()) < kMaxName, "save_hf: temporary path of ", tmp.size(), " bytes");
+      auto a = name.accessor<float, 1>();
+      for (size_t i = 0; i < tmp.size(); ++i) a[static_cast<int64_t>(i)] = static_cast<unsigned char>(tmp[i]);
+    }
+    comm.broadcast(name, 0, {"save_hf: the temporary directory's name"})->wait();
+    if (me != 0) {
+      const auto a = name.accessor<float, 1>();
+      for (int64_t i = 0; i < kMaxName && a[i] != 0; ++i) tmp.push_back(static_cast<char>(static_cast<int>(a[i])));
+    }
+  }
 
   // 3. Rounds of gathers, writing what is complete after each.
   std::vector<size_t> my_tensors;
@@ -451,7 +437,7 @@ HfSaveResult save_hf(const FullyShardedModel& model, const std::string& dir_in, 
         std::vector<ckpt::TensorSpec> specs;
         for (size_t k : my_tensors)
           if (ts[k].file == t.file) specs.push_back({ts[k].name, ts[k].shape, opts.dtype});
-        writer = std::make_unique<ckpt::SafetensorsWriter>((fs::path(tmp) / file_name(t.file, n_files)).string(),
+        writer = std::make_unique<ckpt::SafetensorsWriter>(io::join_path(tmp, file_name(t.file, n_files)),
                                                            specs, std::map<std::string, std::string>{{"format", "pt"}},
                                                            opts.fsync);
       }
@@ -528,7 +514,7 @@ HfSaveResult save_hf(const FullyShardedModel& model, const std::string& dir_in, 
         for (uint32_t c : w.chunks) chunks.push_back(hex(c));
         j.push_back({{"name", w.name}, {"bytes", w.bytes}, {"crc32c", hex(w.crc)}, {"chunk_crc32c", chunks}});
       }
-      hf::write_durable((fs::path(tmp) / cat(".rank-", me, ".json")).string(), j.dump(), opts.fsync);
+      io::atomic_write_file(io::join_path(tmp, cat(".rank-", me, ".json")), j.dump(), opts.fsync);
     } catch (const std::exception& e) {
       err = cat("rank ", me, ": ", e.what());
     }
@@ -538,12 +524,12 @@ HfSaveResult save_hf(const FullyShardedModel& model, const std::string& dir_in, 
   if (me == 0) try {
       nlohmann::json files = nlohmann::json::object();
       for (int r = 0; r < N; ++r) {
-        const std::string p = (fs::path(tmp) / cat(".rank-", r, ".json")).string();
+        const std::string p = io::join_path(tmp, cat(".rank-", r, ".json"));
         auto j = nlohmann::json::parse(slurp(p), nullptr, false);
         FSDP_USER_CHECK(j.is_array(), "save_hf: '", p, "' is damaged (not the JSON rank ", r, " wrote).");
         for (auto& f : j) files[f["name"].get<std::string>()] = {
                               {"bytes", f["bytes"]}, {"crc32c", f["crc32c"]}, {"chunk_crc32c", f["chunk_crc32c"]}};
-        fs::remove(p);
+        io::remove_file(p);
       }
       nlohmann::json weight_map = nlohmann::json::object();
       int64_t params = 0;
@@ -556,29 +542,29 @@ HfSaveResult save_hf(const FullyShardedModel& model, const std::string& dir_in, 
             {"fsdp_checksums", {{"algorithm", "crc32c"}, {"chunk_bytes", ckpt::SafetensorsWriter::kChunkBytes},
                                 {"files", files}}}}},
           {"weight_map", weight_map}};
-      hf::write_durable((fs::path(tmp) / "model.safetensors.index.json").string(), index.dump(2) + "\n", opts.fsync);
+      io::atomic_write_file(io::join_path(tmp, "model.safetensors.index.json"), index.dump(2) + "\n", opts.fsync);
       // The config and the tokenizer, copied through.
       nlohmann::json config = opts.config;
       if (!opts.copy_from.empty()) {
         for (const char* f : {"generation_config.json", "tokenizer.json", "tokenizer_config.json",
                               "special_tokens_map.json", "tokenizer.model"}) {
-          const fs::path src = fs::path(opts.copy_from) / f;
-          if (fs::exists(src)) hf::write_durable((fs::path(tmp) / f).string(), slurp(src.string()), opts.fsync);
+          const std::string src = io::join_path(opts.copy_from, f);
+          if (io::path_exists(src)) io::atomic_write_file(io::join_path(tmp, f), slurp(src), opts.fsync);
         }
-        const fs::path cfg = fs::path(opts.copy_from) / "config.json";
-        if (config.is_null() && fs::exists(cfg)) {
-          config = nlohmann::json::parse(slurp(cfg.string()), nullptr, false);
-          FSDP_USER_CHECK(!config.is_discarded(), "save_hf: '", cfg.string(), "' is not valid JSON.");
+        const std::string cfg = io::join_path(opts.copy_from, "config.json");
+        if (config.is_null() && io::path_exists(cfg)) {
+          config = nlohmann::json::parse(slurp(cfg), nullptr, false);
+          FSDP_USER_CHECK(!config.is_discarded(), "save_hf: '", cfg, "' is not valid JSON.");
         }
       }
       if (!config.is_null()) {
         const char* dt = opts.dtype == torch::kFloat32 ? "float32" : opts.dtype == torch::kBFloat16 ? "bfloat16" : "float16";
         config["dtype"] = dt;
         if (config.contains("torch_dtype")) config["torch_dtype"] = dt;
-        hf::write_durable((fs::path(tmp) / "config.json").string(), config.dump(2) + "\n", opts.fsync);
+        io::atomic_write_file(io::join_path(tmp, "config.json"), config.dump(2) + "\n", opts.fsync);
       }
-      if (opts.fsync) hf::fsync_path(tmp);
-      publish(tmp, dir, opts.fsync);
+      if (opts.fsync) io::fsync_dir(tmp);
+      io::publish_dir(tmp, dir, opts.fsync);
     } catch (const std::exception& e) {
       err = cat("rank 0: ", e.what());
     }

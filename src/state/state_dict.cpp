@@ -5,12 +5,13 @@
 // exact notion of ckpt::Slice, so every strategy saves and loads the same
 // way and resharding N -> M is the checkpoint layer's interval overlap.
 #include <chrono>
-#include <filesystem>
 #include <functional>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "checkpoint/file_io.h"
 #include "compat/torch_compat.h"
+#include "state/hf_names.h"
 #include "fsdp/progress.h"
 #include "fsdp/state_dict.h"
 #include "comm/fail_together.h"
@@ -28,20 +29,12 @@ using detail::ParamSlot;
 // Distinct slots in canonical order.
 std::vector<const ParamSlot*> slots(const FullyShardedModel& m) { return EngineAccess(m).slots(); }
 
-// For NO_SHARD every rank holds the whole tensor; write each byte once by
-// letting rank r save only its even part (the loader accepts any split).
-// HYBRID: every replica group holds the same shards; only replica group 0
-// (the shard group of rank 0) writes them, the others save empty slices, so
-// no byte is on disk twice. Loading reads each rank's [lo, hi) whatever wrote it.
+// Whether this rank writes shards at all: HYBRID's replica groups other than
+// the first save empty slices (hf::owned_range says which elements).
 bool writes_shards(const FullyShardedModel& m) { return !m.replica_group() || m.replica_group()->rank() == 0; }
 
 std::pair<int64_t, int64_t> saved_range(const FullyShardedModel& m, const ParamSlot& s) {
-  if (!writes_shards(m)) return {s.lo, s.lo};
-  if (m.options().strategy == ShardingStrategy::NO_SHARD) {
-    const auto r = shard::even_range(s.numel, m.comm()->rank(), m.comm()->world_size());
-    return {r.lo, r.hi};
-  }
-  return {s.lo, s.hi};
+  return detail::hf::owned_range(m, s);
 }
 
 using detail::OptimizerKind;
@@ -287,7 +280,7 @@ ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimiz
   wait_for_checkpoint(model);  // a background save is committed (or failed, here) before anything is read
   // A checkpoint root that was never created is "no checkpoint yet": a
   // (re)started job with --resume starts fresh instead of failing.
-  if (!std::filesystem::exists(path_or_root)) {
+  if (!ckpt::detail::path_exists(path_or_root)) {
     ckpt::LoadResult none;
     none.note = "'" + path_or_root + "' does not exist yet";
     return none;

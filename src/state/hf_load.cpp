@@ -10,12 +10,9 @@
 // cache lacks read around it, checkpoint/range_reader.h). Nothing is
 // written before the agreement; with HfLoadOptions::staged the reads land in
 // a copy that is committed only after a second agreement.
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <regex>
 #include <set>
@@ -26,7 +23,7 @@
 #include "fsdp/hf.h"
 #include "fsdp/state_dict.h"
 #include "unit/engine_access.h"
-#include "unit/hf_names.h"
+#include "state/hf_names.h"
 
 namespace fsdp {
 using detail::cat;
@@ -73,42 +70,6 @@ std::string join_names(const std::vector<std::string>& v, size_t most) {
   for (size_t i = 0; i < v.size() && i < most; ++i) s += (i ? "; " : "") + v[i];
   if (v.size() > most) s += cat("; and ", v.size() - most, " more");
   return s;
-}
-
-void fsync_path(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(cat("opening '", path, "' to sync it: ", std::strerror(errno)));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) throw Error(cat("fsync of '", path, "': ", std::strerror(err), ". Check the disk."));
-}
-
-void write_durable(const std::string& path, const std::string& bytes, bool fsync) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(cat("creating '", tmp, "': ", std::strerror(errno), ". Check the space and permissions."));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw Error(cat("writing '", tmp, "': ", std::strerror(err), ". Check the space."));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (fsync && ::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw Error(cat("fsync of '", tmp, "': ", std::strerror(err), ". Check the disk."));
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    throw Error(cat("renaming '", tmp, "' to '", path, "': ", std::strerror(errno)));
-  if (fsync) fsync_path(std::filesystem::path(path).parent_path().string());
 }
 
 }  // namespace detail::hf
