@@ -5,7 +5,7 @@
 //
 // Used wherever a step may fail on some ranks only (a file rank 0 cannot
 // write, a checkpoint a rank cannot read): the engine's full-state files
-// (src/unit/state_dict.cpp, hf_*.cpp) and the sharded checkpoints
+// (src/state/state_dict.cpp, hf_*.cpp) and the sharded checkpoints
 // (src/checkpoint/). The comm layer offers this header to those layers
 // (cmake/layers.cmake, EXPORTS); it is not installed.
 #pragma once

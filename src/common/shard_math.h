@@ -3,7 +3,7 @@
 //          shard::flat_layout, shard::Range, shard::param_range, shard::even_range
 //
 // The engine (src/unit/layout.cpp), the planner (src/plan/) and the
-// checkpoint code (src/checkpoint/, src/unit/state_dict.cpp) all size and cut
+// checkpoint code (src/checkpoint/, src/state/state_dict.cpp) all size and cut
 // shards with these functions, so a checkpoint saved by the engine, a plan
 // and an offline reshard always agree on who owns which element.
 //

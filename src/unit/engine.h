@@ -14,7 +14,7 @@
 //   recompute  src/unit/recompute.cpp    activation recomputation: forward again in backward
 //   optimizer  src/optim/                clipping, each optimizer's state (optimizer_state.h)
 //   observe    src/unit/ledger.cpp       the ledger, measured, and the planner's prediction
-//   checkpoint src/unit/state_dict.cpp   shards <-> checkpoints (through engine_access.h)
+//   checkpoint src/state/state_dict.cpp  shards <-> checkpoints (through engine_access.h)
 //
 // Each Unit (unit.h) owns its buffers and its state; the Engine keeps only
 // what spans units: the units themselves, the forward order and the

@@ -2,7 +2,7 @@
 // defines: EngineAccess, gather_flat
 //
 // The public API (include/fsdp/fully_shard.h) hands out no engine internals.
-// Saving and loading shards (src/unit/state_dict.cpp, and through it the
+// Saving and loading shards (src/state/state_dict.cpp, and through it the
 // checkpoint layer and the tools) needs more than it: each unit's layout
 // (which [lo, hi) of which parameter this rank holds, the master shard) and a
 // gather of a unit's flat buffer. This is that interface, and all of it:
