@@ -411,8 +411,12 @@ Formation reanswer(const CoordState& s) {
     if (it == s.groups.end() || it->second.inc < 0 || !it->second.whole || it->second.step != q.step) return f;
   }
   for (int gid : q.members) {
-    if (q.launches.count(gid)) continue;
     const GroupState& G = s.groups.at(gid);
+    // A launch bound to it already (one of its ranks read the answer and
+    // reported it) whose other ranks still ask: they missed it, and their
+    // group-mate waits for them inside the step. Another launch: not its.
+    const auto bound = q.launches.find(gid);
+    if (bound != q.launches.end() && bound->second != G.inc) continue;
     if (G.lost || static_cast<int>(G.ranks.size()) < G.size) continue;
     const auto req = request_of(s, G);
     if (!req || req->round <= G.answered || req->lo != q.step || req->hi != q.step) continue;
