@@ -165,6 +165,38 @@ void vote(CoordState& s, int g, int r, bool ok, int64_t seq, Time now) {
   ASSERT_TRUE(take_message(s, g, r, m, now, logs));
 }
 
+// A coordinator restarted between writing a group's answer and the read of
+// one of its ranks: the other rank read it (and reported the quorum: its
+// launch is bound) and waits inside the step for its group-mate, which asks
+// the new coordinator again. It is answered the same quorum, not left to
+// wait until the collectives' timeout restarts the group; a launch other
+// than the bound one is not.
+TEST(ReplicaRules, ARankThatMissedTheAnswerItsGroupMateReadIsAnsweredTheSameQuorum) {
+  CoordState s = two_groups_in_a_quorum();
+  for (int g = 0; g < 2; ++g) {
+    s.groups[g].whole = true;
+    s.groups[g].step = 3;
+  }
+  for (int r = 0; r < 2; ++r) {
+    RankMessage m;
+    m.seq = 1;
+    m.kind = Kind::REQ;
+    m.inc = 11;
+    m.at.committed = 3;
+    m.at.whole = true;
+    m.round = 2;
+    std::vector<std::string> logs;
+    ASSERT_TRUE(take_message(s, 1, r, m, at_ms(10), logs));
+  }
+  const Formation f = reanswer(s);
+  ASSERT_EQ(f.replies.size(), 1u) << ::testing::PrintToString(f.logs);
+  EXPECT_EQ(f.replies[0].group, 1);
+  EXPECT_EQ(f.replies[0].round, 2);
+  EXPECT_TRUE(f.replies[0].answer.quorum == s.q.ref());
+  s.q.launches[1] = 7;  // bound to an earlier launch of group 1: not this one's quorum
+  EXPECT_TRUE(reanswer(s).replies.empty());
+}
+
 TEST(ReplicaRules, AStepCommitsExactlyWhenEveryRankOfEveryMemberVotedOk) {
   CoordState s = two_groups_in_a_quorum();
   vote(s, 0, 0, true, 1, at_ms(10));
