@@ -271,7 +271,7 @@ def chaos(a):
             return most
         faults, down = [], []  # down: (group, the time it went down)
         restarts_at = []       # (time, step) of each coordinator restart
-        fault_at = []          # (time, kind, step, the groups it hit) of each fault
+        fault_at = []          # (start, end, kind, step, the groups it hit) of each fault
         k = every
         while k < steps - every:
             wait_for(lambda: progress() >= k or all(p.poll() is not None for p in ps), 900, f"step {k}")
