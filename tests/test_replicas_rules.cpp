@@ -193,6 +193,19 @@ TEST(ReplicaRules, ARankThatMissedTheAnswerItsGroupMateReadIsAnsweredTheSameQuor
   EXPECT_EQ(f.replies[0].group, 1);
   EXPECT_EQ(f.replies[0].round, 2);
   EXPECT_TRUE(f.replies[0].answer.quorum == s.q.ref());
+  // The rank inside the step has sent this coordinator nothing (it computes;
+  // only its heartbeat says it stands in the quorum): its group-mate is
+  // answered all the same.
+  s.groups[1].ranks[0].msg.reset();
+  Standing in;
+  in.committed = 3;
+  in.whole = true;
+  in.cur = s.q.ref();
+  s.groups[1].ranks[0].at = in;
+  const Formation g = reanswer(s);
+  ASSERT_EQ(g.replies.size(), 1u) << ::testing::PrintToString(g.logs);
+  EXPECT_EQ(g.replies[0].group, 1);
+  EXPECT_EQ(g.replies[0].round, 2);
   s.q.launches[1] = 7;  // bound to an earlier launch of group 1: not this one's quorum
   EXPECT_TRUE(reanswer(s).replies.empty());
 }

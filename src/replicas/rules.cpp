@@ -418,7 +418,26 @@ Formation reanswer(const CoordState& s) {
     const auto bound = q.launches.find(gid);
     if (bound != q.launches.end() && bound->second != G.inc) continue;
     if (G.lost || static_cast<int>(G.ranks.size()) < G.size) continue;
-    const auto req = request_of(s, G);
+    auto req = request_of(s, G);
+    if (!req && bound != q.launches.end()) {
+      // Its ranks inside the step send nothing to this coordinator until
+      // they vote (only their heartbeats say where they stand): the request
+      // is the one of those still asking, all in one round.
+      bool ok = true, any = false;
+      for (int r = 0; r < G.size && ok; ++r) {
+        const RankState& R = G.ranks.at(r);
+        if (R.at && R.at->cur && *R.at->cur == q.ref()) continue;
+        if (!R.msg || R.msg->kind != Kind::REQ || R.msg->at.committed != q.step || (any && R.msg->round != req->round)) {
+          ok = false;
+          continue;
+        }
+        if (!any) req = Request{};
+        req->round = R.msg->round;
+        req->lo = req->hi = q.step;
+        any = true;
+      }
+      if (!ok || !any) req.reset();
+    }
     if (!req || req->round <= G.answered || req->lo != q.step || req->hi != q.step) continue;
     Answer a;
     a.quorum = q.ref();
