@@ -51,6 +51,7 @@ TEST(ReplicaProtocol, EveryMalformedValueParsesToAReasonNeverAThrow) {
       R"({"v":2,"seq":1,"kind":"req","inc":1,"committed":0,"whole":"yes","cur":null,"last":null,"last_commit":false,"round":1})",
       R"({"v":2,"seq":1,"kind":"req","inc":1,"committed":0,"whole":false,"cur":{"q":1,"era":1,"comm":1,"step":1,"members":[2,1]},"last":null,"last_commit":false,"round":1})",
       R"({"v":2,"seq":1,"kind":"jump","inc":1,"committed":0,"whole":false,"cur":null,"last":null,"last_commit":false,"round":1})",
+      R"({"v":2,"seq":1,"kind":"req","inc":1,"committed":0,"whole":false,"cur":null,"cur_sources":[1,"x"],"last":null,"last_commit":false,"round":1})",
       R"({"group":1e300,"rank":0})", R"({"group":-1})", R"({"inc":1,"n":"seven"})",
       R"({"refused":7})", R"({"q":1,"era":1,"comm":1,"step":1,"members":[],"sources":[],"heal":false})",
       std::string(1 << 20, '['),
@@ -76,6 +77,7 @@ TEST(ReplicaProtocol, EveryMalformedValueParsesToAReasonNeverAThrow) {
   m.at.committed = 4;
   m.at.whole = true;
   m.at.cur = QuorumRef{5, 99, 2, 4, {0, 2}};
+  m.at.cur_sources = {2};
   m.round = 6;
   m.ok = false;
   m.why = "a peer died";
@@ -83,6 +85,7 @@ TEST(ReplicaProtocol, EveryMalformedValueParsesToAReasonNeverAThrow) {
   const auto back = parse_message(to_json(m), &why);
   ASSERT_TRUE(back) << why;
   EXPECT_EQ(back->at.cur, m.at.cur);
+  EXPECT_EQ(back->at.cur_sources, m.at.cur_sources);
   EXPECT_EQ(back->why, m.why);
   EXPECT_EQ(back->round, 6);
   std::string other = to_json(m);
@@ -207,6 +210,170 @@ TEST(ReplicaRules, ARankThatMissedTheAnswerItsGroupMateReadIsAnsweredTheSameQuor
   EXPECT_EQ(g.replies[0].group, 1);
   EXPECT_EQ(g.replies[0].round, 2);
   s.q.launches[1] = 7;  // bound to an earlier launch of group 1: not this one's quorum
+  EXPECT_TRUE(reanswer(s).replies.empty());
+}
+
+// Found by the simulator (seed 1072 once its group collectives met only at
+// the same collective): a coordinator restarted while group 1's rank 0 had
+// not read the previous quorum's outcome. Rank 1's first report stood at
+// step 4 inside quorum 0, rank 0's at step 3: the group was "not whole". Rank
+// 0 then read the outcome from the new coordinator and asks with its vote:
+// once the reports agree the group is whole at step 4 again, and rank 0 is
+// answered the quorum its mate waits in. Without both, the group waited for
+// the collectives' timeout and restarted.
+TEST(ReplicaRules, AGroupWhoseRanksCaughtUpAfterARestartIsWholeAgainAndItsLateRankIsAnswered) {
+  CoordState s = two_groups_in_a_quorum();
+  s.q.step = 4;
+  s.q.launches.erase(1);
+  QuorumRef before = s.q.ref();
+  before.q = -1;  // the quorum before, as its ranks report it
+  before.step = 3;
+  s.outcomes[-1] = CoordState::Known{before, true, {}};
+  s.groups[0].whole = true;
+  s.groups[0].step = 4;
+  std::vector<std::string> logs;
+  Report inside;
+  inside.inc = 11;
+  inside.n = 1;
+  inside.at.committed = 4;
+  inside.at.whole = true;
+  inside.at.cur = s.q.ref();
+  inside.at.last = before;
+  inside.at.last_commit = true;
+  Report behind;
+  behind.inc = 11;
+  behind.n = 1;
+  behind.at.committed = 3;
+  behind.at.whole = true;
+  behind.at.cur = before;
+  s.recovering = true;
+  ASSERT_TRUE(take_report(s, 1, 1, inside, at_ms(5), logs));
+  ASSERT_TRUE(take_report(s, 1, 0, behind, at_ms(5), logs));
+  EXPECT_FALSE(s.groups[1].whole);  // the two reports differ
+  s.recovering = false;
+  EXPECT_TRUE(reanswer(s).replies.empty());
+  // Rank 0 read the previous quorum's commit and asks with its vote.
+  RankMessage v;
+  v.seq = 1;
+  v.kind = Kind::VOTE;
+  v.inc = 11;
+  v.round = 6;
+  v.ok = true;
+  v.at = behind.at;
+  ASSERT_TRUE(take_message(s, 1, 0, v, at_ms(6), logs));
+  Report caught_up = behind;
+  caught_up.n = 2;
+  caught_up.at.committed = 4;
+  caught_up.at.cur.reset();
+  caught_up.at.last = before;
+  caught_up.at.last_commit = true;
+  ASSERT_TRUE(take_report(s, 1, 0, caught_up, at_ms(7), logs));
+  EXPECT_TRUE(s.groups[1].whole);
+  EXPECT_EQ(s.groups[1].step, 4);
+  ASSERT_TRUE(take_report(s, 1, 1, inside, at_ms(7), logs));  // binds its launch (it stands in the quorum)
+  const Formation f = reanswer(s);
+  ASSERT_EQ(f.replies.size(), 1u) << ::testing::PrintToString(f.logs);
+  EXPECT_EQ(f.replies[0].group, 1);
+  EXPECT_EQ(f.replies[0].round, 6);
+  EXPECT_TRUE(f.replies[0].answer.quorum == s.q.ref());
+}
+
+// Found by the simulator (seed 1728): group 2's ranks 1 and 2 read quorum 3's
+// answer and went into the step; the coordinator restarted before rank 0
+// read it, then group 0 was lost and quorum 3 dropped. The next quorum does
+// not take group 2 (it never asked whole), and its ranks inside the step
+// wait for rank 0. Rank 0 is answered the dropped quorum: it trains it too,
+// votes, reads the drop, and the group asks again together.
+TEST(ReplicaRules, ARankThatMissedAQuorumDroppedSinceJoinsItsMatesInsideIt) {
+  CoordState s = two_groups_in_a_quorum();
+  s.q.decided = true;
+  s.q.committed = false;
+  s.outcomes[0] = CoordState::Known{s.q.ref(), false, s.q.launches};
+  std::vector<std::string> logs;
+  Report inside;
+  inside.inc = 11;
+  inside.n = 1;
+  inside.at.committed = 3;
+  inside.at.whole = true;
+  inside.at.cur = s.q.ref();
+  ASSERT_TRUE(take_report(s, 1, 1, inside, at_ms(5), logs));
+  RankMessage m;
+  m.seq = 1;
+  m.kind = Kind::REQ;
+  m.inc = 11;
+  m.at.committed = 3;
+  m.at.whole = true;
+  m.round = 2;
+  ASSERT_TRUE(take_message(s, 1, 0, m, at_ms(5), logs));
+  const Formation f = reanswer(s);
+  ASSERT_EQ(f.replies.size(), 1u) << ::testing::PrintToString(f.logs);
+  EXPECT_EQ(f.replies[0].group, 1);
+  EXPECT_EQ(f.replies[0].round, 2);
+  EXPECT_TRUE(f.replies[0].answer.quorum == s.q.ref());
+  EXPECT_FALSE(f.replies[0].answer.heal);
+  // Answered once: the same round is not answered again.
+  apply(s, f);
+  EXPECT_TRUE(reanswer(s).replies.empty());
+  // A quorum that committed is not answered to a rank that never voted in
+  // it (it cannot have committed without that rank): nothing to join.
+  CoordState c = two_groups_in_a_quorum();
+  c.q.decided = true;
+  c.q.committed = true;
+  c.outcomes[0] = CoordState::Known{c.q.ref(), true, c.q.launches};
+  ASSERT_TRUE(take_report(c, 1, 1, inside, at_ms(5), logs));
+  ASSERT_TRUE(take_message(c, 1, 0, m, at_ms(5), logs));
+  EXPECT_TRUE(reanswer(c).replies.empty());
+}
+
+// Found by the simulator (seed 25157): the split around a quorum in which
+// the split group heals. Its rank inside the step reports the sources its
+// answer named; the new coordinator learns them with the quorum and answers
+// the rank that missed it the same heal, from the same source.
+TEST(ReplicaRules, ARankThatMissedAHealsAnswerIsAnsweredTheSameHeal) {
+  CoordState s = two_groups_in_a_quorum();
+  s.q = QuorumState{};
+  s.recovering = true;
+  s.groups[0].whole = true;
+  s.groups[0].step = 3;
+  QuorumRef q{0, 5, 0, 3, {0, 1}};
+  std::vector<std::string> logs;
+  Report source;
+  source.inc = 10;
+  source.n = 1;
+  source.at.committed = 3;
+  source.at.whole = true;
+  source.at.cur = q;
+  source.at.cur_sources = {0};
+  ASSERT_TRUE(take_report(s, 0, 0, source, at_ms(1), logs));
+  ASSERT_TRUE(take_report(s, 0, 1, source, at_ms(1), logs));
+  Report healing = source;
+  healing.inc = 11;
+  healing.at.committed = 0;
+  healing.at.whole = false;
+  ASSERT_TRUE(take_report(s, 1, 0, healing, at_ms(1), logs));
+  EXPECT_TRUE(s.q.ref() == q);
+  EXPECT_EQ(s.q.sources, std::vector<int>({0}));
+  RankMessage m;
+  m.seq = 1;
+  m.kind = Kind::REQ;
+  m.inc = 11;
+  m.at.committed = 0;
+  m.round = 2;
+  ASSERT_TRUE(take_message(s, 1, 1, m, at_ms(2), logs));
+  s.recovering = false;
+  ASSERT_TRUE(take_report(s, 1, 0, healing, at_ms(3), logs));  // binds group 1's launch
+  const Formation f = reanswer(s);
+  ASSERT_EQ(f.replies.size(), 1u) << ::testing::PrintToString(f.logs);
+  EXPECT_EQ(f.replies[0].group, 1);
+  EXPECT_EQ(f.replies[0].round, 2);
+  EXPECT_TRUE(f.replies[0].answer.quorum == q);
+  EXPECT_TRUE(f.replies[0].answer.heal);
+  EXPECT_EQ(f.replies[0].answer.sources, std::vector<int>({0}));
+  // A rank that asks from another state than its mates inside hold is not
+  // theirs to join: nothing.
+  m.seq = 2;
+  m.at.committed = 2;
+  ASSERT_TRUE(take_message(s, 1, 1, m, at_ms(4), logs));
   EXPECT_TRUE(reanswer(s).replies.empty());
 }
 

@@ -126,8 +126,12 @@ const char* name_of(Kind k) {
 namespace {
 
 json standing_json(const Standing& at) {
-  return json{{"committed", at.committed}, {"whole", at.whole}, {"cur", at.cur ? quorum_json(*at.cur) : json(nullptr)},
-              {"last", at.last ? quorum_json(*at.last) : json(nullptr)}, {"last_commit", at.last_commit}};
+  return json{{"committed", at.committed},
+              {"whole", at.whole},
+              {"cur", at.cur ? quorum_json(*at.cur) : json(nullptr)},
+              {"cur_sources", at.cur_sources},
+              {"last", at.last ? quorum_json(*at.last) : json(nullptr)},
+              {"last_commit", at.last_commit}};
 }
 
 Standing read_standing(Fields& f) {
@@ -135,6 +139,7 @@ Standing read_standing(Fields& f) {
   at.committed = f.integer("committed", 0, INT64_MAX);
   at.whole = f.boolean("whole");
   at.cur = f.quorum("cur");
+  if (f.has("cur_sources")) at.cur_sources = f.groups("cur_sources");
   at.last = f.quorum("last");
   at.last_commit = f.boolean("last_commit");
   return at;

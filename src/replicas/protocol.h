@@ -108,6 +108,8 @@ struct Standing {
   int64_t committed = 0;         // steps its model state holds
   bool whole = false;            // its state is what a committed quorum (or a heal) left; false for a fresh launch
   std::optional<QuorumRef> cur;   // the quorum it takes part in, whose outcome it has not read
+  std::vector<int> cur_sources;   // that quorum's sources as its answer named them (a
+                                  // coordinator that restarts answers it again with them)
   std::optional<QuorumRef> last;  // the last quorum whose outcome it read ...
   bool last_commit = false;       // ... and that outcome
 };

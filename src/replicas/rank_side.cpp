@@ -83,6 +83,7 @@ RankSide::Joined RankSide::on_answer(const Answer& a) {
     return j;
   }
   at_.cur = v.ref();
+  at_.cur_sources = v.sources;
   view_ = v;
   j.view = v;
   return j;
@@ -131,6 +132,7 @@ Outcome RankSide::on_decision(const Decision& d) {
     at_.last_commit = d.commit;
   }
   at_.cur.reset();
+  at_.cur_sources.clear();
   view_.reset();
   return o;
 }

@@ -96,6 +96,23 @@ void learn(CoordState& s, GroupState& G, RankState& R, const Standing& at, Time 
     if (!whole) R.at->whole = false;
   } else {
     R.at = at;
+    const bool stale = !s.recovering && at.whole && at.last && known_outcome(s, *at.last) != at.last_commit;
+    if (stale) R.at->whole = false;
+    // The ranks' reports caught up with each other (one of them read, from
+    // this coordinator, an outcome the coordinator before it decided and
+    // its mates had read already): once every rank holds the same committed
+    // step whole, so does the group. Without this, the group stays "not
+    // whole" at the older step for the rest of this coordinator's life, and
+    // a rank of it that missed the quorum in flight is never answered it
+    // again while its mate waits for it inside the step.
+    if (!G.stale && static_cast<int>(G.ranks.size()) == G.size) {
+      bool agree = true;
+      for (const auto& [r, k] : G.ranks) agree = agree && k.at && k.at->whole && k.at->committed == R.at->committed;
+      if (agree && (!G.whole || R.at->committed > G.step)) {
+        G.whole = true;
+        G.step = R.at->committed;
+      }
+    }
   }
   if (R.at->whole) s.job_step = std::max(s.job_step, at.committed);
   if (at.last) s.next_q = std::max(s.next_q, at.last->q + 1);
@@ -113,6 +130,9 @@ void learn(CoordState& s, GroupState& G, RankState& R, const Standing& at, Time 
   // already, and the quorum in flight. Afterwards a rank that names a quorum
   // this coordinator did not form is stale (frozen through the restart):
   // it learns "expired" and heals.
+  // The sources of the quorum in flight, as its answers named them (a
+  // coordinator that learned the quorum from a rank that had not said them).
+  if (at.cur && s.q.sources.empty() && !at.cur_sources.empty() && *at.cur == s.q.ref()) s.q.sources = at.cur_sources;
   if (!s.recovering) {
     if (at.cur && at.cur->q == s.q.id && at.cur == std::optional<QuorumRef>(s.q.ref()) && !s.q.launches.count(G.id) &&
         in(s.q.members, G.id) && !s.q.decided)
@@ -142,6 +162,7 @@ void learn(CoordState& s, GroupState& G, RankState& R, const Standing& at, Time 
     s.q.comm = c.comm;
     s.q.step = c.step;
     s.q.members = c.members;
+    s.q.sources = at.cur_sources;
     s.q.decided = false;
     logs.push_back(cat("quorum ", c.q, " (step ", c.step, ", groups ", ids(c.members),
                        ") was in flight: learned from group ", G.id));

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <set>
 
 #include "replicas/rules_detail.h"
 
@@ -168,26 +169,33 @@ std::optional<Decision> apply(CoordState& s, const Verdict& v, Time now) {
 
 // -------------------------------------------------------------------- form
 
+namespace {
+
+// What one rank's last message asks for, when it asks: the round of its
+// request and the step it will hold by then. A vote asks for the round after
+// its outcome: the step after it when it committed (the rank applies it), the
+// same step otherwise; not while its quorum is still being decided.
+struct Ask {
+  int64_t round = 0, step = 0;
+};
+std::optional<Ask> ask_of(const CoordState& s, const RankMessage& m) {
+  if (m.kind == Kind::REQ) return Ask{m.round, m.at.committed};
+  if (m.kind != Kind::VOTE || !m.at.cur) return std::nullopt;
+  if (*m.at.cur == s.q.ref() && !s.q.decided) return std::nullopt;
+  return Ask{m.round, m.at.committed + (known_outcome(s, *m.at.cur).value_or(false) ? 1 : 0)};
+}
+
+}  // namespace
+
 std::optional<Request> request_of(const CoordState& s, const GroupState& g) {
   Request req;
   bool any = false;
   for (int r = 0; r < g.size; ++r) {
     auto it = g.ranks.find(r);
     if (it == g.ranks.end() || !it->second.msg) return std::nullopt;
-    const RankMessage& m = *it->second.msg;
-    int64_t round = 0, step = 0;
-    if (m.kind == Kind::REQ) {
-      round = m.round;
-      step = m.at.committed;
-    } else if (m.kind == Kind::VOTE) {
-      // A vote asks for the round after its outcome: the step after it when
-      // it committed (the rank applies it), the same step otherwise.
-      if (*m.at.cur == s.q.ref() && !s.q.decided) return std::nullopt;
-      round = m.round;
-      step = m.at.committed + (known_outcome(s, *m.at.cur).value_or(false) ? 1 : 0);
-    } else {
-      return std::nullopt;
-    }
+    const auto a = ask_of(s, *it->second.msg);
+    if (!a) return std::nullopt;
+    const int64_t round = a->round, step = a->step;
     if (any && round != req.round) return std::nullopt;
     req.lo = any ? std::min(req.lo, step) : step;
     req.hi = any ? std::max(req.hi, step) : step;
@@ -374,6 +382,7 @@ Formation form(const CoordState& s, Time now) {
   n.era = s.era;
   n.step = top;
   n.members = pending;
+  n.sources = sources;
   n.decided = false;
   for (int gid : pending) n.launches[gid] = s.groups.at(gid).inc;
   // The links stay when the same launches of the same groups go on.
@@ -401,51 +410,110 @@ Formation form(const CoordState& s, Time now) {
   return f;
 }
 
+namespace {
+
+// The request of a group split around quorum `ref`: its ranks inside the
+// step (their heartbeats stand in `ref` and they have not voted in it; they
+// send this coordinator nothing until they vote) and the others, who missed
+// its answer and still ask, all in one round, from the state the ranks
+// inside hold: `ref`'s step for a source, the group's own for a group that
+// heals in it. Nothing when any rank does something else; a rank that voted
+// in `ref` missed nothing.
+std::optional<Request> split_around(const CoordState& s, const GroupState& G, const QuorumRef& ref, bool source) {
+  auto voted_in = [&](const RankState& R) { return R.msg && R.msg->at.cur && *R.msg->at.cur == ref; };
+  std::optional<Request> req;
+  std::optional<int64_t> held;  // the step the ranks inside hold
+  int64_t inside_round = -1;
+  bool inside = false;
+  for (int r = 0; r < G.size; ++r) {
+    auto it = G.ranks.find(r);
+    if (it == G.ranks.end() || voted_in(it->second)) return std::nullopt;
+    const RankState& R = it->second;
+    if (R.at && R.at->cur && *R.at->cur == ref) {
+      if (held && *held != R.at->committed) return std::nullopt;
+      held = R.at->committed;
+      inside = true;
+      if (R.msg) inside_round = std::max(inside_round, R.msg->round);
+      continue;
+    }
+    // Its request: a REQ, or its vote of the quorum before (it read that
+    // outcome from this coordinator and asks with the vote).
+    const auto a = R.msg ? ask_of(s, *R.msg) : std::nullopt;
+    if (!a || (req && (a->round != req->round || a->step != req->lo))) return std::nullopt;
+    if (!req) req = Request{};
+    req->round = a->round;
+    req->lo = req->hi = a->step;
+  }
+  // The ranks inside asked at most the round the others ask (`ref` answered it).
+  if (!inside || !req || inside_round > req->round || req->lo != *held || (source && req->lo != ref.step))
+    return std::nullopt;
+  return req;
+}
+
+}  // namespace
+
 Formation reanswer(const CoordState& s) {
   Formation f;
+  if (s.recovering) return f;
+  auto answer = [&](int gid, int64_t round, const QuorumRef& ref, const std::vector<int>& sources, const char* why) {
+    Answer a;
+    a.quorum = ref;
+    a.sources = sources;
+    a.heal = !in(sources, gid);
+    f.replies.push_back({gid, round, a});
+    f.logs.push_back(cat("quorum ", ref.q, ": group ", gid, " asked for it again (", why, ")"));
+  };
+  std::set<int> answered;
   const QuorumState& q = s.q;
-  if (s.recovering || q.decided || q.id < 0) return f;
-  // Every member holds the quorum's step whole (as far as it reported).
+  // The quorum in flight, to the members that missed its answer: with the
+  // sources its answers named (a rank inside it reported them), or, not
+  // knowing them, when every member holds its step whole (then every member
+  // is one).
+  bool all_whole = !q.decided && q.id >= 0;
   for (int gid : q.members) {
     auto it = s.groups.find(gid);
-    if (it == s.groups.end() || it->second.inc < 0 || !it->second.whole || it->second.step != q.step) return f;
+    all_whole = all_whole && it != s.groups.end() && it->second.inc >= 0 && it->second.whole && it->second.step == q.step;
   }
-  for (int gid : q.members) {
-    const GroupState& G = s.groups.at(gid);
+  const std::vector<int> sources = !q.sources.empty() ? q.sources : all_whole ? q.members : std::vector<int>{};
+  for (int gid : !q.decided && q.id >= 0 && !sources.empty() ? q.members : std::vector<int>{}) {
+    const auto git = s.groups.find(gid);
+    if (git == s.groups.end() || git->second.inc < 0) continue;
+    const GroupState& G = git->second;
     // A launch bound to it already (one of its ranks read the answer and
     // reported it) whose other ranks still ask: they missed it, and their
-    // group-mate waits for them inside the step. Another launch: not its.
+    // group-mates wait for them inside the step. Another launch: not its.
     const auto bound = q.launches.find(gid);
     if (bound != q.launches.end() && bound->second != G.inc) continue;
     if (G.lost || static_cast<int>(G.ranks.size()) < G.size) continue;
-    auto req = request_of(s, G);
-    if (!req && bound != q.launches.end()) {
-      // Its ranks inside the step send nothing to this coordinator until
-      // they vote (only their heartbeats say where they stand): the request
-      // is the one of those still asking, all in one round.
-      bool ok = true, any = false;
-      for (int r = 0; r < G.size && ok; ++r) {
-        const RankState& R = G.ranks.at(r);
-        if (R.at && R.at->cur && *R.at->cur == q.ref()) continue;
-        if (!R.msg || R.msg->kind != Kind::REQ || R.msg->at.committed != q.step || (any && R.msg->round != req->round)) {
-          ok = false;
-          continue;
-        }
-        if (!any) req = Request{};
-        req->round = R.msg->round;
-        req->lo = req->hi = q.step;
-        any = true;
-      }
-      if (!ok || !any) req.reset();
-    }
-    if (!req || req->round <= G.answered || req->lo != q.step || req->hi != q.step) continue;
-    Answer a;
-    a.quorum = q.ref();
-    a.sources = q.members;
-    a.heal = false;
-    f.replies.push_back({gid, req->round, a});
-    f.logs.push_back(cat("quorum ", q.id, ": group ", gid, " asked for it again (it had not read its answer when the "
-                         "coordinator restarted)"));
+    // Every rank asks again (none read the answer): only where nobody heals.
+    auto req = all_whole ? request_of(s, G) : std::nullopt;
+    if (req && (req->lo != q.step || req->hi != q.step)) req.reset();
+    if (!req && bound != q.launches.end()) req = split_around(s, G, q.ref(), in(sources, gid));
+    if (!req || req->round <= G.answered) continue;
+    answer(gid, req->round, q.ref(), sources, "it had not read its answer when the coordinator restarted");
+    answered.insert(gid);
+  }
+  // A quorum dropped while a group stood split around it (a coordinator
+  // restart between its ranks' readings of the answer, then a member lost):
+  // the ranks inside the step cannot leave their group's collectives until
+  // the others join them. Answered the dropped quorum, those do what their
+  // mates do in it (heal, train), vote, read the drop, and the whole group
+  // asks again together.
+  for (const auto& [gid, G] : s.groups) {
+    if (answered.count(gid) || G.lost || G.inc < 0 || !G.refused.empty() || static_cast<int>(G.ranks.size()) < G.size)
+      continue;
+    const RankState* in_step = nullptr;
+    for (const auto& [r, R] : G.ranks)
+      if (R.at && R.at->cur) in_step = &R;
+    if (!in_step) continue;
+    const QuorumRef& ref = *in_step->at->cur;
+    const std::vector<int>& named = in_step->at->cur_sources;
+    if (known_outcome(s, ref) != std::optional<bool>(false) || !in(ref.members, gid)) continue;
+    // Not knowing the sources, only where this group is one and all are.
+    const std::vector<int>& src = named.empty() ? ref.members : named;
+    const auto req = split_around(s, G, ref, in(src, gid) || named.empty());
+    if (!req || req->round <= G.answered) continue;
+    answer(gid, req->round, ref, src, "dropped while its ranks were split: the ones that missed it join the others in it");
   }
   return f;
 }

@@ -81,6 +81,7 @@ struct QuorumState {
   int64_t id = -1, era = 0, comm = -1, step = 0;
   std::vector<int> members;
   std::map<int, int64_t> launches;  // member -> its launch in this quorum (absent: not known yet)
+  std::vector<int> sources;         // the members its answers named sources (empty: not known)
   bool decided = true, committed = false;
   Time decided_at{};
   Time first_failure{};  // the first failed vote
@@ -193,10 +194,13 @@ void apply(CoordState& s, const Formation& f);
 
 // A coordinator that restarted while some member of the quorum in flight
 // had not read its answer yet (that member still asks for the round the
-// quorum answered): the same quorum again, when every member holds its
-// step whole (nobody heals in it, so the sources do not matter), so that
-// the others, already in its collectives, are not left waiting for that
-// member until the links time out. The replies bind the member's launch.
+// quorum answered): the same quorum again, with the sources its answers
+// named (the ranks inside it report them; not knowing them, only when every
+// member holds its step whole), so that the others, already in its
+// collectives, are not left waiting for that member until the links time
+// out. The replies bind the member's launch. A group split so around a
+// quorum that was dropped since is answered that quorum too: the ranks that
+// missed it join their mates inside it, and all read the drop together.
 Formation reanswer(const CoordState& s);
 
 // Keys no rank will read again, and decisions to publish again (a rank

@@ -25,6 +25,12 @@
 //   torn      no rank trains on a state other than the quorum's step, and
 //             the ranks of one group train on the same step
 //   replicas  the members' rank r average gradients from equal states
+//   split     a group's own collectives (which meet only at the same
+//             collective, as real ones do) time out only where a fault
+//             explains it: one of its ranks frozen, or the coordinator away
+//             for about the collectives' timeout. A coordinator restart that
+//             leaves one rank inside a step and its mate still asking costs
+//             no group a restart
 //   progress  once the faults end, a step commits within a bound and every
 //             group finishes (a group refused because nobody holds the
 //             job's state any more is the one allowed end short of it)
@@ -143,7 +149,7 @@ struct RankSim {
   Task<void> body();
   Task<void> heartbeat();
   Task<int64_t> take_launch();
-  Task<std::pair<bool, int64_t>> group_coll(int64_t value, int64_t duration);
+  Task<std::pair<bool, int64_t>> group_coll(const char* what, int64_t value, int64_t duration);
   Task<void> send(RankMessage m);
   Task<std::string> wait_key(std::string key, bool outcome_pending);
   Task<QuorumView> join();
@@ -169,6 +175,7 @@ struct GroupSim {
   // Refused because no live group holds the job's state (the rules' answer
   // when every holder was lost): it ends short of its steps, by design.
   bool orphan_refused = false;
+  std::vector<std::pair<int64_t, int64_t>> frozen;  // when one of its ranks was frozen (faults)
 };
 
 struct CoordSim {
@@ -178,6 +185,7 @@ struct CoordSim {
   std::unique_ptr<CoordinatorCore> core;
   std::shared_ptr<sim::Gate> wake;
   int64_t clock_offset = 0;  // its wall clock against simulated time (a host whose clock is behind)
+  std::vector<std::pair<int64_t, int64_t>> away;  // when it was dead or frozen
 };
 
 class Sim {
@@ -250,6 +258,12 @@ class Sim {
   }
   bool failed() const { return !failure_.empty(); }
 
+  // A collective of group `g` timed out (`key`): the group restarts. Allowed
+  // only where a fault explains it: one of its ranks frozen, or the
+  // coordinator away so long that a rank waiting for its answer could not
+  // reach the collective in time. Anything else is a group split by the
+  // protocol (one rank in the step, its mate still asking): a violation.
+  void check_split(const GroupSim& g, const std::string& key);
   void launch(GroupSim& g);
   void on_rank_exit(GroupSim& g, RankSim& r, bool ok, const std::string& why);
   void start_coordinator();
@@ -292,12 +306,20 @@ Task<void> RankSim::main_task() {
   s.w.exit(proc, ok, why);
 }
 
-Task<std::pair<bool, int64_t>> RankSim::group_coll(int64_t value, int64_t duration) {
-  const std::string key = "grp/" + std::to_string(g.id) + "/L" + std::to_string(launch_no) + "/" + std::to_string(coll++);
+// One of the group's own collectives (Gloo or NCCL among its ranks): the
+// ranks meet only at the same collective (`what`): a rank in forward's
+// all-gather and its mate in the agreement's all-reduce do not meet, as they
+// would not in a real group (there: a hang until the collective timeout).
+Task<std::pair<bool, int64_t>> RankSim::group_coll(const char* what, int64_t value, int64_t duration) {
+  const std::string key =
+      "grp/" + std::to_string(g.id) + "/L" + std::to_string(launch_no) + "/" + std::to_string(coll++) + "/" + what;
   phase = "in group collective " + key;
   std::string why;
   auto r = co_await s.w.meet(proc, key, g.size, value, s.fsdp_timeout, duration, &why);
-  if (!r.first) throw Crash{"a collective of the group failed: " + why};
+  if (!r.first) {
+    if (why.rfind("timed out", 0) == 0) s.check_split(g, key);
+    throw Crash{"a collective of the group failed: " + why};
+  }
   co_return r;
 }
 
@@ -518,7 +540,7 @@ Task<void> RankSim::body() {
   int64_t launch = 0;
   phase = "takes a launch number";
   if (rank == 0) launch = co_await take_launch();
-  const auto [ok0, sum] = co_await group_coll(launch, kMs);
+  const auto [ok0, sum] = co_await group_coll("launch", launch, kMs);
   inc = sum;
   GroupIdentity id;
   id.group = g.id;
@@ -568,7 +590,7 @@ Task<void> RankSim::body() {
     }
     if (ok && plan.any) ok = co_await heal_copy(v, plan, &staged, &why);
     if (agree) {
-      const auto [cok, failures] = co_await group_coll(ok ? 0 : 1, kMs);
+      const auto [cok, failures] = co_await group_coll("agree", ok ? 0 : 1, kMs);
       if (failures > 0) ok = false;
     }
     if (ok && staged) {
@@ -596,7 +618,7 @@ Task<void> RankSim::body() {
     if (!fresh && it->second != state.step)
       s.violate("group " + std::to_string(g.id) + " trains quorum " + name_of(v) +
                 " on two steps (a torn group)");
-    co_await group_coll(0, g.step_time);  // forward and backward, with the group's collectives
+    co_await group_coll("step", 0, g.step_time);  // forward and backward, with the group's collectives
     bool reduced = true;
     if (v.members.size() > 1) reduced = co_await all_reduce(v, &why);
     if (!reduced) {
@@ -628,6 +650,23 @@ Task<void> RankSim::body() {
   std::string why;
   const auto a = parse_answer(text, &why);
   if (!a || !a->farewell) s.violate(proc.name + " said bye and read something else than a farewell: " + text);
+}
+
+void Sim::check_split(const GroupSim& g, const std::string& key) {
+  const int64_t to = w.now(), from = to - fsdp_timeout - p.heartbeat;
+  auto overlap = [&](const std::pair<int64_t, int64_t>& i) {
+    return std::max<int64_t>(0, std::min(i.second, to) - std::max(i.first, from));
+  };
+  for (const auto& i : g.frozen)
+    if (overlap(i) > 0) return;
+  int64_t away = 0;
+  for (const auto& i : coord.away) away += overlap(i);
+  if (away >= fsdp_timeout - 2 * p.heartbeat) return;
+  std::string where;
+  for (const RankSim* r : g.current)
+    where += (where.empty() ? "" : "; ") + r->proc.name + " " + r->phase;
+  violate("group " + std::to_string(g.id) + "'s collective " + key + " timed out though none of its ranks was frozen " +
+          "and the coordinator was away " + std::to_string(away / kMs) + " ms of it (its ranks split: " + where + ")");
 }
 
 // ---------------------------------------------------------------- launcher
@@ -720,6 +759,7 @@ void Sim::start_coordinator() {
                                                  [this](const std::string& l) { w.note("coordinator: " + l); });
   w.note("start " + proc.name);
   last_coordinator_start = w.now();
+  if (!coord.away.empty() && coord.away.back().second == INT64_MAX) coord.away.back().second = w.now();
   std::vector<Task<void>> t;
   t.push_back(coordinator_main(proc));
   w.start(proc, std::move(t));
@@ -733,6 +773,7 @@ void Sim::kill_coordinator(const std::string& why) {
   coord.wake.reset();
   coord.core.reset();
   ++coordinator_restarts;
+  coord.away.emplace_back(w.now(), INT64_MAX);
 }
 
 // ------------------------------------------------------------------- setup
@@ -797,6 +838,7 @@ void Sim::schedule_faults(int n) {
           if (RankSim* r = random_live_rank()) {
             const int64_t d = w.chance(0.5) ? w.range(H / 10, H) : w.range(H, 2 * fsdp_timeout);
             w.freeze(r->proc);
+            r->g.frozen.emplace_back(w.now(), w.now() + d);
             sim::Proc* pp = &r->proc;
             w.sched.at(w.now() + d, [this, pp] { w.thaw(*pp); });
             later(d + 4 * H);
@@ -819,6 +861,7 @@ void Sim::schedule_faults(int n) {
             const int64_t d = w.range(H / 10, 2 * H);
             w.freeze(*coord.proc);
             w.store.frozen = true;
+            coord.away.emplace_back(w.now(), w.now() + d);
             sim::Proc* pp = coord.proc;
             w.sched.at(w.now() + d, [this, pp] {
               if (pp != coord.proc) return;
