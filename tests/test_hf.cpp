@@ -432,6 +432,29 @@ TEST_F(HfBadInput, FsdpCkptConvertsToAShardedCheckpointAndBack) {
   fs::remove_all(back);
 }
 
+// An export into the directory it copies its config from, under another
+// name of the same directory (a symbolic link): refused, the directory as it
+// was.
+TEST_F(HfBadInput, AnExportIntoTheDirectoryItCopiesFromIsRefused) {
+  const std::string link = bad_ + "-link";
+  fs::create_directory_symlink(bad_, link);
+  const std::string index_before = slurp(index_path());
+  llama::LlamaForCausalLM net(cfg_);
+  auto model = fully_shard(net.ptr(), make_local_communicator(), FsdpOptions{});
+  HfSaveOptions so;
+  so.copy_from = bad_;
+  so.fsync = false;
+  std::string e;
+  try {
+    save_hf(*model, link, so);
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("is the directory it copies from (HfSaveOptions::copy_from)"), std::string::npos) << e;
+  EXPECT_EQ(slurp(index_path()), index_before);
+  fs::remove(link);
+}
+
 // ---------------------------------------------------------------------------
 // Reading around the page cache (checkpoint/range_reader.h): cold bytes with
 // O_DIRECT, cached ones from the cache, the same bytes either way.

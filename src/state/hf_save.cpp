@@ -26,7 +26,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <map>
 
 #include "checkpoint/file_io.h"
@@ -35,8 +34,6 @@
 #include "fsdp/state_dict.h"
 #include "unit/engine_access.h"
 #include "state/hf_names.h"
-
-namespace fs = std::filesystem;
 
 namespace fsdp {
 using detail::cat;
@@ -269,9 +266,7 @@ std::vector<Need> plan_needs(const std::vector<OutTensor>& ts,
 
 // An export directory save_hf may replace: absent, empty, or one it wrote.
 std::string refuse_replacing(const std::string& dir, const HfSaveOptions& opts) {
-  std::error_code ec;
-  if (!opts.copy_from.empty() && io::path_exists(opts.copy_from) && io::path_exists(dir) &&
-      fs::equivalent(dir, opts.copy_from, ec))
+  if (!opts.copy_from.empty() && fsdp::detail::env().same_file(dir, opts.copy_from))
     return cat("save_hf: the export directory '", dir, "' is the directory it copies from (HfSaveOptions::copy_from); "
                "export into a new directory.");
   if (!io::path_exists(dir)) return "";
