@@ -45,6 +45,9 @@ struct HfFile {
   std::string name;
   // Its size in bytes, and the size of its header (8 + N).
   int64_t bytes = 0, header_bytes = 0;
+  // CRC32C of its header as read (the 8-byte length and the JSON): load_hf's
+  // ranks compare it, so that all read the same file.
+  uint32_t header_crc32c = 0;
   // save_hf's checksums of it, from the index (absent in other exports).
   bool has_checksums = false;
   // CRC32C of the whole file.
@@ -89,13 +92,18 @@ struct HfDirectory {
   nlohmann::json index_metadata;
   // Header bytes read opening the files.
   int64_t header_bytes_read = 0;
+  // CRC32C of the index's bytes and of config.json's as read (0 when
+  // absent): load_hf's ranks compare them with the files' header_crc32c.
+  uint32_t index_crc32c = 0, config_crc32c = 0;
 };
 
 // Reads and checks an HF directory: the index parses and names each tensor
 // once; every file it names exists, has a valid header (a truncated file
 // fails here) and holds exactly the tensors the index puts in it. One
 // fsdp::Error lists every problem found (at most a few of each kind, then a
-// count). Reads the headers only.
+// count). A value of the wrong JSON type or out of bounds (save_hf's
+// checksums) is an fsdp::Error naming the file and the key; anything but a
+// regular file is refused at once. Reads the headers only.
 HfDirectory read_hf_directory(const std::string& dir);
 
 // `fsdp ckpt verify` of an HF directory: read_hf_directory's checks, then
@@ -237,7 +245,11 @@ struct HfLoadResult {
 // (HfLoadOptions::expect_config) and every tensor (missing, unexpected,
 // wrong shape, a dtype that is not floating point): one fsdp::Error lists
 // every problem of a kind, and every rank throws with nothing loaded. The
-// model's buffers are left as they are (HF checkpoints hold parameters).
+// ranks also compare the CRC32C of the index, config.json and every file's
+// header each read: where they differ (the export changed while loading, or
+// the ranks see different copies), every rank throws one message naming
+// what differs, with nothing loaded. The model's buffers are left as they
+// are (HF checkpoints hold parameters).
 HfLoadResult load_hf(FullyShardedModel& model, const std::string& dir, const HfLoadOptions& opts = {});
 
 // A FsdpOptions::param_init for a model every value of which comes from a
