@@ -517,6 +517,8 @@ TEST_F(HfBadInput, FsdpCkptConvertsToAShardedCheckpointAndBack) {
   r = run_command({bin_path("fsdp"), "ckpt", "convert", root, "--to-hf", back, "--dtype", "bf16",
                    "--max-shard-size", "20KiB"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The source's config.json went through the sharded checkpoint and back.
+  EXPECT_EQ(nlohmann::json::parse(slurp(back + "/config.json")), nlohmann::json::parse(slurp(bad_ + "/config.json")));
   const auto a = ckpt::read_hf_directory(bad_), b = ckpt::read_hf_directory(back);
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
   for (auto& [name, t] : a.tensors) {
@@ -564,6 +566,47 @@ TEST_F(HfBadInput, AnExportIntoTheDirectoryItCopiesFromIsRefused) {
   EXPECT_NE(e.find("is the directory it copies from (HfSaveOptions::copy_from)"), std::string::npos) << e;
   EXPECT_EQ(slurp(index_path()), index_before);
   fs::remove(link);
+}
+
+// `fsdp ckpt convert --to-hf` of a checkpoint that holds no config.json:
+// refused before anything is written, saying to pass --config; with
+// --config FILE the export has that file, byte for byte, and loads.
+TEST_F(HfBadInput, ConvertToHfWritesTheConfigGivenAndRefusesWithoutOne) {
+  const std::string src = bad_ + "-nocfg", root = bad_ + "-nocfg-sharded", out = bad_ + "-nocfg-back";
+  fs::copy(bad_, src);
+  fs::remove(src + "/config.json");
+  auto r = run_command({bin_path("fsdp"), "ckpt", "convert", src, "--from-hf", "--world", "2", "--to", root});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command({bin_path("fsdp"), "ckpt", "convert", root, "--to-hf", out});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("holds no config.json"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("nothing was written. Pass the model's config.json with --config FILE"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(out));
+  for (auto& e : fs::directory_iterator(fs::path(out).parent_path()))
+    EXPECT_NE(e.path().filename().string().rfind("." + fs::path(out).filename().string() + ".fsdp-tmp-", 0), 0u)
+        << "a temporary left: " << e.path();
+  // A config given as a file is written as it is (its bytes).
+  const std::string given = src + "/given-config.json";
+  const std::string text = nlohmann::json(cfg_.to_hf()).dump(3) + "\n";
+  std::ofstream(given) << text;
+  r = run_command({bin_path("fsdp"), "ckpt", "convert", root, "--to-hf", out, "--config", given});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(slurp(out + "/config.json"), text);
+  torch::manual_seed(5);
+  llama::LlamaForCausalLM net(cfg_);
+  auto model = fully_shard(net.ptr(), make_local_communicator(), FsdpOptions{});
+  HfLoadOptions lo;
+  lo.expect_config = cfg_.hf_identity();
+  EXPECT_NO_THROW(load_hf(*model, out, lo));
+  // A --config that is not a JSON object: refused, nothing written.
+  const std::string out2 = out + "2";
+  std::ofstream(given, std::ios::trunc) << "[1]";
+  r = run_command({bin_path("fsdp"), "ckpt", "convert", root, "--to-hf", out2, "--config", given});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--config '" + given + "' is not a JSON object"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out2));
+  for (auto& p : {src, root, out}) fs::remove_all(p);
 }
 
 // ---------------------------------------------------------------------------

@@ -116,14 +116,19 @@ std::vector<std::string> verify_hf_directory(const std::string& dir);
 // checkpoint as an HF directory (the model's names; `dtype` on disk; files
 // of at most max_shard_size; the index with save_hf's checksums), streamed
 // piece by piece in one process; written into a temporary beside OUT and
-// renamed into place (OUT must not exist). Returns the tensor bytes.
+// renamed into place (OUT must not exist). OUT gets a config.json, in the
+// same temporary: `config_file` when given, else the checkpoint's own (a
+// config.json in its directory, or the one convert_from_hf recorded); with
+// none, an fsdp::Error before anything is written. Returns the tensor bytes.
 int64_t convert_to_hf(const std::string& checkpoint_dir, const std::string& out_dir,
-                      torch::ScalarType dtype = torch::kBFloat16, int64_t max_shard_size = int64_t(5) << 30);
+                      torch::ScalarType dtype = torch::kBFloat16, int64_t max_shard_size = int64_t(5) << 30,
+                      const std::string& config_file = "");
 
 // `fsdp ckpt convert HF_DIR --from-hf --world M --to ROOT`: an HF
 // directory as a sharded checkpoint of `world` ranks (FSDP's even split of
 // each tensor, fp32, step 0) under out_root, which load_checkpoint reads at
-// any world size. Returns the checkpoint directory.
+// any world size; the directory's config.json is kept in its train_state
+// ("hf_config") for convert_to_hf. Returns the checkpoint directory.
 std::string convert_from_hf(const std::string& hf_dir, int world, const std::string& out_root);
 
 }  // namespace fsdp::ckpt
