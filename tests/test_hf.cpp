@@ -16,6 +16,7 @@
 #include <functional>
 #include <random>
 #include <regex>
+#include <tuple>
 
 #include "checkpoint/range_reader.h"
 #include "fsdp/fsdp.h"
@@ -504,6 +505,33 @@ TEST_F(HfBadInput, AFifoAsConfigOrAsAFileIsRefusedAtOnce) {
     EXPECT_NE(e.find("'" + p + "': expected a regular file, found a FIFO (named pipe)"), std::string::npos) << e;
     fs::remove(p);
     fs::rename(keep, p);
+  }
+}
+
+// The example's reader of a Llama config.json (examples/llama): a value of
+// the wrong type is an fsdp::Error naming config.json, the key and the type
+// expected (never the JSON library's own exception, never a silent default).
+TEST(HfLlamaConfig, AValueOfTheWrongTypeNamesConfigJsonAndTheKey) {
+  const nlohmann::json good = small_llama().to_hf();
+  EXPECT_EQ(llama::Config::from_hf(good).hf_identity(), small_llama().hf_identity());
+  const std::vector<std::tuple<std::string, nlohmann::json, std::string>> cases = {
+      {"rms_norm_eps", "x", "\"rms_norm_eps\": expected a number, found \"x\" (string)"},
+      {"num_key_value_heads", "2", "\"num_key_value_heads\": expected an integer, found \"2\" (string)"},
+      {"head_dim", 16.5, "\"head_dim\": expected an integer, found 16.5 (number)"},
+      {"tie_word_embeddings", 1, "\"tie_word_embeddings\": expected true or false, found 1 (number)"},
+      {"hidden_act", 3, "\"hidden_act\": expected a string, found 3 (number)"},
+      {"rope_parameters/rope_theta", "1e4", "\"rope_parameters.rope_theta\": expected a number, found \"1e4\" (string)"},
+  };
+  for (auto& [key, value, want] : cases) {
+    nlohmann::json j = good;
+    j[nlohmann::json::json_pointer("/" + key)] = value;
+    std::string e;
+    try {
+      llama::Config::from_hf(j);
+    } catch (const Error& x) {
+      e = x.what();
+    }
+    EXPECT_NE(e.find("llama: config.json: " + want), std::string::npos) << key << ": " << e;
   }
 }
 
