@@ -596,6 +596,43 @@ TEST_F(HfBadInput, AnExportIntoTheDirectoryItCopiesFromIsRefused) {
   fs::remove(link);
 }
 
+// save_hf reading JSON of the wrong type: a destination whose index says
+// "format": 5 is not one of its exports (left as it is); a config.json to
+// copy that is not an object is named. Never the JSON library's exception.
+TEST_F(HfBadInput, SaveHfNamesJsonOfTheWrongType) {
+  llama::LlamaForCausalLM net(cfg_);
+  auto model = fully_shard(net.ptr(), make_local_communicator(), FsdpOptions{});
+  auto save_error = [&](const std::string& dir, const HfSaveOptions& so) {
+    try {
+      save_hf(*model, dir, so);
+    } catch (const Error& x) {
+      return std::string(x.what());
+    }
+    return std::string();
+  };
+  auto j = nlohmann::json::parse(slurp(index_path()));
+  j["metadata"]["format"] = 5;
+  std::ofstream(index_path(), std::ios::trunc) << j.dump(1);
+  const std::string index_before = slurp(index_path());
+  HfSaveOptions so;
+  so.fsync = false;
+  auto e = save_error(bad_, so);
+  EXPECT_NE(e.find("exists and is not an export written by save_hf; it is left as it is"), std::string::npos) << e;
+  EXPECT_EQ(slurp(index_path()), index_before);
+  // copy_from's config.json an array.
+  const std::string src = bad_ + "-from", out = bad_ + "-out";
+  fs::create_directory(src);
+  std::ofstream(src + "/config.json") << "[1, 2]";
+  so.copy_from = src;
+  e = save_error(out, so);
+  EXPECT_NE(e.find("save_hf: the config ('" + src + "/config.json') must be a JSON object of config.json's keys, "
+                   "found [1,2] (array); nothing was exported"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(fs::exists(out));
+  fs::remove_all(src);
+}
+
 // `fsdp ckpt convert --to-hf` of a checkpoint that holds no config.json:
 // refused before anything is written, saying to pass --config; with
 // --config FILE the export has that file, byte for byte, and loads.

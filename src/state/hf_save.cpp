@@ -276,7 +276,7 @@ std::string refuse_replacing(const std::string& dir, const HfSaveOptions& opts) 
   if (io::path_exists(index)) {
     auto j = nlohmann::json::parse(io::read_small_file(index, kMaxIndexBytes), nullptr, false);
     if (!j.is_discarded() && j.is_object() && j.contains("metadata") && j["metadata"].is_object() &&
-        j["metadata"].value("format", "") == kExportFormat)
+        j["metadata"].contains("format") && j["metadata"]["format"] == kExportFormat)
       return "";
   }
   return cat("save_hf: '", dir, "' exists and is not an export written by save_hf; it is left as it is. Export into a "
@@ -540,6 +540,7 @@ HfSaveResult save_hf(const FullyShardedModel& model, const std::string& dir_in, 
       io::atomic_write_file(io::join_path(tmp, "model.safetensors.index.json"), index.dump(2) + "\n", opts.fsync);
       // The config and the tokenizer, copied through.
       nlohmann::json config = opts.config;
+      std::string config_from = "HfSaveOptions::config";
       if (!opts.copy_from.empty()) {
         for (const char* f : {"generation_config.json", "tokenizer.json", "tokenizer_config.json",
                               "special_tokens_map.json", "tokenizer.model"}) {
@@ -550,9 +551,13 @@ HfSaveResult save_hf(const FullyShardedModel& model, const std::string& dir_in, 
         if (config.is_null() && io::path_exists(cfg)) {
           config = nlohmann::json::parse(slurp(cfg), nullptr, false);
           FSDP_USER_CHECK(!config.is_discarded(), "save_hf: '", cfg, "' is not valid JSON.");
+          config_from = cat("'", cfg, "'");
         }
       }
       if (!config.is_null()) {
+        FSDP_USER_CHECK(config.is_object(), "save_hf: the config (", config_from,
+                        ") must be a JSON object of config.json's keys, found ", config.dump().substr(0, 60),
+                        " (", config.type_name(), "); nothing was exported. Give the model's config.json.");
         const char* dt = opts.dtype == torch::kFloat32 ? "float32" : opts.dtype == torch::kBFloat16 ? "bfloat16" : "float16";
         config["dtype"] = dt;
         if (config.contains("torch_dtype")) config["torch_dtype"] = dt;
