@@ -630,6 +630,10 @@ TEST_F(HfBadInput, SaveHfNamesJsonOfTheWrongType) {
             std::string::npos)
       << e;
   EXPECT_FALSE(fs::exists(out));
+  // The failed export left no temporary behind.
+  for (auto& x : fs::directory_iterator(fs::path(out).parent_path()))
+    EXPECT_NE(x.path().filename().string().rfind("." + fs::path(out).filename().string() + ".fsdp-tmp-", 0), 0u)
+        << "a temporary left: " << x.path();
   fs::remove_all(src);
 }
 

@@ -22,7 +22,8 @@
 //      rename, or an atomic swap with an existing DIR, removed after), then
 //      syncs DIR's parent; the ranks agree.
 // A kill before 5 leaves DIR as it was (the next export removes the
-// temporary); during 5, DIR is the previous export or absent, never a mix.
+// temporary); an error, on any rank, leaves it as it was and the temporary
+// removed; during 5, DIR is the previous export or absent, never a mix.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -336,6 +337,20 @@ HfSaveResult save_hf(const FullyShardedModel& model, const std::string& dir_in, 
 
   // 2. The temporary directory.
   std::string tmp;
+  // An export that fails leaves nothing behind: when a later phase throws,
+  // rank 0 removes its temporary (a kill leaves it to the next export). The
+  // first error is the one reported; after a simulated crash every call
+  // throws again, so nothing is removed then either.
+  struct RemoveTemporary {
+    std::string* tmp;  // rank 0's; null elsewhere
+    ~RemoveTemporary() {
+      if (tmp == nullptr || tmp->empty()) return;
+      try {
+        io::remove_tree(*tmp);
+      } catch (...) {
+      }
+    }
+  } remove_tmp{me == 0 ? &tmp : nullptr};
   if (me == 0) {
     try {
       err = refuse_replacing(dir, opts);
@@ -565,6 +580,7 @@ HfSaveResult save_hf(const FullyShardedModel& model, const std::string& dir_in, 
       }
       if (opts.fsync) io::fsync_dir(tmp);
       io::publish_dir(tmp, dir, opts.fsync);
+      tmp.clear();  // published: nothing of ours to remove
     } catch (const std::exception& e) {
       err = cat("rank 0: ", e.what());
     }
