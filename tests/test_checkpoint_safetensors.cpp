@@ -124,16 +124,53 @@ TEST(CheckpointSafetensors, ReaderRejectsDamagedHeaders) {
   EXPECT_NE(open_error(p).find("overlap"), std::string::npos) << open_error(p);
 
   write_raw(p, R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", eight);
-  EXPECT_NE(open_error(p).find("invalid dimension"), std::string::npos) << open_error(p);
+  EXPECT_NE(open_error(p).find("field \"shape\": expected an array of non-negative integers, found [-2] (an array)"),
+            std::string::npos)
+      << open_error(p);
 
   write_raw(p, R"({"__metadata__":{"k":1}})", "");
-  EXPECT_NE(open_error(p).find("not a string"), std::string::npos) << open_error(p);
+  EXPECT_NE(open_error(p).find("\"__metadata__\" entry 'k': expected a string, found 1 (a number)"), std::string::npos)
+      << open_error(p);
 
   write_raw(p, R"({"a":{"dtype":"F32","shape":[2]}})", eight);
   EXPECT_NE(open_error(p).find("data_offsets"), std::string::npos) << open_error(p);
 
   // Every message names the file.
   EXPECT_NE(open_error(p).find(p), std::string::npos);
+}
+
+// A value of the wrong JSON type is one clear error naming the file, the
+// tensor, the key, the type expected and what is there (never a raw JSON
+// library exception).
+TEST(CheckpointSafetensors, AValueOfTheWrongTypeNamesTheFileTheKeyAndTheTypeExpected) {
+  auto d = safetensors_dir("st_types");
+  auto p = d + "/x.safetensors";
+  const std::string eight(8, '\0');
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"a":{"dtype":7,"shape":[2],"data_offsets":[0,8]}})",
+       "tensor 'a': field \"dtype\": expected a string (a dtype name such as \"F32\"), found 7 (a number)"},
+      {R"({"a":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})",
+       "tensor 'a': field \"shape\": expected an array of non-negative integers, found \"2\" (a string)"},
+      {R"({"a":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})",
+       "tensor 'a': field \"shape\": expected an array of non-negative integers, found [2.5] (an array)"},
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8]}})",
+       "tensor 'a': field \"data_offsets\": expected an array of two non-negative integers [begin, end], found [8] "
+       "(an array)"},
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":["0","8"]}})",
+       "tensor 'a': field \"data_offsets\": expected an array of two non-negative integers [begin, end], found "
+       "[\"0\",\"8\"] (an array)"},
+      {R"({"a":{"dtype":"F32","shape":[2]}})",
+       "tensor 'a': field \"data_offsets\": expected an array of two non-negative integers [begin, end], found "
+       "nothing (the field is absent)"},
+      {R"({"a":[1,2]})", "tensor 'a': expected an object {\"dtype\", \"shape\", \"data_offsets\"}, found [1,2] (an array)"},
+      {R"({"__metadata__":"pt"})", "\"__metadata__\": expected an object of strings, found \"pt\" (a string)"},
+  };
+  for (auto& [header, want] : cases) {
+    write_raw(p, header, eight);
+    const std::string e = open_error(p);
+    EXPECT_NE(e.find("safetensors file '" + p + "': " + want), std::string::npos) << header << "\n" << e;
+    EXPECT_EQ(e.find("json.exception"), std::string::npos) << e;
+  }
 }
 
 }  // namespace FSDP_TEST_ID

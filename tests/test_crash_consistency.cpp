@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 
@@ -280,12 +281,14 @@ TEST(CrashConsistency, HfExportOverAPreviousOneWithoutAnAtomicSwap) {
 
 TEST(CrashConsistency, ConvertToHfIsAbsentOrComplete) {
   const std::string dir = temp_dir("crash-to-hf"), src = temp_dir("crash-to-hf-src");
-  const std::string out = dir + "/hf";
+  const std::string out = dir + "/hf", config = src + "/config.json";
   const Tensors m = values(2);
   save_now(src + "/ckpt", 3, m, values(1002), {});
+  const std::string config_text = "{\"model_type\": \"small\"}\n";
+  std::ofstream(config) << config_text;
   const std::map<std::string, Tensors> only = {{"new", m}};
   const int64_t K = enumerate(
-      dir, [&] { restore(dir, ""); }, [&] { ckpt::convert_to_hf(src + "/ckpt", out, torch::kFloat32, 64); },
+      dir, [&] { restore(dir, ""); }, [&] { ckpt::convert_to_hf(src + "/ckpt", out, torch::kFloat32, 64, config); },
       [&](int64_t k) {
         std::string error;
         auto [found, got] = load_hf_dir(out, &error);
@@ -293,6 +296,7 @@ TEST(CrashConsistency, ConvertToHfIsAbsentOrComplete) {
         if (found) {
           EXPECT_EQ(which(got, only), "new") << describe(got, only);
           EXPECT_TRUE(ckpt::verify_hf_directory(out).empty());
+          EXPECT_EQ(slurp(out + "/config.json"), config_text) << "an export without its config.json";
         }
         if (k == 0) EXPECT_TRUE(found) << "a power cut after the conversion returned lost it";
         if (k > 0 && found) restore(dir, "");  // the next clean run needs OUT absent

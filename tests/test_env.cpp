@@ -70,6 +70,26 @@ TEST(Env, AFifoOrAFolderWhereAFileIsExpectedIsRefusedAtOnceNamingIt) {
   EXPECT_NE(de.find("expected a regular file, found a directory"), std::string::npos) << de;
 }
 
+// same_file: one file or folder under two names (a link, "dir/."), never
+// two files with the same bytes, never an absent path.
+TEST(Env, SameFileIsTheSameInodeThroughLinksAndNeverAnAbsentPath) {
+  const std::string d = temp_dir("env-same");
+  write_text(d + "/a", "x");
+  write_text(d + "/b", "x");
+  fs::create_symlink(d + "/a", d + "/link");
+  fs::create_directory(d + "/dir");
+  Env& e = Env::posix();
+  EXPECT_TRUE(e.same_file(d + "/a", d + "/link"));
+  EXPECT_TRUE(e.same_file(d + "/dir", d + "/dir/."));
+  EXPECT_FALSE(e.same_file(d + "/a", d + "/b"));
+  EXPECT_FALSE(e.same_file(d + "/a", d + "/absent"));
+  EXPECT_FALSE(e.same_file(d + "/absent", d + "/absent"));
+  // The fault-injecting Env answers as the file system does.
+  FaultInjectionEnv fi(d);
+  EXPECT_TRUE(fi.same_file(d + "/a", d + "/link"));
+  EXPECT_FALSE(fi.same_file(d + "/a", d + "/b"));
+}
+
 TEST(Env, TemporaryFoldersHaveNamesNobodyCouldPredict) {
   const std::string d = temp_dir("env-mkdtemp");
   const std::string a = ckpt::detail::make_temp_dir(d + "/export"), b = ckpt::detail::make_temp_dir(d + "/export");

@@ -4,14 +4,19 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <regex>
+#include <tuple>
 
 #include "checkpoint/range_reader.h"
 #include "fsdp/fsdp.h"
@@ -396,6 +401,140 @@ TEST_F(HfBadInput, AConfigThatDoesNotMatchTheModel) {
       << e;
 }
 
+// The index's values of the wrong type or out of bounds: one error naming
+// the index and the key, what was expected and what is there (never a raw
+// JSON library exception, never a size computed from them that overflows).
+TEST_F(HfBadInput, IndexValuesOfTheWrongTypeOrOutOfBoundsNameTheIndexAndTheKey) {
+  const std::string original = slurp(index_path());
+  const std::string f0 = files_[0];
+  const std::string sums = "metadata.fsdp_checksums", entry = sums + ".files[\"" + f0 + "\"]";
+  using J = nlohmann::json;
+  auto chk = [&](J& j) -> J& { return j["metadata"]["fsdp_checksums"]; };
+  auto ent = [&](J& j) -> J& { return j["metadata"]["fsdp_checksums"]["files"][f0]; };
+  const std::vector<std::pair<std::function<void(J&)>, std::string>> cases = {
+      {[&](J& j) { chk(j)["chunk_bytes"] = 0; },
+       sums + ".chunk_bytes: expected bytes per chunk, an integer in [1, 1073741824], found 0 (a number)"},
+      {[&](J& j) { chk(j)["chunk_bytes"] = -4096; }, sums + ".chunk_bytes: expected bytes per chunk, an integer in "
+                                                            "[1, 1073741824], found -4096 (a number)"},
+      {[&](J& j) { chk(j)["chunk_bytes"] = int64_t(1) << 40; },
+       sums + ".chunk_bytes: expected bytes per chunk, an integer in [1, 1073741824], found 1099511627776"},
+      {[&](J& j) { chk(j)["chunk_bytes"] = "4096"; },
+       sums + ".chunk_bytes: expected bytes per chunk, an integer in [1, 1073741824], found \"4096\" (a string)"},
+      {[&](J& j) { chk(j).erase("chunk_bytes"); },
+       sums + ".chunk_bytes: expected bytes per chunk, found nothing (the key is absent)"},
+      {[&](J& j) { ent(j)["bytes"] = -5; },
+       entry + ".bytes: expected the file's size, an integer in [0, 1125899906842624], found -5 (a number)"},
+      {[&](J& j) { ent(j)["bytes"] = INT64_MAX; },  // bytes + chunk_bytes - 1 would overflow
+       entry + ".bytes: expected the file's size, an integer in [0, 1125899906842624], found 9223372036854775807"},
+      {[&](J& j) { ent(j)["bytes"] = J::array({1}); }, entry + ".bytes: expected the file's size, an integer in "
+                                                               "[0, 1125899906842624], found [1] (an array)"},
+      {[&](J& j) { ent(j)["bytes"] = 5 * ckpt::SafetensorsWriter::kChunkBytes; },
+       entry + ".chunk_crc32c: expected 5 checksums (5242880 bytes in chunks of 1048576), found [\""},
+      {[&](J& j) { ent(j)["crc32c"] = 5; },
+       entry + ".crc32c: expected a CRC32C of 8 hex digits (a string), found 5 (a number)"},
+      {[&](J& j) { ent(j)["chunk_crc32c"] = "abc"; },
+       entry + ".chunk_crc32c: expected an array of CRC32Cs (strings of 8 hex digits), found \"abc\" (a string)"},
+      {[&](J& j) { ent(j)["chunk_crc32c"][0] = 7; },
+       entry + ".chunk_crc32c[0]: expected a CRC32C of 8 hex digits (a string), found 7 (a number)"},
+      {[&](J& j) { ent(j) = "x"; },
+       entry + ": expected an object (bytes, crc32c, chunk_crc32c), found \"x\" (a string)"},
+      {[&](J& j) { chk(j)["files"] = 3; },
+       sums + ".files: expected an object (file name -> checksums), found 3 (a number)"},
+      {[&](J& j) { chk(j) = J::array({1}); }, sums + ": expected an object, found [1] (an array)"},
+      {[&](J& j) { j["metadata"] = "x"; }, "metadata: expected an object (total_size, ...), found \"x\" (a string)"},
+  };
+  for (auto& [edit, want] : cases) {
+    J j = J::parse(original);
+    edit(j);
+    std::ofstream(index_path(), std::ios::trunc) << j.dump(1);
+    std::string e;
+    try {
+      ckpt::read_hf_directory(bad_);
+    } catch (const Error& x) {
+      e = x.what();
+    }
+    EXPECT_NE(e.find("HF index '" + index_path() + "': " + want), std::string::npos) << want << "\n" << e;
+    EXPECT_NE(e.find("copy the directory again"), std::string::npos) << e;
+  }
+  // A weight_map value that is not a file name; through load_hf, which
+  // loads nothing.
+  J j = J::parse(original);
+  j["weight_map"]["lm_head.weight"] = 5;
+  std::ofstream(index_path(), std::ios::trunc) << j.dump(1);
+  const auto e = load_error(cfg_);
+  EXPECT_NE(e.find("weight_map entries of model.safetensors.index.json that are not a file name of this directory "
+                   "(expected a string without '/') (1): 'lm_head.weight': found 5 (a number)"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(e.find("json.exception"), std::string::npos) << e;
+  // The same through load_hf for a bound, and the loading side agrees.
+  j = J::parse(original);
+  chk(j)["chunk_bytes"] = 0;
+  std::ofstream(index_path(), std::ios::trunc) << j.dump(1);
+  const auto e2 = load_error(cfg_);
+  EXPECT_NE(e2.find(sums + ".chunk_bytes: expected bytes per chunk"), std::string::npos) << e2;
+}
+
+// config.json of the wrong type, or with a value of another type than the
+// model's: named, nothing loaded.
+TEST_F(HfBadInput, AConfigOfTheWrongTypeNamesTheFileAndTheKey) {
+  const std::string cfg_path = bad_ + "/config.json";
+  auto j = nlohmann::json::parse(slurp(cfg_path));
+  j["num_hidden_layers"] = "3";
+  std::ofstream(cfg_path, std::ios::trunc) << j.dump(1);
+  auto e = load_error(cfg_);
+  EXPECT_NE(e.find("'" + bad_ + "': its config.json does not describe this model (1 difference): num_hidden_layers = "
+                   "\"3\", this model has 3"),
+            std::string::npos)
+      << e;
+  std::ofstream(cfg_path, std::ios::trunc) << "[1, 2]";
+  e = load_error(cfg_);
+  EXPECT_NE(e.find("config '" + cfg_path + "' is not a JSON object"), std::string::npos) << e;
+}
+
+// A FIFO where config.json or a file the index names should be: refused at
+// once (never a rank waiting for a writer), naming the path; nothing loaded.
+TEST_F(HfBadInput, AFifoAsConfigOrAsAFileIsRefusedAtOnce) {
+  for (const std::string name : {files_[1], std::string("config.json")}) {
+    const std::string p = bad_ + "/" + name, keep = bad_ + "/kept";
+    fs::rename(p, keep);
+    ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto e = load_error(cfg_);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0) << name;
+    EXPECT_NE(e.find("'" + p + "': expected a regular file, found a FIFO (named pipe)"), std::string::npos) << e;
+    fs::remove(p);
+    fs::rename(keep, p);
+  }
+}
+
+// The example's reader of a Llama config.json (examples/llama): a value of
+// the wrong type is an fsdp::Error naming config.json, the key and the type
+// expected (never the JSON library's own exception, never a silent default).
+TEST(HfLlamaConfig, AValueOfTheWrongTypeNamesConfigJsonAndTheKey) {
+  const nlohmann::json good = small_llama().to_hf();
+  EXPECT_EQ(llama::Config::from_hf(good).hf_identity(), small_llama().hf_identity());
+  const std::vector<std::tuple<std::string, nlohmann::json, std::string>> cases = {
+      {"rms_norm_eps", "x", "\"rms_norm_eps\": expected a number, found \"x\" (string)"},
+      {"num_key_value_heads", "2", "\"num_key_value_heads\": expected an integer, found \"2\" (string)"},
+      {"head_dim", 16.5, "\"head_dim\": expected an integer, found 16.5 (number)"},
+      {"tie_word_embeddings", 1, "\"tie_word_embeddings\": expected true or false, found 1 (number)"},
+      {"hidden_act", 3, "\"hidden_act\": expected a string, found 3 (number)"},
+      {"rope_parameters/rope_theta", "1e4", "\"rope_parameters.rope_theta\": expected a number, found \"1e4\" (string)"},
+  };
+  for (auto& [key, value, want] : cases) {
+    nlohmann::json j = good;
+    j[nlohmann::json::json_pointer("/" + key)] = value;
+    std::string e;
+    try {
+      llama::Config::from_hf(j);
+    } catch (const Error& x) {
+      e = x.what();
+    }
+    EXPECT_NE(e.find("llama: config.json: " + want), std::string::npos) << key << ": " << e;
+  }
+}
+
 // Offline, with `fsdp ckpt`: the HF directory as a sharded checkpoint of 3
 // ranks and back (bf16 -> fp32 -> bf16: every tensor bitwise), inspected and
 // verified.
@@ -406,6 +545,8 @@ TEST_F(HfBadInput, FsdpCkptConvertsToAShardedCheckpointAndBack) {
   r = run_command({bin_path("fsdp"), "ckpt", "convert", root, "--to-hf", back, "--dtype", "bf16",
                    "--max-shard-size", "20KiB"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The source's config.json went through the sharded checkpoint and back.
+  EXPECT_EQ(nlohmann::json::parse(slurp(back + "/config.json")), nlohmann::json::parse(slurp(bad_ + "/config.json")));
   const auto a = ckpt::read_hf_directory(bad_), b = ckpt::read_hf_directory(back);
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
   for (auto& [name, t] : a.tensors) {
@@ -430,6 +571,220 @@ TEST_F(HfBadInput, FsdpCkptConvertsToAShardedCheckpointAndBack) {
   EXPECT_NE(r.output.find("checksum mismatch"), std::string::npos) << r.output;
   fs::remove_all(root);
   fs::remove_all(back);
+}
+
+// An export into the directory it copies its config from, under another
+// name of the same directory (a symbolic link): refused, the directory as it
+// was.
+TEST_F(HfBadInput, AnExportIntoTheDirectoryItCopiesFromIsRefused) {
+  const std::string link = bad_ + "-link";
+  fs::create_directory_symlink(bad_, link);
+  const std::string index_before = slurp(index_path());
+  llama::LlamaForCausalLM net(cfg_);
+  auto model = fully_shard(net.ptr(), make_local_communicator(), FsdpOptions{});
+  HfSaveOptions so;
+  so.copy_from = bad_;
+  so.fsync = false;
+  std::string e;
+  try {
+    save_hf(*model, link, so);
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("is the directory it copies from (HfSaveOptions::copy_from)"), std::string::npos) << e;
+  EXPECT_EQ(slurp(index_path()), index_before);
+  fs::remove(link);
+}
+
+// save_hf reading JSON of the wrong type: a destination whose index says
+// "format": 5 is not one of its exports (left as it is); a config.json to
+// copy that is not an object is named. Never the JSON library's exception.
+TEST_F(HfBadInput, SaveHfNamesJsonOfTheWrongType) {
+  llama::LlamaForCausalLM net(cfg_);
+  auto model = fully_shard(net.ptr(), make_local_communicator(), FsdpOptions{});
+  auto save_error = [&](const std::string& dir, const HfSaveOptions& so) {
+    try {
+      save_hf(*model, dir, so);
+    } catch (const Error& x) {
+      return std::string(x.what());
+    }
+    return std::string();
+  };
+  auto j = nlohmann::json::parse(slurp(index_path()));
+  j["metadata"]["format"] = 5;
+  std::ofstream(index_path(), std::ios::trunc) << j.dump(1);
+  const std::string index_before = slurp(index_path());
+  HfSaveOptions so;
+  so.fsync = false;
+  auto e = save_error(bad_, so);
+  EXPECT_NE(e.find("exists and is not an export written by save_hf; it is left as it is"), std::string::npos) << e;
+  EXPECT_EQ(slurp(index_path()), index_before);
+  // copy_from's config.json an array.
+  const std::string src = bad_ + "-from", out = bad_ + "-out";
+  fs::create_directory(src);
+  std::ofstream(src + "/config.json") << "[1, 2]";
+  so.copy_from = src;
+  e = save_error(out, so);
+  EXPECT_NE(e.find("save_hf: the config ('" + src + "/config.json') must be a JSON object of config.json's keys, "
+                   "found [1,2] (array); nothing was exported"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(fs::exists(out));
+  // The failed export left no temporary behind.
+  for (auto& x : fs::directory_iterator(fs::path(out).parent_path()))
+    EXPECT_NE(x.path().filename().string().rfind("." + fs::path(out).filename().string() + ".fsdp-tmp-", 0), 0u)
+        << "a temporary left: " << x.path();
+  fs::remove_all(src);
+}
+
+// `fsdp ckpt convert --to-hf` of a checkpoint that holds no config.json:
+// refused before anything is written, saying to pass --config; with
+// --config FILE the export has that file, byte for byte, and loads.
+TEST_F(HfBadInput, ConvertToHfWritesTheConfigGivenAndRefusesWithoutOne) {
+  const std::string src = bad_ + "-nocfg", root = bad_ + "-nocfg-sharded", out = bad_ + "-nocfg-back";
+  fs::copy(bad_, src);
+  fs::remove(src + "/config.json");
+  auto r = run_command({bin_path("fsdp"), "ckpt", "convert", src, "--from-hf", "--world", "2", "--to", root});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command({bin_path("fsdp"), "ckpt", "convert", root, "--to-hf", out});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("holds no config.json"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("nothing was written. Pass the model's config.json with --config FILE"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(out));
+  for (auto& e : fs::directory_iterator(fs::path(out).parent_path()))
+    EXPECT_NE(e.path().filename().string().rfind("." + fs::path(out).filename().string() + ".fsdp-tmp-", 0), 0u)
+        << "a temporary left: " << e.path();
+  // A config given as a file is written as it is (its bytes).
+  const std::string given = src + "/given-config.json";
+  const std::string text = nlohmann::json(cfg_.to_hf()).dump(3) + "\n";
+  std::ofstream(given) << text;
+  r = run_command({bin_path("fsdp"), "ckpt", "convert", root, "--to-hf", out, "--config", given});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(slurp(out + "/config.json"), text);
+  torch::manual_seed(5);
+  llama::LlamaForCausalLM net(cfg_);
+  auto model = fully_shard(net.ptr(), make_local_communicator(), FsdpOptions{});
+  HfLoadOptions lo;
+  lo.expect_config = cfg_.hf_identity();
+  EXPECT_NO_THROW(load_hf(*model, out, lo));
+  // A --config that is not a JSON object: refused, nothing written.
+  const std::string out2 = out + "2";
+  std::ofstream(given, std::ios::trunc) << "[1]";
+  r = run_command({bin_path("fsdp"), "ckpt", "convert", root, "--to-hf", out2, "--config", given});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--config '" + given + "' is not a JSON object"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out2));
+  for (auto& p : {src, root, out}) fs::remove_all(p);
+}
+
+// ---------------------------------------------------------------------------
+// Every rank loads the same export (tests/workers/hf_scenarios.cpp,
+// hf_load_dirs: rank r loads DIR_r). Where one rank's copy differs in a
+// file's header, in the index, or holds a FIFO, every rank fails at once
+// with a message naming what differs; nothing is loaded.
+
+class HfRanksSeeOneExport : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    d_ = temp_dir("hf-one-export");
+    torch::manual_seed(3);
+    auto two = std::make_shared<TwoModule>();
+    auto model = fully_shard(two, make_local_communicator(), FsdpOptions{});
+    HfSaveOptions so;
+    so.dtype = torch::kFloat32;
+    so.max_shard_size = 64;  // a file per tensor
+    so.fsync = false;
+    so.config = nlohmann::json{{"model_type", "two"}};
+    save_hf(*model, a(), so);
+    for (auto& e : fs::directory_iterator(a()))
+      if (e.path().extension() == ".safetensors") files_.push_back(e.path().filename().string());
+    std::sort(files_.begin(), files_.end());
+    ASSERT_EQ(files_.size(), 2u);
+    fs::copy(a(), b());
+  }
+  std::string a() const { return d_ + "/a"; }
+  std::string b() const { return d_ + "/b"; }
+  // Each rank's line of the run; fails the test when one is missing.
+  std::vector<std::string> run(const std::vector<std::string>& dirs) {
+    auto r = run_ranks(static_cast<int>(dirs.size()), "hf_load_dirs", dirs);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::vector<std::string> out;
+    for (size_t k = 0; k < dirs.size(); ++k) {
+      const auto loaded = lines_with(r.output, "LOADED rank=" + std::to_string(k));
+      const auto failed = lines_with(r.output, "LOADFAIL rank=" + std::to_string(k) + " ");
+      EXPECT_EQ(loaded.size() + failed.size(), 1u) << r.output;
+      out.push_back(!failed.empty() ? failed[0] : !loaded.empty() ? loaded[0] : "");
+    }
+    return out;
+  }
+  struct TwoModule : torch::nn::Module {
+    TwoModule() {
+      register_parameter("w", torch::randn({6, 5}));
+      register_parameter("b", torch::randn({7}));
+    }
+    torch::Tensor forward(const torch::Tensor& x) { return x; }
+  };
+  std::string d_;
+  std::vector<std::string> files_;
+};
+
+TEST_F(HfRanksSeeOneExport, TheSameFilesLoadOnEveryRank) {
+  for (auto& line : run({a(), b()})) EXPECT_NE(line.find("LOADED rank="), std::string::npos) << line;
+}
+
+// Rank 2's copy of one file has another header (the same size, one byte of
+// its metadata changed): every rank names that file and which ranks read
+// which header.
+TEST_F(HfRanksSeeOneExport, AFileWhoseHeaderDiffersOnOneRankFailsEveryRankNamingIt) {
+  const std::string c = d_ + "/c", victim = c + "/" + files_[1];
+  fs::copy(a(), c);
+  std::string bytes = slurp(victim);
+  const auto at = bytes.find("\"format\":\"pt\"");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 13, "\"format\":\"np\"");
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+  const auto lines = run({a(), b(), c});
+  for (size_t k = 0; k < lines.size(); ++k) {
+    const auto& l = lines[k];
+    EXPECT_NE(l.find("LOADFAIL rank="), std::string::npos) << l;
+    EXPECT_NE(l.find("the ranks did not read the same files: the header of '" + files_[1] + "' (rank(s) 0, 1 read "
+                     "CRC32C "),
+              std::string::npos)
+        << l;
+    EXPECT_NE(l.find("; rank(s) 2 read CRC32C "), std::string::npos) << l;
+    EXPECT_NE(l.find("The export changed while the ranks were reading it"), std::string::npos) << l;
+    EXPECT_NE(l.find("Nothing was loaded"), std::string::npos) << l;
+    EXPECT_EQ(l.find(files_[0]), std::string::npos) << "only the file that differs is named: " << l;
+  }
+}
+
+// Rank 1's index has one more byte: every rank names the index.
+TEST_F(HfRanksSeeOneExport, AnIndexThatDiffersOnOneRankFailsEveryRankNamingIt) {
+  std::ofstream(b() + "/model.safetensors.index.json", std::ios::app) << "\n";
+  for (auto& l : run({a(), b()})) {
+    EXPECT_NE(l.find("LOADFAIL rank="), std::string::npos) << l;
+    EXPECT_NE(l.find("the ranks did not read the same files: the index model.safetensors.index.json (rank(s) 0 read "
+                     "CRC32C "),
+              std::string::npos)
+        << l;
+    EXPECT_NE(l.find("; rank(s) 1 read CRC32C "), std::string::npos) << l;
+    EXPECT_EQ(l.find("the header of"), std::string::npos) << l;
+  }
+}
+
+// Rank 1 finds a FIFO where a file should be: it refuses it at once, naming
+// the path, and rank 0 fails with it (neither waits for a writer).
+TEST_F(HfRanksSeeOneExport, AFifoOnOneRankFailsEveryRankAtOnce) {
+  const std::string p = b() + "/" + files_[0];
+  fs::remove(p);
+  ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0);
+  const auto lines = run({a(), b()});
+  EXPECT_NE(lines[1].find("'" + p + "': expected a regular file, found a FIFO (named pipe)"), std::string::npos)
+      << lines[1];
+  EXPECT_NE(lines[0].find("failed on rank(s) 1 (see their messages); nothing was loaded"), std::string::npos)
+      << lines[0];
+  for (auto& l : lines) EXPECT_LT(value_of(l, "seconds"), 30.0) << l;
 }
 
 // ---------------------------------------------------------------------------

@@ -4,8 +4,9 @@
 //   fsdp ckpt verify PATH             every checksum and the metadata; exit 1 on a fault
 //   fsdp ckpt convert DIR --to model.safetensors     sharded -> one full file (streaming)
 //   fsdp ckpt convert DIR --world M --to DIR2        reshard offline to M ranks
-//   fsdp ckpt convert DIR --to-hf OUT [--dtype bf16] [--max-shard-size 5GiB]
-//                                                    sharded -> Hugging Face layout
+//   fsdp ckpt convert DIR --to-hf OUT [--dtype bf16] [--max-shard-size 5GiB] [--config FILE]
+//                                                    sharded -> Hugging Face layout, with config.json
+//                                                    (FILE, or the checkpoint's own)
 //   fsdp ckpt convert HF_DIR --from-hf --world M --to ROOT
 //                                                    Hugging Face layout -> sharded
 //
@@ -122,7 +123,7 @@ int verify(const std::string& path) {
 int cmd_ckpt(int argc, char** argv) {
   CLI::App app{"inspect, verify and convert fsdp-cpp checkpoints", "fsdp ckpt"};
   app.require_subcommand(1);
-  std::string path, to, section = "model", to_hf, dtype = "bf16", max_shard = "5GiB";
+  std::string path, to, section = "model", to_hf, dtype = "bf16", max_shard = "5GiB", config;
   int world = 0;
   bool from_hf = false;
   auto* ins = app.add_subcommand("inspect", "world size, strategy, step, tensors (also a .safetensors file)");
@@ -137,6 +138,8 @@ int cmd_ckpt(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
   conv->add_option("--max-shard-size", max_shard, "with --to-hf: the largest file, e.g. 2GiB")->capture_default_str();
+  conv->add_option("--config", config, "with --to-hf: the model's config.json, written into OUT (default: the "
+                                       "checkpoint's own; one is required)");
   conv->add_flag("--from-hf", from_hf, "DIR is a Hugging Face directory: write it as a sharded checkpoint of --world ranks "
                                        "under --to");
   conv->add_option("--world", world, "reshard to this many ranks (writes a sharded checkpoint)")
@@ -158,7 +161,7 @@ int cmd_ckpt(int argc, char** argv) {
     if (*ver) return verify(path);
     if (!to_hf.empty()) {
       const auto dt = dtype == "fp32" ? torch::kFloat32 : dtype == "fp16" ? torch::kFloat16 : torch::kBFloat16;
-      const int64_t bytes = convert_to_hf(path, to_hf, dt, fsdp::cli::parse_bytes(max_shard));
+      const int64_t bytes = convert_to_hf(path, to_hf, dt, fsdp::cli::parse_bytes(max_shard), config);
       std::printf("wrote %s (%s of tensors)\n", to_hf.c_str(), human_bytes(bytes).c_str());
       return 0;
     }

@@ -24,6 +24,36 @@ int64_t need_int(const nlohmann::json& j, const char* key) {
   return j[key].get<int64_t>();
 }
 
+// An optional key of config.json (`where`: "" or "rope_parameters."): its
+// default when absent or null, else a value of the type expected, or an
+// fsdp::Error naming the file and the key (never the JSON library's own).
+[[noreturn]] void wrong_type(const std::string& where, const char* key, const char* expected,
+                             const nlohmann::json& v) {
+  throw fsdp::Error("llama: config.json: \"" + where + key + "\": expected " + expected + ", found " + v.dump() +
+                    " (" + v.type_name() + "); expected a LlamaForCausalLM config (as transformers writes it).");
+}
+bool absent(const nlohmann::json& j, const char* key) { return !j.contains(key) || j[key].is_null(); }
+double opt(const nlohmann::json& j, const char* key, double dflt, const std::string& where = "") {
+  if (absent(j, key)) return dflt;
+  if (!j[key].is_number()) wrong_type(where, key, "a number", j[key]);
+  return j[key].get<double>();
+}
+int64_t opt(const nlohmann::json& j, const char* key, int64_t dflt, const std::string& where = "") {
+  if (absent(j, key)) return dflt;
+  if (!j[key].is_number_integer()) wrong_type(where, key, "an integer", j[key]);
+  return j[key].get<int64_t>();
+}
+bool opt(const nlohmann::json& j, const char* key, bool dflt, const std::string& where = "") {
+  if (absent(j, key)) return dflt;
+  if (!j[key].is_boolean()) wrong_type(where, key, "true or false", j[key]);
+  return j[key].get<bool>();
+}
+std::string opt(const nlohmann::json& j, const char* key, const std::string& dflt, const std::string& where = "") {
+  if (absent(j, key)) return dflt;
+  if (!j[key].is_string()) wrong_type(where, key, "a string", j[key]);
+  return j[key].get<std::string>();
+}
+
 }  // namespace
 
 Config Config::from_hf(const nlohmann::json& j) {
@@ -34,28 +64,28 @@ Config Config::from_hf(const nlohmann::json& j) {
   c.intermediate = need_int(j, "intermediate_size");
   c.layers = need_int(j, "num_hidden_layers");
   c.heads = need_int(j, "num_attention_heads");
-  c.kv_heads = j.contains("num_key_value_heads") && j["num_key_value_heads"].is_number_integer()
-                   ? j["num_key_value_heads"].get<int64_t>()
-                   : c.heads;
-  c.head_dim = j.contains("head_dim") && j["head_dim"].is_number_integer() ? j["head_dim"].get<int64_t>()
-                                                                            : c.hidden / std::max<int64_t>(1, c.heads);
-  c.max_positions = j.value("max_position_embeddings", c.max_positions);
-  c.rms_eps = j.value("rms_norm_eps", c.rms_eps);
-  c.tie_embeddings = j.value("tie_word_embeddings", false);
-  if (j.value("attention_bias", false)) unsupported("has attention_bias = true");
-  if (j.value("mlp_bias", false)) unsupported("has mlp_bias = true");
-  if (j.value("hidden_act", std::string("silu")) != "silu") unsupported("has hidden_act = " + j["hidden_act"].dump());
+  c.kv_heads = opt(j, "num_key_value_heads", c.heads);
+  c.head_dim = opt(j, "head_dim", c.hidden / std::max<int64_t>(1, c.heads));
+  c.max_positions = opt(j, "max_position_embeddings", c.max_positions);
+  c.rms_eps = opt(j, "rms_norm_eps", c.rms_eps);
+  c.tie_embeddings = opt(j, "tie_word_embeddings", false);
+  if (opt(j, "attention_bias", false)) unsupported("has attention_bias = true");
+  if (opt(j, "mlp_bias", false)) unsupported("has mlp_bias = true");
+  if (opt(j, "hidden_act", std::string("silu")) != "silu") unsupported("has hidden_act = " + j["hidden_act"].dump());
   // transformers >= 5: rope_parameters; before: rope_theta and rope_scaling.
   nlohmann::json rope = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? j["rope_parameters"]
                         : j.contains("rope_scaling") && j["rope_scaling"].is_object()       ? j["rope_scaling"]
                                                                                              : nlohmann::json::object();
-  c.rope_theta = rope.value("rope_theta", j.value("rope_theta", c.rope_theta));
-  c.rope_type = rope.value("rope_type", rope.value("type", std::string("default")));
+  const std::string in = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? "rope_parameters."
+                         : j.contains("rope_scaling") && j["rope_scaling"].is_object()    ? "rope_scaling."
+                                                                                           : "";
+  c.rope_theta = opt(rope, "rope_theta", opt(j, "rope_theta", c.rope_theta), in);
+  c.rope_type = opt(rope, "rope_type", opt(rope, "type", std::string("default"), in), in);
   if (c.rope_type == "llama3") {
-    c.rope_factor = rope.value("factor", c.rope_factor);
-    c.low_freq_factor = rope.value("low_freq_factor", c.low_freq_factor);
-    c.high_freq_factor = rope.value("high_freq_factor", c.high_freq_factor);
-    c.original_max_positions = rope.value("original_max_position_embeddings", c.original_max_positions);
+    c.rope_factor = opt(rope, "factor", c.rope_factor, in);
+    c.low_freq_factor = opt(rope, "low_freq_factor", c.low_freq_factor, in);
+    c.high_freq_factor = opt(rope, "high_freq_factor", c.high_freq_factor, in);
+    c.original_max_positions = opt(rope, "original_max_position_embeddings", c.original_max_positions, in);
   } else if (c.rope_type != "default") {
     unsupported("has rope_type \"" + c.rope_type + "\"");
   }

@@ -164,6 +164,9 @@ class SafetensorsReader {
   // even if the path is replaced meanwhile.
   int fd() const;
   int64_t header_bytes() const;  // 8 + N: where the data section starts
+  // CRC32C of the header as read (the 8-byte length and the N bytes of
+  // JSON): two readers saw the same header when theirs are equal.
+  uint32_t header_crc32c() const;
   const std::vector<SafetensorsEntry>& entries() const;  // in data order
   const SafetensorsEntry* find(const std::string& name) const;  // nullptr: absent
   // The header's "__metadata__" (empty when there is none).

@@ -45,6 +45,9 @@ struct HfFile {
   std::string name;
   // Its size in bytes, and the size of its header (8 + N).
   int64_t bytes = 0, header_bytes = 0;
+  // CRC32C of its header as read (the 8-byte length and the JSON): load_hf's
+  // ranks compare it, so that all read the same file.
+  uint32_t header_crc32c = 0;
   // save_hf's checksums of it, from the index (absent in other exports).
   bool has_checksums = false;
   // CRC32C of the whole file.
@@ -89,13 +92,18 @@ struct HfDirectory {
   nlohmann::json index_metadata;
   // Header bytes read opening the files.
   int64_t header_bytes_read = 0;
+  // CRC32C of the index's bytes and of config.json's as read (0 when
+  // absent): load_hf's ranks compare them with the files' header_crc32c.
+  uint32_t index_crc32c = 0, config_crc32c = 0;
 };
 
 // Reads and checks an HF directory: the index parses and names each tensor
 // once; every file it names exists, has a valid header (a truncated file
 // fails here) and holds exactly the tensors the index puts in it. One
 // fsdp::Error lists every problem found (at most a few of each kind, then a
-// count). Reads the headers only.
+// count). A value of the wrong JSON type or out of bounds (save_hf's
+// checksums) is an fsdp::Error naming the file and the key; anything but a
+// regular file is refused at once. Reads the headers only.
 HfDirectory read_hf_directory(const std::string& dir);
 
 // `fsdp ckpt verify` of an HF directory: read_hf_directory's checks, then
@@ -108,14 +116,19 @@ std::vector<std::string> verify_hf_directory(const std::string& dir);
 // checkpoint as an HF directory (the model's names; `dtype` on disk; files
 // of at most max_shard_size; the index with save_hf's checksums), streamed
 // piece by piece in one process; written into a temporary beside OUT and
-// renamed into place (OUT must not exist). Returns the tensor bytes.
+// renamed into place (OUT must not exist). OUT gets a config.json, in the
+// same temporary: `config_file` when given, else the checkpoint's own (a
+// config.json in its directory, or the one convert_from_hf recorded); with
+// none, an fsdp::Error before anything is written. Returns the tensor bytes.
 int64_t convert_to_hf(const std::string& checkpoint_dir, const std::string& out_dir,
-                      torch::ScalarType dtype = torch::kBFloat16, int64_t max_shard_size = int64_t(5) << 30);
+                      torch::ScalarType dtype = torch::kBFloat16, int64_t max_shard_size = int64_t(5) << 30,
+                      const std::string& config_file = "");
 
 // `fsdp ckpt convert HF_DIR --from-hf --world M --to ROOT`: an HF
 // directory as a sharded checkpoint of `world` ranks (FSDP's even split of
 // each tensor, fp32, step 0) under out_root, which load_checkpoint reads at
-// any world size. Returns the checkpoint directory.
+// any world size; the directory's config.json is kept in its train_state
+// ("hf_config") for convert_to_hf. Returns the checkpoint directory.
 std::string convert_from_hf(const std::string& hf_dir, int world, const std::string& out_root);
 
 }  // namespace fsdp::ckpt
@@ -237,7 +250,11 @@ struct HfLoadResult {
 // (HfLoadOptions::expect_config) and every tensor (missing, unexpected,
 // wrong shape, a dtype that is not floating point): one fsdp::Error lists
 // every problem of a kind, and every rank throws with nothing loaded. The
-// model's buffers are left as they are (HF checkpoints hold parameters).
+// ranks also compare the CRC32C of the index, config.json and every file's
+// header each read: where they differ (the export changed while loading, or
+// the ranks see different copies), every rank throws one message naming
+// what differs, with nothing loaded. The model's buffers are left as they
+// are (HF checkpoints hold parameters).
 HfLoadResult load_hf(FullyShardedModel& model, const std::string& dir, const HfLoadOptions& opts = {});
 
 // A FsdpOptions::param_init for a model every value of which comes from a

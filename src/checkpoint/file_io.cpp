@@ -1,11 +1,7 @@
 // fsdp-cpp checkpoints: durable file operations (see file_io.h).
 #include "checkpoint/file_io.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 
 #include "fsdp/errors.h"
@@ -41,25 +37,11 @@ void FileHandle::close() {
 }
 
 void pread_all(int fd, const std::string& path, int64_t offset, size_t n, void* dst) {
-  char* p = static_cast<char*>(dst);
-  const int64_t from = offset, to = offset + static_cast<int64_t>(n);
-  while (n > 0) {
-    ssize_t k = ::pread(fd, p, std::min<size_t>(n, 1 << 30), offset);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      throw Error(cat("reading '", path, "' failed: ", std::strerror(errno), ". Check the disk."));
-    }
-    if (k == 0) throw_truncated(path, from, to, offset);
-    p += k;
-    offset += k;
-    n -= static_cast<size_t>(k);
-  }
+  fsdp::detail::pread_fd(fd, path, offset, n, dst);
 }
 
 void throw_truncated(const std::string& path, int64_t from, int64_t to, int64_t ends_at) {
-  throw Error(cat("'", path, "' is truncated: needed bytes [", from, ", ", to, ") but the file ends at byte ", ends_at,
-                  ". The file was cut short (disk full or a copy interrupted); use another checkpoint or copy it "
-                  "again."));
+  fsdp::detail::throw_truncated(path, from, to, ends_at);
 }
 
 void fsync_dir(const std::string& dir) { env().sync_dir(dir); }

@@ -3,12 +3,16 @@
 // save_hf's checksums.
 //
 // Nothing in a directory is trusted: the index is bounded before it is read,
-// its weight_map is checked for names given twice (JSON parsers keep the
-// last silently), every file it names must exist and parse
+// every value in it must be of the type expected (or an error names the index
+// and the key), save_hf's checksums are bounded (no size computed from them
+// can overflow), its weight_map is checked for names given twice (JSON
+// parsers keep the last silently), every file it names must exist and parse
 // (SafetensorsReader bounds the header by the file size, so a truncated file
 // fails here, before any tensor is read), and the index and the headers
 // must agree tensor by tensor. All problems are collected and reported in
-// one error, a few of each kind.
+// one error, a few of each kind. The CRC32C of the index, of config.json and
+// of each file's header are kept: load_hf's ranks compare them, so that all
+// load the same export.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -28,6 +32,8 @@ constexpr const char* kIndexFile = "model.safetensors.index.json";
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kConfigFile = "config.json";
 constexpr int64_t kMaxIndexBytes = int64_t(256) << 20;
+constexpr int64_t kMaxChunkBytes = int64_t(1) << 30;  // a checksummed chunk: 1 GiB at most
+constexpr int64_t kMaxFileBytes = int64_t(1) << 50;   // a file the index describes: 1 PiB at most
 
 // Problems of one kind, listed a few at a time.
 class Problems {
@@ -48,9 +54,10 @@ class Problems {
   std::map<std::string, std::vector<std::string>> by_kind_;
 };
 
-nlohmann::json parse_json_file(const std::string& path, int64_t max_bytes, const char* what) {
-  const std::string text = d::read_small_file(path, max_bytes);
-  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+// A JSON object file; *text gets its bytes (for the ranks' digest).
+nlohmann::json parse_json_file(const std::string& path, int64_t max_bytes, const char* what, std::string* text) {
+  *text = d::read_small_file(path, max_bytes);
+  auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
     throw Error(cat(what, " '", path, "' is not a JSON object. The directory is damaged; copy it again."));
   return j;
@@ -74,31 +81,74 @@ std::vector<std::string> duplicate_weight_map_keys(const std::string& text) {
   return dup;
 }
 
-void read_checksums(const nlohmann::json& meta, HfDirectory& out) {
+// A value of the index of the wrong type or out of bounds: the file, the
+// key, what was expected and what was found.
+[[noreturn]] void bad_index_value(const std::string& index_path, const std::string& key, const std::string& expected,
+                                  const nlohmann::json* found) {
+  throw Error(cat("HF index '", index_path, "': ", key, ": expected ", expected, ", found ",
+                  found ? d::json_found(*found) : std::string("nothing (the key is absent)"),
+                  ". The index is damaged; copy the directory again (or export it again)."));
+}
+
+// An integer of the index in [lo, hi].
+int64_t bounded_int(const std::string& index_path, const std::string& key, const nlohmann::json& v, int64_t lo,
+                    int64_t hi, const char* what) {
+  bool ok = v.is_number_integer();
+  if (ok && v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();  // JSON's non-negative integers
+    ok = u <= uint64_t(hi) && (lo <= 0 || u >= uint64_t(lo));
+  } else if (ok) {
+    ok = v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+  }
+  if (!ok)
+    bad_index_value(index_path, key, cat(what, ", an integer in [", lo, ", ", hi, "]"), &v);
+  return v.get<int64_t>();
+}
+
+// save_hf's checksums (metadata.fsdp_checksums): every field of its type and
+// within bounds (a chunk of 1 byte to 1 GiB, a file of at most 2^50 bytes,
+// one checksum per chunk), so that nothing computed from them overflows.
+void read_checksums(const std::string& index_path, const nlohmann::json& meta, HfDirectory& out) {
   if (!meta.is_object() || !meta.contains("fsdp_checksums")) return;
+  const std::string root = "metadata.fsdp_checksums";
   const auto& c = meta["fsdp_checksums"];
-  if (!c.is_object() || !c.contains("files") || !c["files"].is_object()) return;
-  const int64_t chunk = c.value("chunk_bytes", int64_t(0));
+  if (!c.is_object()) bad_index_value(index_path, root, "an object", &c);
+  if (!c.contains("files") || !c["files"].is_object())
+    bad_index_value(index_path, root + ".files", "an object (file name -> checksums)",
+                    c.contains("files") ? &c["files"] : nullptr);
+  if (!c.contains("chunk_bytes")) bad_index_value(index_path, root + ".chunk_bytes", "bytes per chunk", nullptr);
+  const int64_t chunk =
+      bounded_int(index_path, root + ".chunk_bytes", c["chunk_bytes"], 1, kMaxChunkBytes, "bytes per chunk");
   for (auto& f : out.files) {
     if (!c["files"].contains(f.name)) continue;
+    const std::string key = cat(root, ".files[\"", f.name, "\"]");
     const auto& e = c["files"][f.name];
+    if (!e.is_object()) bad_index_value(index_path, key, "an object (bytes, crc32c, chunk_crc32c)", &e);
     uint32_t crc = 0;
-    if (!e.is_object() || !e.contains("crc32c") || !e["crc32c"].is_string() ||
-        !d::parse_crc32c_hex(e["crc32c"].get<std::string>(), &crc) || !e.contains("chunk_crc32c") ||
-        !e["chunk_crc32c"].is_array() || chunk <= 0)
-      throw Error(cat("HF directory '", out.dir, "': the index's fsdp_checksums entry of '", f.name,
-                      "' is malformed. The index is damaged; copy the directory again."));
+    if (!e.contains("crc32c") || !e["crc32c"].is_string() || !d::parse_crc32c_hex(e["crc32c"].get<std::string>(), &crc))
+      bad_index_value(index_path, key + ".crc32c", "a CRC32C of 8 hex digits (a string)",
+                      e.contains("crc32c") ? &e["crc32c"] : nullptr);
+    if (!e.contains("bytes")) bad_index_value(index_path, key + ".bytes", "the file's size", nullptr);
+    const int64_t bytes = bounded_int(index_path, key + ".bytes", e["bytes"], 0, kMaxFileBytes, "the file's size");
+    if (!e.contains("chunk_crc32c") || !e["chunk_crc32c"].is_array())
+      bad_index_value(index_path, key + ".chunk_crc32c", "an array of CRC32Cs (strings of 8 hex digits)",
+                      e.contains("chunk_crc32c") ? &e["chunk_crc32c"] : nullptr);
+    const auto& chunks = e["chunk_crc32c"];
+    const int64_t n_chunks = bytes / chunk + (bytes % chunk != 0);  // no overflow: both bounded
+    if (static_cast<int64_t>(chunks.size()) != n_chunks)
+      bad_index_value(index_path, key + ".chunk_crc32c",
+                      cat(n_chunks, " checksums (", bytes, " bytes in chunks of ", chunk, ")"), &chunks);
     f.has_checksums = true;
     f.crc32c = crc;
     f.chunk_bytes = chunk;
-    for (auto& h : e["chunk_crc32c"]) {
+    f.bytes = bytes;
+    for (size_t i = 0; i < chunks.size(); ++i) {
       uint32_t v = 0;
-      if (!h.is_string() || !d::parse_crc32c_hex(h.get<std::string>(), &v))
-        throw Error(cat("HF directory '", out.dir, "': a chunk checksum of '", f.name,
-                        "' is malformed. The index is damaged; copy the directory again."));
+      if (!chunks[i].is_string() || !d::parse_crc32c_hex(chunks[i].get<std::string>(), &v))
+        bad_index_value(index_path, cat(key, ".chunk_crc32c[", i, "]"), "a CRC32C of 8 hex digits (a string)",
+                        &chunks[i]);
       f.chunk_crc32c.push_back(v);
     }
-    f.bytes = e.value("bytes", int64_t(-1));
   }
 }
 
@@ -112,7 +162,11 @@ HfDirectory read_hf_directory(const std::string& dir) {
                     "; expected a directory with model.safetensors.index.json (or model.safetensors) and config.json."));
   const std::string index_path = d::join_path(dir, kIndexFile);
   const std::string config_path = d::join_path(dir, kConfigFile);
-  if (d::path_exists(config_path)) out.config = parse_json_file(config_path, 64 << 20, "config");
+  if (d::path_exists(config_path)) {
+    std::string text;
+    out.config = parse_json_file(config_path, 64 << 20, "config", &text);
+    out.config_crc32c = d::crc32c(text.data(), text.size());
+  }
 
   // File name -> the tensors the index puts there.
   std::map<std::string, std::vector<std::string>> by_file;
@@ -120,6 +174,7 @@ HfDirectory read_hf_directory(const std::string& dir) {
   if (d::path_exists(index_path)) {
     out.indexed = true;
     const std::string text = d::read_small_file(index_path, kMaxIndexBytes);
+    out.index_crc32c = d::crc32c(text.data(), text.size());
     auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw Error(cat("HF index '", index_path, "' is not a JSON object with a \"weight_map\" object (tensor name -> "
@@ -129,12 +184,18 @@ HfDirectory read_hf_directory(const std::string& dir) {
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
       if (!it.value().is_string() || it.value().get<std::string>().empty() ||
           it.value().get<std::string>().find('/') != std::string::npos) {
-        problems.add("index entries that are not a file name of this directory", cat("'", it.key(), "'"));
+        problems.add(cat("weight_map entries of ", kIndexFile,
+                         " that are not a file name of this directory (expected a string without '/')"),
+                     cat("'", it.key(), "': found ", d::json_found(it.value())));
         continue;
       }
       by_file[it.value().get<std::string>()].push_back(it.key());
     }
-    if (j.contains("metadata")) out.index_metadata = j["metadata"];
+    if (j.contains("metadata")) {
+      out.index_metadata = j["metadata"];
+      if (!out.index_metadata.is_object())
+        bad_index_value(index_path, "metadata", "an object (total_size, ...)", &out.index_metadata);
+    }
   } else if (d::path_exists(d::join_path(dir, kSingleFile))) {
     by_file[kSingleFile];  // its header lists the tensors
   } else {
@@ -162,6 +223,7 @@ HfDirectory read_hf_directory(const std::string& dir) {
     }
     f.bytes = f.reader->file_size();
     f.header_bytes = f.reader->header_bytes();
+    f.header_crc32c = f.reader->header_crc32c();
     out.header_bytes_read += f.header_bytes;
     const int index = static_cast<int>(out.files.size());
     std::set<std::string> in_header;
@@ -193,7 +255,7 @@ HfDirectory read_hf_directory(const std::string& dir) {
   if (!problems.empty())
     throw Error(cat("HF checkpoint '", dir, "' is not sound:", problems.str(),
                     "\nNothing was loaded. Copy the directory again (or export it again from where it came)."));
-  read_checksums(out.index_metadata, out);
+  read_checksums(index_path, out.index_metadata, out);
   return out;
 }
 
@@ -214,7 +276,7 @@ std::vector<std::string> verify_hf_directory(const std::string& dir) {
                            f.reader->file_size()));
       continue;
     }
-    const int64_t n_chunks = (f.bytes + f.chunk_bytes - 1) / f.chunk_bytes;
+    const int64_t n_chunks = f.bytes / f.chunk_bytes + (f.bytes % f.chunk_bytes != 0);
     if (static_cast<int64_t>(f.chunk_crc32c.size()) != n_chunks) {
       faults.push_back(cat("'", f.name, "': the index records ", f.chunk_crc32c.size(), " chunk checksums, the file has ",
                            n_chunks, " chunks"));

@@ -1,7 +1,9 @@
 // fsdp-cpp checkpoints: converting between our sharded checkpoints and the
 // Hugging Face layout offline, in one process (`fsdp ckpt convert`).
 // Memory is bounded by one part of a piece (64 MiB): the bytes stream from
-// the source files into the writer.
+// the source files into the writer. An export gets a config.json (given, in
+// the checkpoint, or recorded there by the conversion from HF), so
+// transformers can load it as written.
 #include <algorithm>
 #include <cstdio>
 
@@ -24,10 +26,47 @@ std::string hf_file_name(int k, int n) {
   std::snprintf(buf, sizeof buf, "model-%05d-of-%05d.safetensors", k + 1, n);
   return buf;
 }
+
+// The key under which convert_from_hf records the source's config.json in
+// the checkpoint's train_state, for convert_to_hf to write back.
+constexpr const char* kHfConfigKey = "hf_config";
+
+// A config.json's bytes, checked to be a JSON object.
+std::string read_config_file(const std::string& path, const char* what) {
+  std::string text = d::read_small_file(path, int64_t(64) << 20);
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    throw Error(cat("convert to HF: ", what, " '", path, "' is not a JSON object (a model's config.json); nothing "
+                    "was written. Pass the model's config.json with --config."));
+  return text;
+}
+
+// The config.json the export gets: `config_file` when given; else one in the
+// checkpoint's directory (or the root given); else the one convert_from_hf
+// recorded in its train_state. None: an error before anything is written.
+std::string export_config(const std::string& config_file, const std::string& path, const std::string& dir,
+                          const d::Metadata& m) {
+  if (!config_file.empty()) return read_config_file(config_file, "--config");
+  for (const std::string& where : {dir, path}) {
+    const std::string p = d::join_path(where, "config.json");
+    if (d::path_exists(p)) return read_config_file(p, "the checkpoint's config");
+  }
+  if (m.train_state.is_object() && m.train_state.contains(kHfConfigKey)) {
+    const auto& c = m.train_state[kHfConfigKey];
+    if (!c.is_object())
+      throw Error(cat("convert to HF: checkpoint '", dir, "': train_state.", kHfConfigKey,
+                      ": expected an object (the model's config.json), found ", d::json_found(c),
+                      "; nothing was written. Pass the model's config.json with --config."));
+    return c.dump(2) + "\n";
+  }
+  throw Error(cat("convert to HF: checkpoint '", dir, "' holds no config.json (none in its directory, none recorded "
+                  "by `fsdp ckpt convert --from-hf`), and transformers cannot load an export without one; nothing "
+                  "was written. Pass the model's config.json with --config FILE."));
+}
 }  // namespace
 
 int64_t convert_to_hf(const std::string& path, const std::string& out_dir, torch::ScalarType dtype,
-                      int64_t max_shard_size) {
+                      int64_t max_shard_size, const std::string& config_file) {
   if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 && dtype != torch::kFloat16)
     throw Error(cat("convert to HF: dtype ", c10::toString(dtype), " expected F32, BF16 or F16."));
   if (max_shard_size <= 0) throw Error(cat("convert to HF: max shard size ", max_shard_size, " expected > 0."));
@@ -38,6 +77,7 @@ int64_t convert_to_hf(const std::string& path, const std::string& out_dir, torch
   d::Metadata m = d::Metadata::load(dir);
   auto sec = m.sections.find(d::kModel);
   if (sec == m.sections.end()) throw Error(cat("checkpoint '", dir, "' has no model section."));
+  const std::string config = export_config(config_file, path, dir, m);
   const int64_t es = d::element_size(dtype);
   // Files: the tensors in name order, cut at max_shard_size.
   std::vector<std::vector<std::string>> files(1);
@@ -93,6 +133,7 @@ int64_t convert_to_hf(const std::string& path, const std::string& out_dir, torch
           {"fsdp_checksums", {{"algorithm", "crc32c"}, {"chunk_bytes", SafetensorsWriter::kChunkBytes}, {"files", sums}}}}},
         {"weight_map", weight_map}};
     d::atomic_write_file(d::join_path(tmp, "model.safetensors.index.json"), index.dump(2) + "\n");
+    d::atomic_write_file(d::join_path(tmp, "config.json"), config);
     d::fsync_dir(tmp);
     // rename(2), not a swap: fails, rather than replace it, when out_dir
     // appeared meanwhile.
@@ -138,8 +179,12 @@ std::string convert_from_hf(const std::string& hf_dir, int world, const std::str
       }
     }, true);
   }
-  return d::commit_checkpoint(out_root, tmp, world, 0, "converted from a Hugging Face checkpoint",
-                              {{"source", hf_dir}}, 0, true);
+  // The source's config.json is kept in the train_state: convert_to_hf
+  // writes it back.
+  nlohmann::json train_state = {{"source", hf_dir}};
+  if (!h.config.is_null()) train_state[kHfConfigKey] = h.config;
+  return d::commit_checkpoint(out_root, tmp, world, 0, "converted from a Hugging Face checkpoint", train_state, 0,
+                              true);
 }
 
 }  // namespace fsdp::ckpt

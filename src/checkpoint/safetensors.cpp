@@ -62,6 +62,13 @@ int64_t checked_numel(const std::vector<int64_t>& shape) {
   }
   return n;
 }
+std::string json_found(const nlohmann::json& v) {
+  std::string text = v.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  const std::string type = v.type_name();
+  const bool vowel = type == "array" || type == "object";
+  return cat(text, " (", v.is_null() ? "null" : cat(vowel ? "an " : "a ", type), ")");
+}
 }  // namespace detail
 
 const char* safetensors_dtype_name(torch::ScalarType t) {
@@ -237,6 +244,7 @@ struct SafetensorsReader::Impl {
   detail::FileHandle file;
   int64_t size = 0;
   int64_t header_total = 0;
+  uint32_t header_crc = 0;                // of the 8 + N bytes read
   std::vector<SafetensorsEntry> entries;  // sorted by begin
   std::map<std::string, size_t> index;
   std::map<std::string, std::string> metadata;
@@ -266,6 +274,7 @@ SafetensorsReader::SafetensorsReader(std::string path) : impl_(std::make_unique<
   if (n < 2) m.bad(cat("the header has ", n, " bytes; expected a JSON object"));
   std::string text(n, '\0');
   m.file.pread_all(8, n, text.data());
+  m.header_crc = detail::crc32c_extend(detail::crc32c(len, 8), text.data(), text.size());
   m.header_total = 8 + static_cast<int64_t>(n);
   const int64_t data_size = m.size - m.header_total;
 
@@ -275,32 +284,40 @@ SafetensorsReader::SafetensorsReader(std::string path) : impl_(std::make_unique<
     const std::string& key = it.key();
     const auto& v = it.value();
     if (key == "__metadata__") {
-      if (!v.is_object()) m.bad("\"__metadata__\" is not an object of strings");
+      if (!v.is_object())
+        m.bad(cat("\"__metadata__\": expected an object of strings, found ", detail::json_found(v)));
       for (auto mt = v.begin(); mt != v.end(); ++mt) {
-        if (!mt.value().is_string()) m.bad(cat("\"__metadata__\" entry '", mt.key(), "' is not a string"));
+        if (!mt.value().is_string())
+          m.bad(cat("\"__metadata__\" entry '", mt.key(), "': expected a string, found ", detail::json_found(mt.value())));
         m.metadata[mt.key()] = mt.value().get<std::string>();
       }
       continue;
     }
     auto tbad = [&](const std::string& what) { m.bad(cat("tensor '", key, "': ", what)); };
-    if (!v.is_object()) tbad("entry is not an object");
-    if (!v.contains("dtype") || !v["dtype"].is_string()) tbad("missing string field \"dtype\"");
-    if (!v.contains("shape") || !v["shape"].is_array()) tbad("missing array field \"shape\"");
+    // A field of the wrong type: the key, what was expected, what is there.
+    auto field_bad = [&](const char* field, const char* expected) {
+      tbad(cat("field \"", field, "\": expected ", expected, ", found ",
+               v.contains(field) ? detail::json_found(v[field]) : std::string("nothing (the field is absent)")));
+    };
+    if (!v.is_object()) tbad(cat("expected an object {\"dtype\", \"shape\", \"data_offsets\"}, found ", detail::json_found(v)));
+    if (!v.contains("dtype") || !v["dtype"].is_string()) field_bad("dtype", "a string (a dtype name such as \"F32\")");
+    if (!v.contains("shape") || !v["shape"].is_array()) field_bad("shape", "an array of non-negative integers");
     if (!v.contains("data_offsets") || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
-      tbad("missing field \"data_offsets\" ([begin, end])");
+      field_bad("data_offsets", "an array of two non-negative integers [begin, end]");
     SafetensorsEntry e;
     e.name = key;
     std::string dt = v["dtype"].get<std::string>();
     if (!detail::dtype_from_safetensors(dt, &e.dtype))
       tbad(cat("dtype \"", dt, "\" is not supported; expected one of ", detail::known_dtype_names()));
     for (auto& d : v["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0) tbad(cat("shape ", v["shape"].dump(), " has an invalid dimension"));
+      if (!d.is_number_integer() || (d.is_number_unsigned() ? d.get<uint64_t>() > uint64_t(INT64_MAX) : d.get<int64_t>() < 0))
+        field_bad("shape", "an array of non-negative integers");
       e.shape.push_back(d.get<int64_t>());
     }
     for (int i = 0; i < 2; ++i) {
       const auto& o = v["data_offsets"][i];
       if (!o.is_number_integer() || (o.is_number_unsigned() ? o.get<uint64_t>() > uint64_t(INT64_MAX) : o.get<int64_t>() < 0))
-        tbad(cat("data_offsets ", v["data_offsets"].dump(), " are not non-negative integers"));
+        field_bad("data_offsets", "an array of two non-negative integers [begin, end]");
     }
     e.begin = v["data_offsets"][0].get<int64_t>();
     e.end = v["data_offsets"][1].get<int64_t>();
@@ -331,6 +348,7 @@ SafetensorsReader::~SafetensorsReader() = default;
 const std::string& SafetensorsReader::path() const { return impl_->path; }
 int64_t SafetensorsReader::file_size() const { return impl_->size; }
 int64_t SafetensorsReader::header_bytes() const { return impl_->header_total; }
+uint32_t SafetensorsReader::header_crc32c() const { return impl_->header_crc; }
 int SafetensorsReader::fd() const { return impl_->file.fd(); }
 const std::vector<SafetensorsEntry>& SafetensorsReader::entries() const { return impl_->entries; }
 const std::map<std::string, std::string>& SafetensorsReader::metadata() const { return impl_->metadata; }

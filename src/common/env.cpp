@@ -66,24 +66,7 @@ class PosixFile final : public File {
     }
     end_ = std::max(end_, offset);
   }
-  void pread(int64_t offset, size_t n, void* dst) const override {
-    char* p = static_cast<char*>(dst);
-    const int64_t from = offset, to = offset + static_cast<int64_t>(n);
-    while (n > 0) {
-      ssize_t k = ::pread(fd_, p, std::min<size_t>(n, 1 << 30), offset);
-      if (k < 0) {
-        if (errno == EINTR) continue;
-        io_fail(path_, "reading", errno);
-      }
-      if (k == 0)
-        throw Error(cat("'", path_, "' is truncated: needed bytes [", from, ", ", to, ") but the file ends at byte ",
-                        offset, ". The file was cut short (disk full or a copy interrupted); use another checkpoint "
-                        "or copy it again."));
-      p += k;
-      offset += k;
-      n -= static_cast<size_t>(k);
-    }
-  }
+  void pread(int64_t offset, size_t n, void* dst) const override { pread_fd(fd_, path_, offset, n, dst); }
   void sync() override {
     if (::fsync(fd_) != 0) io_fail(path_, "fsync of", errno);
   }
@@ -220,6 +203,12 @@ class PosixEnv final : public Env {
     return FileKind::kOther;
   }
 
+  bool same_file(const std::string& a, const std::string& b) override {
+    struct stat sa, sb;
+    return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+  }
+
   int64_t read_proc(const char* path, char* buf, size_t cap) override {
     if (cap == 0) return -1;
     const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
@@ -261,6 +250,28 @@ std::atomic<Env*>& current() {
 }
 
 }  // namespace
+
+void pread_fd(int fd, const std::string& path, int64_t offset, size_t n, void* dst) {
+  char* p = static_cast<char*>(dst);
+  const int64_t from = offset, to = offset + static_cast<int64_t>(n);
+  while (n > 0) {
+    const ssize_t k = ::pread(fd, p, std::min<size_t>(n, 1 << 30), offset);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      throw Error(cat("reading '", path, "' failed: ", std::strerror(errno), ". Check the disk and the file system."));
+    }
+    if (k == 0) throw_truncated(path, from, to, offset);
+    p += k;
+    offset += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+void throw_truncated(const std::string& path, int64_t from, int64_t to, int64_t ends_at) {
+  throw Error(cat("'", path, "' is truncated: needed bytes [", from, ", ", to, ") but the file ends at byte ", ends_at,
+                  ". The file was cut short (disk full or a copy interrupted); use another checkpoint or copy it "
+                  "again."));
+}
 
 Env& Env::posix() {
   // Never destroyed (usable from any static destructor) and not on the heap:

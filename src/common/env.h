@@ -1,6 +1,6 @@
 // fsdp-cpp: the one door to the file system and /proc (LevelDB's Env).
-// defines: File, FileKind, Env, env, ScopedEnv, read_proc_text, parent_folder,
-//          make_dirs, replace_file, read_file
+// defines: File, FileKind, Env, env, ScopedEnv, pread_fd, throw_truncated, read_proc_text,
+//          parent_folder, make_dirs, replace_file, read_file
 //
 // Every file and /proc access of the library goes through an Env: the POSIX
 // one by default; a test installs another (ScopedEnv) to count the mutating
@@ -92,6 +92,9 @@ class Env {
   // The names in a directory (no "." or ".."), sorted.
   virtual std::vector<std::string> list_dir(const std::string& dir) = 0;
   virtual FileKind kind(const std::string& path) = 0;
+  // Whether two paths are the same file or directory (symlinks followed:
+  // the same device and inode); false when either is absent.
+  virtual bool same_file(const std::string& a, const std::string& b) = 0;
   // A /proc file (or any small pseudo-file whose size stat cannot tell) into
   // buf, at most cap - 1 bytes, NUL-terminated; the bytes read, -1 when it
   // cannot be opened (the process is gone). Allocates nothing: the memory
@@ -103,6 +106,16 @@ class Env {
   // cache); -1 where the file system refuses. The caller closes it.
   virtual int reopen_direct(int fd) = 0;
 };
+
+// Reads exactly n bytes of the descriptor `fd` (`path` names it in errors) at
+// `offset`, in reads of at most 1 GiB, again after EINTR: the one read loop of
+// the library (PosixFile::pread, the checkpoint readers' pread_all). A file
+// that ends before is reported as truncated, naming the bytes needed and
+// where it ends.
+void pread_fd(int fd, const std::string& path, int64_t offset, size_t n, void* dst);
+// The error of a file that ends at byte `ends_at`, before the bytes [from, to)
+// a read needed.
+[[noreturn]] void throw_truncated(const std::string& path, int64_t from, int64_t to, int64_t ends_at);
 
 // The Env the library uses now: Env::posix() unless a ScopedEnv says otherwise.
 Env& env();

@@ -3,7 +3,9 @@
 //
 // The load path: read and check the directory (index, headers, config) ->
 // map every model parameter to its pieces of HF tensors and check names,
-// shapes and dtypes, listing every problem -> the ranks agree -> each rank
+// shapes and dtypes, listing every problem -> the ranks agree, and compare
+// the CRC32C of the index, config.json and every header each read (all load
+// the same export, or all fail naming what differs) -> each rank
 // reads the byte ranges of its own slices (a transposed tensor: the columns
 // of its rows, one pread per row of the file's tensor), through a bounded
 // buffer that converts bf16/fp16/fp64 to the fp32 masters (what the page
@@ -12,6 +14,8 @@
 // a copy that is committed only after a second agreement.
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <regex>
@@ -318,6 +322,73 @@ void read_slot(const ckpt::HfDirectory& hfd, Files& files, const ParamSlot& s, c
   }
 }
 
+// What each rank read, as words the ranks compare: the index's CRC32C,
+// config.json's, the number of files and the CRC32C of their headers
+// together.
+std::vector<uint32_t> digest_words(const ckpt::HfDirectory& hfd) {
+  uint32_t headers = 0;
+  for (auto& f : hfd.files) headers = headers * 0x9E3779B1u + f.header_crc32c + 1;
+  return {hfd.index_crc32c, hfd.config_crc32c, static_cast<uint32_t>(hfd.files.size()), headers};
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += cat(s.empty() ? "" : ", ", r);
+  return s;
+}
+
+// "rank(s) 0, 2 read CRC32C 1a2b3c4d; rank(s) 1 read 5e6f7a8b": the ranks by
+// the value of word `w` they read.
+std::string who_read_what(const std::vector<std::vector<uint32_t>>& by_rank, size_t w) {
+  std::map<uint32_t, std::vector<int>> groups;
+  for (size_t r = 0; r < by_rank.size(); ++r) groups[by_rank[r][w]].push_back(static_cast<int>(r));
+  std::vector<std::pair<int, uint32_t>> order;  // by the first rank of each
+  for (auto& [v, ranks] : groups) order.push_back({ranks.front(), v});
+  std::sort(order.begin(), order.end());
+  std::string s;
+  for (auto& [first, v] : order) {
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", v);
+    s += cat(s.empty() ? "" : "; ", "rank(s) ", rank_list(groups[v]), " read CRC32C ", hex);
+  }
+  return s;
+}
+
+bool all_equal(const std::vector<std::vector<uint32_t>>& by_rank, size_t w) {
+  for (auto& row : by_rank)
+    if (row[w] != by_rank.front()[w]) return false;
+  return true;
+}
+
+// Every rank read the same index, config.json and headers, or every rank
+// throws the same message naming what differs. Collective only where the
+// index is the same and the headers are not (the same files on every rank
+// then): a second exchange of each file's digest names the file.
+void agree_on_files(Communicator& comm, const ckpt::HfDirectory& hfd,
+                    const std::vector<std::vector<uint32_t>>& by_rank) {
+  std::vector<std::string> differ;
+  if (!all_equal(by_rank, 0))
+    differ.push_back(cat("the index model.safetensors.index.json (", who_read_what(by_rank, 0), ")"));
+  if (!all_equal(by_rank, 1)) differ.push_back(cat("config.json (", who_read_what(by_rank, 1), ")"));
+  if (all_equal(by_rank, 0) && all_equal(by_rank, 2) && !all_equal(by_rank, 3)) {
+    std::vector<uint32_t> mine;
+    for (auto& f : hfd.files) mine.push_back(f.header_crc32c);
+    const auto files = comm::fail_together_sharing(comm, "", mine, {"load_hf file digests"},
+                                                   [](const std::vector<int>&) { return std::string(); });
+    for (size_t i = 0; i < hfd.files.size(); ++i)
+      if (!all_equal(files, i))
+        differ.push_back(cat("the header of '", hfd.files[i].name, "' (", who_read_what(files, i), ")"));
+  } else if (!all_equal(by_rank, 3)) {
+    differ.push_back("the headers of the files");
+  }
+  if (differ.empty()) return;
+  throw Error(cat("loading the HF checkpoint '", hfd.dir, "': the ranks did not read the same files: ",
+                  hf::join_names(differ), ". The export changed while the ranks were reading it (it was written or "
+                  "replaced meanwhile), or the ranks see different files at this path (a copy per node that "
+                  "differs). Nothing was loaded. Load again once the export is complete, with every rank seeing "
+                  "the same files."));
+}
+
 }  // namespace
 
 HfLoadResult load_hf(FullyShardedModel& model, const std::string& dir, const HfLoadOptions& opts) {
@@ -342,14 +413,14 @@ HfLoadResult load_hf(FullyShardedModel& model, const std::string& dir, const HfL
   } catch (const std::exception& e) {
     err = e.what();
   }
-  comm::fail_together(comm, err, {"load_hf check"}, [&](const std::vector<int>& ranks) {
-    return cat("loading the HF checkpoint '", dir, "' failed on rank(s) ", hf::join_names([&] {
-                 std::vector<std::string> v;
-                 for (int r : ranks) v.push_back(std::to_string(r));
-                 return v;
-               }()),
-               " (see their messages); nothing was loaded.");
-  });
+  // The same all_reduce carries each rank's digests of what it read: every
+  // rank loads the same export, or all fail naming what differs.
+  const auto digests = comm::fail_together_sharing(
+      comm, err, digest_words(hfd), {"load_hf check"}, [&](const std::vector<int>& ranks) {
+        return cat("loading the HF checkpoint '", dir, "' failed on rank(s) ", rank_list(ranks),
+                   " (see their messages); nothing was loaded.");
+      });
+  agree_on_files(comm, hfd, digests);
   res.files = static_cast<int>(hfd.files.size());
   res.tensors = static_cast<int>(hfd.tensors.size());
   res.header_bytes = hfd.header_bytes_read;

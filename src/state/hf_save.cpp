@@ -22,11 +22,11 @@
 //      rename, or an atomic swap with an existing DIR, removed after), then
 //      syncs DIR's parent; the ranks agree.
 // A kill before 5 leaves DIR as it was (the next export removes the
-// temporary); during 5, DIR is the previous export or absent, never a mix.
+// temporary); an error, on any rank, leaves it as it was and the temporary
+// removed; during 5, DIR is the previous export or absent, never a mix.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <map>
 
 #include "checkpoint/file_io.h"
@@ -35,8 +35,6 @@
 #include "fsdp/state_dict.h"
 #include "unit/engine_access.h"
 #include "state/hf_names.h"
-
-namespace fs = std::filesystem;
 
 namespace fsdp {
 using detail::cat;
@@ -269,9 +267,7 @@ std::vector<Need> plan_needs(const std::vector<OutTensor>& ts,
 
 // An export directory save_hf may replace: absent, empty, or one it wrote.
 std::string refuse_replacing(const std::string& dir, const HfSaveOptions& opts) {
-  std::error_code ec;
-  if (!opts.copy_from.empty() && io::path_exists(opts.copy_from) && io::path_exists(dir) &&
-      fs::equivalent(dir, opts.copy_from, ec))
+  if (!opts.copy_from.empty() && fsdp::detail::env().same_file(dir, opts.copy_from))
     return cat("save_hf: the export directory '", dir, "' is the directory it copies from (HfSaveOptions::copy_from); "
                "export into a new directory.");
   if (!io::path_exists(dir)) return "";
@@ -281,7 +277,7 @@ std::string refuse_replacing(const std::string& dir, const HfSaveOptions& opts) 
   if (io::path_exists(index)) {
     auto j = nlohmann::json::parse(io::read_small_file(index, kMaxIndexBytes), nullptr, false);
     if (!j.is_discarded() && j.is_object() && j.contains("metadata") && j["metadata"].is_object() &&
-        j["metadata"].value("format", "") == kExportFormat)
+        j["metadata"].contains("format") && j["metadata"]["format"] == kExportFormat)
       return "";
   }
   return cat("save_hf: '", dir, "' exists and is not an export written by save_hf; it is left as it is. Export into a "
@@ -341,6 +337,20 @@ HfSaveResult save_hf(const FullyShardedModel& model, const std::string& dir_in, 
 
   // 2. The temporary directory.
   std::string tmp;
+  // An export that fails leaves nothing behind: when a later phase throws,
+  // rank 0 removes its temporary (a kill leaves it to the next export). The
+  // first error is the one reported; after a simulated crash every call
+  // throws again, so nothing is removed then either.
+  struct RemoveTemporary {
+    std::string* tmp;  // rank 0's; null elsewhere
+    ~RemoveTemporary() {
+      if (tmp == nullptr || tmp->empty()) return;
+      try {
+        io::remove_tree(*tmp);
+      } catch (...) {
+      }
+    }
+  } remove_tmp{me == 0 ? &tmp : nullptr};
   if (me == 0) {
     try {
       err = refuse_replacing(dir, opts);
@@ -545,6 +555,7 @@ HfSaveResult save_hf(const FullyShardedModel& model, const std::string& dir_in, 
       io::atomic_write_file(io::join_path(tmp, "model.safetensors.index.json"), index.dump(2) + "\n", opts.fsync);
       // The config and the tokenizer, copied through.
       nlohmann::json config = opts.config;
+      std::string config_from = "HfSaveOptions::config";
       if (!opts.copy_from.empty()) {
         for (const char* f : {"generation_config.json", "tokenizer.json", "tokenizer_config.json",
                               "special_tokens_map.json", "tokenizer.model"}) {
@@ -555,9 +566,13 @@ HfSaveResult save_hf(const FullyShardedModel& model, const std::string& dir_in, 
         if (config.is_null() && io::path_exists(cfg)) {
           config = nlohmann::json::parse(slurp(cfg), nullptr, false);
           FSDP_USER_CHECK(!config.is_discarded(), "save_hf: '", cfg, "' is not valid JSON.");
+          config_from = cat("'", cfg, "'");
         }
       }
       if (!config.is_null()) {
+        FSDP_USER_CHECK(config.is_object(), "save_hf: the config (", config_from,
+                        ") must be a JSON object of config.json's keys, found ", config.dump().substr(0, 60),
+                        " (", config.type_name(), "); nothing was exported. Give the model's config.json.");
         const char* dt = opts.dtype == torch::kFloat32 ? "float32" : opts.dtype == torch::kBFloat16 ? "bfloat16" : "float16";
         config["dtype"] = dt;
         if (config.contains("torch_dtype")) config["torch_dtype"] = dt;
@@ -565,6 +580,7 @@ HfSaveResult save_hf(const FullyShardedModel& model, const std::string& dir_in, 
       }
       if (opts.fsync) io::fsync_dir(tmp);
       io::publish_dir(tmp, dir, opts.fsync);
+      tmp.clear();  // published: nothing of ours to remove
     } catch (const std::exception& e) {
       err = cat("rank 0: ", e.what());
     }

@@ -172,6 +172,7 @@ class FaultInjectionEnv final : public fsdp::detail::Env {
   }
   std::vector<std::string> list_dir(const std::string& dir) override { return px().list_dir(dir); }
   fsdp::detail::FileKind kind(const std::string& path) override { return px().kind(path); }
+  bool same_file(const std::string& a, const std::string& b) override { return px().same_file(a, b); }
   int64_t read_proc(const char* path, char* buf, size_t cap) override { return px().read_proc(path, buf, cap); }
   std::string read_link(const std::string& path) override { return px().read_link(path); }
   int reopen_direct(int fd) override { return px().reopen_direct(fd); }

@@ -24,6 +24,12 @@
 //   map in reads of BUFFER bytes, save_hf(OUT) under the HF names (fp32).
 //   Rank 0 prints "MAPPED loaded_equal=0|1 exported_equal=0|1", each value
 //   against DIR's tensors (read whole, as the reference), bit for bit.
+// hf_load_dirs DIR_0 ... DIR_{N-1}
+//   rank r loads DIR_r (an export of the two-tensor model below; the test
+//   makes the ranks' copies differ) and prints "LOADED rank=R" or
+//   "LOADFAIL rank=R seconds=S <the message on one line>".
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -202,6 +208,34 @@ FSDP_SCENARIO(hf_mapped) {
     std::printf("MAPPED loaded_equal=%d exported_equal=%d\n", int(loaded), int(exported && found == hf.size()));
     std::fflush(stdout);
   }
+  return 0;
+}
+
+// The model of hf_load_dirs: tests/test_hf.cpp exports one like it.
+struct TwoImpl : torch::nn::Module {
+  TwoImpl() {
+    w = register_parameter("w", torch::zeros({6, 5}));
+    b = register_parameter("b", torch::zeros({7}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x; }
+  torch::Tensor w, b;
+};
+
+FSDP_SCENARIO(hf_load_dirs) {
+  auto comm = make_communicator_from_env();
+  const std::string dir = args.at(static_cast<size_t>(comm->rank()));
+  auto model = fully_shard(std::make_shared<TwoImpl>(), comm, FsdpOptions{});
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    load_hf(*model, dir);
+    std::printf("LOADED rank=%d\n", comm->rank());
+  } catch (const Error& e) {
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    std::printf("LOADFAIL rank=%d seconds=%.3f %s\n", comm->rank(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), what.c_str());
+  }
+  std::fflush(stdout);
   return 0;
 }
 
