@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 
+#include "checkpoint/file_io.h"
 #include "fault_injection_env.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/fsdp.h"
@@ -277,6 +278,68 @@ TEST(CrashConsistency, HfExportOverAPreviousOneKeepsThePreviousOrTheNew) { enume
 
 TEST(CrashConsistency, HfExportOverAPreviousOneWithoutAnAtomicSwap) {
   enumerate_hf_export("hf-replace-no-swap", true, /*swap=*/false);
+}
+
+// A kill (not a power cut: what the process did stays done) between the two
+// renames of a publish without an atomic swap: DEST is absent, the previous
+// one waits beside it under a name no cleanup of temporaries takes, and the
+// next publish that completes removes it.
+TEST(CrashConsistency, AKillBetweenTheTwoRenamesLeavesThePreviousAsideUntilTheNextPublish) {
+  const std::string dir = temp_dir("crash-aside");
+  const std::string dest = dir + "/export";
+  auto folder_with = [](const std::string& path, const std::string& text) {
+    fs::create_directories(path);
+    std::ofstream(path + "/a") << text;
+  };
+  auto text_of = [](const std::string& path) {
+    std::ifstream f(path + "/a");
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  auto asides = [&] {
+    std::vector<std::string> out;
+    for (auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().rfind(".export.fsdp-old-", 0) == 0) out.push_back(e.path().string());
+    return out;
+  };
+  // The crash point between the two renames: the first k after which DEST
+  // is gone.
+  bool between = false;
+  for (int64_t k = 1; k <= 8 && !between; ++k) {
+    for (auto& e : fs::directory_iterator(dir)) fs::remove_all(e.path());
+    folder_with(dest, "previous");
+    const std::string tmp = ckpt::detail::make_temp_dir(dest, false);
+    std::ofstream(tmp + "/a") << "new";
+    FaultInjectionEnv env(dir);
+    env.set_exchange_supported(false);
+    env.crash_at(k);
+    bool crashed = false;
+    {
+      fsdp::detail::ScopedEnv use(env);
+      try {
+        ckpt::detail::publish_dir(tmp, dest, true);
+      } catch (const SimulatedCrash&) {
+        crashed = true;
+      }
+    }
+    ASSERT_TRUE(crashed) << "the publish ended before its crash point " << k;
+    between = !fs::exists(dest);
+  }
+  ASSERT_TRUE(between) << "no crash point left DEST absent";
+  EXPECT_FALSE(fs::exists(dest));
+  const auto left = asides();
+  ASSERT_EQ(left.size(), 1u) << "the previous one is not beside DEST";
+  EXPECT_EQ(text_of(left[0]), "previous");
+  // A cleanup of the temporaries (what every writer does first) leaves it.
+  for (auto& e : fs::directory_iterator(dir))
+    if (ckpt::detail::is_temp_dir_of(e.path().filename().string(), "export")) fs::remove_all(e.path());
+  ASSERT_EQ(asides().size(), 1u);
+  // The next publish completes, and removes it.
+  const std::string tmp2 = ckpt::detail::make_temp_dir(dest, false);
+  std::ofstream(tmp2 + "/a") << "newer";
+  ckpt::detail::publish_dir(tmp2, dest, false);
+  EXPECT_EQ(text_of(dest), "newer");
+  EXPECT_TRUE(asides().empty());
+  fs::remove_all(dir);
 }
 
 TEST(CrashConsistency, ConvertToHfIsAbsentOrComplete) {

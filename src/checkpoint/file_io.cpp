@@ -84,26 +84,44 @@ void remove_tree(const std::string& p) { env().remove_tree(p); }
 void remove_file(const std::string& p) { env().remove_file(p); }
 void rename_path(const std::string& from, const std::string& to) { env().rename(from, to); }
 
+namespace {
+
+// The previous DEST moved aside by a publish without an atomic swap: its own
+// prefix, so that no cleanup of temporaries takes it for one. Removed once a
+// complete DEST is in place again (a kill between the two renames leaves it
+// there, DEST absent: moving it back restores the previous one).
+std::string aside_prefix(const std::string& dest) { return "." + base_name(dest) + ".fsdp-old-"; }
+
+void remove_asides(const std::string& dest) {
+  const std::string parent = parent_dir(dest), prefix = aside_prefix(dest);
+  for (const auto& n : env().list_dir(parent))
+    if (n.size() == prefix.size() + 6 && n.compare(0, prefix.size(), prefix) == 0) remove_tree(parent + "/" + n);
+}
+
+}  // namespace
+
 void publish_dir(const std::string& tmp, const std::string& dest, bool do_fsync) {
   const std::string parent = parent_dir(dest);
   if (!path_exists(dest)) {
     rename_path(tmp, dest);
     if (do_fsync) fsync_dir(parent);
+    remove_asides(dest);
     return;
   }
   if (!env().exchange(tmp, dest)) {
     // No atomic swap on this file system: the previous one moves aside into
     // an empty directory of ours (rename replaces it), then the new one in.
     // Both renames are in one directory and made durable by one sync.
-    const std::string old = make_temp_dir(dest, do_fsync);
+    const std::string old = env().make_temp_dir(parent, aside_prefix(dest));
     rename_path(dest, old);
     rename_path(tmp, dest);
     if (do_fsync) fsync_dir(parent);
-    remove_tree(old);
+    remove_asides(dest);
     return;
   }
   if (do_fsync) fsync_dir(parent);
   remove_tree(tmp);  // now the previous one
+  remove_asides(dest);
 }
 
 std::vector<std::string> list_dir(const std::string& dir) { return env().list_dir(dir); }
