@@ -213,6 +213,18 @@ TEST(ReplicaRules, ARankThatMissedTheAnswerItsGroupMateReadIsAnsweredTheSameQuor
   EXPECT_TRUE(reanswer(s).replies.empty());
 }
 
+// A rank's heartbeat: its launch, the step it holds, whether whole, and the
+// quorum it stands in.
+Report report(int64_t inc, int64_t committed, bool whole, std::optional<QuorumRef> cur) {
+  Report r;
+  r.inc = inc;
+  r.n = 1;
+  r.at.committed = committed;
+  r.at.whole = whole;
+  r.at.cur = std::move(cur);
+  return r;
+}
+
 // Found by the simulator (seed 1072 once its group collectives met only at
 // the same collective): a coordinator restarted while group 1's rank 0 had
 // not read the previous quorum's outcome. Rank 1's first report stood at
@@ -232,20 +244,10 @@ TEST(ReplicaRules, AGroupWhoseRanksCaughtUpAfterARestartIsWholeAgainAndItsLateRa
   s.groups[0].whole = true;
   s.groups[0].step = 4;
   std::vector<std::string> logs;
-  Report inside;
-  inside.inc = 11;
-  inside.n = 1;
-  inside.at.committed = 4;
-  inside.at.whole = true;
-  inside.at.cur = s.q.ref();
+  Report inside = report(11, 4, true, s.q.ref());
   inside.at.last = before;
   inside.at.last_commit = true;
-  Report behind;
-  behind.inc = 11;
-  behind.n = 1;
-  behind.at.committed = 3;
-  behind.at.whole = true;
-  behind.at.cur = before;
+  Report behind = report(11, 3, true, before);
   s.recovering = true;
   ASSERT_TRUE(take_report(s, 1, 1, inside, at_ms(5), logs));
   ASSERT_TRUE(take_report(s, 1, 0, behind, at_ms(5), logs));
@@ -290,12 +292,7 @@ TEST(ReplicaRules, ARankThatMissedAQuorumDroppedSinceJoinsItsMatesInsideIt) {
   s.q.committed = false;
   s.outcomes[0] = CoordState::Known{s.q.ref(), false, s.q.launches};
   std::vector<std::string> logs;
-  Report inside;
-  inside.inc = 11;
-  inside.n = 1;
-  inside.at.committed = 3;
-  inside.at.whole = true;
-  inside.at.cur = s.q.ref();
+  Report inside = report(11, 3, true, s.q.ref());
   ASSERT_TRUE(take_report(s, 1, 1, inside, at_ms(5), logs));
   RankMessage m;
   m.seq = 1;
@@ -337,12 +334,7 @@ TEST(ReplicaRules, ARankThatMissedAHealsAnswerIsAnsweredTheSameHeal) {
   s.groups[0].step = 3;
   QuorumRef q{0, 5, 0, 3, {0, 1}};
   std::vector<std::string> logs;
-  Report source;
-  source.inc = 10;
-  source.n = 1;
-  source.at.committed = 3;
-  source.at.whole = true;
-  source.at.cur = q;
+  Report source = report(10, 3, true, q);
   source.at.cur_sources = {0};
   ASSERT_TRUE(take_report(s, 0, 0, source, at_ms(1), logs));
   ASSERT_TRUE(take_report(s, 0, 1, source, at_ms(1), logs));
