@@ -20,6 +20,9 @@
 # --buffered-load in turn; medians), MODES (default "direct buffered": the
 # loads of each round, in turn; MODE@SIZE reads in SIZE pieces, e.g.
 # "direct direct@16MiB" pairs the default read size with another),
+# MODES may name dcp: PyTorch FSDP2 loading the same files with DCP's
+# HuggingFaceStorageReader under torchrun (bench/hf_load_dcp.py), side by
+# side with load_hf in each round (e.g. MODES="direct dcp"),
 # CACHES (default "cold warm"), EXPORT=0
 # (loads only), PYTHON (the torch environment with transformers),
 # SMALL=1 (a 2-layer model of the same widths: a check of this script, not
@@ -97,8 +100,16 @@ fresh_memory() {  # $1: anon | shm. Seconds for N processes at once to fill a qu
   rm -f $shm.*
   echo "$t1 - $t0" | bc -l
 }
-load_once() {  # $1: direct | buffered, either with @SIZE. The slowest rank's build and load_hf seconds, and the largest
-  # peak RSS
+load_once() {  # $1: direct | buffered, either with @SIZE, or dcp. The slowest rank's build and load_hf seconds, and
+  # the largest peak RSS
+  if [ "$1" = dcp ]; then  # PyTorch's peer: FSDP2 + DCP's HuggingFaceStorageReader (bench/hf_load_dcp.py)
+    TMPDIR="$WORK" "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$N" "$(dirname "$0")/hf_load_dcp.py" "$CKPT" \
+        > "$WORK/load-dcp.log" 2>&1 || { cat "$WORK/load-dcp.log"; exit 1; }
+    grep -q "loaded_finite=0" "$WORK/load-dcp.log" && { echo "DCP loaded non-finite values" >&2; exit 1; }
+    echo "$(slowest build_seconds "$WORK/load-dcp.log") $(slowest load_seconds "$WORK/load-dcp.log")" \
+      "$(slowest peak_rss "$WORK/load-dcp.log") $(slowest start_rss "$WORK/load-dcp.log")"
+    return
+  fi
   local flag=()
   [ "${1%@*}" = buffered ] && flag=(--buffered-load)
   [ "${1#*@}" != "$1" ] && flag+=(--load-buffer "${1#*@}")
@@ -129,6 +140,14 @@ for cache in $CACHES; do
     done
   done
   MODEL_FP32=$(grep -o 'model_bytes=[0-9]*' "$WORK/load.log" | head -1 | cut -d= -f2)
+  if [ -f "$WORK/$cache-dcp.txt" ]; then  # load_hf beside PyTorch's peer, round by round
+    for mode in $MODES; do
+      [ "$mode" = dcp ] && continue
+      q=$(paste -d' ' "$WORK/$cache-$mode.txt" "$WORK/$cache-dcp.txt" | awk '{ print $3 / $11 }' | median)
+      printf "%s cache: load_hf (%s) / FSDP2 + DCP HuggingFaceStorageReader at N=%d: median of the rounds' ratios %.2f x (goal <= 0.5)\n" \
+        $cache $mode "$N" "$q"
+    done
+  fi
   budget=$(echo "$MODEL_FP32 / 4 * 1.1" | bc -l)
   for mode in $MODES; do
     f=$WORK/$cache-$mode.txt
