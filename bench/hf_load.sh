@@ -154,7 +154,8 @@ for cache in $CACHES; do
     r=$(cut -d' ' -f1 "$f" | median); l=$(cut -d' ' -f3 "$f" | median); d=$(cut -d' ' -f5 "$f" | median)
     bl=$(awk '{ print $2 + $3 }' "$f" | median); rss=$(cut -d' ' -f4 "$f" | median)
     q=$(awk '{ print $3 / $1 }' "$f" | median)
-    printf "%s cache, %s (median of %d): read once %.2f s; at N=%d load_hf %.2f s (%.2f x; goal <= 1.5; median of the rounds' ratios %.2f x), with building the model %.2f s (%.2f x); peak RSS %.0f MiB, budget (a quarter of the fp32 model + 10%%) %.0f MiB (%s)\n" \
+    loader=load_hf; [ "$mode" = dcp ] && loader="FSDP2 + DCP"
+    printf "%s cache, %s (median of %d): read once %.2f s; at N=%d $loader %.2f s (%.2f x; goal <= 1.5; median of the rounds' ratios %.2f x), with building the model %.2f s (%.2f x); peak RSS %.0f MiB, budget (a quarter of the fp32 model + 10%%) %.0f MiB (%s)\n" \
       $cache $mode "$ROUNDS" "$r" "$N" "$l" "$(echo "$l / $r" | bc -l)" "$q" "$bl" "$(echo "$bl / $r" | bc -l)" \
       "$(echo "$rss / 1048576" | bc -l)" "$(echo "$budget / 1048576" | bc -l)" \
       "$( [ "$(echo "$rss < $budget" | bc -l)" = 1 ] && echo ok || echo OVER)"
