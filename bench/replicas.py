@@ -8,9 +8,12 @@ fault tolerance, measured with GPT-mini on this machine.
   python3 bench/replicas.py chaos     [--build build]   3 groups, 300 steps, a fault of any kind every ~20 steps
 
 Each prints what it measured and the commands it ran; nothing is kept
-(every run is in a temporary directory). Run it on a quiet machine.
+(every run is in a temporary directory) unless --keep DIR names a folder for
+the logs (the coordinator's lives and each group's), to read a run that
+missed a goal. Run it on a quiet machine.
 """
 import argparse
+import contextlib
 import os
 import random
 import re
@@ -385,9 +388,22 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=3.0, help="the coordinator's heartbeat timeout (failures)")
+    p.add_argument("--keep", default=None, help="keep every run's logs in this new folder (default: none kept)")
     p.add_argument("--transport", default="auto", choices=["auto", "tcp", "cma"],
                    help="FSDP_TRANSPORT of every run (tcp: the groups' links as between hosts)")
     a = p.parse_args()
+    if a.keep:
+        # Every run's work folder under KEEP, left there (the logs of a run that missed a goal).
+        os.makedirs(a.keep)
+        keep_in = os.path.abspath(a.keep)
+
+        @contextlib.contextmanager
+        def kept():
+            d = tempfile.mkdtemp(dir=keep_in)
+            print(f"logs kept in {d}", flush=True)
+            yield d
+
+        tempfile.TemporaryDirectory = kept
     Coordinator.transport = a.transport
     a.build = os.path.abspath(a.build)
     if a.steps is None:
