@@ -168,6 +168,31 @@ void vote(CoordState& s, int g, int r, bool ok, int64_t seq, Time now) {
   ASSERT_TRUE(take_message(s, g, r, m, now, logs));
 }
 
+// A rank's heartbeat: its launch, the step it holds, whether whole, and the
+// quorum it stands in.
+Report report(int64_t inc, int64_t committed, bool whole, std::optional<QuorumRef> cur) {
+  Report r;
+  r.inc = inc;
+  r.n = 1;
+  r.at.committed = committed;
+  r.at.whole = whole;
+  r.at.cur = std::move(cur);
+  return r;
+}
+
+// A rank's request for the next round: its launch, the step it holds (whole)
+// and the round.
+RankMessage request(int64_t inc, int64_t committed, int64_t round) {
+  RankMessage m;
+  m.seq = 1;
+  m.kind = Kind::REQ;
+  m.inc = inc;
+  m.at.committed = committed;
+  m.at.whole = true;
+  m.round = round;
+  return m;
+}
+
 // A coordinator restarted between writing a group's answer and the read of
 // one of its ranks: the other rank read it (and reported the quorum: its
 // launch is bound) and waits inside the step for its group-mate, which asks
@@ -181,13 +206,7 @@ TEST(ReplicaRules, ARankThatMissedTheAnswerItsGroupMateReadIsAnsweredTheSameQuor
     s.groups[g].step = 3;
   }
   for (int r = 0; r < 2; ++r) {
-    RankMessage m;
-    m.seq = 1;
-    m.kind = Kind::REQ;
-    m.inc = 11;
-    m.at.committed = 3;
-    m.at.whole = true;
-    m.round = 2;
+    const RankMessage m = request(11, 3, 2);
     std::vector<std::string> logs;
     ASSERT_TRUE(take_message(s, 1, r, m, at_ms(10), logs));
   }
@@ -211,18 +230,6 @@ TEST(ReplicaRules, ARankThatMissedTheAnswerItsGroupMateReadIsAnsweredTheSameQuor
   EXPECT_EQ(g.replies[0].round, 2);
   s.q.launches[1] = 7;  // bound to an earlier launch of group 1: not this one's quorum
   EXPECT_TRUE(reanswer(s).replies.empty());
-}
-
-// A rank's heartbeat: its launch, the step it holds, whether whole, and the
-// quorum it stands in.
-Report report(int64_t inc, int64_t committed, bool whole, std::optional<QuorumRef> cur) {
-  Report r;
-  r.inc = inc;
-  r.n = 1;
-  r.at.committed = committed;
-  r.at.whole = whole;
-  r.at.cur = std::move(cur);
-  return r;
 }
 
 // Found by the simulator (seed 1072 once its group collectives met only at
@@ -294,13 +301,7 @@ TEST(ReplicaRules, ARankThatMissedAQuorumDroppedSinceJoinsItsMatesInsideIt) {
   std::vector<std::string> logs;
   Report inside = report(11, 3, true, s.q.ref());
   ASSERT_TRUE(take_report(s, 1, 1, inside, at_ms(5), logs));
-  RankMessage m;
-  m.seq = 1;
-  m.kind = Kind::REQ;
-  m.inc = 11;
-  m.at.committed = 3;
-  m.at.whole = true;
-  m.round = 2;
+  RankMessage m = request(11, 3, 2);
   ASSERT_TRUE(take_message(s, 1, 0, m, at_ms(5), logs));
   const Formation f = reanswer(s);
   ASSERT_EQ(f.replies.size(), 1u) << ::testing::PrintToString(f.logs);
