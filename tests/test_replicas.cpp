@@ -156,12 +156,18 @@ std::vector<int> parse_members(const std::string& s) {
 // (they must agree); fails the test on a disagreement or a gap.
 std::vector<std::vector<int>> schedule_of(const std::vector<std::string>& outs, int64_t steps) {
   std::map<int64_t, std::string> m;
+  std::map<int64_t, std::string> who;  // step -> "group G rank R quorum Q: members" of every commit
   for (const auto& out : outs)
     for (const auto& s : steps_in(out)) {
       if (!s.commit) continue;
-      auto [it, fresh] = m.emplace(s.step, s.members);
-      EXPECT_EQ(it->second, s.members) << "step " << s.step << " committed with two memberships";
+      m.emplace(s.step, s.members);
+      who[s.step] += "  group " + std::to_string(s.group) + " rank " + std::to_string(s.rank) + " quorum " +
+                     std::to_string(s.q) + ": " + s.members + "\n";
     }
+  for (const auto& out : outs)
+    for (const auto& s : steps_in(out))
+      if (s.commit)
+        EXPECT_EQ(m[s.step], s.members) << "step " << s.step << " committed with two memberships:\n" << who[s.step];
   std::vector<std::vector<int>> v;
   for (int64_t i = 0; i < steps; ++i) {
     EXPECT_TRUE(m.count(i)) << "step " << i << " was never committed";

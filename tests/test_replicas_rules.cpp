@@ -12,6 +12,7 @@
 
 #include "replicas/coordinator.h"
 #include "replicas/protocol.h"
+#include "replicas/rank_side.h"
 #include "replicas/rules.h"
 
 namespace fsdp::testing {
@@ -78,6 +79,7 @@ TEST(ReplicaProtocol, EveryMalformedValueParsesToAReasonNeverAThrow) {
   m.at.whole = true;
   m.at.cur = QuorumRef{5, 99, 2, 4, {0, 2}};
   m.at.cur_sources = {2};
+  m.at.suspect = true;
   m.round = 6;
   m.ok = false;
   m.why = "a peer died";
@@ -86,6 +88,7 @@ TEST(ReplicaProtocol, EveryMalformedValueParsesToAReasonNeverAThrow) {
   ASSERT_TRUE(back) << why;
   EXPECT_EQ(back->at.cur, m.at.cur);
   EXPECT_EQ(back->at.cur_sources, m.at.cur_sources);
+  EXPECT_TRUE(back->at.suspect);
   EXPECT_EQ(back->why, m.why);
   EXPECT_EQ(back->round, 6);
   std::string other = to_json(m);
@@ -368,6 +371,146 @@ TEST(ReplicaRules, ARankThatMissedAHealsAnswerIsAnsweredTheSameHeal) {
   m.at.committed = 2;
   ASSERT_TRUE(take_message(s, 1, 1, m, at_ms(4), logs));
   EXPECT_TRUE(reanswer(s).replies.empty());
+}
+
+// Found by the chaos test, then by the simulator once a restarted
+// coordinator's port could answer late (seed 2134): the ranks reconnected
+// after the recovery's short window, so the new coordinator ended it having
+// heard nobody; every rank then counted as stopped through the restart
+// (stale) and was refused, the groups relaunched fresh, and the first of
+// them started the job again at step 0, alone; the others healed from it.
+// A coordinator that heard no rank knowing the job keeps listening for the
+// heartbeat timeout; it waits for every member of the latest quorum it
+// learned of; and it never forgets how far the job got, from any rank.
+TEST(ReplicaRules, ARestartedCoordinatorListensForTheJobsRanksAndNeverStartsTheJobAgain) {
+  CoordState s;
+  s.o.heartbeat_timeout = std::chrono::milliseconds(1000);
+  s.era = 9;
+  s.started = at_ms(0);
+  std::vector<std::string> logs;
+  EXPECT_FALSE(recovery_done(s, at_ms(400))) << "nobody heard yet";
+  // Group 1, relaunched fresh, is heard first: it knows nothing of the job.
+  for (int r = 0; r < 2; ++r) {
+    take_registration(s, Registration{1, r, 21, 2, "h", 1 + r, "m", "FULL_SHARD"}, at_ms(100));
+    ASSERT_TRUE(take_report(s, 1, r, report(21, 0, false, std::nullopt), at_ms(100), logs));
+  }
+  EXPECT_FALSE(recovery_done(s, at_ms(400))) << "only a fresh launch heard";
+  EXPECT_FALSE(recovery_done(s, at_ms(999)));
+  // Group 0 reports the job's state: step 240, quorum 249 of groups 0, 1, 2.
+  const QuorumRef last{249, 3, 7, 239, {0, 1, 2}};
+  for (int r = 0; r < 2; ++r) {
+    take_registration(s, Registration{0, r, 20, 2, "h", 3 + r, "m", "FULL_SHARD"}, at_ms(450));
+    Report rep = report(20, 240, true, std::nullopt);
+    rep.at.last = last;
+    rep.at.last_commit = true;
+    ASSERT_TRUE(take_report(s, 0, r, rep, at_ms(450), logs));
+  }
+  EXPECT_EQ(s.job_step, 240);
+  EXPECT_FALSE(recovery_done(s, at_ms(500))) << "group 2, a member of quorum 249, was not heard yet";
+  EXPECT_TRUE(recovery_done(s, at_ms(1000))) << "the heartbeat timeout bounds the wait";
+  s.recovering = false;
+  // Group 1's fresh launch asks: it is not the job's state, and it waits for
+  // group 0, which holds step 240 whole.
+  for (int r = 0; r < 2; ++r) {
+    RankMessage m = request(21, 0, 1);
+    m.at.whole = false;
+    ASSERT_TRUE(take_message(s, 1, r, m, at_ms(1001), logs));
+  }
+  Formation f = form(s, at_ms(1001));
+  EXPECT_FALSE(f.next) << ::testing::PrintToString(f.logs);
+
+  // A coordinator that did end its recovery before the ranks that hold the
+  // job reported: they are stale (it cannot know what they hold), yet the
+  // job's step is known from them, so a fresh launch alone is refused
+  // rather than started at step 0.
+  CoordState t;
+  t.o.heartbeat_timeout = std::chrono::milliseconds(1000);
+  t.era = 9;
+  t.recovering = false;
+  for (int r = 0; r < 2; ++r) {
+    take_registration(t, Registration{0, r, 20, 2, "h", 3 + r, "m", "FULL_SHARD"}, at_ms(0));
+    Report rep = report(20, 240, true, std::nullopt);
+    rep.at.last = last;
+    rep.at.last_commit = true;
+    ASSERT_TRUE(take_report(t, 0, r, rep, at_ms(0), logs));
+  }
+  EXPECT_TRUE(t.groups[0].stale);
+  EXPECT_EQ(t.job_step, 240);
+  for (int r = 0; r < 2; ++r) {
+    take_registration(t, Registration{1, r, 21, 2, "h", 1 + r, "m", "FULL_SHARD"}, at_ms(0));
+    RankMessage m = request(21, 0, 1);
+    m.at.whole = false;
+    ASSERT_TRUE(take_message(t, 1, r, m, at_ms(1), logs));
+  }
+  f = form(t, at_ms(1));
+  EXPECT_FALSE(f.next) << ::testing::PrintToString(f.logs);
+  bool refused = false;
+  for (const auto& l : f.logs) refused = refused || l.find("group 1 refused: this job committed 240 steps") == 0;
+  EXPECT_TRUE(refused) << ::testing::PrintToString(f.logs);
+}
+
+// Found by the simulator (seeds 7389, 29612): group 0 was frozen inside
+// quorum 4 past the heartbeat timeout and counted lost; group 2 read the
+// commit, trained on alone and finished the run; then the coordinator
+// restarted twice. The newest one learned quorum 4 "in flight" from group 0
+// alone, dropped it (group 2 never reported), and group 0 trained the job's
+// last steps again with a fresh launch: two final models. A rank knows when
+// its own process was held up: held up while its coordinator changed, it is
+// suspect, teaches the new coordinator nothing, and heals (or is refused
+// when nobody holds the job's state).
+TEST(ReplicaRules, ARankHeldUpWhileItsCoordinatorChangedTeachesNothingAndHeals) {
+  GroupIdentity id;
+  id.group = 0;
+  id.group_size = 1;
+  id.incarnation = 20;
+  RankSide side(id, 0);
+  side.held_up();
+  side.reached(false);  // the coordinator that watched the stall judges it
+  EXPECT_FALSE(side.standing().suspect);
+  side.held_up();
+  side.reached(true);
+  EXPECT_TRUE(side.standing().suspect);
+  side.reached(true);
+  EXPECT_TRUE(side.standing().suspect) << "until it heals";
+  side.reached(false);
+  side.held_up();  // no coordinator change since: a later stall alone is not enough
+  EXPECT_TRUE(side.standing().suspect);
+
+  CoordState s;
+  s.o.heartbeat_timeout = std::chrono::milliseconds(1000);
+  s.era = 9;
+  s.started = at_ms(0);
+  std::vector<std::string> logs;
+  const QuorumRef q4{4, 3, 1, 4, {0, 1, 2}};
+  take_registration(s, Registration{0, 0, 20, 1, "h", 1, "m", "FULL_SHARD"}, at_ms(10));
+  Report rep = report(20, 4, true, q4);
+  rep.at.suspect = true;
+  ASSERT_TRUE(take_report(s, 0, 0, rep, at_ms(10), logs));
+  EXPECT_EQ(s.q.id, -1) << "the quorum it names in flight is not learned from it";
+  EXPECT_TRUE(s.groups[0].stale);
+  EXPECT_FALSE(s.groups[0].whole);
+  EXPECT_EQ(s.job_step, 4) << "how far the job got is still learned";
+  EXPECT_FALSE(recovery_done(s, at_ms(500))) << "a suspect rank is no rank that knows the job";
+  bool said = false;
+  for (const auto& l : logs) said = said || l.find("group 0 rank 0 was held up past the heartbeat timeout") == 0;
+  EXPECT_TRUE(said) << ::testing::PrintToString(logs);
+  // A fresh launch of group 1 and the suspect group ask: nobody holds step
+  // 4 as this coordinator can know it, so both are refused, loudly.
+  ASSERT_TRUE(recovery_done(s, at_ms(1000)));
+  s.recovering = false;
+  take_registration(s, Registration{1, 0, 21, 1, "h", 2, "m", "FULL_SHARD"}, at_ms(1001));
+  RankMessage fresh = request(21, 0, 1);
+  fresh.at.whole = false;
+  ASSERT_TRUE(take_message(s, 1, 0, fresh, at_ms(1001), logs));
+  RankMessage asks = request(20, 4, 1);
+  asks.at.whole = false;  // it read "expired" for quorum 4
+  asks.at.suspect = true;
+  asks.seq = 2;
+  ASSERT_TRUE(take_message(s, 0, 0, asks, at_ms(1001), logs));
+  const Formation f = form(s, at_ms(1002));
+  EXPECT_FALSE(f.next) << ::testing::PrintToString(f.logs);
+  EXPECT_EQ(f.replies.size(), 1u) << ::testing::PrintToString(f.logs);
+  for (const auto& r : f.replies) EXPECT_FALSE(r.answer.refused.empty());
 }
 
 TEST(ReplicaRules, AStepCommitsExactlyWhenEveryRankOfEveryMemberVotedOk) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -84,6 +85,11 @@ struct QuorumClient::Shared {
   const ReplicaPlace place;
   int64_t n = 0;               // the heartbeat thread's own
   std::string registered;      // the heartbeat thread's own: the settings it last registered with
+  // The watch: a thread that only sleeps; a sleep that took past the
+  // heartbeat timeout is this process held up (stopped, its host paused),
+  // whatever the store did meanwhile.
+  std::condition_variable watch_cv;
+  bool stop_watch = false;  // guarded by mu
   Shared(GroupIdentity id, int64_t start, const ReplicaPlace& p, Keys k)
       : side(std::move(id), start), keys(std::move(k)), place(p) {}
 };
@@ -184,6 +190,18 @@ QuorumClient::QuorumClient(const ReplicaPlace& place, GroupIdentity id, int64_t 
     }
     s.set(key, report);
     const auto cfg = s.get(sh->keys.cfg());
+    if (cfg) {
+      // Reached a coordinator: a new one finds this rank suspect if it was
+      // held up meanwhile; the beat it reads once the rank registers is one
+      // written after this (the one above may predate it).
+      const bool fresh = *cfg != sh->registered;
+      {
+        std::lock_guard<std::mutex> lock(sh->mu);
+        sh->side.reached(fresh);
+        if (fresh) report = to_json(sh->side.report(++sh->n));
+      }
+      if (fresh) s.set(key, report);
+    }
     if (cfg && *cfg == sh->registered) return;
     // A new coordinator (or the first): this job's, with the same keys, and
     // of this protocol?
@@ -217,6 +235,15 @@ QuorumClient::QuorumClient(const ReplicaPlace& place, GroupIdentity id, int64_t 
     sh->registered = *cfg;
   };
   heartbeat_ = std::make_unique<comm::StoreClient>(connector(place_), std::chrono::seconds(1), std::move(beats));
+  watch_ = std::thread([sh = shared_, timeout = heartbeat_timeout_] {
+    const auto period = std::max<Clock::duration>(timeout / 10, std::chrono::milliseconds(5));
+    std::unique_lock<std::mutex> lock(sh->mu);
+    for (;;) {
+      const auto before = Clock::now();
+      if (sh->watch_cv.wait_for(lock, period, [&] { return sh->stop_watch; })) return;
+      if (Clock::now() - before > timeout) sh->side.held_up();
+    }
+  });
 }
 
 QuorumClient::~QuorumClient() {
@@ -236,6 +263,12 @@ QuorumClient::~QuorumClient() {
     // rank lost, which is right.
   }
   heartbeat_.reset();
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->stop_watch = true;
+  }
+  shared_->watch_cv.notify_all();
+  if (watch_.joinable()) watch_.join();
 }
 
 void QuorumClient::send(const RankMessage& m) {
@@ -289,6 +322,7 @@ std::string QuorumClient::wait_key(const std::string& key, const char* what, boo
         RankMessage m;
         {
           std::lock_guard<std::mutex> lock(shared_->mu);
+          shared_->side.reached(true);
           m = shared_->side.resync();
         }
         send(m);

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "replicas/rank_side.h"
 
@@ -104,6 +105,7 @@ class QuorumClient {
   std::shared_ptr<Shared> shared_;
   std::unique_ptr<comm::StoreClient> client_;     // messages and waits
   std::unique_ptr<comm::StoreClient> heartbeat_;  // the heartbeat thread's
+  std::thread watch_;                             // notices this process held up (Shared::watch_cv)
 };
 
 }  // namespace fsdp::replicas

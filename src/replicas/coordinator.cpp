@@ -30,6 +30,7 @@ CoordinatorCore::CoordinatorCore(Kv& kv, const std::string& job_token, RuleOptio
     : kv_(kv), keys_(job_token), log_(std::move(log)) {
   s_.o = o;
   s_.started = now;
+  last_pass_ = now;  // a stall before the first pass is this process's too (its recovery does not count it)
   // The era: a number of this process's own, from its epoch (JSON-safe).
   s_.era = era_of(epoch);
   kv_.set(Keys::job(), job_token.empty() ? "none" : comm::token_fingerprint(job_token));
@@ -132,7 +133,7 @@ void CoordinatorCore::pass(Time now) {
   // A pass comes every tick (timeout / 40 at most); a gap of a quarter of
   // the timeout is this process's own stall (SIGSTOP, a paused host): what
   // it did not see meanwhile is not the ranks' silence.
-  if (last_pass_ != Time{} && now - last_pass_ > s_.o.heartbeat_timeout / 4) {
+  if (now - last_pass_ > s_.o.heartbeat_timeout / 4) {
     const auto d = now - last_pass_;
     forgive(s_, d);
     logs.push_back(cat("this coordinator was held up for ", std::chrono::duration_cast<std::chrono::milliseconds>(d).count() / 1000.0,
@@ -151,6 +152,9 @@ void CoordinatorCore::pass(Time now) {
     if (s_.q.id >= 0)
       logs.push_back(cat("recovered the job's state from its ranks: ", s_.groups.size(), " group(s), quorum ", s_.q.id,
                          s_.q.decided ? " decided" : " in flight", ", step ", s_.job_step, " committed"));
+    else
+      logs.push_back(cat("no rank reported a state of the job (", s_.groups.size(),
+                         " group(s) heard): its first quorum may form"));
   }
   // Before deciding: a member of the quorum in flight that had not read its
   // answer when a coordinator restarted gets it again.

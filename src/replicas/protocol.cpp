@@ -131,7 +131,8 @@ json standing_json(const Standing& at) {
               {"cur", at.cur ? quorum_json(*at.cur) : json(nullptr)},
               {"cur_sources", at.cur_sources},
               {"last", at.last ? quorum_json(*at.last) : json(nullptr)},
-              {"last_commit", at.last_commit}};
+              {"last_commit", at.last_commit},
+              {"suspect", at.suspect}};
 }
 
 Standing read_standing(Fields& f) {
@@ -142,6 +143,7 @@ Standing read_standing(Fields& f) {
   if (f.has("cur_sources")) at.cur_sources = f.groups("cur_sources");
   at.last = f.quorum("last");
   at.last_commit = f.boolean("last_commit");
+  if (f.has("suspect")) at.suspect = f.boolean("suspect");
   return at;
 }
 

@@ -112,6 +112,11 @@ struct Standing {
                                   // coordinator that restarts answers it again with them)
   std::optional<QuorumRef> last;  // the last quorum whose outcome it read ...
   bool last_commit = false;       // ... and that outcome
+  // Its process was held up (stopped, its host paused) past the heartbeat
+  // timeout while its coordinator changed: a new coordinator takes nothing
+  // it holds or read for the job's (the old one may have counted it lost
+  // and decided without it). Cleared by a heal.
+  bool suspect = false;
 };
 
 enum class Kind { HELLO, REQ, VOTE, BYE };

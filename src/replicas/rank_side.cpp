@@ -93,6 +93,7 @@ void RankSide::healed() {
   if (!view_) return;
   at_.committed = view_->step;
   at_.whole = true;
+  at_.suspect = false;
 }
 
 RankMessage RankSide::vote(bool ok, const std::string& why) {

@@ -90,6 +90,17 @@ class RankSide {
   Joined on_answer(const Answer& a);
   // The group installed the source's state (every rank agreed the copy was whole).
   void healed();
+  // Its process did not run for longer than the heartbeat timeout (a sleep
+  // that long: stopped, or its host paused); a coordinator may have counted
+  // it lost meanwhile.
+  void held_up() { stalled_ = true; }
+  // A beat or a wait reached a coordinator: the one it knew (which watched
+  // the stall, if any, and judges it) or a new one. Held up while its
+  // coordinator changed, the rank is suspect (Standing::suspect).
+  void reached(bool new_coordinator) {
+    if (new_coordinator && stalled_) at_.suspect = true;
+    stalled_ = false;
+  }
   // Its vote on the quorum it is in; asks for the next round too.
   RankMessage vote(bool ok, const std::string& why);
   std::string decision_key(const Keys& keys) const;
@@ -110,6 +121,7 @@ class RankSide {
   int64_t seq_ = 0;
   int64_t round_ = 0;
   bool asked_ = false;  // the last vote asked for round_ already
+  bool stalled_ = false;  // held up since it last reached a coordinator
   Standing at_;
   std::optional<QuorumView> view_;
   RankMessage last_;

@@ -71,18 +71,23 @@ int rank_of(const GroupState& G, const RankState& R) {
 
 void learn(CoordState& s, GroupState& G, RankState& R, const Standing& at, Time now,
            std::vector<std::string>& logs) {
+  // A rank first heard after this coordinator recovered (it was stopped
+  // through the restart) whose state rests on an outcome this coordinator
+  // does not know as it read it: the job may have gone on without that
+  // outcome, so its state is no source of anything. It heals. So does a
+  // rank that says it was held up while its coordinator changed (suspect):
+  // it may have been lost, and the job gone on, before this coordinator.
+  const bool stale =
+      at.whole && (at.suspect || (!s.recovering && at.last && known_outcome(s, *at.last) != at.last_commit));
   if (!R.at) {
     // The ranks of a launch report one state; one that differs makes it stale.
     bool first = true;
     for (const auto& [r, k] : G.ranks) first = first && !k.at;
-    // A rank first heard after this coordinator recovered (it was stopped
-    // through the restart) whose state rests on an outcome this coordinator
-    // does not know as it read it: the job may have gone on without that
-    // outcome, so its state is no source of anything. It heals.
-    const bool stale = !s.recovering && at.whole && at.last && known_outcome(s, *at.last) != at.last_commit;
     if (stale)
-      logs.push_back(cat("group ", G.id, " rank ", rank_of(G, R), " holds a state from before this coordinator knew the "
-                         "job (it was stopped through a coordinator restart): it heals"));
+      logs.push_back(at.suspect ? cat("group ", G.id, " rank ", rank_of(G, R), " was held up past the heartbeat timeout "
+                                      "while the coordinator restarted: it may have been lost, so it heals")
+                                : cat("group ", G.id, " rank ", rank_of(G, R), " holds a state from before this coordinator "
+                                      "knew the job (it was stopped through a coordinator restart): it heals"));
     const bool whole = at.whole && !stale;
     if (stale) G.stale = true;
     if (first) {
@@ -96,8 +101,13 @@ void learn(CoordState& s, GroupState& G, RankState& R, const Standing& at, Time 
     if (!whole) R.at->whole = false;
   } else {
     R.at = at;
-    const bool stale = !s.recovering && at.whole && at.last && known_outcome(s, *at.last) != at.last_commit;
     if (stale) R.at->whole = false;
+    if (stale && at.suspect && !G.stale) {
+      G.stale = true;
+      G.whole = false;
+      logs.push_back(cat("group ", G.id, " rank ", rank_of(G, R), " was held up past the heartbeat timeout while the "
+                         "coordinator restarted: it may have been lost, so it heals"));
+    }
     // The ranks' reports caught up with each other (one of them read, from
     // this coordinator, an outcome the coordinator before it decided and
     // its mates had read already): once every rank holds the same committed
@@ -114,7 +124,9 @@ void learn(CoordState& s, GroupState& G, RankState& R, const Standing& at, Time 
       }
     }
   }
-  if (R.at->whole) s.job_step = std::max(s.job_step, at.committed);
+  // How far the job got, as far as any rank knows, stale or not: a
+  // coordinator never forgets it, so no fresh launch starts the job again.
+  if (at.whole) s.job_step = std::max(s.job_step, at.committed);
   if (at.last) s.next_q = std::max(s.next_q, at.last->q + 1);
   if (at.cur) {
     s.next_q = std::max(s.next_q, at.cur->q + 1);
@@ -133,7 +145,10 @@ void learn(CoordState& s, GroupState& G, RankState& R, const Standing& at, Time 
   // The sources of the quorum in flight, as its answers named them (a
   // coordinator that learned the quorum from a rank that had not said them).
   if (at.cur && s.q.sources.empty() && !at.cur_sources.empty() && *at.cur == s.q.ref()) s.q.sources = at.cur_sources;
-  if (!s.recovering) {
+  // A suspect rank teaches nothing of the job's quorums: it may have been
+  // counted lost and the job decided without it (only a dead coordinator
+  // knew); what it names is learned from the others, or not at all.
+  if (!s.recovering || at.suspect) {
     if (at.cur && at.cur->q == s.q.id && at.cur == std::optional<QuorumRef>(s.q.ref()) && !s.q.launches.count(G.id) &&
         in(s.q.members, G.id) && !s.q.decided)
       s.q.launches[G.id] = G.inc;
@@ -278,9 +293,23 @@ bool recovery_done(const CoordState& s, Time now) {
     }
     return true;
   };
+  // A coordinator that heard no rank that knows the job (only fresh
+  // launches, or nobody) knows nothing yet, not "the job starts": ranks
+  // reconnecting to a restarted coordinator on a loaded host may take longer
+  // than the period. Had it ended here, the ranks that hold the job's state
+  // would be taken for ones frozen through the restart (stale), and a fresh
+  // launch for the start of the job. A new job's first quorum waits the
+  // timeout for it.
+  bool knows = false;
+  for (const auto& [gid, G] : s.groups)
+    for (const auto& [r, k] : G.ranks)
+      knows = knows || (k.at && !k.at->suspect && (k.at->whole || k.at->committed > 0 || k.at->last || k.at->cur));
+  if (!knows) return false;
   for (const auto& [gid, G] : s.groups)
     if (!G.lost && !complete(gid)) return false;
-  if (!s.q.decided)
+  // The members of the latest quorum known (in flight or decided) hold the
+  // job's newest state: each is waited for, heard of or not.
+  if (s.q.id >= 0)
     for (int gid : s.q.members)
       if (!complete(gid)) return false;
   return true;

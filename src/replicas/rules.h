@@ -21,9 +21,13 @@
 //   decides what the first one would have. It drops when a vote failed, or
 //   a member was lost or relaunched before voting.
 // * A coordinator starts by recovering: for a moment (until every group it
-//   heard of reported, at most one heartbeat timeout) it only listens, and
-//   learns the quorum in flight, the outcome a rank already read, the steps
-//   the groups hold and the ids in use from the ranks' messages.
+//   heard of and every member of the latest quorum it learned of reported,
+//   and at least one rank that knows the job did; at most one heartbeat
+//   timeout) it only listens, and learns the quorum in flight, the outcome a
+//   rank already read, the steps the groups hold and the ids in use from the
+//   ranks' messages. How far the job got it learns from every rank, so a
+//   fresh launch never starts the job again, and laggards never train again
+//   alone the steps of a job whose run ended.
 #pragma once
 
 #include <chrono>

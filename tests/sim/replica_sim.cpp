@@ -12,8 +12,8 @@
 // (during a heal, between a decision and its reading), frozen and thawed
 // (shorter and longer than the heartbeat and collective timeouts), groups
 // restarted fast or slow, malformed and foreign values in the store, the
-// coordinator killed and restarted (at once or later) or frozen, the
-// network delayed, spiked and writes duplicated.
+// coordinator killed and restarted (at once or later, its port answering
+// late) or frozen, the network delayed, spiked and writes duplicated.
 //
 // Invariants, checked as events happen:
 //   outcome   every rank that reads a quorum's outcome reads the same one,
@@ -31,6 +31,10 @@
 //             for about the collectives' timeout. A coordinator restart that
 //             leaves one rank inside a step and its mate still asking costs
 //             no group a restart
+//   rollback  a step is committed again by another quorum only when every
+//             live rank that holds a later state is one the coordinator may
+//             have lost (frozen lately): a coordinator restart never makes
+//             the job forget how far it got
 //   progress  once the faults end, a step commits within a bound and every
 //             group finishes (a group refused because nobody holds the
 //             job's state any more is the one allowed end short of it)
@@ -148,6 +152,7 @@ struct RankSim {
   Task<void> main_task();
   Task<void> body();
   Task<void> heartbeat();
+  Task<void> watch();
   Task<int64_t> take_launch();
   Task<std::pair<bool, int64_t>> group_coll(const char* what, int64_t value, int64_t duration);
   Task<void> send(RankMessage m);
@@ -173,7 +178,8 @@ struct GroupSim {
   int64_t next_delay = -1;  // the next restart's delay, when a fault chose it
   int64_t finished_at = -1;
   // Refused because no live group holds the job's state (the rules' answer
-  // when every holder was lost): it ends short of its steps, by design.
+  // when every holder was lost, or left at the end of its run): it ends
+  // short of its steps, by design.
   bool orphan_refused = false;
   std::vector<std::pair<int64_t, int64_t>> frozen;  // when one of its ranks was frozen (faults)
 };
@@ -264,6 +270,13 @@ class Sim {
   // reach the collective in time. Anything else is a group split by the
   // protocol (one rank in the step, its mate still asking): a violation.
   void check_split(const GroupSim& g, const std::string& key);
+  // Quorum `v` committed (`by` read it and applied it): a step committed once already
+  // (by another quorum) is a rollback, allowed only when no live rank holds
+  // a later state that the coordinator could have known of: every holder
+  // was killed, or frozen (lost) at some point in the last collective
+  // timeouts.
+  void check_rollback(const QuorumView& v, const RankSim& by);
+  std::map<int64_t, std::string> committed_by;  // step -> the first quorum that committed it
   void launch(GroupSim& g);
   void on_rank_exit(GroupSim& g, RankSim& r, bool ok, const std::string& why);
   void start_coordinator();
@@ -365,6 +378,7 @@ Task<std::string> RankSim::wait_key(std::string key, bool outcome_pending) {
         if (!st || st->protocol != kProtocol) s.violate("a rank could not read the coordinator's settings: " + why);
         epoch = *r->values[1];
         s.w.note(proc.name + " found a new coordinator");
+        side->reached(true);
         co_await send(side->resync());
         continue;
       }
@@ -385,6 +399,19 @@ Task<void> RankSim::heartbeat() {
     op.sets = {{s.keys.heartbeat(g.id, inc, rank), to_json(side->report(++beats))}};
     op.gets = {s.keys.cfg()};
     auto r = co_await s.w.call(proc, hb, op, 1 * kS);
+    if (r && r->values[0]) {
+      // QuorumClient's beat: a new coordinator finds the rank suspect if it
+      // was held up meanwhile; the beat it reads before the registration is
+      // one written after this (the one above may predate it).
+      const bool fresh = *r->values[0] != registered;
+      side->reached(fresh);
+      if (fresh) {
+        if (side->standing().suspect) s.w.note(proc.name + " was held up while its coordinator changed: suspect");
+        sim::Op again;
+        again.sets = {{s.keys.heartbeat(g.id, inc, rank), to_json(side->report(++beats))}};
+        co_await s.w.call(proc, hb, again, 1 * kS);
+      }
+    }
     if (r && r->values[0] && *r->values[0] != registered) {
       const std::string cfg = *r->values[0];
       sim::Op job;
@@ -406,6 +433,17 @@ Task<void> RankSim::heartbeat() {
       }
     }
     co_await s.w.sleep(proc, period);
+  }
+}
+
+// QuorumClient's watch: a thread that only sleeps; a sleep that took past
+// the heartbeat timeout is this process held up.
+Task<void> RankSim::watch() {
+  const int64_t period = std::max<int64_t>(s.p.heartbeat / 10, 5 * kMs);
+  for (;;) {
+    const int64_t before = s.w.now();
+    co_await s.w.sleep(proc, period);
+    if (s.w.now() - before > s.p.heartbeat) side->held_up();
   }
 }
 
@@ -568,8 +606,8 @@ Task<void> RankSim::body() {
   co_await send(side->hello());
   if (unsent) throw Crash{"the coordinator stopped answering while this rank said hello"};
   proc.tasks.push_back(heartbeat());
-  {
-    const size_t i = proc.tasks.size() - 1;
+  proc.tasks.push_back(watch());
+  for (size_t i = proc.tasks.size() - 2; i < proc.tasks.size(); ++i) {
     sim::Proc* pp = &proc;
     s.w.at(proc, s.w.now(), [pp, i] { pp->tasks[i].start(); });
   }
@@ -632,6 +670,7 @@ Task<void> RankSim::body() {
       h = mix(h, static_cast<uint64_t>(v.step));
       for (int m : v.members) h = mix(h, static_cast<uint64_t>(m) + 1000);
       state = Model{v.step + 1, h};
+      s.check_rollback(v, *this);
       s.last_commit = std::max(s.last_commit, s.w.now());
       ++s.commits;
       g.orphan_refused = false;
@@ -650,6 +689,23 @@ Task<void> RankSim::body() {
   std::string why;
   const auto a = parse_answer(text, &why);
   if (!a || !a->farewell) s.violate(proc.name + " said bye and read something else than a farewell: " + text);
+}
+
+void Sim::check_rollback(const QuorumView& v, const RankSim& by) {
+  const std::string name = name_of(v);
+  auto [it, fresh] = committed_by.emplace(v.step, name);
+  if (fresh || it->second == name) return;
+  const int64_t since = w.now() - 2 * fsdp_timeout - 4 * p.heartbeat;
+  for (const auto& g : groups) {
+    bool was_frozen = false;
+    for (const auto& f : g->frozen) was_frozen = was_frozen || f.second >= since;
+    if (was_frozen) continue;
+    for (const RankSim* r : g->current)
+      if (r->rank == by.rank && r->proc.alive && !r->finished && r->state.step > v.step && !(r->state == by.state))
+        violate("rollback: " + by.proc.name + " read quorum " + name + " commit step " + std::to_string(v.step) +
+                ", which quorum " + it->second + " committed, while " + r->proc.name + " holds step " +
+                std::to_string(r->state.step));
+  }
 }
 
 void Sim::check_split(const GroupSim& g, const std::string& key) {
@@ -704,7 +760,8 @@ void Sim::on_rank_exit(GroupSim& g, RankSim& r, bool ok, const std::string& why)
   // `fsdp run`: one rank failed, so it stops the others and restarts all.
   g.last_crash = why;
   g.orphan_refused = why.find("no live group holds them") != std::string::npos ||
-                     why.find("no group with the job's state is here to heal from") != std::string::npos;
+                     why.find("no group with the job's state is here to heal from") != std::string::npos ||
+                     why.find("the job's run ended") != std::string::npos;
   g.restarting = true;
   for (RankSim* other : g.current) w.kill(other->proc, "the launcher restarts its group");
   w.break_meetings("grp/" + std::to_string(g.id) + "/L" + std::to_string(g.launches) + "/", "the group restarts");
@@ -851,7 +908,17 @@ void Sim::schedule_faults(int n) {
             kill_coordinator("fault: the coordinator killed");
             const int64_t d = w.chance(0.5) ? w.range(kMs, 50 * kMs) : w.range(H / 2, 3 * H);
             if (w.chance(0.3)) coord.clock_offset -= w.range(kS, 3600 * kS);  // restarted on a host whose clock is behind
-            w.sched.at(w.now() + d, [this] { start_coordinator(); });
+            // Half the time on a loaded host: every rank reconnects late
+            // (up to 60% of the heartbeat timeout, each its own delay).
+            const int64_t slow = w.chance(0.5) ? w.range(H / 4, 3 * H / 5) : 0;
+            w.sched.at(w.now() + d, [this, slow, H] {
+              start_coordinator();
+              if (slow > 0) {
+                w.slow_connect_until = w.now() + 2 * H;
+                w.slow_connect_max = slow;
+                w.note("the new coordinator's port answers late (up to " + std::to_string(slow / kMs) + " ms)");
+              }
+            });
             later(d + 4 * H);
           }
           break;

@@ -109,7 +109,7 @@ void World::thaw(Proc& p) {
 Task<std::optional<World::Result>> World::call(Proc& p, Conn& c, Op op, int64_t budget) {
   const int64_t start = now();
   if (c.gen != store.gen || !store.alive) {
-    co_await sleep(p, range(100, 400));  // connecting
+    co_await sleep(p, range(100, 400) + (now() < slow_connect_until ? range(0, slow_connect_max) : 0));  // connecting
     if (!store.alive) {
       co_await sleep(p, 20 * kMs);  // refused; StoreClient tries again at the next call
       co_return std::nullopt;

@@ -89,6 +89,10 @@ class World {
   int64_t net_base = 100;
   double net_spike = 0.01;
   double dup_chance = 0.01;
+  // Connections opened before `slow_connect_until` take up to
+  // `slow_connect_max` more (a restarted coordinator on a loaded host: its
+  // port answers late, and every client reconnects at once).
+  int64_t slow_connect_until = 0, slow_connect_max = 0;
 
   int64_t now() const { return sched.now(); }
   int64_t range(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); }
