@@ -549,6 +549,27 @@ TEST(HostSharedMemory, PeersReadOnlySealedAndEveryRankChecksTheRequest) {
   }
 }
 
+// Ranks that issue different host-shared collectives under one sequence
+// number (rank 0 an all_gather, the others a reduce_scatter) meet at their
+// first barrier, read each other's posts and fail at once, each naming the
+// other's barrier and the collective: a barrier never passes for another.
+TEST(HostShared, DifferentCollectivesAtOneBarrierFailSayingWhich) {
+  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv, so its ranks cannot map each other's memory";
+  const std::string flight = temp_dir("hs-desync-flight");
+  auto r = run_ranks(3, "hs_desync", {}, {"FSDP_TIMEOUT=10", "FSDP_FLIGHT_DIR=" + flight}, 120);
+  for (int q = 0; q < 3; ++q) {
+    auto l = lines_with(r.output, "[rank " + std::to_string(q) + "] HSD failed: ");
+    ASSERT_EQ(l.size(), 1u) << r.output;
+    EXPECT_TRUE(contains(l[0], "failed after 0.0")) << l[0];  // at once, not at the 10 s timeout
+    EXPECT_TRUE(contains(l[0], q == 0 ? "reached the reduce_scatter's posting of gradient blocks of collective #2 "
+                                        "where this rank reached the all_gather's barrier of #2"
+                                      : "rank 0 reached the all_gather's barrier of collective #2 where this rank "
+                                        "reached the reduce_scatter's posting of gradient blocks of #2"))
+        << l[0];
+    EXPECT_TRUE(contains(l[0], "(host-shared memory): the ranks issued different collectives")) << l[0];
+  }
+}
+
 // Three jobs of two ranks each on this host at once: each trains exactly as
 // it does alone (the same loss, bit for bit), so no job saw another's memory.
 TEST(HostShared, ThreeJobsAtOnceStayIsolated) {

@@ -26,8 +26,9 @@
 // descriptors for its peers to take until it exits. So the memory lives only
 // as long as a process of the job maps or holds it, and no crash can leave
 // it behind (no /dev/shm file, nothing to unlink). Every memfd is sealed
-// once sized (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): no process can
-// shrink it under the others' mappings (a SIGBUS in every rank), and a rank
+// once sized (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): a process that
+// tries to shrink it gets an error, where it would have turned every other
+// rank's next touch of its mapping into a SIGBUS; and a rank
 // checks the size and the seals of every descriptor it takes before it maps
 // it. Peers map a rank's gradient blocks read-only: they only sum them.
 //
@@ -70,7 +71,6 @@
 
 #include <c10/core/ScalarType.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>

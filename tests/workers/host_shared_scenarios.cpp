@@ -40,6 +40,9 @@
 //   how many refused ftruncate to 0 with EPERM). Then every rank asks for
 //   shared memory of another size than rank 0's (the last rank 1 element
 //   more) and prints "HSH mismatch: <the error, on one line>".
+// hs_desync: under one sequence number rank 0 issues a host-shared
+//   all_gather, the others a host-shared reduce_scatter; each prints
+//   "HSD failed: <the error, on one line>".
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -350,6 +353,28 @@ FSDP_SCENARIO(hs_hardening) {
     for (auto& c : what)
       if (c == '\n') c = ' ';
     std::printf("HSH mismatch: %s\n", what.c_str());
+  }
+  return 0;
+}
+
+FSDP_SCENARIO(hs_desync) {
+  auto comm = make_communicator_from_env();
+  const int n = comm->world_size(), r = comm->rank();
+  const int64_t m = 1000;
+  torch::Tensor full = comm->shared_tensor(n * m, torch::kFloat32, {"hsd.full"});
+  torch::Tensor grads = comm->peer_tensor(n * m, torch::kFloat32);
+  torch::Tensor out = torch::empty({m}, torch::kFloat32);
+  try {
+    if (r == 0)
+      comm->all_gather(full.narrow(0, r * m, m), full, {"hsd.ag"})->wait();
+    else
+      comm->reduce_scatter(grads, out, ReduceOp::SUM, {"hsd.rs"})->wait();
+    std::printf("HSD failed: no\n");
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    for (auto& c : what)
+      if (c == '\n') c = ' ';
+    std::printf("HSD failed: %s\n", what.c_str());
   }
   return 0;
 }
