@@ -2,19 +2,27 @@
 // (comm/host_shared.h): the path and its reason, parity with the ring path
 // and with the unsharded reference (the CoreParity grid runs on this path
 // by default), checkpoints across the two paths, a rank killed or frozen at
-// a barrier, and three jobs at once.
+// a barrier (in training, and at each collective's barrier alone), three
+// jobs at once, and what a rank may do to its peers' memory (sealed memfds,
+// read-only maps of peers' gradients, every rank checking every request).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <set>
 #include <string>
+#include <tuple>
 
+#include "comm/host_shared.h"
 #include "flight_dump.h"
 #include "test_util.h"
 
@@ -320,6 +328,8 @@ TEST_P(HostSharedFault, TheRankAtFaultIsNamedAndNothingStays) {
     EXPECT_EQ(ranks_in(v, "culprits"), std::vector<int>{1}) << v.dump();
     EXPECT_EQ(ranks_in(v, "silent"), std::vector<int>{1}) << v.dump();  // no heartbeat: frozen or gone
     EXPECT_EQ(ranks_in(v, "dead"), kind == "kill" ? std::vector<int>{1} : std::vector<int>{}) << v.dump();
+    // Killed: at once (the barrier saw its process end); frozen: at the timeout.
+    EXPECT_EQ(v.at("timed_out").get<bool>(), kind == "stop") << v.dump();
     // The words once: the line names the cause.
     EXPECT_EQ(lines_with(r.output, tag + "Cause: rank 1 is " + (kind == "kill" ? "dead" : "")).size(), 1u) << r.output;
   }
@@ -363,12 +373,202 @@ TEST_P(HostSharedTiersFault, TheRankAtFaultIsNamedAndNothingStays) {
     EXPECT_EQ(ranks_in(v, "waited_on"), std::vector<int>{1}) << v.dump();
     EXPECT_EQ(ranks_in(v, "culprits"), std::vector<int>{1}) << v.dump();
   }
+  // Rank 2 waits for rank 3 at host b's barrier; rank 3's collective failed
+  // at once (its TCP link to the killed rank broke) and it gave up in the
+  // host's memory, so rank 2 fails at once too, saying so.
+  if (kind == "kill") {
+    bool said = false;
+    for (auto& l : lines_with(r.output, "[rank 2] ")) said = said || contains(l, "rank 3 gave up");
+    EXPECT_TRUE(said) << r.output;
+  }
   const auto lf = launcher_finding(flight);
   EXPECT_EQ(lf.at("culprit"), 1) << lf.dump();
   EXPECT_EQ(lf.at("kind"), kind == "stop" ? "stopped" : "killed") << lf.dump();
   expect_nothing_stays(job, shm_before);
 }
 INSTANTIATE_TEST_SUITE_P(Kinds, HostSharedTiersFault, ::testing::Values("kill", "stop"));
+
+// A rank killed or frozen right before a host-shared collective, alone (no
+// training around it): the others wait for it at that collective's first
+// barrier in the host's memory. Each survivor fails naming rank 1 and the
+// collective; a killed rank fails them at once (their call did not run out
+// of time: the barrier saw its process end), a frozen one when the call's
+// time ran out, named by its silent heartbeat.
+using BarrierFaultParam = std::tuple<std::string, std::string>;  // kill|stop, all_gather|reduce_scatter
+class HostSharedBarrierFault : public ::testing::TestWithParam<BarrierFaultParam> {};
+TEST_P(HostSharedBarrierFault, TheRankAtFaultIsNamedAsAtAnyCollective) {
+  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv, so its ranks cannot map each other's memory";
+  const auto [kind, collective] = GetParam();
+  const std::string flight = temp_dir("hs-barrier-flight");
+  const std::string job = job_name();
+  auto r = run_command({bin_path("fsdp"), "run", "-n", "3", "--grace", "5", "--", bin_path("fsdp_test_worker"),
+                        "hs_fault", kind + ":1", collective},
+                       {"FSDP_TIMEOUT=3", "FSDP_FLIGHT_DIR=" + flight, job_env(job)}, 90);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  ASSERT_EQ(lines_with(r.output, "[rank 1] HSF rank 1 raises " + kind + " before " + collective).size(), 1u)
+      << r.output;
+  for (int survivor : {0, 2}) {
+    const std::string tag = "[rank " + std::to_string(survivor) + "] ";
+    auto failed = lines_with(r.output, tag + "scenario hs_fault failed: " + collective + " 'hsf.");
+    ASSERT_EQ(failed.size(), 1u) << r.output;
+    EXPECT_TRUE(contains(failed[0], "host-shared)")) << failed[0];
+    const auto v = verdict_in(flight, survivor);
+    EXPECT_EQ(v.at("kind"), collective) << v.dump();
+    EXPECT_EQ(ranks_in(v, "waited_on"), std::vector<int>{1}) << v.dump();
+    EXPECT_EQ(ranks_in(v, "culprits"), std::vector<int>{1}) << v.dump();
+    EXPECT_EQ(ranks_in(v, "dead"), kind == "kill" ? std::vector<int>{1} : std::vector<int>{}) << v.dump();
+    // Killed: at once (the call failed long before its 3 s); frozen: at the timeout.
+    EXPECT_EQ(v.at("timed_out").get<bool>(), kind == "stop") << v.dump();
+    // The barrier's own words: which rank, which barrier, and why.
+    const std::string why = kind == "kill" ? "waiting for rank 1 at " : "timed out waiting for rank 1 at ";
+    EXPECT_FALSE(lines_with(r.output, tag).empty());
+    bool said = false;
+    for (auto& l : lines_with(r.output, tag)) said = said || (contains(l, why) && contains(l, "(host-shared memory)"));
+    EXPECT_TRUE(said) << "rank " << survivor << " did not say '" << why << "...(host-shared memory)':\n" << r.output;
+    if (kind == "kill")
+      EXPECT_EQ(lines_with(r.output, tag + "Cause: rank 1 is dead").size(), 1u) << r.output;
+  }
+  const auto lf = launcher_finding(flight);
+  EXPECT_EQ(lf.at("culprit"), 1) << lf.dump();
+  EXPECT_EQ(lf.at("kind"), kind == "stop" ? "stopped" : "killed") << lf.dump();
+  EXPECT_EQ(host_shared_mappings(job), 0);
+}
+INSTANTIATE_TEST_SUITE_P(Barriers, HostSharedBarrierFault,
+                         ::testing::Combine(::testing::Values("kill", "stop"),
+                                            ::testing::Values("all_gather", "reduce_scatter")),
+                         [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
+
+// This process's mapping that holds `p`: its permissions ("rw-s", "r--s"),
+// "" when none does.
+std::string permissions_at(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(maps, line)) {
+    const auto dash = line.find('-'), space = line.find(' ');
+    const uintptr_t lo = std::stoull(line.substr(0, dash), nullptr, 16);
+    const uintptr_t hi = std::stoull(line.substr(dash + 1, space - dash - 1), nullptr, 16);
+    if (lo <= a && a < hi) return line.substr(space + 1, 4);
+  }
+  return "";
+}
+
+// A descriptor of this process taken as a peer takes it (pidfd_getfd), or
+// -1 where the kernel has no pidfd_getfd (the test then skips).
+int take_as_a_peer(int fd) {
+  const int self = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
+  if (self < 0) return -1;
+  const int taken = static_cast<int>(::syscall(SYS_pidfd_getfd, self, fd, 0));
+  ::close(self);
+  return taken;
+}
+
+// Every memfd HostShared makes is sealed once sized: neither its maker nor
+// a holder of a duplicate (as a peer takes it) can shrink it (which would
+// turn every other rank's next touch into SIGBUS), grow it, or lift the
+// seals.
+TEST(HostSharedMemory, AMemfdIsSealedAgainstResizingByAnyHolder) {
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  comm::Memfd m(page + 1, "the test's memory");
+  EXPECT_EQ(m.bytes(), 2 * page);
+  const int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  EXPECT_EQ(::fcntl(m.fd(), F_GET_SEALS) & seals, seals);
+  const int peer = take_as_a_peer(m.fd());
+  if (peer < 0) GTEST_SKIP() << "no pidfd_getfd here: " << std::strerror(errno);
+  for (int fd : {m.fd(), peer}) {
+    errno = 0;
+    EXPECT_EQ(::ftruncate(fd, 0), -1);
+    EXPECT_EQ(errno, EPERM) << "shrinking";
+    errno = 0;
+    EXPECT_EQ(::ftruncate(fd, 4 * page), -1);
+    EXPECT_EQ(errno, EPERM) << "growing";
+    errno = 0;
+    EXPECT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1);
+    EXPECT_EQ(errno, EPERM) << "adding a seal after F_SEAL_SEAL";
+  }
+  ::close(peer);
+  // The mapping still holds its memory (no page was cut away).
+  m.base()[2 * page - 1] = 7;
+  EXPECT_EQ(m.base()[2 * page - 1], 7);
+}
+
+// Taking a peer's memfd checks it before mapping: one smaller than this
+// rank asked for, or one not sealed, is refused with words that say so;
+// memory mapped for reading only is mapped read-only.
+TEST(HostSharedMemory, TakingAPeersMemfdChecksSizeAndSealsAndMapsReadOnly) {
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  const int self = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
+  if (self < 0) GTEST_SKIP() << "no pidfd_open here: " << std::strerror(errno);
+  comm::Memfd m(page, "the test's memory");
+  std::memcpy(m.base(), "grads", 6);
+  std::string why;
+  EXPECT_EQ(comm::map_peer_memfd(self, m.fd(), 2 * page, PROT_READ, &why), nullptr);
+  EXPECT_TRUE(contains(why, "holds " + std::to_string(page) + " bytes where this rank expected " +
+                                std::to_string(2 * page)))
+      << why;
+  const int unsealed = ::memfd_create("fsdp-host-shared", MFD_CLOEXEC);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(::ftruncate(unsealed, page), 0);
+  why.clear();
+  EXPECT_EQ(comm::map_peer_memfd(self, unsealed, page, PROT_READ, &why), nullptr);
+  EXPECT_TRUE(contains(why, "not sealed against resizing")) << why;
+  ::close(unsealed);
+  why.clear();
+  char* ro = comm::map_peer_memfd(self, m.fd(), page, PROT_READ, &why);
+  ASSERT_NE(ro, nullptr) << why;
+  EXPECT_EQ(std::string(ro), "grads");
+  EXPECT_EQ(permissions_at(ro), "r--s");
+  EXPECT_EQ(permissions_at(m.base()), "rw-s");
+  ::munmap(ro, page);
+  ::close(self);
+}
+
+// In a job (3 ranks, one host): peers map each other's gradient blocks
+// read-only (each rank: N-1 read-only maps; read-write only its own block
+// and the control segment); a peer's memfd taken through its pidfd refuses
+// to shrink; and when the ranks ask for shared memory of different sizes,
+// every rank (not only rank 0) fails saying which ranks asked for what.
+TEST(HostSharedMemory, PeersReadOnlySealedAndEveryRankChecksTheRequest) {
+  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv, so its ranks cannot map each other's memory";
+  const std::string flight = temp_dir("hs-hardening-flight");
+  auto r = run_ranks(3, "hs_hardening", {}, {"FSDP_TIMEOUT=10", "FSDP_FLIGHT_DIR=" + flight}, 120);
+  for (int q = 0; q < 3; ++q) {
+    const std::string tag = "[rank " + std::to_string(q) + "] ";
+    auto maps = lines_with(r.output, tag + "HSH maps ");
+    ASSERT_EQ(maps.size(), 1u) << r.output;
+    EXPECT_EQ(field(maps[0], "read_only"), 2) << maps[0];
+    EXPECT_EQ(field(maps[0], "read_write"), 2) << maps[0];
+    auto taken = lines_with(r.output, tag + "HSH peer_memfds=");
+    ASSERT_EQ(taken.size(), 1u) << r.output;
+    EXPECT_GE(field(taken[0], "peer_memfds"), 1) << taken[0];
+    EXPECT_EQ(field(taken[0], "shrink_refused"), field(taken[0], "peer_memfds")) << taken[0];
+    auto mismatch = lines_with(r.output, tag + "HSH mismatch: ");
+    ASSERT_EQ(mismatch.size(), 1u) << r.output;
+    EXPECT_TRUE(contains(mismatch[0], "rank 0 asked for 4000 bytes of host-shared memory where rank 2 asked for 4004"))
+        << mismatch[0];
+  }
+}
+
+// Ranks that issue different host-shared collectives under one sequence
+// number (rank 0 an all_gather, the others a reduce_scatter) meet at their
+// first barrier, read each other's posts and fail at once, each naming the
+// other's barrier and the collective: a barrier never passes for another.
+TEST(HostShared, DifferentCollectivesAtOneBarrierFailSayingWhich) {
+  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv, so its ranks cannot map each other's memory";
+  const std::string flight = temp_dir("hs-desync-flight");
+  auto r = run_ranks(3, "hs_desync", {}, {"FSDP_TIMEOUT=10", "FSDP_FLIGHT_DIR=" + flight}, 120);
+  for (int q = 0; q < 3; ++q) {
+    auto l = lines_with(r.output, "[rank " + std::to_string(q) + "] HSD failed: ");
+    ASSERT_EQ(l.size(), 1u) << r.output;
+    EXPECT_TRUE(contains(l[0], "failed after 0.0")) << l[0];  // at once, not at the 10 s timeout
+    EXPECT_TRUE(contains(l[0], q == 0 ? "reached the reduce_scatter's posting of gradient blocks of collective #2 "
+                                        "where this rank reached the all_gather's barrier of #2"
+                                      : "rank 0 reached the all_gather's barrier of collective #2 where this rank "
+                                        "reached the reduce_scatter's posting of gradient blocks of #2"))
+        << l[0];
+    EXPECT_TRUE(contains(l[0], "(host-shared memory): the ranks issued different collectives")) << l[0];
+  }
+}
 
 // Three jobs of two ranks each on this host at once: each trains exactly as
 // it does alone (the same loss, bit for bit), so no job saw another's memory.

@@ -187,7 +187,9 @@ ChosenPath choose_algorithms(const PathInputs& in) {
     if (out.choice.path == path::Path::CMA)
       out.algorithms = std::make_unique<CmaAlgorithms>(
           in.transport.peers, in.world.rank,
-          out.choice.host_shared ? std::make_shared<HostShared>(in.transport.peers.pid, in.world.rank) : nullptr);
+          out.choice.host_shared ? HostShared::connect(in.mesh, in.transport.peers.pid,
+                                                       Clock::now() + in.opts.rendezvous_timeout)
+                                 : nullptr);
     else
       out.algorithms = std::make_unique<RingAlgorithms>();
   }

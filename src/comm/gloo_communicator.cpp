@@ -281,12 +281,14 @@ class GlooCommunicator final : public Communicator {
       sent = algo(w);
     } catch (const CallMismatch& e) {
       failed_ = true;
+      give_up_host_barriers(call.seq);
       watchdog_->mark_failed();
       log_.finished(ticket, e.what());
       dump_flight(call.seq, call.what);
       throw;
     } catch (const std::exception& e) {
       failed_ = true;
+      give_up_host_barriers(call.seq);
       std::string msg = report_failure(call, shape, e.what());
       log_.finished(ticket, e.what());
       msg += dump_flight(call.seq, call.what);
@@ -301,6 +303,14 @@ class GlooCommunicator final : public Communicator {
       if (sent.host_shared) call.span.arg("host_shared", 1);
     }
     log_.count(shape.kind, bytes, inter, call.seconds());
+  }
+
+  // A failed collective leaves this communicator for good: the ranks of
+  // this host that wait for it at a barrier in their shared memory learn it
+  // now (host_shared.h), as Gloo fails every link of a mesh at once, not at
+  // their own deadline after this rank's diagnosis.
+  void give_up_host_barriers(uint64_t seq) {
+    if (auto hs = algorithms_->host_shared()) hs->abandon(seq);
   }
 
   // Of the `bytes` this rank sent in one collective, those that went to a

@@ -1,8 +1,9 @@
 // One fixed-size message to and from every peer of a mesh, on one slot: the
 // handshake of the collectives that touch a peer's memory. The CMA
 // collectives (cma.cpp) post where a peer reads and say when they are done
-// reading; the host-shared ones (host_shared.cpp) post the descriptor a peer
-// maps. Internal: not installed.
+// reading; the host-shared set-up (host_shared.cpp) posts the descriptors a
+// peer maps (its collectives meet in shared memory instead). Internal: not
+// installed.
 // defines: PostExchange
 #pragma once
 

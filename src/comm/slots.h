@@ -38,7 +38,10 @@ constexpr uint64_t slot(uint64_t seq, int step) { return (seq << kStepBits) | st
 constexpr Range kTransportHello{0, 1 << 17};                       // every rank's mode, host and probe address
 constexpr Range kTransportProbe{1 << 17, (1 << 17) + (1 << 16)};   // every rank's probe outcome
 constexpr Range kTiersAgree{(1 << 17) + (1 << 16), 1 << 18};       // whether every host can use CMA
-constexpr Range kShareProbe{1 << 18, (1 << 18) + 2};                // host-shared memory: the probe, its outcome
+// Host-shared memory (host_shared.cpp): the probe, its outcome, the
+// control segment's descriptor, every rank's "mapped" of it. Its
+// collectives send no message: they meet in the control segment.
+constexpr Range kShareSetup{1 << 18, (1 << 18) + 4};
 
 // --- Sequence numbers >= 1: the messages of one collective.
 // The ring all-gather's pieces (all_reduce's gather phase from step N, after
@@ -53,21 +56,17 @@ constexpr Range kCallCheck{1 << 19, (1 << 19) + (1 << 18)};        // FSDP_DEBUG
 constexpr int kCmaMessages = 3;
 constexpr Range kCma{(1 << 19) + (1 << 18), (1 << 19) + (1 << 18) + kCmaMessages};
 constexpr Range kCmaSecond{kCma.end, kCma.end + kCmaMessages};
-// Host-shared memory (host_shared.cpp): the posts and the "done" of a
-// reduce_scatter, a segment's descriptor and every rank's "mapped".
-constexpr int kHostSharedMessages = 2;
-constexpr Range kHostShared{kCmaSecond.end, kCmaSecond.end + kHostSharedMessages};
 
 // A replica link's point-to-point copies (replicas/link.h: a heal), numbered per
 // pair of ranks; its all-reduces take the rings' steps.
-constexpr Range kPeerCopy{kHostShared.end, kHostShared.end + 1};
+constexpr Range kPeerCopy{kCmaSecond.end, kCmaSecond.end + 1};
 
 static_assert(kPeerCopy.valid() && kPeerCopy.apart(kRing) && kPeerCopy.apart(kRingReduce),
               "a replica link's copies must not meet its all-reduces");
 static_assert(kTransportHello.valid() && kTransportProbe.valid() && kTiersAgree.valid());
-static_assert(kShareProbe.valid() && kShareProbe.apart(kTransportHello) && kShareProbe.apart(kTransportProbe) &&
-                  kShareProbe.apart(kTiersAgree),
-              "the host-shared probe at sequence number 0 must not share steps");
+static_assert(kShareSetup.valid() && kShareSetup.apart(kTransportHello) && kShareSetup.apart(kTransportProbe) &&
+                  kShareSetup.apart(kTiersAgree),
+              "the host-shared set-up at sequence number 0 must not share steps");
 static_assert(kTransportHello.apart(kTransportProbe) && kTransportHello.apart(kTiersAgree) &&
                   kTransportProbe.apart(kTiersAgree),
               "the set-up exchanges at sequence number 0 must not share steps");
@@ -78,8 +77,5 @@ static_assert(kRingReduce.apart(kCallCheck) && kRingReduce.apart(kCma) && kRingR
               "the reduce-scatter's steps must not meet another algorithm's");
 static_assert(kCallCheck.apart(kCma) && kCallCheck.apart(kCmaSecond) && kCma.apart(kCmaSecond),
               "the call check's and CMA's steps must not meet");
-static_assert(kHostShared.valid() && kHostShared.apart(kRing) && kHostShared.apart(kRingReduce) &&
-                  kHostShared.apart(kCallCheck) && kHostShared.apart(kCma) && kHostShared.apart(kCmaSecond),
-              "the host-shared messages must not meet another algorithm's");
 
 }  // namespace fsdp::comm::slots

@@ -134,7 +134,9 @@ std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& w
         t->share_blocked = !share_why.empty() ? share_why
                                               : detail::cat("the ranks on the host of rank ", global.at(q),
                                                             " cannot map each other's memory");
-    if (t->share_blocked.empty()) t->shared = std::make_shared<HostShared>(c.peers.pid, t->intra_mesh->rank);
+    if (t->share_blocked.empty())
+      t->shared = HostShared::connect(t->intra_mesh.get(), c.peers.pid, Clock::now() + opts.rendezvous_timeout,
+                                      &t->intra_ranks());
   }
   *why = "";
   return t;
@@ -244,8 +246,8 @@ Traffic tier_shared_all_gather(const Wire& w, const Tiers& t, const void* in, vo
   // writes its own places, so the host's ranks never write the same byte.
   const int64_t across = gather_across(w, t, in, static_cast<char*>(out), b);
   // 2. Every block of the unit is in place once every rank of the host got
-  // its H.
-  dissemination_barrier(t.intra_wire(w));
+  // its H: a barrier in the host's memory (host_shared.h).
+  t.shared->gathered(t.intra_wire(w));
   Traffic sent(across + static_cast<int64_t>(S - 1) * H * b, across);
   sent.host_shared = true;
   return sent;

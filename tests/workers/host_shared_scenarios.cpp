@@ -25,10 +25,35 @@
 //   more step; load: the checkpoint, then that step. Both print
 //   "HSCK loss=<the last step's loss>", equal when the load restored the
 //   state exactly.
+// hs_fault KIND:R COLLECTIVE: 8 rounds of a host-shared all_gather then a
+//   host-shared reduce_scatter; rank R raises KIND (kill: SIGKILL, stop:
+//   SIGSTOP) on itself in round 3 right before COLLECTIVE (all_gather or
+//   reduce_scatter), so the others wait for it at that collective's first
+//   barrier in the host's memory. Prints "HSF rank R raises KIND before
+//   COLLECTIVE".
+// hs_hardening: what a rank may do to its peers' memory. After one
+//   host-shared reduce_scatter, prints "HSH maps read_only=<k>
+//   read_write=<m>" (this process's mappings of host-shared memory by
+//   permission: peers' gradient blocks, and its own block and the control
+//   segment) and "HSH peer_memfds=<k> shrink_refused=<j>" (the host-shared
+//   memfds of rank r+1, taken through its pidfd as a rank takes them, and
+//   how many refused ftruncate to 0 with EPERM). Then every rank asks for
+//   shared memory of another size than rank 0's (the last rank 1 element
+//   more) and prints "HSH mismatch: <the error, on one line>".
+// hs_desync: under one sequence number rank 0 issues a host-shared
+//   all_gather, the others a host-shared reduce_scatter; each prints
+//   "HSD failed: <the error, on one line>".
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <string>
 
 #include "../core_model.h"
@@ -236,6 +261,121 @@ FSDP_SCENARIO(hs_ckpt) {
   }
   const double loss = hs_step(model, opt, *comm, 2);
   std::printf("HSCK shares=%d loss=%.9g\n", comm->shares_host_memory() ? 1 : 0, loss);
+  return 0;
+}
+
+FSDP_SCENARIO(hs_fault) {
+  const std::string fault = args.at(0), where = args.at(1);
+  const std::string kind = fault.substr(0, fault.find(':'));
+  const int who = std::stoi(fault.substr(fault.find(':') + 1));
+  FSDP_USER_CHECK(where == "all_gather" || where == "reduce_scatter",
+                  "hs_fault: the collective is all_gather or reduce_scatter, found '", where, "'");
+  auto comm = make_communicator_from_env();
+  const int n = comm->world_size(), r = comm->rank();
+  FSDP_USER_CHECK(comm->shares_host_memory(), "hs_fault: expected a communicator that shares its hosts' memory, "
+                  "found ", comm->describe());
+  const int64_t m = 1000;
+  torch::Tensor full = comm->shared_tensor(n * m, torch::kFloat32, {"hsf.full"});
+  torch::Tensor grads = comm->peer_tensor(n * m, torch::kFloat32);
+  torch::Tensor out = torch::empty({m}, torch::kFloat32);
+  auto fault_here = [&](int round, const std::string& collective) {
+    if (round != 3 || r != who || collective != where) return;
+    std::printf("HSF rank %d raises %s before %s\n", r, kind.c_str(), where.c_str());
+    std::fflush(stdout);
+    ::raise(kind == "kill" ? SIGKILL : SIGSTOP);
+  };
+  for (int round = 0; round < 8; ++round) {
+    full.narrow(0, r * m, m).fill_(static_cast<float>(round));
+    fault_here(round, "all_gather");
+    comm->all_gather(full.narrow(0, r * m, m), full, {"hsf.ag"})->wait();
+    grads.fill_(1.0f);
+    fault_here(round, "reduce_scatter");
+    comm->reduce_scatter(grads, out, ReduceOp::SUM, {"hsf.rs"})->wait();
+  }
+  return 0;
+}
+
+namespace {
+// This process's mappings of host-shared memory, by their permissions
+// ("r--s", "rw-s", ...).
+std::map<std::string, int> host_shared_maps() {
+  std::map<std::string, int> out;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find("memfd:fsdp-host-shared") != std::string::npos) {
+      const auto a = line.find(' ');
+      out[line.substr(a + 1, 4)] += 1;
+    }
+  return out;
+}
+}  // namespace
+
+FSDP_SCENARIO(hs_hardening) {
+  auto comm = make_communicator_from_env();
+  const int n = comm->world_size(), r = comm->rank();
+  FSDP_USER_CHECK(comm->shares_host_memory(), "hs_hardening: expected a communicator that shares its hosts' memory, "
+                  "found ", comm->describe());
+  auto pid = torch::empty({n}, torch::kInt64);
+  comm->all_gather(torch::full({1}, static_cast<int64_t>(::getpid()), torch::kInt64), pid, {"hsh.pids"})->wait();
+  const int64_t m = 1000;
+  torch::Tensor grads = comm->peer_tensor(n * m, torch::kFloat32);
+  grads.fill_(1.0f);
+  torch::Tensor out = torch::empty({m}, torch::kFloat32);
+  comm->reduce_scatter(grads, out, ReduceOp::SUM, {"hsh.rs"})->wait();
+  FSDP_USER_CHECK(out.eq(static_cast<float>(n)).all().item<bool>(), "hs_hardening: the reduce_scatter's sum is wrong");
+  auto maps = host_shared_maps();
+  std::printf("HSH maps read_only=%d read_write=%d\n", maps["r--s"], maps["rw-s"]);
+  // Rank r+1's memfds, taken as a rank takes a peer's block: a shrink fails.
+  const pid_t peer = static_cast<pid_t>(pid[(r + 1) % n].item<int64_t>());
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, peer, 0));
+  FSDP_USER_CHECK(pidfd >= 0, "hs_hardening: pidfd_open(", peer, "): ", std::strerror(errno));
+  int memfds = 0, refused = 0;
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(peer) + "/fd", ec)) {
+    const auto target = std::filesystem::read_symlink(e.path(), ec);
+    if (ec || target.string().find("memfd:fsdp-host-shared") == std::string::npos) continue;
+    const int taken = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, std::stoi(e.path().filename().string()), 0));
+    if (taken < 0) continue;  // closed since the listing
+    ++memfds;
+    if (::ftruncate(taken, 0) != 0 && errno == EPERM) ++refused;
+    ::close(taken);
+  }
+  ::close(pidfd);
+  std::printf("HSH peer_memfds=%d shrink_refused=%d\n", memfds, refused);
+  std::fflush(stdout);
+  // Every rank checks every rank's request, so every rank says what differs.
+  try {
+    comm->shared_tensor(r == n - 1 ? 1001 : 1000, torch::kFloat32, {"hsh.mismatch"});
+    std::printf("HSH mismatch: none\n");
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    for (auto& c : what)
+      if (c == '\n') c = ' ';
+    std::printf("HSH mismatch: %s\n", what.c_str());
+  }
+  return 0;
+}
+
+FSDP_SCENARIO(hs_desync) {
+  auto comm = make_communicator_from_env();
+  const int n = comm->world_size(), r = comm->rank();
+  const int64_t m = 1000;
+  torch::Tensor full = comm->shared_tensor(n * m, torch::kFloat32, {"hsd.full"});
+  torch::Tensor grads = comm->peer_tensor(n * m, torch::kFloat32);
+  torch::Tensor out = torch::empty({m}, torch::kFloat32);
+  try {
+    if (r == 0)
+      comm->all_gather(full.narrow(0, r * m, m), full, {"hsd.ag"})->wait();
+    else
+      comm->reduce_scatter(grads, out, ReduceOp::SUM, {"hsd.rs"})->wait();
+    std::printf("HSD failed: no\n");
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    for (auto& c : what)
+      if (c == '\n') c = ' ';
+    std::printf("HSD failed: %s\n", what.c_str());
+  }
   return 0;
 }
 
