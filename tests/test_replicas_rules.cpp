@@ -513,6 +513,34 @@ TEST(ReplicaRules, ARankHeldUpWhileItsCoordinatorChangedTeachesNothingAndHeals) 
   for (const auto& r : f.replies) EXPECT_FALSE(r.answer.refused.empty());
 }
 
+// Found by the simulator (seed 29876): three groups finished the run at
+// step 12 and said bye; a fourth, frozen since step 6 and counted lost,
+// thawed and trained steps 6 to 12 again alone. It is refused: the job's
+// run ended, and its state is behind the one the others left with.
+TEST(ReplicaRules, AGroupBehindAJobWhoseRunEndedIsRefused) {
+  CoordState s = two_groups_in_a_quorum();
+  s.q.decided = true;
+  s.q.committed = true;
+  s.job_step = 12;
+  std::vector<std::string> logs;
+  GroupState& done = s.groups[0];
+  done.whole = true;
+  done.step = 12;
+  for (int r = 0; r < 2; ++r) {
+    RankMessage bye = request(10, 12, 9);
+    bye.kind = Kind::BYE;
+    ASSERT_TRUE(take_message(s, 0, r, bye, at_ms(10), logs));
+  }
+  ASSERT_TRUE(done.ranks.at(0).msg && done.ranks.at(0).msg->kind == Kind::BYE);
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(take_message(s, 1, r, request(11, 6, 4), at_ms(10), logs));
+  const Formation f = form(s, at_ms(11));
+  EXPECT_FALSE(f.next) << ::testing::PrintToString(f.logs);
+  bool refused = false;
+  for (const auto& r : f.replies)
+    refused = refused || (r.group == 1 && r.answer.refused.find("the job's run ended: group 0 finished it at step 12") == 0);
+  EXPECT_TRUE(refused) << ::testing::PrintToString(f.logs);
+}
+
 TEST(ReplicaRules, AStepCommitsExactlyWhenEveryRankOfEveryMemberVotedOk) {
   CoordState s = two_groups_in_a_quorum();
   vote(s, 0, 0, true, 1, at_ms(10));

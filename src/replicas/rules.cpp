@@ -334,9 +334,23 @@ Formation form(const CoordState& s, Time now) {
   if (top < s.job_step)
     for (const auto& [gid, G] : s.groups)
       if (!in(pending, gid) && G.inc >= 0 && !G.lost && G.whole && G.step > top && !all_said_bye(G)) return f;
-  // A group that held a later step and left because its run ended: the job
-  // is over, and laggards would only train again, alone, steps it committed
-  // (a model of their own under the job's name).
+  if (top == 0 && s.job_step > 0) {
+    const std::string why = cat(
+        "this job committed ", s.job_step, " steps, and no live group holds them (the groups that did left or were "
+        "lost). Expected a group with the job's state to heal from; start this group from a checkpoint "
+        "(ReplicaOptions::start_step; gpt: --resume), or start a new coordinator for a new job");
+    for (int gid : pending) {
+      Answer a;
+      a.refused = why;
+      f.replies.push_back({gid, round_of[gid], a});
+      f.logs.push_back(cat("group ", gid, " refused: ", why));
+    }
+    return f;
+  }
+  // A group that held a later step and left because its run ended (a
+  // fresh one was refused above): the job is over, and laggards would only
+  // train again, alone, steps it committed (a model of their own under the
+  // job's name).
   for (const auto& [gid, G] : s.groups)
     if (!in(pending, gid) && G.inc >= 0 && G.whole && G.step > top && all_said_bye(G)) {
       const std::string why = cat("the job's run ended: group ", gid, " finished it at step ", G.step,
@@ -351,19 +365,6 @@ Formation form(const CoordState& s, Time now) {
       }
       return f;
     }
-  if (top == 0 && s.job_step > 0) {
-    const std::string why = cat(
-        "this job committed ", s.job_step, " steps, and no live group holds them (the groups that did left or were "
-        "lost). Expected a group with the job's state to heal from; start this group from a checkpoint "
-        "(ReplicaOptions::start_step; gpt: --resume), or start a new coordinator for a new job");
-    for (int gid : pending) {
-      Answer a;
-      a.refused = why;
-      f.replies.push_back({gid, round_of[gid], a});
-      f.logs.push_back(cat("group ", gid, " refused: ", why));
-    }
-    return f;
-  }
   std::vector<int> sources;
   for (int gid : pending)
     if (agreed[gid] && step_of[gid] == top && s.groups.at(gid).whole) sources.push_back(gid);

@@ -254,7 +254,6 @@ class Sim {
   std::map<std::string, Model> lent;                                 // heal meeting -> what the source lent
   std::map<std::string, std::vector<Model>> reduce_states;           // all-reduce meeting -> the members' states
   int64_t last_commit = 0, commits = 0, drops = 0, heals = 0, coordinator_restarts = 0;
-  int64_t last_coordinator_start = 0;
 
   void violate(const std::string& what) {
     if (failure_.empty()) {
@@ -696,10 +695,16 @@ void Sim::check_rollback(const QuorumView& v, const RankSim& by) {
   auto [it, fresh] = committed_by.emplace(v.step, name);
   if (fresh || it->second == name) return;
   const int64_t since = w.now() - 2 * fsdp_timeout - 4 * p.heartbeat;
+  auto was_frozen = [&](const GroupSim& g) {
+    for (const auto& f : g.frozen)
+      if (f.second >= since) return true;
+    return false;
+  };
+  // A reader frozen lately reads late: the quorum it reads may be the
+  // earlier of the two.
+  if (was_frozen(by.g)) return;
   for (const auto& g : groups) {
-    bool was_frozen = false;
-    for (const auto& f : g->frozen) was_frozen = was_frozen || f.second >= since;
-    if (was_frozen) continue;
+    if (was_frozen(*g)) continue;
     for (const RankSim* r : g->current)
       if (r->rank == by.rank && r->proc.alive && !r->finished && r->state.step > v.step && !(r->state == by.state))
         violate("rollback: " + by.proc.name + " read quorum " + name + " commit step " + std::to_string(v.step) +
@@ -815,7 +820,6 @@ void Sim::start_coordinator() {
   coord.core = std::make_unique<CoordinatorCore>(*coord.kv, token, rules, epoch, seed, tp(w.now()),
                                                  [this](const std::string& l) { w.note("coordinator: " + l); });
   w.note("start " + proc.name);
-  last_coordinator_start = w.now();
   if (!coord.away.empty() && coord.away.back().second == INT64_MAX) coord.away.back().second = w.now();
   std::vector<Task<void>> t;
   t.push_back(coordinator_main(proc));
@@ -1003,12 +1007,14 @@ bool Sim::run() {
   // (the new one knows nothing of the job: the group waits for --min-groups).
   auto excused = [this](const GroupSim& g) {
     if (g.orphan_refused) return true;
-    // The job forgotten: groups finished, a coordinator started after the
-    // last of them, and no unfinished group knows of any quorum.
-    int64_t last_finish = -1;
-    for (auto& o : groups)
-      if (o->done) last_finish = std::max(last_finish, o->finished_at);
-    if (last_finish < 0 || last_coordinator_start <= last_finish) return false;
+    // The job forgotten: groups finished, the coordinator knows no step of
+    // the job (it started after they left it), and no unfinished group
+    // knows of any quorum.
+    bool any_finished = false;
+    for (auto& o : groups) any_finished = any_finished || o->done;
+    if (!any_finished || !coord.core) return false;
+    const CoordState& cs = coord.core->state();
+    if (cs.job_step > 0 || !cs.outcomes.empty()) return false;
     for (auto& o : groups) {
       if (o->done || o->gave_up) continue;
       for (const RankSim* r : o->current)
