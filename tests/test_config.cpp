@@ -118,6 +118,7 @@ TEST(Config, EveryVariableSetWrongIsOneErrorNamingIt) {
       {"FSDP_SHARE_HOST", "maybe"},
       {"FSDP_COORDINATOR", "nowhere"},
       {"FSDP_REPLICA_GROUP", "-1"},
+      {"FSDP_RESTART_COUNT", "-2"},
       {"FSDP_COORDINATOR_TIMEOUT", "0"},
       {"FSDP_STORE_BIND", "some"},
       {"FSDP_STORE_HOSTED", "yes"},

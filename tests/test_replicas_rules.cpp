@@ -419,6 +419,21 @@ TEST(ReplicaRules, ARestartedCoordinatorListensForTheJobsRanksAndNeverStartsTheJ
   Formation f = form(s, at_ms(1001));
   EXPECT_FALSE(f.next) << ::testing::PrintToString(f.logs);
 
+  // A job's start: fresh launches in their launcher's first round, as many
+  // as the first quorum waits for, end the listening after its moment; and
+  // new launches take a number once the live ranks had that moment.
+  CoordState u;
+  u.o.heartbeat_timeout = std::chrono::milliseconds(1000);
+  u.o.min_groups = 2;
+  u.started = at_ms(0);
+  EXPECT_FALSE(launches_open(u, at_ms(300)));
+  EXPECT_TRUE(launches_open(u, at_ms(350)));
+  for (int g = 0; g < 2; ++g) {
+    take_registration(u, Registration{g, 0, 30 + g, 1, "h", 1 + g, "m", "FULL_SHARD", /*first=*/true}, at_ms(360));
+    ASSERT_TRUE(take_report(u, g, 0, report(30 + g, 0, false, std::nullopt), at_ms(360), logs));
+    EXPECT_EQ(recovery_done(u, at_ms(400)), g == 1) << "the first quorum waits for 2 groups";
+  }
+
   // A coordinator that did end its recovery before the ranks that hold the
   // job reported: they are stale (it cannot know what they hold), yet the
   // job's step is known from them, so a fresh launch alone is refused
@@ -465,16 +480,17 @@ TEST(ReplicaRules, ARankHeldUpWhileItsCoordinatorChangedTeachesNothingAndHeals) 
   id.incarnation = 20;
   RankSide side(id, 0);
   side.held_up();
-  side.reached(false);  // the coordinator that watched the stall judges it
-  EXPECT_FALSE(side.standing().suspect);
-  side.held_up();
-  side.reached(true);
-  EXPECT_TRUE(side.standing().suspect);
-  side.reached(true);
+  side.reached(false, /*after=*/false);  // a reply that waited through the stall
+  side.reached(true, true);
+  EXPECT_TRUE(side.standing().suspect) << "the stall was not cleared by a reply from before it";
+  GroupIdentity id2 = id;
+  RankSide other(id2, 0);
+  other.held_up();
+  other.reached(false, true);  // the coordinator that watched the stall judges it
+  other.reached(true, true);
+  EXPECT_FALSE(other.standing().suspect);
+  side.reached(true, true);
   EXPECT_TRUE(side.standing().suspect) << "until it heals";
-  side.reached(false);
-  side.held_up();  // no coordinator change since: a later stall alone is not enough
-  EXPECT_TRUE(side.standing().suspect);
 
   CoordState s;
   s.o.heartbeat_timeout = std::chrono::milliseconds(1000);

@@ -75,6 +75,7 @@ struct EnvConfig {
   std::string host_id;                           // FSDP_HOST_ID, "" unset
   std::string coordinator;                       // FSDP_COORDINATOR ("host:port"), "" unset
   std::optional<int> replica_group;              // FSDP_REPLICA_GROUP
+  std::optional<int> restart_count;              // FSDP_RESTART_COUNT, else TORCHELASTIC_RESTART_COUNT
   std::optional<int64_t> coordinator_timeout_ms; // FSDP_COORDINATOR_TIMEOUT
   std::string cuda_plugin;                       // FSDP_CUDA_PLUGIN, "" unset (fsdp/device.h)
   std::string nccl_async_error_handling = "3";   // TORCH_NCCL_ASYNC_ERROR_HANDLING, as given (torch's)

@@ -84,6 +84,9 @@ const std::vector<Variable>& variables() {
        "the coordinator of replica groups (`fsdp coordinator`; fsdp/replicas.h)"},
       {"FSDP_REPLICA_GROUP", "an integer in [0, 1048576)", "ReplicaOptions::group (none)",
        "this process's replica group (fsdp/replicas.h)"},
+      {"FSDP_RESTART_COUNT", "an integer >= 0", "TORCHELASTIC_RESTART_COUNT (none)",
+       "which round of its launcher this process is (`fsdp run` sets it; 0: the first): a replica group's first "
+       "round lets a coordinator that heard no rank of the job start it without listening one heartbeat timeout"},
       {"FSDP_COORDINATOR_TIMEOUT", "seconds, > 0", "ReplicaOptions::coordinator_timeout (60 s)",
        "how long a rank of a replica group waits for a coordinator that stopped answering to come back"},
       {"FSDP_JOB_TOKEN", "16 to 128 of [A-Za-z0-9_-]", "none", "the secret shared by the ranks of one job (`fsdp run` sets it)"},
@@ -294,6 +297,10 @@ EnvConfig parse(const Lookup& lookup, const Lineage& lineage) {
   }
   if (auto g = r.integer("FSDP_REPLICA_GROUP", 0, (1 << 20) - 1, "this process's replica group"))
     c.replica_group = static_cast<int>(*g);
+  if (auto k = r.integer("FSDP_RESTART_COUNT", 0, INT32_MAX, "its launcher's round"))
+    c.restart_count = static_cast<int>(*k);
+  else if (auto t = r.integer("TORCHELASTIC_RESTART_COUNT", 0, INT32_MAX, "torchrun's round"))
+    c.restart_count = static_cast<int>(*t);
   c.coordinator_timeout_ms =
       ms(r.seconds("FSDP_COORDINATOR_TIMEOUT", 0, true, kWeek, "seconds to wait for the coordinator to come back"));
   if (const char* p = r.raw("FSDP_CUDA_PLUGIN")) c.cuda_plugin = p;

@@ -89,7 +89,22 @@ struct QuorumClient::Shared {
   // heartbeat timeout is this process held up (stopped, its host paused),
   // whatever the store did meanwhile.
   std::condition_variable watch_cv;
-  bool stop_watch = false;  // guarded by mu
+  bool stop_watch = false;    // guarded by mu
+  Clock::time_point watched;  // guarded by mu: when the watch last woke
+  Clock::time_point stalled;  // guarded by mu: when a stall was last seen
+  std::chrono::milliseconds timeout{10000};
+  void held_up(Clock::time_point now) {
+    side.held_up();
+    stalled = now;
+  }
+  // Guarded by mu: a call made at `asked` reached a coordinator. A stall the
+  // watch has not woken from yet counts too (after SIGCONT any thread may
+  // run first).
+  void reached(bool new_coordinator, Clock::time_point asked) {
+    const auto now = Clock::now();
+    if (now - watched > timeout) held_up(now);
+    side.reached(new_coordinator, asked > stalled);
+  }
   Shared(GroupIdentity id, int64_t start, const ReplicaPlace& p, Keys k)
       : side(std::move(id), start), keys(std::move(k)), place(p) {}
 };
@@ -134,7 +149,11 @@ int64_t take_launch(const ReplicaPlace& place, std::chrono::milliseconds budget)
     if (auto at = coordinator_at(c, place, who)) {
       const std::string why = refuse(place, at->second, nullptr);
       if (!why.empty()) throw Error(who + ": " + why);
-      if (auto n = c.add(at->first.launches(), 1, kCall)) return *n;
+      // The counter exists once the coordinator recovered (it numbers new
+      // launches above every one it heard of).
+      const auto open = c.read({at->first.launches()}, kCall);
+      if (open && (*open)[0])
+        if (auto n = c.add(at->first.launches(), 1, kCall)) return *n;
     }
     if (Clock::now() > deadline)
       throw Error(cat("replica group ", place.group, ": no coordinator answered at ", where(place), " within ",
@@ -181,6 +200,7 @@ QuorumClient::QuorumClient(const ReplicaPlace& place, GroupIdentity id, int64_t 
   comm::StoreClient::Periodic beats;
   beats.every = std::chrono::microseconds(std::max<int64_t>(heartbeat_timeout_.count() * 1000 / 10, 5000));
   beats.tick = [sh = shared_](comm::StoreSession& s) {
+    const auto asked = Clock::now();
     std::string report, key;
     {
       std::lock_guard<std::mutex> lock(sh->mu);
@@ -197,7 +217,7 @@ QuorumClient::QuorumClient(const ReplicaPlace& place, GroupIdentity id, int64_t 
       const bool fresh = *cfg != sh->registered;
       {
         std::lock_guard<std::mutex> lock(sh->mu);
-        sh->side.reached(fresh);
+        sh->reached(fresh, asked);
         if (fresh) report = to_json(sh->side.report(++sh->n));
       }
       if (fresh) s.set(key, report);
@@ -234,14 +254,20 @@ QuorumClient::QuorumClient(const ReplicaPlace& place, GroupIdentity id, int64_t 
     s.set(sh->keys.bell(), "");
     sh->registered = *cfg;
   };
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->timeout = heartbeat_timeout_;
+    shared_->watched = Clock::now();
+  }
   heartbeat_ = std::make_unique<comm::StoreClient>(connector(place_), std::chrono::seconds(1), std::move(beats));
-  watch_ = std::thread([sh = shared_, timeout = heartbeat_timeout_] {
-    const auto period = std::max<Clock::duration>(timeout / 10, std::chrono::milliseconds(5));
+  watch_ = std::thread([sh = shared_] {
     std::unique_lock<std::mutex> lock(sh->mu);
+    const auto period = std::max<Clock::duration>(sh->timeout / 10, std::chrono::milliseconds(5));
     for (;;) {
       const auto before = Clock::now();
       if (sh->watch_cv.wait_for(lock, period, [&] { return sh->stop_watch; })) return;
-      if (Clock::now() - before > timeout) sh->side.held_up();
+      sh->watched = Clock::now();
+      if (sh->watched - before > sh->timeout) sh->held_up(sh->watched);
     }
   });
 }
@@ -301,6 +327,7 @@ std::string QuorumClient::wait_key(const std::string& key, const char* what, boo
       }
       send(m);
     }
+    const auto asked = Clock::now();
     auto v = client_->read({key, keys_.cfg()}, kCall);
     {
       std::lock_guard<std::mutex> lock(shared_->mu);
@@ -322,7 +349,8 @@ std::string QuorumClient::wait_key(const std::string& key, const char* what, boo
         RankMessage m;
         {
           std::lock_guard<std::mutex> lock(shared_->mu);
-          shared_->side.reached(true);
+          shared_->reached(true, asked);
+          shared_->timeout = heartbeat_timeout_;
           m = shared_->side.resync();
         }
         send(m);

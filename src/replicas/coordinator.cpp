@@ -34,8 +34,11 @@ CoordinatorCore::CoordinatorCore(Kv& kv, const std::string& job_token, RuleOptio
   // The era: a number of this process's own, from its epoch (JSON-safe).
   s_.era = era_of(epoch);
   kv_.set(Keys::job(), job_token.empty() ? "none" : comm::token_fingerprint(job_token));
-  // The counter first: a rank takes a launch only once it read the settings.
-  launch_counter_ = kv_.add(keys_.launches(), std::max<int64_t>(0, launch_seed));
+  // The launch counter is made once the live ranks had a moment to register
+  // (pass, launches_open): a launch issued before this coordinator heard the
+  // groups' launches could number below one of them (its clock behind
+  // theirs), and be ignored for good.
+  launch_seed_ = std::max<int64_t>(0, launch_seed);
   kv_.set(keys_.cfg(), to_json(Settings{kProtocol, o.heartbeat_timeout.count(), epoch}));
 }
 
@@ -142,11 +145,16 @@ void CoordinatorCore::pass(Time now) {
   last_pass_ = now;
   discover(now, logs);
   // Launches stay above every launch a previous coordinator issued.
-  if (newest_launch_ >= launch_counter_) launch_counter_ = kv_.add(keys_.launches(), newest_launch_ - launch_counter_ + 1);
+  if (launch_counter_ >= 0 && newest_launch_ >= launch_counter_)
+    launch_counter_ = kv_.add(keys_.launches(), newest_launch_ - launch_counter_ + 1);
   read(now, logs);
   const Liveness l = liveness(s_, now);
   apply(s_, l);
   for (const auto& c : l.changes) logs.push_back(c.log);
+  // Launches open: above every launch registered (the key is new: add
+  // makes it with this value).
+  if (launch_counter_ < 0 && launches_open(s_, now))
+    launch_counter_ = kv_.add(keys_.launches(), std::max(launch_seed_, newest_launch_ + 1));
   if (s_.recovering && recovery_done(s_, now)) {
     s_.recovering = false;
     if (s_.q.id >= 0)

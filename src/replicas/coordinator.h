@@ -76,7 +76,8 @@ class CoordinatorCore {
   std::map<std::pair<int, int>, std::string> seen_mb_, seen_hb_;  // the text last taken or refused
   std::set<std::string> complained_;         // malformed values logged once
   int64_t newest_launch_ = 0;                // the largest launch registered
-  int64_t launch_counter_ = 0;               // the counter's value as last read
+  int64_t launch_counter_ = -1;              // the counter's value as last read; -1: not made yet (recovering)
+  int64_t launch_seed_ = 0;                  // where this coordinator's launches start, at the least
   Time last_pass_{};                         // when the previous pass ran
   // Links no quorum uses any more, whose keys are deleted as their members'
   // lists of written keys appear (given up after a while: a member that

@@ -257,7 +257,8 @@ std::optional<Decision> parse_decision(std::string_view text, std::string* why) 
 
 std::string to_json(const Registration& r) {
   return json{{"group", r.group}, {"rank", r.rank},   {"inc", r.inc},     {"size", r.size},
-              {"host", r.host},   {"pid", r.pid},     {"model", r.model}, {"sharding", r.sharding}}
+              {"host", r.host},   {"pid", r.pid},     {"model", r.model}, {"sharding", r.sharding},
+              {"first", r.first}}
       .dump();
 }
 
@@ -272,6 +273,7 @@ std::optional<Registration> parse_registration(std::string_view text, std::strin
   r.pid = f.integer("pid", 0, INT64_MAX);
   r.model = f.text("model");
   r.sharding = f.text("sharding");
+  if (f.has("first")) r.first = f.boolean("first");
   if (f.ok() && r.rank >= r.size) f.fail("of rank " + std::to_string(r.rank) + " in a group of " + std::to_string(r.size));
   return done(f, r, why);
 }

@@ -60,7 +60,7 @@ class Keys {
   // Outside the token's path: the token's fingerprint.
   static std::string job();
   std::string cfg() const { return base_ + "cfg"; }
-  std::string launches() const { return base_ + "launches"; }
+  std::string launches() const { return base_ + "launches"; }  // made once the ranks had a moment to register
   std::string nreg(int64_t era) const { return base_ + "nreg/" + std::to_string(era); }
   std::string reg(int64_t era, int64_t i) const {
     return base_ + "reg/" + std::to_string(era) + "/" + std::to_string(i);
@@ -178,6 +178,7 @@ struct Registration {
   std::string host;  // where it runs (for the messages that name it)
   int64_t pid = 0;
   std::string model, sharding;
+  bool first = false;  // its launcher's first round of it (no restart before): a job's start, not a relaunch
 };
 std::string to_json(const Registration& r);
 std::optional<Registration> parse_registration(std::string_view text, std::string* why);

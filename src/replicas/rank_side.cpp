@@ -28,7 +28,8 @@ RankSide::RankSide(GroupIdentity id, int64_t start_step) : id_(std::move(id)) {
 }
 
 Registration RankSide::registration() const {
-  return Registration{id_.group, id_.rank, id_.incarnation, id_.group_size, id_.host, id_.pid, id_.model, id_.sharding};
+  return Registration{id_.group, id_.rank,  id_.incarnation, id_.group_size, id_.host,
+                      id_.pid,   id_.model, id_.sharding,    id_.first_launch};
 }
 
 RankMessage RankSide::message(Kind k) {

@@ -31,6 +31,7 @@ struct GroupIdentity {
   std::string sharding;     // e.g. "FULL_SHARD, params fp32"
   std::string host;
   int64_t pid = 0;
+  bool first_launch = false;  // its launcher's first round (FSDP_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT 0)
 };
 
 // A quorum as one group sees it.
@@ -96,10 +97,12 @@ class RankSide {
   void held_up() { stalled_ = true; }
   // A beat or a wait reached a coordinator: the one it knew (which watched
   // the stall, if any, and judges it) or a new one. Held up while its
-  // coordinator changed, the rank is suspect (Standing::suspect).
-  void reached(bool new_coordinator) {
+  // coordinator changed, the rank is suspect (Standing::suspect). `after`:
+  // the call was made after the stall (a reply that waited through it says
+  // nothing of the coordinator since).
+  void reached(bool new_coordinator, bool after) {
     if (new_coordinator && stalled_) at_.suspect = true;
-    stalled_ = false;
+    if (new_coordinator || after) stalled_ = false;
   }
   // Its vote on the quorum it is in; asks for the next round too.
   RankMessage vote(bool ok, const std::string& why);

@@ -39,6 +39,7 @@ std::vector<std::string> take_registration(CoordState& s, const Registration& re
     G.answered = -1;
     G.whole = false;
     G.stale = false;
+    G.first = reg.first;
     G.step = 0;
     G.refused = s.job ? differs(*s.job, G) : "";
     logs.push_back(cat("group ", G.id, again ? " restarted" : " joined", ": ", G.size,
@@ -275,15 +276,23 @@ std::optional<bool> known_outcome(const CoordState& s, const QuorumRef& ref) {
   return it->second.commit;
 }
 
+namespace {
+// Every live rank says where it stands within a heartbeat period of the
+// coordinator's start (its heartbeat finds the new epoch); a moment more
+// for the connection.
+Clock::duration listen_at_least(const CoordState& s) {
+  const auto period = std::max<Clock::duration>(s.o.heartbeat_timeout / 10, std::chrono::milliseconds(5));
+  return period + std::chrono::milliseconds(250);
+}
+}  // namespace
+
+bool launches_open(const CoordState& s, Time now) { return !s.recovering || now - s.started >= listen_at_least(s); }
+
 bool recovery_done(const CoordState& s, Time now) {
   if (!s.recovering) return true;
   const auto elapsed = now - s.started;
   if (elapsed >= s.o.heartbeat_timeout) return true;
-  // Every live rank says where it stands within a heartbeat period of the
-  // coordinator's start (its heartbeat finds the new epoch); a moment more
-  // for the connection.
-  const auto period = std::max<Clock::duration>(s.o.heartbeat_timeout / 10, std::chrono::milliseconds(5));
-  if (elapsed < period + std::chrono::milliseconds(250)) return false;
+  if (elapsed < listen_at_least(s)) return false;
   auto complete = [&](int gid) {
     auto it = s.groups.find(gid);
     if (it == s.groups.end() || it->second.inc < 0) return false;
@@ -300,11 +309,19 @@ bool recovery_done(const CoordState& s, Time now) {
   // would be taken for ones frozen through the restart (stale), and a fresh
   // launch for the start of the job. A new job's first quorum waits the
   // timeout for it.
+  // Fresh launches all in their launcher's first round, as many as the
+  // first quorum waits for: the job's start (a relaunch says it is one).
   bool knows = false;
-  for (const auto& [gid, G] : s.groups)
+  int starting = 0;
+  bool only_first = true;
+  for (const auto& [gid, G] : s.groups) {
+    if (G.inc < 0 || G.lost) continue;
+    only_first = only_first && G.first;
+    ++starting;
     for (const auto& [r, k] : G.ranks)
       knows = knows || (k.at && !k.at->suspect && (k.at->whole || k.at->committed > 0 || k.at->last || k.at->cur));
-  if (!knows) return false;
+  }
+  if (!knows && !(only_first && starting >= std::max(1, s.o.min_groups))) return false;
   for (const auto& [gid, G] : s.groups)
     if (!G.lost && !complete(gid)) return false;
   // The members of the latest quorum known (in flight or decided) hold the

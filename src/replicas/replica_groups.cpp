@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/comm.h"
+#include "fsdp/config.h"
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/trace.h"
@@ -124,6 +125,7 @@ struct ReplicaGroups::Impl {
     id.sharding = sharding_of(model);
     id.host = this_host();
     id.pid = static_cast<int64_t>(getpid());
+    id.first_launch = config::read_env().restart_count == 0;
     client = std::make_unique<replicas::QuorumClient>(place, id, opts.start_step, opts.connect_timeout);
   }
 

@@ -78,6 +78,7 @@ struct GroupState {
   std::string answer_key;    // the key of that answer (deleted when the next is written)
   bool whole = false;        // holds a state a committed quorum left (this launch)
   bool stale = false;        // its state rests on an outcome this coordinator does not know (see learn)
+  bool first = false;        // this launch is its launcher's first round (Registration::first)
   int64_t step = 0;          // steps that state holds
 };
 
@@ -161,6 +162,10 @@ void forgive(CoordState& s, Clock::duration d);
 // of reported from every rank (and a moment passed for the others to), or
 // the heartbeat timeout passed since it started.
 bool recovery_done(const CoordState& s, Time now);
+// Whether new launches may take a number (the launch counter is made): once
+// the ranks that live had a heartbeat period to register with a coordinator
+// that restarted, so no new launch numbers below one of theirs.
+bool launches_open(const CoordState& s, Time now);
 
 // The quorum in flight: commit, drop, or wait.
 struct Verdict {

@@ -153,6 +153,10 @@ struct RankSim {
   Task<void> body();
   Task<void> heartbeat();
   Task<void> watch();
+  void held_up();
+  void reached(bool new_coordinator, int64_t asked);
+  int64_t watched = 0;   // when the watch last woke
+  int64_t stalled = -1;  // when a stall was last seen
   Task<int64_t> take_launch();
   Task<std::pair<bool, int64_t>> group_coll(const char* what, int64_t value, int64_t duration);
   Task<void> send(RankMessage m);
@@ -346,9 +350,9 @@ Task<int64_t> RankSim::take_launch() {
   const int64_t deadline = s.w.now() + 60 * kS;
   for (;;) {
     sim::Op read;
-    read.gets = {Keys::job(), s.keys.cfg()};
+    read.gets = {Keys::job(), s.keys.cfg(), s.keys.launches()};
     auto r = co_await s.w.call(proc, main, read, 2 * kS);
-    if (r && r->values[0] && r->values[1]) {
+    if (r && r->values[0] && r->values[1] && r->values[2]) {
       sim::Op add;
       add.add = std::make_pair(s.keys.launches(), int64_t{1});
       auto a = co_await s.w.call(proc, main, add, 2 * kS);
@@ -366,6 +370,7 @@ Task<std::string> RankSim::wait_key(std::string key, bool outcome_pending) {
     if (unsent) co_await send(side->resync());
     sim::Op op;
     op.gets = {key, s.keys.cfg()};
+    const int64_t asked = s.w.now();
     auto r = co_await s.w.call(proc, main, op, 2 * kS);
     if (!fatal.empty()) throw Crash{fatal};
     if (r && r->values[1]) {
@@ -377,7 +382,7 @@ Task<std::string> RankSim::wait_key(std::string key, bool outcome_pending) {
         if (!st || st->protocol != kProtocol) s.violate("a rank could not read the coordinator's settings: " + why);
         epoch = *r->values[1];
         s.w.note(proc.name + " found a new coordinator");
-        side->reached(true);
+        reached(true, asked);
         co_await send(side->resync());
         continue;
       }
@@ -397,13 +402,14 @@ Task<void> RankSim::heartbeat() {
     sim::Op op;
     op.sets = {{s.keys.heartbeat(g.id, inc, rank), to_json(side->report(++beats))}};
     op.gets = {s.keys.cfg()};
+    const int64_t asked = s.w.now();
     auto r = co_await s.w.call(proc, hb, op, 1 * kS);
     if (r && r->values[0]) {
       // QuorumClient's beat: a new coordinator finds the rank suspect if it
       // was held up meanwhile; the beat it reads before the registration is
       // one written after this (the one above may predate it).
       const bool fresh = *r->values[0] != registered;
-      side->reached(fresh);
+      reached(fresh, asked);
       if (fresh) {
         if (side->standing().suspect) s.w.note(proc.name + " was held up while its coordinator changed: suspect");
         sim::Op again;
@@ -442,8 +448,21 @@ Task<void> RankSim::watch() {
   for (;;) {
     const int64_t before = s.w.now();
     co_await s.w.sleep(proc, period);
-    if (s.w.now() - before > s.p.heartbeat) side->held_up();
+    watched = s.w.now();
+    if (watched - before > s.p.heartbeat) held_up();
   }
+}
+
+void RankSim::held_up() {
+  side->held_up();
+  stalled = s.w.now();
+}
+
+// QuorumClient's Shared::reached: a call made at `asked` reached a
+// coordinator; a stall the watch has not woken from yet counts too.
+void RankSim::reached(bool new_coordinator, int64_t asked) {
+  if (s.w.now() - watched > s.p.heartbeat) held_up();
+  side->reached(new_coordinator, asked > stalled);
 }
 
 Task<QuorumView> RankSim::join() {
@@ -588,6 +607,7 @@ Task<void> RankSim::body() {
   id.sharding = "FULL_SHARD, params fp32";
   id.host = "sim";
   id.pid = 1000 * g.id + 10 * launch_no + rank;
+  id.first_launch = launch_no == 1;
   side.emplace(id, 0);
   // Connect: the coordinator's settings, then hello and the heartbeat.
   phase = "connects";
@@ -604,6 +624,7 @@ Task<void> RankSim::body() {
   }
   co_await send(side->hello());
   if (unsent) throw Crash{"the coordinator stopped answering while this rank said hello"};
+  watched = s.w.now();
   proc.tasks.push_back(heartbeat());
   proc.tasks.push_back(watch());
   for (size_t i = proc.tasks.size() - 2; i < proc.tasks.size(); ++i) {
