@@ -557,6 +557,29 @@ TEST(ReplicaRules, AGroupBehindAJobWhoseRunEndedIsRefused) {
   EXPECT_TRUE(refused) << ::testing::PrintToString(f.logs);
 }
 
+// Found by the simulator (seed 2814): group 1, the only holder of step 11,
+// was lost; group 0 went on alone from step 8 and reached step 11 again;
+// group 1 came back and its ranks' reports (whole, step 11) made it whole
+// once more, so the next quorum averaged two different states of step 11.
+// A group that came back heals before it counts whole again.
+TEST(ReplicaRules, AGroupThatCameBackHealsEvenWhenItsRanksReportTheSameStepWhole) {
+  CoordState s = two_groups_in_a_quorum();
+  std::vector<std::string> logs;
+  GroupState& G = s.groups[1];
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(take_report(s, 1, r, report(11, 11, true, std::nullopt), at_ms(0), logs));
+  G.lost = true;
+  Liveness back;
+  back.changes.push_back({1, false, "", "group 1 is back"});
+  apply(s, back);
+  EXPECT_FALSE(G.whole);
+  for (int r = 0; r < 2; ++r) {
+    Report rep = report(11, 11, true, std::nullopt);
+    rep.n = 2;
+    ASSERT_TRUE(take_report(s, 1, r, rep, at_ms(10), logs));
+  }
+  EXPECT_FALSE(G.whole) << "its ranks agree, but the job may have gone on without it to the same step";
+}
+
 TEST(ReplicaRules, AStepCommitsExactlyWhenEveryRankOfEveryMemberVotedOk) {
   CoordState s = two_groups_in_a_quorum();
   vote(s, 0, 0, true, 1, at_ms(10));

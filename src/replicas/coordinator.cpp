@@ -89,6 +89,15 @@ void CoordinatorCore::discover(Time now, std::vector<std::string>& logs) {
         kv_.erase(keys_.mailbox(reg->group, was, r));
         kv_.erase(keys_.heartbeat(reg->group, was, r));
       }
+    // Launches of this group that died between their hello and their
+    // registration left a mailbox and a beat nobody reads: the numbers this
+    // coordinator issued since the earlier launch (the last 64 at most).
+    if (first_issued_ > 0 && s_.groups.at(reg->group).inc == reg->inc && reg->inc != was)
+      for (int64_t inc = std::max({was + 1, first_issued_, reg->inc - 64}); inc < reg->inc; ++inc)
+        for (int r = 0; r < reg->size; ++r) {
+          kv_.erase(keys_.mailbox(reg->group, inc, r));
+          kv_.erase(keys_.heartbeat(reg->group, inc, r));
+        }
     const std::pair<int, int> gr{reg->group, reg->rank};
     if (std::find(watched_.begin(), watched_.end(), gr) == watched_.end()) watched_.push_back(gr);
   }
@@ -153,8 +162,10 @@ void CoordinatorCore::pass(Time now) {
   for (const auto& c : l.changes) logs.push_back(c.log);
   // Launches open: above every launch registered (the key is new: add
   // makes it with this value).
-  if (launch_counter_ < 0 && launches_open(s_, now))
+  if (launch_counter_ < 0 && launches_open(s_, now)) {
     launch_counter_ = kv_.add(keys_.launches(), std::max(launch_seed_, newest_launch_ + 1));
+    first_issued_ = launch_counter_ + 1;
+  }
   if (s_.recovering && recovery_done(s_, now)) {
     s_.recovering = false;
     if (s_.q.id >= 0)
@@ -197,6 +208,9 @@ void CoordinatorCore::write_replies(const Formation& f, std::vector<std::string>
     GroupState& G = s_.groups[r.group];
     const std::string key = keys_.answer(r.group, G.inc, r.round);
     kv_.set(key, to_json(r.answer));
+    // A farewell to an earlier round than one answered (a rank stopped
+    // through a restart): the later answer may not be read yet, and stays.
+    if (r.round < G.answered) continue;
     if (!G.answer_key.empty() && G.answer_key != key) kv_.erase(G.answer_key);  // its ranks asked again: they read it
     G.answer_key = key;
   }

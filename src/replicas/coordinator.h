@@ -78,6 +78,7 @@ class CoordinatorCore {
   int64_t newest_launch_ = 0;                // the largest launch registered
   int64_t launch_counter_ = -1;              // the counter's value as last read; -1: not made yet (recovering)
   int64_t launch_seed_ = 0;                  // where this coordinator's launches start, at the least
+  int64_t first_issued_ = 0;                 // the first launch its counter issued (0: none yet)
   Time last_pass_{};                         // when the previous pass ran
   // Links no quorum uses any more, whose keys are deleted as their members'
   // lists of written keys appear (given up after a while: a member that

@@ -39,6 +39,7 @@ std::vector<std::string> take_registration(CoordState& s, const Registration& re
     G.answered = -1;
     G.whole = false;
     G.stale = false;
+    G.back = false;
     G.first = reg.first;
     G.step = 0;
     G.refused = s.job ? differs(*s.job, G) : "";
@@ -116,7 +117,10 @@ void learn(CoordState& s, GroupState& G, RankState& R, const Standing& at, Time 
     // whole" at the older step for the rest of this coordinator's life, and
     // a rank of it that missed the quorum in flight is never answered it
     // again while its mate waits for it inside the step.
-    if (!G.stale && static_cast<int>(G.ranks.size()) == G.size) {
+    // Not a group that came back after it was lost: the job may have gone
+    // on without it, even to the same step number (its holders lost, the
+    // laggards went on from an earlier step), and it heals (seed 2814).
+    if (!G.stale && !G.back && static_cast<int>(G.ranks.size()) == G.size) {
       bool agree = true;
       for (const auto& [r, k] : G.ranks) agree = agree && k.at && k.at->whole && k.at->committed == R.at->committed;
       if (agree && (!G.whole || R.at->committed > G.step)) {
@@ -146,10 +150,7 @@ void learn(CoordState& s, GroupState& G, RankState& R, const Standing& at, Time 
   // The sources of the quorum in flight, as its answers named them (a
   // coordinator that learned the quorum from a rank that had not said them).
   if (at.cur && s.q.sources.empty() && !at.cur_sources.empty() && *at.cur == s.q.ref()) s.q.sources = at.cur_sources;
-  // A suspect rank teaches nothing of the job's quorums: it may have been
-  // counted lost and the job decided without it (only a dead coordinator
-  // knew); what it names is learned from the others, or not at all.
-  if (!s.recovering || at.suspect) {
+  if (!s.recovering) {
     if (at.cur && at.cur->q == s.q.id && at.cur == std::optional<QuorumRef>(s.q.ref()) && !s.q.launches.count(G.id) &&
         in(s.q.members, G.id) && !s.q.decided)
       s.q.launches[G.id] = G.inc;
@@ -170,6 +171,11 @@ void learn(CoordState& s, GroupState& G, RankState& R, const Standing& at, Time 
     s.q.committed = at.last_commit;
     s.q.decided_at = now;
   }
+  // An outcome a rank read is a fact, whoever reports it; a quorum in
+  // flight is not, from a suspect rank: it may have been counted lost and
+  // the job decided without it (only a dead coordinator knew). What it names
+  // in flight is learned from the others, or not at all.
+  if (at.suspect) return;
   if (at.cur && at.cur->q > s.q.id) {
     const QuorumRef& c = *at.cur;
     s.q = QuorumState{};
@@ -255,8 +261,12 @@ void apply(CoordState& s, const Liveness& l) {
   for (const auto& c : l.changes) {
     GroupState& G = s.groups[c.group];
     G.lost = c.lost;
-    if (c.lost) G.silent = c.silent;
-    else G.whole = false;  // what it holds may be stale
+    if (c.lost) {
+      G.silent = c.silent;
+    } else {
+      G.whole = false;  // what it holds may be stale: the job may have gone on without it, or back
+      G.back = true;
+    }
   }
 }
 

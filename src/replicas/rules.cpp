@@ -161,6 +161,7 @@ std::optional<Decision> apply(CoordState& s, const Verdict& v, Time now) {
       auto bound = q.launches.find(gid);
       if (it == s.groups.end() || bound == q.launches.end() || bound->second != it->second.inc) continue;
       it->second.whole = true;
+      it->second.back = false;
       it->second.step = q.step + 1;
     }
   }
@@ -269,8 +270,11 @@ Formation form(const CoordState& s, Time now) {
       }
     }
     if (bye < 0 || !released_all) continue;
+    // A round below the one answered too: a rank stopped through a
+    // coordinator restart asks one whose answer the dead coordinator wrote
+    // (seed 49678).
     for (int64_t r : asked)
-      if (r < bye && r > G.answered) {
+      if (r < bye && r != G.answered) {
         Answer a;
         a.farewell = true;
         f.replies.push_back({gid, r, a});
@@ -447,6 +451,9 @@ std::optional<Request> split_around(const CoordState& s, const GroupState& G, co
     auto it = G.ranks.find(r);
     if (it == G.ranks.end() || voted_in(it->second)) return std::nullopt;
     const RankState& R = it->second;
+    // A suspect rank's word is no evidence of where its group stands (seed
+    // 24727): the group restarts by its collectives' timeout instead.
+    if ((R.at && R.at->suspect) || (R.msg && R.msg->at.suspect)) return std::nullopt;
     if (R.at && R.at->cur && *R.at->cur == ref) {
       if (held && *held != R.at->committed) return std::nullopt;
       held = R.at->committed;

@@ -79,6 +79,7 @@ struct GroupState {
   bool whole = false;        // holds a state a committed quorum left (this launch)
   bool stale = false;        // its state rests on an outcome this coordinator does not know (see learn)
   bool first = false;        // this launch is its launcher's first round (Registration::first)
+  bool back = false;         // came back after it was lost: it heals before it is whole again
   int64_t step = 0;          // steps that state holds
 };
 

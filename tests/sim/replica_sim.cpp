@@ -983,7 +983,8 @@ void Sim::schedule_faults(int n) {
           kv[keys.mailbox(900, 1, 0)] = j;
           kv[keys.heartbeat(900, 1, 0)] = "{\"inc\": 1, \"n\": \"seven\"}";
           // n + 2 stays a hole: counted, never written (a rank killed between the two).
-          if (RankSim* r = random_live_rank()) kv[keys.heartbeat(r->g.id, r->inc, r->rank)] = j;  // overwritten at its next beat
+          if (RankSim* r = random_live_rank(); r && r->inc >= 0)
+            kv[keys.heartbeat(r->g.id, r->inc, r->rank)] = j;  // overwritten at its next beat
           w.note("fault: junk in the store");
           break;
         }
@@ -1100,10 +1101,16 @@ bool Sim::run() {
   // (the junk a fault wrote aside).
   if (!failed() && w.store.alive) {
     size_t keys_left = 0;
-    for (const auto& [k, v] : w.store.kv) keys_left += k.find("/900/") == std::string::npos;
+    std::string which;
+    for (const auto& [k, v] : w.store.kv)
+      if (k.find("/900/") == std::string::npos) {
+        ++keys_left;
+        which += " " + k;
+      }
     const size_t bound = 10 + 3 * static_cast<size_t>(p.groups * p.ranks) + 3 * static_cast<size_t>(p.groups);
     if (keys_left > bound)
-      violate("the store holds " + std::to_string(keys_left) + " keys at the end, more than " + std::to_string(bound));
+      violate("the store holds " + std::to_string(keys_left) + " keys at the end, more than " + std::to_string(bound) +
+              ":" + which);
   }
   return !failed();
 }
