@@ -338,11 +338,8 @@ Formation form(const CoordState& s, Time now) {
   if (top < s.job_step)
     for (const auto& [gid, G] : s.groups)
       if (!in(pending, gid) && G.inc >= 0 && !G.lost && G.whole && G.step > top && !all_said_bye(G)) return f;
-  if (top == 0 && s.job_step > 0) {
-    const std::string why = cat(
-        "this job committed ", s.job_step, " steps, and no live group holds them (the groups that did left or were "
-        "lost). Expected a group with the job's state to heal from; start this group from a checkpoint "
-        "(ReplicaOptions::start_step; gpt: --resume), or start a new coordinator for a new job");
+  // Every asker refused, for one reason.
+  auto refuse_all = [&](const std::string& why) {
     for (int gid : pending) {
       Answer a;
       a.refused = why;
@@ -350,25 +347,22 @@ Formation form(const CoordState& s, Time now) {
       f.logs.push_back(cat("group ", gid, " refused: ", why));
     }
     return f;
-  }
+  };
+  if (top == 0 && s.job_step > 0)
+    return refuse_all(cat(
+        "this job committed ", s.job_step, " steps, and no live group holds them (the groups that did left or were "
+        "lost). Expected a group with the job's state to heal from; start this group from a checkpoint "
+        "(ReplicaOptions::start_step; gpt: --resume), or start a new coordinator for a new job"));
   // A group that held a later step and left because its run ended (a
   // fresh one was refused above): the job is over, and laggards would only
   // train again, alone, steps it committed (a model of their own under the
   // job's name).
   for (const auto& [gid, G] : s.groups)
-    if (!in(pending, gid) && G.inc >= 0 && G.whole && G.step > top && all_said_bye(G)) {
-      const std::string why = cat("the job's run ended: group ", gid, " finished it at step ", G.step,
-                                  " and left, and this group holds step ", top,
-                                  ", behind it. Expected to join while a group with the job's state trains; its final "
-                                  "state is the one group ", gid, " left");
-      for (int p : pending) {
-        Answer a;
-        a.refused = why;
-        f.replies.push_back({p, round_of[p], a});
-        f.logs.push_back(cat("group ", p, " refused: ", why));
-      }
-      return f;
-    }
+    if (!in(pending, gid) && G.inc >= 0 && G.whole && G.step > top && all_said_bye(G))
+      return refuse_all(cat("the job's run ended: group ", gid, " finished it at step ", G.step,
+                            " and left, and this group holds step ", top,
+                            ", behind it. Expected to join while a group with the job's state trains; its final "
+                            "state is the one group ", gid, " left"));
   std::vector<int> sources;
   for (int gid : pending)
     if (agreed[gid] && step_of[gid] == top && s.groups.at(gid).whole) sources.push_back(gid);
