@@ -149,8 +149,8 @@ int64_t take_launch(const ReplicaPlace& place, std::chrono::milliseconds budget)
     if (auto at = coordinator_at(c, place, who)) {
       const std::string why = refuse(place, at->second, nullptr);
       if (!why.empty()) throw Error(who + ": " + why);
-      // The counter exists once the coordinator recovered (it numbers new
-      // launches above every one it heard of).
+      // The counter exists once the live ranks had a moment to register with
+      // the coordinator (it numbers new launches above every one it heard of).
       const auto open = c.read({at->first.launches()}, kCall);
       if (open && (*open)[0])
         if (auto n = c.add(at->first.launches(), 1, kCall)) return *n;

@@ -264,7 +264,7 @@ void apply(CoordState& s, const Liveness& l) {
     if (c.lost) {
       G.silent = c.silent;
     } else {
-      G.whole = false;  // what it holds may be stale: the job may have gone on without it, or back
+      G.whole = false;  // what it holds may be stale: the job may have gone on without it
       G.back = true;
     }
   }
@@ -317,10 +317,10 @@ bool recovery_done(const CoordState& s, Time now) {
   // reconnecting to a restarted coordinator on a loaded host may take longer
   // than the period. Had it ended here, the ranks that hold the job's state
   // would be taken for ones frozen through the restart (stale), and a fresh
-  // launch for the start of the job. A new job's first quorum waits the
-  // timeout for it.
-  // Fresh launches all in their launcher's first round, as many as the
-  // first quorum waits for: the job's start (a relaunch says it is one).
+  // launch for the start of the job. Unless fresh launches all in their
+  // launcher's first round, as many as the first quorum waits for, say it
+  // is the job's start (a relaunch says it is one), a new job's first
+  // quorum waits the timeout.
   bool knows = false;
   int starting = 0;
   bool only_first = true;
