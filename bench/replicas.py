@@ -134,32 +134,51 @@ def step_ms(text):
 
 
 def overhead(a):
+    """Both configurations in every round, their order alternating (the one that runs second does not
+    always inherit the first one's warm caches or its tail of load); the result is the median of the
+    rounds' ratios, each round's ratio taken between runs seconds apart."""
     steps = str(a.steps)
     rounds = []
+
+    def hybrid(work):
+        # HYBRID_SHARD: one job of 4 ranks, shard groups of 2.
+        h = subprocess.run(group_cmd(a.build, 4, [*SMALL, "--strategy", "hybrid", "--shard-group", "2",
+                                                  "--steps", steps, "--log-every", "1"]),
+                           capture_output=True, text=True, env={**os.environ, "FSDP_TRANSPORT": a.transport})
+        if h.returncode or not step_ms(h.stdout)[2:]:
+            sys.exit("replicas.py overhead: HYBRID_SHARD failed or printed no step times\n" + h.stdout[-3000:])
+        return statistics.median(step_ms(h.stdout)[2:])
+
+    def groups(work):
+        # The same as two replica groups of 2 ranks (FULL_SHARD inside).
+        c = Coordinator(a.build, work, timeout_s=30, min_groups=2)
+        ps = [subprocess.Popen(group_cmd(a.build, 2, [*SMALL, "--strategy", "full", "--steps", steps,
+                                                      "--log-every", "1", "--replicas", "2"]),
+                               env=c.env(g), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for g in (0, 1)]
+        outs = [p.communicate()[0] for p in ps]
+        c.stop()
+        if any(p.returncode for p in ps) or not step_ms(outs[0])[2:]:
+            sys.exit("replicas.py overhead: a replica group failed or printed no step times\n" + outs[0][-3000:])
+        return statistics.median(step_ms(outs[0])[2:])
+
     for r in range(a.rounds):
         with tempfile.TemporaryDirectory() as work:
-            # HYBRID_SHARD: one job of 4 ranks, shard groups of 2.
-            h = subprocess.run(group_cmd(a.build, 4, [*SMALL, "--strategy", "hybrid", "--shard-group", "2",
-                                                      "--steps", steps, "--log-every", "1"]),
-                               capture_output=True, text=True, env={**os.environ, "FSDP_TRANSPORT": a.transport})
-            hm = step_ms(h.stdout)[2:]
-            # The same as two replica groups of 2 ranks (FULL_SHARD inside).
-            c = Coordinator(a.build, work, timeout_s=30, min_groups=2)
-            ps = [subprocess.Popen(group_cmd(a.build, 2, [*SMALL, "--strategy", "full", "--steps", steps,
-                                                          "--log-every", "1", "--replicas", "2"]),
-                                   env=c.env(g), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                  for g in (0, 1)]
-            outs = [p.communicate()[0] for p in ps]
-            c.stop()
-            fm = step_ms(outs[0])[2:]
-            if not hm or not fm:
-                sys.exit("replicas.py overhead: no step times\n" + h.stdout[-2000:] + outs[0][-2000:])
-            rounds.append((statistics.median(hm), statistics.median(fm)))
-            print(f"round {r}: HYBRID_SHARD {rounds[-1][0]:.1f} ms/step, replica groups {rounds[-1][1]:.1f} ms/step")
+            if r % 2 == 0:
+                h = hybrid(work)
+                f = groups(work)
+            else:
+                f = groups(work)
+                h = hybrid(work)
+        rounds.append((h, f))
+        print(f"round {r}: HYBRID_SHARD {h:.1f} ms/step, replica groups {f:.1f} ms/step, ratio {f / h:.3f}"
+              f"{' (groups first)' if r % 2 else ''}", flush=True)
     hy = statistics.median(x for x, _ in rounds)
     ft = statistics.median(y for _, y in rounds)
-    print(f"median over {a.rounds} rounds: HYBRID_SHARD {hy:.1f} ms/step, replica groups {ft:.1f} ms/step, "
-          f"ratio {ft / hy:.3f}")
+    ratio = statistics.median(y / x for x, y in rounds)
+    print(f"median over {a.rounds} rounds: HYBRID_SHARD {hy:.1f} ms/step, replica groups {ft:.1f} ms/step; "
+          f"median of the rounds' ratios {ratio:.3f}")
+
 
 def pid_of(build, group, rank):
     """The pid of gpt rank `rank` of replica group `group` (its environment says which)."""

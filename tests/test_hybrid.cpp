@@ -17,6 +17,7 @@
 #include "fsdp/plan.h"
 #include "fsdp/trace.h"
 #include "test_util.h"
+#include "unit/across.h"
 
 namespace fsdp::testing {
 namespace FSDP_TEST_ID {
@@ -387,6 +388,86 @@ TEST(HybridCheckpoint, SavedUnderHybridLoadsUnderFullAndNoShardAndBack) {
   EXPECT_TRUE(contains(inspect.output, "replica group 0 wrote the shards")) << inspect.output;
   EXPECT_TRUE(contains(inspect.output, "  files:")) << inspect.output;
   std::filesystem::remove_all(d);
+}
+
+// --- The stage after the reduce (unit/across.h): replica groups' mean ------
+//
+// The engine hands each unit's reduced shard to the stage once its reduce
+// completed: every unit once per reducing backward, oldest reduce first, never
+// under no_sync, and what the stage leaves in the shard is the gradient.
+// Here the stage halves the shard (the mean with a group whose gradients are
+// zero: exact in fp32), and its works complete only when looked at a second
+// time, so the engine's waits for a stage still running are taken too.
+namespace {
+struct LateWork final : Work {
+  mutable int looks = 0;
+  bool done = false;
+  void wait() override { done = true; }
+  bool is_completed() const override { return done || ++looks >= 2; }
+};
+
+std::vector<torch::Tensor> grads_of(FullyShardedModel& m) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : m.parameters()) out.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+  return out;
+}
+}  // namespace
+
+TEST(AcrossStage, EachReducedShardGoesOnceOldestFirstAndWhatItLeavesIsTheGradient) {
+  torch::manual_seed(3);
+  auto net = torch::nn::Sequential(torch::nn::Linear(6, 5), torch::nn::Tanh(), torch::nn::Linear(5, 4),
+                                   torch::nn::Tanh(), torch::nn::Linear(4, 3));
+  FsdpOptions o;
+  o.wrap = WrapPolicy::module_type<torch::nn::LinearImpl>("Linear");
+  auto model = fully_shard(net.ptr(), make_local_communicator(), o);
+  const auto x = torch::randn({7, 6});
+  auto backward = [&] { model.forward(x).pow(2).sum().backward(); };
+
+  backward();
+  const auto plain = grads_of(*model);
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+
+  std::vector<std::string> handed;
+  detail::average_across(*model, [&](const torch::Tensor& shard, const std::string& unit) -> WorkPtr {
+    handed.push_back(unit);
+    shard.mul_(0.5);
+    return std::make_shared<LateWork>();
+  });
+  backward();
+  const auto halved = grads_of(*model);
+  ASSERT_EQ(halved.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    ASSERT_TRUE(plain[i].defined() && halved[i].defined()) << "parameter " << i;
+    EXPECT_TRUE(torch::equal(halved[i], plain[i] * 0.5)) << "parameter " << i;
+  }
+  // The three Linear units, the last one's reduce first (backward's order);
+  // the root holds no parameter of its own and reduces nothing.
+  ASSERT_EQ(handed.size(), 3u) << ::testing::PrintToString(handed);
+  EXPECT_NE(handed[0].find("4"), std::string::npos) << ::testing::PrintToString(handed);
+  EXPECT_NE(handed[2].find("0"), std::string::npos) << ::testing::PrintToString(handed);
+
+  // Under no_sync nothing is reduced, so nothing is handed over; the next
+  // backward hands over each unit once, with both backwards' sum.
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+  handed.clear();
+  {
+    auto guard = model->no_sync();
+    backward();
+  }
+  EXPECT_TRUE(handed.empty()) << ::testing::PrintToString(handed);
+  backward();
+  EXPECT_EQ(handed.size(), 3u) << ::testing::PrintToString(handed);
+  const auto twice = grads_of(*model);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::allclose(twice[i], plain[i], 1e-6, 1e-6)) << i;
+
+  // Removed: the gradients are the reduce's again.
+  detail::average_across(*model, {});
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+  handed.clear();
+  backward();
+  EXPECT_TRUE(handed.empty());
+  const auto again = grads_of(*model);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(again[i], plain[i])) << i;
 }
 
 }  // namespace FSDP_TEST_ID

@@ -416,6 +416,31 @@ TEST(ReplicaGroups, AFailureDuringTheReduceDropsTheStepOnEveryGroup) {
   expect_groups_match_reference(res, steps);
 }
 
+// The mean across groups runs unit by unit inside backward: a rank killed
+// there leaves its peers' means half done, and the step is dropped on every
+// group all the same (nothing of it applied anywhere).
+TEST(ReplicaGroups, ARankKilledWhileTheMeansRunInBackwardDropsTheStepOnEveryGroup) {
+  Job job("replicas_backward");
+  const int64_t steps = 8;
+  const std::string go = job.dir + "/back";
+  std::vector<ProcResult> res;
+  std::thread t([&] {
+    res = run_groups(job, steps, {0, 1, 2},
+                     {{"FSDP_TEST_HOLD=6:" + go}, {"FSDP_TEST_FAULT=1:1:4:kill_backward"}, {"FSDP_TEST_HOLD=6:" + go}});
+  });
+  wait_for_log(job, "group 1 restarted");
+  touch(go);
+  t.join();
+  const std::string coord = job.coordinator->stop();
+  for (int g = 0; g < 3; ++g) ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << coord;
+  for (int g : {0, 2}) {
+    bool dropped4 = false;
+    for (auto& s : steps_in(res[g].output)) dropped4 |= s.step == 4 && !s.commit && s.members == "0,1,2";
+    EXPECT_TRUE(dropped4) << res[g].output << coord;
+  }
+  expect_groups_match_reference(res, steps);
+}
+
 TEST(ReplicaGroups, AFrozenGroupIsDroppedNamedAndHealsWhenItThaws) {
   Job job("replicas_stop", 1.0);
   const int64_t steps = 10;

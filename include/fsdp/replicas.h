@@ -18,8 +18,10 @@
 //     opt.zero_grad();
 //   }
 //
-// commit() averages each shard's gradients over rank r of every group of
-// the quorum, then every rank votes; the step is applied only when every
+// Each shard's gradients are averaged over rank r of every group of the
+// quorum (on a CPU model unit by unit as backward goes on, as HYBRID_SHARD
+// does across its replicas; on a GPU model in commit()), then every rank
+// votes in commit(); the step is applied only when every
 // rank of every member averaged (true on all of them), and dropped on all
 // of them otherwise (a member died, froze or failed): the program then
 // zeroes the gradients and the loop asks for the next quorum, which the
@@ -116,8 +118,8 @@ class ReplicaGroups {
   // model, sharding or size differ from the others': the message says
   // which) or stops answering.
   const StepQuorum& start_step();
-  // After backward: the gradients' mean over the quorum's groups, then the
-  // vote. true: apply the step (call the optimizer); false: it was dropped
+  // After backward: the gradients' mean over the quorum's groups (which on
+  // a CPU model backward already ran, unit by unit), then the vote. true: apply the step (call the optimizer); false: it was dropped
   // on every group (zero the gradients and go on).
   bool commit();
   // Steps committed (the next step's number).

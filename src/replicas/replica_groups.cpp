@@ -6,7 +6,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "fsdp/comm.h"
 #include "fsdp/config.h"
@@ -17,6 +21,7 @@
 #include "replicas/client.h"
 #include "replicas/link.h"
 #include "state/step_state.h"
+#include "unit/across.h"
 
 namespace fsdp {
 namespace {
@@ -77,6 +82,126 @@ bool all_ok(const CommPtr& c, bool ok, const char* what) {
 
 }  // namespace
 
+namespace replicas {
+
+// The mean across groups as backward goes on: the engine hands each unit's
+// reduced shard over (unit/across.h) as soon as its reduce completed, and
+// this thread averages it over the link while the next units compute, in
+// the order handed over (the same on every group). A failure is kept for
+// the step's vote, and the shards after it are not sent: backward goes on
+// and the step is dropped.
+class Across {
+ public:
+  ~Across() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // The step's link; the thread starts with the first step that has one.
+  void begin(replicas::ReplicaLink& link) {
+    std::lock_guard<std::mutex> lock(mu_);
+    link_ = &link;
+    failed_.clear();
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  }
+
+  WorkPtr issue(const torch::Tensor& shard, const std::string& unit) {
+    auto w = std::make_shared<Job>(shard, unit);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(w);
+    }
+    cv_.notify_all();
+    return w;
+  }
+
+  // Once every shard handed over was averaged or given up (the engine
+  // waited for them all): "" when all were averaged, else why not.
+  std::string end() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    link_ = nullptr;
+    return failed_;
+  }
+
+ private:
+  struct Job final : Work {
+    Job(torch::Tensor t, std::string u) : shard(std::move(t)), unit(std::move(u)) {}
+    torch::Tensor shard;
+    const std::string unit;
+    mutable std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    void wait() override {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return done; });
+    }
+    bool is_completed() const override {
+      std::lock_guard<std::mutex> lock(mu);
+      return done;
+    }
+    void finish() {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        done = true;
+      }
+      cv.notify_all();
+    }
+  };
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      std::shared_ptr<Job> job = queue_.front();
+      queue_.pop_front();
+      busy_ = true;
+      replicas::ReplicaLink* link = link_;
+      // After a failure nothing more is sent (the step is dropped anyway).
+      const bool skip = !failed_.empty() || stop_ || link == nullptr;
+      std::string why = failed_.empty() && skip ? "replica groups closed before the mean across groups" : "";
+      lock.unlock();
+      if (!skip) {
+        try {
+          trace::Span span("all_reduce across replica groups", "ft");
+          if (span.active()) span.arg("unit", job->unit);
+          if (job->shard.scalar_type() == torch::kFloat32) {
+            link->all_reduce_mean(job->shard);
+          } else {  // sums in fp32, like the rest of the gradients' mean
+            auto wide = job->shard.to(torch::kFloat32);
+            link->all_reduce_mean(wide);
+            job->shard.copy_(wide);
+          }
+        } catch (const std::exception& e) {
+          why = detail::cat("the mean across groups failed at unit ", job->unit, ": ", message_of(e));
+        }
+      }
+      job->shard = torch::Tensor();
+      lock.lock();
+      if (!why.empty() && failed_.empty()) failed_ = why;
+      busy_ = false;
+      job->finish();
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  replicas::ReplicaLink* link_ = nullptr;
+  std::string failed_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace replicas
+
 struct ReplicaGroups::Impl {
   FullyShardedModel& model;
   torch::optim::Optimizer& opt;
@@ -87,8 +212,13 @@ struct ReplicaGroups::Impl {
   std::pair<int64_t, int64_t> last_links{-1, -1};  // the previous quorum's links (era, comm): the same on every rank of the group
   StepQuorum q;
   int64_t sent_before = 0;  // bytes sent by links already closed
-  torch::Tensor flat;       // the gradients averaged across groups, reused every step
+  torch::Tensor flat;       // a GPU model's gradients averaged across groups, reused every step
   std::function<void(const HealProgress&)> on_heal;
+  // A CPU model's mean across groups, unit by unit as backward goes on
+  // (declared after `link`, so it stops before the link closes); set for
+  // the step when it has other groups.
+  replicas::Across across;
+  bool averaging = false;
 
   Impl(FullyShardedModel& m, torch::optim::Optimizer& o, const ReplicaOptions& opts)
       : model(m),
@@ -128,6 +258,27 @@ struct ReplicaGroups::Impl {
     id.first_launch = config::read_env().restart_count == 0;
     client = std::make_unique<replicas::QuorumClient>(place, id, opts.start_step, opts.connect_timeout);
   }
+
+  ~Impl() {
+    if (averaging) detail::average_across(model, {});  // the engine must not call a stopped Across
+  }
+
+  // From the step's start to its commit: the engine hands each reduced
+  // shard to `across` (a CPU model with other groups in the quorum).
+  void average_as_backward_goes(bool on) {
+    if (on) {
+      across.begin(*link);
+      if (!averaging)
+        detail::average_across(model, [this](const torch::Tensor& shard, const std::string& unit) {
+          return across.issue(shard, unit);
+        });
+    } else if (averaging) {
+      detail::average_across(model, {});
+    }
+    averaging = on;
+  }
+
+  bool model_on_cpu() const { return model.options().device.is_cpu(); }
 
   replicas::ReplicaLink& link_for(const replicas::QuorumView& v) {
     if (!link || !link->serves(v)) {
@@ -186,7 +337,10 @@ struct ReplicaGroups::Impl {
 
   const StepQuorum& start_step() {
     for (;;) {
-      view = client->join();
+      {
+        trace::Span wait("quorum", "ft");  // waits for the step's quorum: every group's ranks joined
+        view = client->join();
+      }
       q = StepQuorum{};
       q.id = view.id;
       q.step = view.step;
@@ -235,7 +389,10 @@ struct ReplicaGroups::Impl {
         span.arg("group", place.group).arg("quorum", view.id).arg("step", view.step).arg("source", plan.source)
             .arg("receiving", plan.receive_from >= 0).arg("bytes", got).arg("ok", ok)
             .arg("wait_ms", 1e3 * q.heal_wait_seconds);
-      if (ok) return q;
+      if (ok) {
+        average_as_backward_goes(view.members.size() > 1 && model_on_cpu());
+        return q;
+      }
       // The step is dropped on every group and the next quorum heals again.
       q.committed = false;
       q.dropped = vote_failed(why);
@@ -268,39 +425,50 @@ struct ReplicaGroups::Impl {
   }
 
   bool commit() {
-    model.wait_pending();
+    model.wait_pending();  // every unit's reduce, and on a CPU model its mean across groups
     bool ok = true;
     std::string why;
+    const bool across_groups = view.members.size() > 1;
     const auto params = optimizer_params();
     std::vector<torch::Tensor> grads;
-    for (const auto& p : params) {
-      if (!p.requires_grad()) continue;
-      grads.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
-    }
-    const bool across = view.members.size() > 1;
-    try {
-      if (across) {
+    if (averaging) {
+      why = across.end();
+      ok = why.empty();
+      average_as_backward_goes(false);
+    } else if (across_groups) {
+      // A GPU model: the whole step's gradients at once, through host memory
+      // (the links move CPU tensors).
+      for (const auto& p : params) {
+        if (!p.requires_grad()) continue;
+        grads.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
+      }
+      try {
         trace::Span span("all_reduce across replica groups", "ft");
         std::vector<torch::Tensor> pieces;
-        for (const auto& g : grads) pieces.push_back(g.reshape({-1}).to(torch::kFloat32));
+        for (const auto& g : grads) pieces.push_back(g.reshape({-1}).to(torch::kCPU, torch::kFloat32));
         if (!flat.defined()) flat = torch::empty({0}, torch::kFloat32);
         if (pieces.empty())
           flat.resize_({0});
         else
           torch::cat_out(flat, pieces);  // resizes once, then reuses its storage
         link_for(view).all_reduce_mean(flat);
+      } catch (const std::exception& e) {
+        ok = false;
+        why = detail::cat("the mean across groups failed: ", message_of(e));
       }
-    } catch (const std::exception& e) {
-      ok = false;
-      why = detail::cat("the mean across groups failed: ", message_of(e));
+    }
+    if (!ok) {
       drop_link();
       last_links = {-1, -1};
     }
-    const replicas::Outcome d = client->vote(ok, why);
+    const replicas::Outcome d = [&] {
+      trace::Span wait("vote", "ft");  // waits for the step's outcome: every member's vote
+      return client->vote(ok, why);
+    }();
     q.committed = d.commit;
     q.dropped = d.expired ? "the coordinator no longer knew the step's outcome" : d.why;
     if (d.commit) {
-      if (across) {
+      if (!grads.empty()) {  // the GPU path's mean, back into the gradients
         torch::NoGradGuard ng;
         int64_t at = 0;
         for (size_t i = 0, k = 0; i < params.size(); ++i) {

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "fsdp/checkpoint.h"
+#include "unit/across.h"
 #include "unit/device_streams.h"
 #include "unit/memory_source.h"
 #include "unit/unit.h"
@@ -147,8 +148,20 @@ class Engine {
   // all-reduce across replicas here once its reduce-scatter finished (in
   // pending order, so every replica issues them in the same order).
   bool reduce_finished(PendingReduce& p);
-  // Waits for it (issuing the all-reduce first, HYBRID); rethrows its error.
+  // Waits for it (issuing the stages after the reduce first); rethrows its
+  // error.
   void wait_reduce(PendingReduce& p);
+  // Issues the stages after the reduce that can start: HYBRID's all-reduce
+  // across the replicas once a reduce-scatter completed, the mean across
+  // replica groups once the stage before it completed. Each stage in issue
+  // order: one is never issued before every older reduction's (the ranks
+  // it meets issue them in the same order).
+  void issue_stages();
+  // Replica groups (fsdp/replicas.h, src/replicas): the mean of a unit's
+  // reduced shard across the step's groups, as backward goes on. Set by
+  // ReplicaGroups for a step (unit/across.h), empty
+  // otherwise. Its work never throws: a failure is the step's vote.
+  AcrossFn across;
 
   // recompute.cpp: entered in (removed from) the process's table of sites
   // that fsdp::call looks modules up in (Registration).

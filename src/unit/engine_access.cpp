@@ -1,7 +1,8 @@
 // fsdp-cpp: EngineAccess — the state-dict code's one interface to a wrapped
-// model's engine (see engine_access.h), and gather_flat.
+// model's engine (see engine_access.h), gather_flat, and average_across
+// (unit/across.h).
 //
-// defines: EngineAccess, gather_flat
+// defines: EngineAccess, gather_flat, average_across
 #include "unit/engine_access.h"
 
 #include <unordered_set>
@@ -43,6 +44,13 @@ void EngineAccess::keep_background_save(std::unique_ptr<ckpt::BackgroundSave> s)
 }
 
 void EngineAccess::wait_for_snapshot() const { engine_->wait_for_snapshot(); }
+
+void EngineAccess::average_across(AcrossFn f) const {
+  FSDP_CHECK(engine_->pending.empty(), "average_across: reductions are in flight");
+  engine_->across = std::move(f);
+}
+
+void average_across(FullyShardedModel& m, AcrossFn f) { EngineAccess(m).average_across(std::move(f)); }
 
 void EngineAccess::use_memory_source(std::unique_ptr<MemorySource> source) const {
   FSDP_CHECK(source != nullptr, "use_memory_source: a null source");

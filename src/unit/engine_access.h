@@ -9,7 +9,8 @@
 // read-only (const units and slots), except finish_pending_reductions(),
 // which writes: it completes the reductions in flight into the shard
 // gradients, the three that keep the model's background checkpoint, and
-// use_memory_source (tests).
+// use_memory_source (tests). (Replica groups reach the engine through
+// unit/across.h alone.)
 #pragma once
 
 #include <memory>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "fsdp/checkpoint.h"
+#include "unit/across.h"
 #include "unit/memory_source.h"
 #include "unit/unit.h"
 
@@ -48,6 +50,9 @@ class EngineAccess {
   // Blocks until the kept background save's snapshot is copied (at once when
   // none is kept): Engine::wait_for_snapshot.
   void wait_for_snapshot() const;
+
+  // Writes: unit/across.h's stage (average_across there).
+  void average_across(AcrossFn f) const;
 
   // Writes: the allocator the ledger measures from now on (memory_source.h);
   // a test plays a device's allocator with it.

@@ -13,9 +13,17 @@
 // Ordering: each group has its own communication thread, so a shard's
 // all-reduce must not be issued before its reduce-scatter finished (it
 // reads that output). It is issued by the first look at the pending
-// reduction after that (reduce_finished), always oldest first, so every
-// rank of a replica group issues the all-reduces in the same order, the
-// units' reduce order.
+// reductions after that (issue_stages), and never before every older
+// reduction's, so every rank of a replica group issues the all-reduces in
+// the same order, the units' reduce order. (Looking at each reduction on
+// its own was not enough: an older one could complete between the look at
+// it and the look at a newer one, which was then issued first.)
+//
+// Replica groups (fsdp/replicas.h) add a last stage the same way: the mean
+// of the reduced shard across the step's groups (Engine::across), issued
+// once the stages before it completed, in the same order on every group.
+// defines: Engine::make_groups, shard_rank_of, issue_stages,
+//          reduce_finished, wait_reduce
 #include "unit/engine.h"
 
 namespace fsdp::detail {
@@ -42,16 +50,44 @@ int Engine::shard_rank_of(int world_rank) const {
   return world_rank / s == rank() / s ? world_rank % s : -1;
 }
 
-bool Engine::reduce_finished(PendingReduce& p) {
-  if (!p.work->is_completed()) return false;
-  if (!replica_comm || p.unit->keeps_unsharded) return true;
-  if (!p.replica_work) {
-    p.work->wait();  // rethrows the reduce-scatter's error before the output is used
-    p.replica_work = replica_comm->all_reduce(p.output, ReduceOp::AVG, {p.unit->display_name()});
+namespace {
+// Whether a reduction's output goes on to HYBRID's all-reduce across the
+// replicas (a NO_SHARD unit's reduce is over the whole world already).
+bool replicated(const CommPtr& replica_comm, const PendingReduce& p) {
+  return replica_comm && !p.unit->keeps_unsharded;
+}
+}  // namespace
+
+void Engine::issue_stages() {
+  bool older_replica = true, older_across = true;  // every older reduction issued that stage
+  for (auto& p : pending) {
+    const bool hybrid = replicated(replica_comm, p);
+    if (hybrid && !p.replica_work && older_replica && p.work->is_completed()) {
+      p.work->wait();  // rethrows the reduce-scatter's error before the output is used
+      p.replica_work = replica_comm->all_reduce(p.output, ReduceOp::AVG, {p.unit->display_name()});
+    }
+    older_replica = older_replica && (!hybrid || p.replica_work);
+    if (across && !p.across_work && older_across) {
+      const WorkPtr& before = hybrid ? p.replica_work : p.work;
+      if (before && before->is_completed()) {
+        before->wait();  // rethrows its error before the output is used
+        p.across_work = across(p.output, p.unit->display_name());
+      }
+    }
+    older_across = older_across && (!across || p.across_work);
+    if (!older_replica && !older_across) return;
   }
-  return p.replica_work->is_completed();
 }
 
+bool Engine::reduce_finished(PendingReduce& p) {
+  issue_stages();
+  if (!p.work->is_completed()) return false;
+  if (replicated(replica_comm, p) && !(p.replica_work && p.replica_work->is_completed())) return false;
+  return !across || (p.across_work && p.across_work->is_completed());
+}
+
+// Called oldest first (finish_reduces): every older reduction issued all
+// its stages, so issue_stages issues this one's as each stage completes.
 void Engine::wait_reduce(PendingReduce& p) {
   if (!p.work->is_completed()) {
     trace::Span span("wait", "comm");
@@ -59,12 +95,25 @@ void Engine::wait_reduce(PendingReduce& p) {
     p.work->wait();
   }
   p.work->wait();  // rethrows its error, if any
-  if (!reduce_finished(p)) {
-    trace::Span span("wait", "comm");
-    if (span.active()) span.arg("unit", p.unit->name).arg("for", "all_reduce across replicas");
-    p.replica_work->wait();
+  if (replicated(replica_comm, p)) {
+    issue_stages();
+    FSDP_CHECK(p.replica_work != nullptr, "wait_reduce: the all-reduce across replicas was not issued in order");
+    if (!p.replica_work->is_completed()) {
+      trace::Span span("wait", "comm");
+      if (span.active()) span.arg("unit", p.unit->name).arg("for", "all_reduce across replicas");
+      p.replica_work->wait();
+    }
+    p.replica_work->wait();  // rethrows its error, if any
   }
-  if (p.replica_work) p.replica_work->wait();  // rethrows its error, if any
+  if (across) {
+    issue_stages();
+    FSDP_CHECK(p.across_work != nullptr, "wait_reduce: the mean across replica groups was not issued in order");
+    if (!p.across_work->is_completed()) {
+      trace::Span span("wait", "comm");
+      if (span.active()) span.arg("unit", p.unit->name).arg("for", "mean across replica groups");
+      p.across_work->wait();
+    }
+  }
   // GPU: the optimizer (on compute) reads the output after the reduce
   // stream's work; its block stays allocated until compute is done with it.
   streams.compute_waits_for_reduce();

@@ -301,7 +301,7 @@ PendingReduce Unit::reduce(torch::Tensor grads) {
   // the transfer and drops it the moment the reduce-scatter completed, so
   // the unsharded gradients are freed then, not when the result is folded
   // in. On a GPU it is kept until wait_reduce (PendingReduce::input).
-  PendingReduce p{this, nullptr, torch::Tensor(), nullptr, torch::Tensor()};
+  PendingReduce p{this, nullptr, torch::Tensor(), nullptr, torch::Tensor(), nullptr};
   // On a GPU: on the reduce stream, after compute produced the gradients;
   // the output is allocated there (wait_reduce orders compute after it).
   owner->streams.on_reduce([&] {

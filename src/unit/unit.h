@@ -93,6 +93,10 @@ struct PendingReduce {
   // On the CPU the communicator's thread holds it and frees it the moment
   // the transfer completed.
   torch::Tensor input;
+  // Replica groups (fsdp/replicas.h): the mean of `output` across the
+  // step's groups (Engine::across), issued once the stages before it
+  // completed; null before, and when no step of replica groups runs.
+  WorkPtr across_work;
 };
 
 class Unit {

@@ -10,8 +10,10 @@
 //   PARAM <name> v0 v1 ...      (%.9g)
 // FSDP_TEST_FAULT="G:R:S:WHAT" hurts rank R of group G at step S of its
 // first launch (FSDP_RESTART_COUNT 0): WHAT is kill (SIGKILL before the
-// step's forward), kill_reduce (SIGKILL after backward, while the others
-// average), stop_reduce (SIGSTOP after backward, once; the test sends
+// step's forward), kill_backward (SIGKILL inside backward, once the
+// input's gradient is computed: the means across groups of the units
+// reduced before it are in flight), kill_reduce (SIGKILL after backward,
+// before the vote), stop_reduce (SIGSTOP after backward, once; the test sends
 // SIGCONT), kill_lend (SIGKILL half way through lending its shard in the
 // first heal at step S or later: after the header, before the tensors) or
 // kill_take (the same on the healing side). FSDP_TEST_HOLD="S:FILE" holds
@@ -140,6 +142,13 @@ FSDP_SCENARIO(replica_train) {
     if (span.active()) span.arg("step", q.step);
     if (hurt_here && q.step == fault.step && fault.what == "kill") raise(SIGKILL);
     auto [x, y] = batch_of(q.step, g, r);
+    if (hurt_here && q.step == fault.step && fault.what == "kill_backward") {
+      x.requires_grad_(true);
+      x.register_hook([](const torch::Tensor& grad) {
+        raise(SIGKILL);
+        return grad;
+      });
+    }
     auto loss = torch::mse_loss(model.forward(x), y);
     loss.backward();
     if (hurt_here && q.step == fault.step && fault.what == "kill_reduce") raise(SIGKILL);
