@@ -396,15 +396,19 @@ TEST(ReplicaRules, ARestartedCoordinatorListensForTheJobsRanksAndNeverStartsTheJ
   }
   EXPECT_FALSE(recovery_done(s, at_ms(400))) << "only a fresh launch heard";
   EXPECT_FALSE(recovery_done(s, at_ms(999)));
-  // Group 0 reports the job's state: step 240, quorum 249 of groups 0, 1, 2.
+  // Group 0 reports the job's state: step 240, whole, after quorum 249 of
+  // groups 0, 1, 2 committed.
   const QuorumRef last{249, 3, 7, 239, {0, 1, 2}};
-  for (int r = 0; r < 2; ++r) {
-    take_registration(s, Registration{0, r, 20, 2, "h", 3 + r, "m", "FULL_SHARD"}, at_ms(450));
-    Report rep = report(20, 240, true, std::nullopt);
-    rep.at.last = last;
-    rep.at.last_commit = true;
-    ASSERT_TRUE(take_report(s, 0, r, rep, at_ms(450), logs));
-  }
+  auto group0_reports_step_240 = [&](CoordState& c, Time when) {
+    for (int r = 0; r < 2; ++r) {
+      take_registration(c, Registration{0, r, 20, 2, "h", 3 + r, "m", "FULL_SHARD"}, when);
+      Report rep = report(20, 240, true, std::nullopt);
+      rep.at.last = last;
+      rep.at.last_commit = true;
+      ASSERT_TRUE(take_report(c, 0, r, rep, when, logs));
+    }
+  };
+  group0_reports_step_240(s, at_ms(450));
   EXPECT_EQ(s.job_step, 240);
   EXPECT_FALSE(recovery_done(s, at_ms(500))) << "group 2, a member of quorum 249, was not heard yet";
   EXPECT_TRUE(recovery_done(s, at_ms(1000))) << "the heartbeat timeout bounds the wait";
@@ -442,13 +446,7 @@ TEST(ReplicaRules, ARestartedCoordinatorListensForTheJobsRanksAndNeverStartsTheJ
   t.o.heartbeat_timeout = std::chrono::milliseconds(1000);
   t.era = 9;
   t.recovering = false;
-  for (int r = 0; r < 2; ++r) {
-    take_registration(t, Registration{0, r, 20, 2, "h", 3 + r, "m", "FULL_SHARD"}, at_ms(0));
-    Report rep = report(20, 240, true, std::nullopt);
-    rep.at.last = last;
-    rep.at.last_commit = true;
-    ASSERT_TRUE(take_report(t, 0, r, rep, at_ms(0), logs));
-  }
+  group0_reports_step_240(t, at_ms(0));
   EXPECT_TRUE(t.groups[0].stale);
   EXPECT_EQ(t.job_step, 240);
   for (int r = 0; r < 2; ++r) {

@@ -81,13 +81,16 @@ void learn(CoordState& s, GroupState& G, RankState& R, const Standing& at, Time 
   // it may have been lost, and the job gone on, before this coordinator.
   const bool stale =
       at.whole && (at.suspect || (!s.recovering && at.last && known_outcome(s, *at.last) != at.last_commit));
+  auto held_up = [&] {
+    return cat("group ", G.id, " rank ", rank_of(G, R), " was held up past the heartbeat timeout while the "
+               "coordinator restarted: it may have been lost, so it heals");
+  };
   if (!R.at) {
     // The ranks of a launch report one state; one that differs makes it stale.
     bool first = true;
     for (const auto& [r, k] : G.ranks) first = first && !k.at;
     if (stale)
-      logs.push_back(at.suspect ? cat("group ", G.id, " rank ", rank_of(G, R), " was held up past the heartbeat timeout "
-                                      "while the coordinator restarted: it may have been lost, so it heals")
+      logs.push_back(at.suspect ? held_up()
                                 : cat("group ", G.id, " rank ", rank_of(G, R), " holds a state from before this coordinator "
                                       "knew the job (it was stopped through a coordinator restart): it heals"));
     const bool whole = at.whole && !stale;
@@ -107,8 +110,7 @@ void learn(CoordState& s, GroupState& G, RankState& R, const Standing& at, Time 
     if (stale && at.suspect && !G.stale) {
       G.stale = true;
       G.whole = false;
-      logs.push_back(cat("group ", G.id, " rank ", rank_of(G, R), " was held up past the heartbeat timeout while the "
-                         "coordinator restarted: it may have been lost, so it heals"));
+      logs.push_back(held_up());
     }
     // The ranks' reports caught up with each other (one of them read, from
     // this coordinator, an outcome the coordinator before it decided and
