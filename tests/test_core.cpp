@@ -1,6 +1,7 @@
 // fsdp-cpp tests: the FSDP core — parity with unsharded training, the
 // ledger, misuse. Multi-rank cases run real processes through `fsdp run`.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "core_model.h"
 #include "fsdp/comm.h"
@@ -139,12 +140,20 @@ TEST_P(CoreLedger, RestingStateAndTrafficMatchTheGuideFormulas) {
   EXPECT_EQ(l.O, 2 * 4 * local);
   // Host-shared units (ranks of one host, the default): every unit once per
   // host in fp32, of which this rank's share is its P.
+  // Their gradients are written in blocks of this rank's that its peers
+  // read, kept for the next backward: counted, one of them per unit at most
+  // (every unit here fits in a page).
   if (comm->shares_host_memory() && c.strategy != "none") {
     EXPECT_EQ(l.shared_per_host, padded_bytes);
     EXPECT_EQ(l.shared_per_host / N, l.P);
     EXPECT_NE(l.str().find("host-shared units"), std::string::npos) << l.str();
+    const int64_t page = ::sysconf(_SC_PAGESIZE);
+    EXPECT_GE(l.peer_memory, page);
+    EXPECT_LE(l.peer_memory, page * static_cast<int64_t>(model->units().size()));
+    EXPECT_NE(l.str().find("peer_mem"), std::string::npos) << l.str();
   } else {
     EXPECT_EQ(l.shared_per_host, 0);
+    EXPECT_EQ(l.peer_memory, 0);
   }
 
   // Over all ranks (fp64 sums: exact at these sizes).

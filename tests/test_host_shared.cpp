@@ -150,6 +150,37 @@ TEST(HostShared, CollectivesAreExactOnOneHostAndAcrossHosts) {
 // parameter after 4 steps: equal to fp32 rounding (the sums run in another
 // order), at N = 2, 3, 4, fp32 and bf16, with a frozen unit, and with a weight
 // tied between the root and every unit (hs_train's TiedNet).
+// Where autograd wrote the gradients (hs_train's "HS grads" line, each
+// .grad right after it was accumulated): sharing, in host-shared memory,
+// the block its peers sum it from (no copy into it after backward), never in
+// private memory; copying, never there. And the ledger counts those blocks,
+// held for the next backward: at least one page (this model's units are
+// smaller), at most one block per unit; none without sharing.
+void expect_gradients_written_in_peer_memory(const std::string& output, int n, bool shared) {
+  auto grads = lines_with(output, "HS grads ");
+  ASSERT_EQ(grads.size(), static_cast<size_t>(n)) << output;
+  for (auto& l : grads) {
+    EXPECT_GT(field(l, "dropped"), 0) << l;  // each unit's last gradient completes it
+    if (shared) {
+      EXPECT_EQ(field(l, "private"), 0) << l;
+      EXPECT_GT(field(l, "in_peer_memory"), 0) << l;
+    } else {
+      EXPECT_EQ(field(l, "in_peer_memory"), 0) << l;
+      EXPECT_GT(field(l, "private"), 0) << l;
+    }
+  }
+  auto ledgers = lines_with(output, "HS ledger ");
+  ASSERT_EQ(ledgers.size(), static_cast<size_t>(n)) << output;
+  for (auto& l : ledgers) {
+    if (shared) {
+      EXPECT_GE(field(l, "peer"), field(l, "page")) << l;
+      EXPECT_LE(field(l, "peer"), field(l, "page") * field(l, "units")) << l;
+    } else {
+      EXPECT_EQ(field(l, "peer"), 0) << l;
+    }
+  }
+}
+
 // The final parameters of hs_train (4 steps) with and without sharing,
 // compared parameter by parameter. `env`: what else the ranks get (the
 // hosts' layout).
@@ -169,6 +200,7 @@ void expect_sharing_changes_only_rounding(int n, const std::string& dtype, const
         << r.output;
     // The tied weight: one value under its 4 names (the root's, each block's).
     if (variant == "tied") EXPECT_EQ(lines_with(r.output, "HS tied copies=4 equal=4").size(), 1u) << r.output;
+    expect_gradients_written_in_peer_memory(r.output, n, shared);
     torch::load(got[shared], out);
   }
   ASSERT_EQ(got[0].size(), got[1].size());

@@ -245,6 +245,12 @@ class Communicator {
   // ranks in rank order, then the hosts' sums), copying nothing inside a
   // host. Throws fsdp::Error when !shares_host_memory().
   virtual torch::Tensor peer_tensor(int64_t numel, torch::ScalarType dtype);
+  // The bytes of this rank's memory that peer_tensor holds now: the tensors
+  // in use and the pages kept to serve the next ones (a tensor's memory goes
+  // back to a pool of this rank's, reused, never returned before the
+  // communicator ends). Resident, but not the allocator's: the memory
+  // ledger counts it apart (Ledger::peer_memory). 0 when !shares_host_memory().
+  virtual int64_t peer_memory_bytes() const { return 0; }
 };
 
 // Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,

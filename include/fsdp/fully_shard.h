@@ -296,6 +296,13 @@ struct Ledger {
   // The ranks of the shard group on this host, which map shared_per_host
   // (one host: shard_group_size; hosts composed in tiers: fewer).
   int host_ranks = 0;
+  // Host-shared units: this rank's own memory that its host's peers read
+  // the unsharded gradients from (Communicator::peer_memory_bytes): the
+  // blocks backward writes each unit's gradients into, kept from step to
+  // step for the next backward, so resident for the whole run (about the
+  // gradient buffers in flight at once: the root unit's and two others', in
+  // the reduce dtype, page-rounded). Not in the allocator's peak. 0: none.
+  int64_t peer_memory = 0;
   // The planner's prediction (fsdp::plan::make_plan, the one place a peak is
   // computed) for this run's units and options, with O, A and A_recompute
   // as measured here.

@@ -57,6 +57,7 @@ class ForwardingCommunicator : public Communicator {
   torch::Tensor peer_tensor(int64_t numel, torch::ScalarType dtype) override {
     return inner_->peer_tensor(numel, dtype);
   }
+  int64_t peer_memory_bytes() const override { return inner_->peer_memory_bytes(); }
 
  protected:
   // The communicator every call goes to; constant after construction.

@@ -216,6 +216,11 @@ class GlooCommunicator final : public Communicator {
     return torch::from_blob(p, {numel}, [hs](void* q) { hs->release(q); }, torch::TensorOptions(dtype));
   }
 
+  int64_t peer_memory_bytes() const override {
+    auto hs = algorithms_->host_shared();
+    return hs ? hs->block_bytes() : 0;
+  }
+
   CommPtr split(int color, const SplitOptions& so) override {
     FSDP_USER_CHECK(color >= 0, "Communicator::split: the color must be >= 0, found ", color,
                     " on rank ", global_[world_.rank], " (every rank names the group it joins by a color >= 0)");

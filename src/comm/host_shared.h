@@ -7,9 +7,9 @@
 // (Communicator::shared_tensor): one memfd that every rank maps, laid out
 // shard 0 .. shard N-1, so a rank's shard is its slice of it and the
 // all-gather is a barrier. Gradients are reduced where they lie
-// (Communicator::peer_tensor): each rank writes its unit's gradients into a
-// block of its own memfd, and each rank sums its chunk over every rank's
-// block, mapped, in rank order (0, 1, ..., N-1, bf16/fp16 in fp32, rounded
+// (Communicator::peer_tensor): each rank's backward writes its unit's
+// gradients in a block of its own memfd (the unit's full_grad, unit.h), and
+// each rank sums its chunk over every rank's block, mapped, in rank order (0, 1, ..., N-1, bf16/fp16 in fp32, rounded
 // once), so the result is the same at any world size with the same data.
 //
 // Across hosts (the tiers, tiers.h) the same holds inside each host: the
@@ -188,7 +188,8 @@ class HostShared : public std::enable_shared_from_this<HostShared> {
   void abandon(uint64_t seq);
 
   // Bytes mapped that every rank shares (the units' parameters), and this
-  // rank's own peer-readable blocks (gradients), for the memory ledger.
+  // rank's own peer-readable blocks (gradients: those in use and those kept
+  // in the pool), for the memory ledger (Communicator::peer_memory_bytes).
   int64_t common_bytes() const;
   int64_t block_bytes() const;
 

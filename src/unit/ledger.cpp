@@ -93,6 +93,7 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
   l.sent_intra_host = sent.total_bytes_intra_host();
   l.sent_inter_host = sent.total_bytes_inter_host();
   l.shard_group_size = engine_->shard_world();
+  l.peer_memory = engine_->shard_comm->peer_memory_bytes();  // the units' communicator's (HYBRID: S ranks)
   {
     const std::vector<int> host = engine_->shard_comm->hosts();  // the units' communicator's (HYBRID: S ranks)
     const int mine = host.at(engine_->shard_comm->rank());
@@ -123,6 +124,7 @@ Ledger FullyShardedModel::ledger(const torch::optim::Optimizer* opt) const {
   trace::set_metadata("ledger", {{"P_full", l.P_full}, {"P", l.P}, {"G", l.G}, {"O", l.O}, {"P_block", l.P_block},
                                  {"P_block_unit", l.P_block_unit}, {"A", l.A}, {"A_recompute", l.A_recompute}, {"C", l.C},
                                  {"predicted_rest", l.predicted_rest}, {"shared_per_host", l.shared_per_host},
+                                 {"peer_memory", l.peer_memory},
                                  {"predicted_peak", l.predicted_peak}, {"notes", l.notes}});
   // What the optimizer keeps per parameter, by the optimizer table: the
   // report's shard map draws O with it.
@@ -167,6 +169,10 @@ std::string Ledger::str() const {
         "host-shared units: every unit's parameters once per host, mapped by its " + std::to_string(host_ranks) +
             " ranks (this rank's share " + format_bytes(shared_per_host / std::max(1, host_ranks)) +
             "; not in the allocator's peak)");
+  if (peer_memory > 0)
+    row("peer_mem", peer_memory,
+        "host-shared units: this rank's blocks its peers read the gradients from, kept for the next backward "
+        "(not in the allocator's peak)");
   row("P_block", P_block, "largest unit unsharded: '" + P_block_unit + "'");
   row("A", A, "activations of the last forward (measured)");
   if (A_recompute > 0) row("A_recomp", A_recompute, "activations of one recompute in backward (activation checkpointing)");

@@ -21,14 +21,19 @@ std::string explain_oom(const Engine& st, int64_t requested, const memory::Stats
   int64_t shards = 0, grads = 0, unsharded = 0, unsharded_grads = 0;
   const Unit* biggest = nullptr;
   std::string gathered;
+  // Only what the allocator holds: `other` is its current minus these, and
+  // a host-shared unit's `full` (with, in fp32, the shard in it) and its
+  // gradients written in peer memory lie in memfds, not in the allocator.
   for (auto& u : st.units) {
-    shards += u->shard.defined() ? u->shard.numel() * 4 : 0;
+    const bool shard_in_full = u->host_shared && u->param_dtype == torch::kFloat32;
+    shards += u->shard.defined() && !shard_in_full ? u->shard.numel() * 4 : 0;
     grads += u->shard_grad.defined() ? u->shard_grad.numel() * 4 : 0;
     if (!u->keeps_unsharded && u->state() != UnitState::SHARDED) {
-      unsharded += u->padded_numel * static_cast<int64_t>(c10::elementSize(u->param_dtype));
+      if (!u->host_shared) unsharded += u->padded_numel * static_cast<int64_t>(c10::elementSize(u->param_dtype));
       gathered += (gathered.empty() ? "'" : ", '") + u->display_name() + "'";
     }
-    if (u->full_grad.defined()) unsharded_grads += u->full_grad.numel() * u->full_grad.element_size();
+    if (u->full_grad.defined() && !u->grads_in_peer_memory)
+      unsharded_grads += u->full_grad.numel() * u->full_grad.element_size();
     if (!biggest || u->padded_numel > biggest->padded_numel) biggest = u.get();
   }
   const int64_t other = s.current - shards - grads - unsharded - unsharded_grads;

@@ -29,6 +29,14 @@
 //   (the reduce input) until the transfer completed and then frees it. Under
 //   no_sync they are collected into `full_grad` (param dtype) and .grad points
 //   into it, so later backwards accumulate in place.
+//   Host-shared units reducing in the parameter dtype (grads_in_peer_memory)
+//   skip the copy: pre_backward takes `full_grad` as a zeroed block of this
+//   rank's peer memory (Communicator::peer_tensor) and points every .grad
+//   into it, autograd adds each gradient there in place (AccumulateGrad with
+//   a .grad defined), and post_backward hands that block to the reduce,
+//   which its peers read where it lies. The block is held from the unit's
+//   pre_backward until its reduce completed (the communicator drops it, and
+//   it goes back to the pool), about what the private gradients held before.
 #include <algorithm>
 #include <vector>
 
@@ -182,8 +190,9 @@ bool Unit::pre_backward(const std::function<void()>& after_unshard) {
   wait_for_unshard();
   after_unshard();
   // Gradients accumulated under no_sync stay where they are and .grad keeps
-  // pointing into them; otherwise nothing is allocated here.
-  if (n_grad_params > 0 && full_grad.defined()) collect_into_full_grad();
+  // pointing into them; with grads_in_peer_memory the buffer backward writes
+  // is taken here, in peer memory; otherwise nothing is allocated here.
+  if (n_grad_params > 0 && (full_grad.defined() || grads_in_peer_memory)) collect_into_full_grad();
   grads_ready_ = 0;
   training_ = TrainingState::BACKWARD;
   return true;
@@ -192,13 +201,17 @@ bool Unit::pre_backward(const std::function<void()>& after_unshard) {
 // --- Reduce-scatter: the gradients leave as 1/N shards ---
 
 // Folds every parameter's .grad into full_grad (allocated zeroed, in the
-// param dtype, when missing) and points .grad at its slice: accumulation
-// across no_sync backwards then happens in place.
+// param dtype, when missing; grads_in_peer_memory: in this rank's peer
+// memory, where the reduce reads it) and points .grad at its slice:
+// accumulation across no_sync backwards, and autograd's writes, then happen
+// in place.
 void Unit::collect_into_full_grad() {
   torch::NoGradGuard ng;
   if (!full_grad.defined()) {
     AllocPurpose purpose("unsharded gradients", *this);
-    full_grad = torch::zeros({padded_numel}, torch::TensorOptions(param_dtype).device(device));
+    // A pooled block holds the last step's values: zeroed here, once.
+    full_grad = grads_in_peer_memory ? comm->peer_tensor(padded_numel, param_dtype).zero_()
+                                     : torch::zeros({padded_numel}, torch::TensorOptions(param_dtype).device(device));
   }
   for (auto& s : params_) {
     if (!s.requires_grad) continue;
@@ -218,9 +231,13 @@ torch::Tensor Unit::flat_grads_for_reduce() {
   torch::NoGradGuard ng;
   torch::Tensor flat;
   if (full_grad.defined()) {
-    // Gradients accumulated under no_sync (plus any that bypassed the buffer).
+    // Gradients accumulated in the buffer (under no_sync, or written in
+    // peer memory), plus any that bypassed it.
     collect_into_full_grad();
-    if (host_shared) {
+    if (grads_in_peer_memory) {
+      // Already where the peers read it: the reduce input as backward wrote it.
+      flat = full_grad;
+    } else if (host_shared) {
       // Where the peers read it (unit.h); copy_ casts on the way, once.
       flat = comm->peer_tensor(padded_numel, reduce_dtype);
       flat.copy_(full_grad);

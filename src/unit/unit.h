@@ -142,6 +142,13 @@ class Unit {
   // other path), and the gradients go to the reduce in peer memory
   // (Communicator::peer_tensor), summed where they lie.
   const bool host_shared;
+  // host_shared and the gradients are reduced in the parameter dtype (no
+  // cast on the way): backward writes them where the reduce sums them.
+  // full_grad is then a block of peer memory taken (zeroed) in
+  // pre_backward, every .grad points into it, autograd accumulates there in
+  // place, and post_backward hands that very buffer to the reduce: no copy.
+  // Otherwise (a cast to reduce_dtype) the cast writes into peer memory.
+  const bool grads_in_peer_memory;
   const int n_grad_params;           // parameters that require grad
   // The parameters in flat-buffer order, read-only: the layout is the
   // constructor's, the views and hooks init_flat_param's.
@@ -151,7 +158,10 @@ class Unit {
   torch::Tensor shard;       // fp32 [S]: the master shard, optimizer-owned through shard_views
   torch::Tensor shard_grad;  // fp32 [S]: reduced gradients, views handed to shard_views' .grad
   torch::Tensor full;        // param_dtype [padded]: all-gather output; storage freed when SHARDED
-  torch::Tensor full_grad;   // param_dtype [padded]: unsharded grads kept under no_sync; undefined otherwise
+  // param_dtype [padded]: unsharded grads kept under no_sync, and in every
+  // backward when grads_in_peer_memory (a block of peer memory, the reduce
+  // input); undefined otherwise
+  torch::Tensor full_grad;
 
   bool empty() const { return numel == 0; }
   std::string display_name() const { return name.empty() ? "<root>" : name; }
@@ -202,7 +212,8 @@ class Unit {
   // IDLE | FORWARD_DONE -> BACKWARD: unshards (waiting for a prefetch), runs
   // `after_unshard` (the engine's prefetch and folding of finished
   // reductions), then points .grad into full_grad when gradients accumulate
-  // under no_sync. Idempotent: returns false (and does nothing) when already
+  // under no_sync or are written in peer memory (grads_in_peer_memory: a
+  // zeroed block taken here). Idempotent: returns false (and does nothing) when already
   // BACKWARD or BACKWARD_DONE, as the hook on each output fires it.
   bool pre_backward(const std::function<void()>& after_unshard);
   // One parameter's gradient landed (its accumulator's post-hook). Returns
@@ -217,7 +228,8 @@ class Unit {
   // BACKWARD -> BACKWARD_DONE: reshards (parameters first: their bytes go
   // before the gradient buffer arrives), then the gradients become the
   // reduce input: a zero-padded [padded] buffer in the reduce dtype, the
-  // params' .grad dropped. Under no_sync they are collected into full_grad
+  // params' .grad dropped (grads_in_peer_memory: full_grad itself, where
+  // backward wrote it). Under no_sync they are collected into full_grad
   // instead and the result is undefined; so it is without gradients.
   torch::Tensor post_backward(bool no_sync);
   // Issues the reduce-scatter (NO_SHARD: all-reduce, AVG) of `grads`, the

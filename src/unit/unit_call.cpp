@@ -12,8 +12,9 @@
 //                 gradient of that output arrives, i.e. right before autograd
 //                 runs this unit's ops backwards
 //   pre_backward: unshard again (prefetching the unit before it), keep .grad
-//                 pointing into full_grad under no_sync, make sure the
-//                 end-of-backward callback is queued
+//                 pointing into full_grad under no_sync (host-shared units:
+//                 point it into a block of peer memory, where the reduce
+//                 reads it), make sure the end-of-backward callback is queued
 // Each step is the Unit's checked transition (Unit::pre_forward, ...,
 // unit.cpp) inside the Engine's entry point here, which adds what spans
 // units. Also here: the process's table of units by module (what

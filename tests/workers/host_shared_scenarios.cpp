@@ -4,8 +4,13 @@
 // hs_train DTYPE STEPS OUT FAULT FROZEN: FULL_SHARD training of the core Net
 //   (units Block x3 and Gate; uneven sizes, a parameter smaller than N) on
 //   fixed data, AdamW, clip_grad_norm; prints
-//   "HS shares=<0|1> path=<describe()> loss=<last loss>" and "HS ledger
-//   shared=<shared_per_host> host_ranks=<k> P=<P>". OUT ("-": none):
+//   "HS shares=<0|1> path=<describe()> loss=<last loss>", "HS ledger
+//   shared=<shared_per_host> host_ranks=<k> P=<P> peer=<peer_memory>
+//   page=<page size> units=<units>" and "HS grads private=<k>
+//   in_peer_memory=<m> dropped=<j>": where each parameter's .grad lay right
+//   after autograd accumulated it in the last step (a post-hook on its
+//   accumulator after the engine's: in this process's own private memory,
+//   in host-shared memory, or already handed to the reduce). OUT ("-": none):
 //   rank 0 saves the final parameters (torch::save, in named order); with
 //   TiedNet it also prints "HS tied copies=<names of the tied weight>
 //   equal=<how many hold the root's values>".
@@ -57,6 +62,8 @@
 #include <string>
 
 #include "../core_model.h"
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include "fsdp/comm.h"
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
@@ -144,6 +151,50 @@ void maybe_fault(const std::string& fault, int rank, int step) {
   ::raise(kind == "kill" ? SIGKILL : SIGSTOP);
 }
 
+// Whether [p, p + bytes) lies in a mapping of host-shared memory (a memfd of
+// HostShared's) of this process.
+bool in_host_shared_memory(const void* p, int64_t bytes) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(maps, line)) {
+    if (line.find("fsdp-host-shared") == std::string::npos) continue;
+    const uintptr_t lo = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
+    const uintptr_t hi = std::stoull(line.substr(line.find('-') + 1, line.find(' ')), nullptr, 16);
+    if (a >= lo && a + bytes <= hi) return true;
+  }
+  return false;
+}
+
+// Where a parameter's .grad lies each time autograd accumulated into it
+// (hs_train's "HS grads" line): a post-hook on its AccumulateGrad node,
+// which runs after the engine's (hooks run in the order they were added).
+struct GradPlaces {
+  struct Look final : torch::autograd::FunctionPostHook {
+    GradPlaces* places;
+    torch::Tensor param;
+    Look(GradPlaces* p, torch::Tensor t) : places(p), param(std::move(t)) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list&) override {
+      const torch::Tensor g = param.grad();
+      if (!g.defined()) ++places->dropped;  // the unit's last: post_backward took the buffer already
+      else if (in_host_shared_memory(g.data_ptr(), g.numel() * g.element_size())) ++places->in_peer_memory;
+      else ++places->private_;
+      return outputs;
+    }
+  };
+  int private_ = 0, in_peer_memory = 0, dropped = 0;
+  // The accumulators hooked (the engine holds them too).
+  std::vector<decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()))> held;
+  void watch(torch::nn::Module& net) {
+    for (auto& p : net.parameters()) {
+      if (!p.requires_grad()) continue;
+      held.push_back(torch::autograd::impl::grad_accumulator(p));
+      held.back()->add_post_hook(std::make_unique<Look>(this, p));
+    }
+  }
+};
+
 FSDP_SCENARIO(hs_train) {
   const std::string dtype = args.at(0), out_path = args.at(2), fault = args.at(3);
   const int steps = std::stoi(args.at(1));
@@ -154,15 +205,20 @@ FSDP_SCENARIO(hs_train) {
     auto model = fully_shard(net, comm, hs_options(dtype));
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(2e-3).weight_decay(0.1));
     double loss = 0;
+    GradPlaces places;
     for (int s = 0; s < steps; ++s) {
       maybe_fault(fault, comm->rank(), s);
+      if (s == steps - 1) places.watch(*net);
       loss = hs_step(model, opt, *comm, s);
     }
     std::printf("HS shares=%d path=%s loss=%.9g\n", comm->shares_host_memory() ? 1 : 0, comm->describe().c_str(),
                 loss);
     const Ledger l = model->ledger();
-    std::printf("HS ledger shared=%lld host_ranks=%d P=%lld\n", static_cast<long long>(l.shared_per_host),
-                l.host_ranks, static_cast<long long>(l.P));
+    std::printf("HS ledger shared=%lld host_ranks=%d P=%lld peer=%lld page=%ld units=%zu\n",
+                static_cast<long long>(l.shared_per_host), l.host_ranks, static_cast<long long>(l.P),
+                static_cast<long long>(l.peer_memory), ::sysconf(_SC_PAGESIZE), model->units().size());
+    std::printf("HS grads private=%d in_peer_memory=%d dropped=%d\n", places.private_, places.in_peer_memory,
+                places.dropped);
     if (out_path == "-") return;
     auto full = model->full_state(0);
     if (comm->rank() == 0) {
