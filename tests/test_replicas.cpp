@@ -392,21 +392,24 @@ TEST(ReplicaGroups, TwoGroupsLostAtOnceCostTheThirdOneStep) {
   expect_groups_match_reference(res, steps);
 }
 
-TEST(ReplicaGroups, AFailureDuringTheReduceDropsTheStepOnEveryGroup) {
-  Job job("replicas_reduce");
+// Groups 0, 1 and 2 train 8 steps; `fault` (FSDP_TEST_FAULT) kills a rank of
+// group 1 at step 4, and groups 0 and 2 hold before step 6 until group 1 was
+// relaunched. The step it died in is dropped on groups 0 and 2, then taken
+// again, and every group ends on the reference.
+void expect_a_kill_at_step_4_drops_it_everywhere(const std::string& name, const std::string& fault) {
+  Job job(name);
   const int64_t steps = 8;
   const std::string go = job.dir + "/back";
   std::vector<ProcResult> res;
   std::thread t([&] {
-    res = run_groups(job, steps, {0, 1, 2},
-                     {{"FSDP_TEST_HOLD=6:" + go}, {"FSDP_TEST_FAULT=1:0:4:kill_reduce"}, {"FSDP_TEST_HOLD=6:" + go}});
+    res = run_groups(job, steps, {0, 1, 2}, {{"FSDP_TEST_HOLD=6:" + go}, {"FSDP_TEST_FAULT=" + fault},
+                                             {"FSDP_TEST_HOLD=6:" + go}});
   });
   wait_for_log(job, "group 1 restarted");
   touch(go);
   t.join();
   const std::string coord = job.coordinator->stop();
   for (int g = 0; g < 3; ++g) ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << coord;
-  // The step group 1 died in was dropped on groups 0 and 2, then taken again.
   for (int g : {0, 2}) {
     bool dropped4 = false;
     for (auto& s : steps_in(res[g].output)) dropped4 |= s.step == 4 && !s.commit && s.members == "0,1,2";
@@ -416,29 +419,15 @@ TEST(ReplicaGroups, AFailureDuringTheReduceDropsTheStepOnEveryGroup) {
   expect_groups_match_reference(res, steps);
 }
 
+TEST(ReplicaGroups, AFailureDuringTheReduceDropsTheStepOnEveryGroup) {
+  expect_a_kill_at_step_4_drops_it_everywhere("replicas_reduce", "1:0:4:kill_reduce");
+}
+
 // The mean across groups runs unit by unit inside backward: a rank killed
 // there leaves its peers' means half done, and the step is dropped on every
 // group all the same (nothing of it applied anywhere).
 TEST(ReplicaGroups, ARankKilledWhileTheMeansRunInBackwardDropsTheStepOnEveryGroup) {
-  Job job("replicas_backward");
-  const int64_t steps = 8;
-  const std::string go = job.dir + "/back";
-  std::vector<ProcResult> res;
-  std::thread t([&] {
-    res = run_groups(job, steps, {0, 1, 2},
-                     {{"FSDP_TEST_HOLD=6:" + go}, {"FSDP_TEST_FAULT=1:1:4:kill_backward"}, {"FSDP_TEST_HOLD=6:" + go}});
-  });
-  wait_for_log(job, "group 1 restarted");
-  touch(go);
-  t.join();
-  const std::string coord = job.coordinator->stop();
-  for (int g = 0; g < 3; ++g) ASSERT_EQ(res[g].exit_code, 0) << "group " << g << ":\n" << res[g].output << coord;
-  for (int g : {0, 2}) {
-    bool dropped4 = false;
-    for (auto& s : steps_in(res[g].output)) dropped4 |= s.step == 4 && !s.commit && s.members == "0,1,2";
-    EXPECT_TRUE(dropped4) << res[g].output << coord;
-  }
-  expect_groups_match_reference(res, steps);
+  expect_a_kill_at_step_4_drops_it_everywhere("replicas_backward", "1:1:4:kill_backward");
 }
 
 TEST(ReplicaGroups, AFrozenGroupIsDroppedNamedAndHealsWhenItThaws) {

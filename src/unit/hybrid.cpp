@@ -56,6 +56,15 @@ namespace {
 bool replicated(const CommPtr& replica_comm, const PendingReduce& p) {
   return replica_comm && !p.unit->keeps_unsharded;
 }
+
+// Waits for `w` (one stage of unit u's reduction) inside a "wait" span, when
+// it has not completed yet; a stage's error is rethrown by its own wait().
+void wait_in_span(Work& w, const Unit& u, const char* stage) {
+  if (w.is_completed()) return;
+  trace::Span span("wait", "comm");
+  if (span.active()) span.arg("unit", u.name).arg("for", stage);
+  w.wait();
+}
 }  // namespace
 
 void Engine::issue_stages() {
@@ -89,30 +98,18 @@ bool Engine::reduce_finished(PendingReduce& p) {
 // Called oldest first (finish_reduces): every older reduction issued all
 // its stages, so issue_stages issues this one's as each stage completes.
 void Engine::wait_reduce(PendingReduce& p) {
-  if (!p.work->is_completed()) {
-    trace::Span span("wait", "comm");
-    if (span.active()) span.arg("unit", p.unit->name).arg("for", "reduce_scatter");
-    p.work->wait();
-  }
+  wait_in_span(*p.work, *p.unit, "reduce_scatter");
   p.work->wait();  // rethrows its error, if any
   if (replicated(replica_comm, p)) {
     issue_stages();
     FSDP_CHECK(p.replica_work != nullptr, "wait_reduce: the all-reduce across replicas was not issued in order");
-    if (!p.replica_work->is_completed()) {
-      trace::Span span("wait", "comm");
-      if (span.active()) span.arg("unit", p.unit->name).arg("for", "all_reduce across replicas");
-      p.replica_work->wait();
-    }
+    wait_in_span(*p.replica_work, *p.unit, "all_reduce across replicas");
     p.replica_work->wait();  // rethrows its error, if any
   }
   if (across) {
     issue_stages();
     FSDP_CHECK(p.across_work != nullptr, "wait_reduce: the mean across replica groups was not issued in order");
-    if (!p.across_work->is_completed()) {
-      trace::Span span("wait", "comm");
-      if (span.active()) span.arg("unit", p.unit->name).arg("for", "mean across replica groups");
-      p.across_work->wait();
-    }
+    wait_in_span(*p.across_work, *p.unit, "mean across replica groups");
   }
   // GPU: the optimizer (on compute) reads the output after the reduce
   // stream's work; its block stays allocated until compute is done with it.
