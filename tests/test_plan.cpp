@@ -239,14 +239,16 @@ TEST(Plan, HostSharedUnitsAreCountedOncePerHost) {
     EXPECT_EQ(shared.shared_per_host, shared.padded_numel * bytes);
     EXPECT_EQ(shared.host_ranks, 4);
     EXPECT_EQ(shared.rest, copying.rest) << "(P+G+O)/N is each rank's share either way";
-    // Working set: the root's gradients and one unit's, as autograd makes
-    // them, until they are copied where the peers read them.
-    EXPECT_EQ(shared.working, 1000 * bytes + 3000 * bytes - 0);
+    // The root's gradients and one unit's are written in peer memory, where
+    // the reduce sums them (reduced in the parameter dtype): none of the
+    // allocator's working set, all of the rank's and the host's share.
+    EXPECT_EQ(shared.working, 0);
+    EXPECT_EQ(shared.peer_grads, 1000 * bytes + 3000 * bytes);
     const int64_t in_shared = bytes == 4 ? shared.P : 0;
     EXPECT_EQ(shared.peak, shared.rest - in_shared + shared.working + shared.A);
     EXPECT_LT(shared.peak, copying.peak);
-    EXPECT_EQ(shared.rank_peak(), shared.peak + shared.shared_per_host / 4);
-    EXPECT_EQ(shared.host_peak(), 4 * shared.peak + shared.shared_per_host);
+    EXPECT_EQ(shared.rank_peak(), shared.peak + shared.peer_grads + shared.shared_per_host / 4);
+    EXPECT_EQ(shared.host_peak(), 4 * (shared.peak + shared.peer_grads) + shared.shared_per_host);
     EXPECT_LE(shared.host_peak(), 4 * copying.peak) << "a host holds no more than with copies";
     EXPECT_EQ(shared.traffic.total(), copying.traffic.total()) << "the same collectives, counted alike";
     EXPECT_NE(shared.str().find("host-shared units"), std::string::npos) << shared.str();
@@ -260,7 +262,7 @@ TEST(Plan, HostSharedUnitsAreCountedOncePerHost) {
   const Plan tiers = make_plan(u, 100, across);
   EXPECT_EQ(tiers.shared_per_host, tiers.padded_numel * 4);
   EXPECT_EQ(tiers.host_ranks, 2);
-  EXPECT_EQ(tiers.host_peak(), 2 * tiers.peak + tiers.shared_per_host);
+  EXPECT_EQ(tiers.host_peak(), 2 * (tiers.peak + tiers.peer_grads) + tiers.shared_per_host);
   EXPECT_EQ(tiers.staging, 2 * 750 * 4) << "H = 2 chunks of the largest unit's shard (3000 / 4); no ring staging";
   across.share_host = false;
   EXPECT_EQ(make_plan(u, 100, across).shared_per_host, 0);

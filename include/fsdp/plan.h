@@ -207,13 +207,18 @@ struct Plan {
   int64_t shared_per_host = 0;
   // The ranks that map shared_per_host (the host's: N / hosts, or HYBRID's shard group).
   int host_ranks = 1;
+  // Host-shared units reducing in the parameter dtype: each rank's
+  // gradients at the peak (the root's and the reducing unit's, or the
+  // accumulated ones), written in its peer memory where the reduce sums
+  // them; not the allocator's (the working set leaves them out). 0: none.
+  int64_t peer_grads = 0;
   // The predicted peak: rest + working set + A (+ C), at peak_at: what the
   // allocator holds (host-shared: less the shared memory above).
   int64_t peak = 0;
-  // A rank's whole share: peak + shared_per_host / host_ranks.
-  int64_t rank_peak() const { return peak + (host_ranks > 0 ? shared_per_host / host_ranks : 0); }
-  // A host's: host_ranks x peak + shared_per_host.
-  int64_t host_peak() const { return static_cast<int64_t>(host_ranks) * peak + shared_per_host; }
+  // A rank's whole share: peak + peer_grads + shared_per_host / host_ranks.
+  int64_t rank_peak() const { return peak + peer_grads + (host_ranks > 0 ? shared_per_host / host_ranks : 0); }
+  // A host's: host_ranks x (peak + peer_grads) + shared_per_host.
+  int64_t host_peak() const { return static_cast<int64_t>(host_ranks) * (peak + peer_grads) + shared_per_host; }
   Traffic traffic;                                  // for options.strategy
   Traffic full_shard, shard_grad_op, no_shard;      // all three, for comparison
   double comm_seconds = 0;                          // traffic / bandwidth (0 when unknown)

@@ -229,15 +229,25 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
         p.staging = std::max(p.staging, opts.hosts * u.shard_numel * opts.reduce() +
                                             ring::reduce_scatter_staging_bytes(u.shard_numel, opts.reduce(),
                                                                                opts.hosts, ring::kDefaultPieceBytes));
+    // Gradients reduced in the parameter dtype are written where the
+    // reduce sums them (src/unit/unit.cpp, grads_in_peer_memory): the
+    // root's, the reducing unit's and the accumulated ones all lie in the
+    // rank's peer memory, none in the allocator (what autograd makes of one
+    // parameter before adding it there is not counted, as elsewhere).
+    // With a cast on the way they are the allocator's until the reduce.
+    const bool grads_in_peer = opts.reduce() == opts.param_bytes;
+    if (grads_in_peer) p.recompute_grad = 0;
+    const int64_t held = p.accumulated > 0 ? p.accumulated : root_grad + p.G_block;
+    if (grads_in_peer) p.peer_grads = held;
+    const int64_t grads = grads_in_peer ? 0 : held;
     const int64_t at_reduce =
         p.staging + (p.units.size() == 1 && p.accumulated == 0
-                         ? p.G_block - activation_bytes
-                         : (p.accumulated > 0 ? p.accumulated : root_grad + p.G_block) -
-                               std::min(released_activation_bytes, activation_bytes));
+                         ? (grads_in_peer ? 0 : p.G_block) - activation_bytes
+                         : grads - std::min(released_activation_bytes, activation_bytes));
     // (A reduce copies the accumulated gradients into the peers' memory,
     // cast on the way: nothing of the allocator's.) They are held from the
     // start of the last backward.
-    const int64_t at_start = p.accumulated;
+    const int64_t at_start = grads_in_peer ? 0 : p.accumulated;
     p.working = std::max<int64_t>({0, at_reduce, at_start});
     p.peak_at = at_reduce > at_start ? "first reduce-scatter" : "backward start";
     // (The finished unit's gradients have left the allocator by the next
@@ -398,8 +408,14 @@ std::string Plan::str() const {
   if (shared_per_host > 0) {
     os << line("host-shared units", b(shared_per_host),
                detail::cat("every unit once per host, mapped by its ", host_ranks, " ranks (docs/COMM.md)"));
-    os << line("per rank, its share", b(rank_peak()), "predicted peak + host-shared / ranks of the host");
-    os << line("per host", b(host_peak()), "ranks x predicted peak + host-shared");
+    if (peer_grads > 0)
+      os << line("gradients in peer memory", b(peer_grads),
+                 "per rank, written where the reduce sums them: the root's and one unit's, or the accumulated");
+    os << line("per rank, its share", b(rank_peak()),
+               peer_grads > 0 ? "predicted peak + gradients in peer memory + host-shared / ranks of the host"
+                              : "predicted peak + host-shared / ranks of the host");
+    os << line("per host", b(host_peak()), peer_grads > 0 ? "ranks x (predicted peak + gradients in peer memory) + host-shared"
+                                                          : "ranks x predicted peak + host-shared");
   }
   os << "\ntraffic per step, bytes sent per rank (N = " << o.world << ")\n";
   auto tl = [&](const char* name, const Traffic& t, const char* formula) {
@@ -513,6 +529,7 @@ std::string Plan::to_json() const {
           {"peak", peak},
           {"shared_per_host", shared_per_host},
           {"host_ranks", host_ranks},
+          {"peer_grads", peer_grads},
           {"rank_peak", rank_peak()},
           {"host_peak", host_peak()},
           {"traffic", tj(traffic)},
