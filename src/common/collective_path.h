@@ -1,7 +1,7 @@
 // fsdp-cpp: which path a communicator's collectives take, decided in one
 // place and torch-free.
 // defines: path::Path, path::words, path::Facts, path::Choice, path::choose,
-//          path::UnitSharing, path::host_shared_unit
+//          path::UnitSharing, path::host_shared_unit, path::grads_in_peer_memory
 //
 // The communicator (src/comm/gloo_communicator.cpp) gathers the facts: the
 // settings (FSDP_TRANSPORT, FSDP_TIERS), every rank's host (exchanged), what
@@ -95,6 +95,15 @@ struct UnitSharing {
 // "Host-shared units"). NO_SHARD keeps a whole replica on every rank instead.
 constexpr bool host_shared_unit(const UnitSharing& u) {
   return u.strategy != ShardingStrategy::NO_SHARD && u.on_cpu && u.numel > 0 && u.ranks > 1 && u.host_memory;
+}
+
+// Where a host-shared unit's backward writes its gradients, asked by the
+// unit (src/unit/layout.cpp, Unit::grads_in_peer_memory) and the planner:
+// straight into the rank's peer memory, where the reduce sums them, when
+// they need no cast on the way (reduced in the parameter dtype); otherwise
+// in the allocator's memory, and the cast writes the peer block.
+constexpr bool grads_in_peer_memory(bool host_shared, bool reduce_in_param_dtype) {
+  return host_shared && reduce_in_param_dtype;
 }
 
 }  // namespace fsdp::path

@@ -235,7 +235,7 @@ Plan make_plan(const std::vector<UnitSpec>& units, int64_t activation_bytes, con
     // rank's peer memory, none in the allocator (what autograd makes of one
     // parameter before adding it there is not counted, as elsewhere).
     // With a cast on the way they are the allocator's until the reduce.
-    const bool grads_in_peer = opts.reduce() == opts.param_bytes;
+    const bool grads_in_peer = path::grads_in_peer_memory(host_shared, opts.reduce() == opts.param_bytes);
     if (grads_in_peer) p.recompute_grad = 0;
     const int64_t held = p.accumulated > 0 ? p.accumulated : root_grad + p.G_block;
     if (grads_in_peer) p.peer_grads = held;

@@ -75,7 +75,7 @@ Unit::Unit(int index, std::string name, torch::nn::Module* module, Unit* parent,
       full_is_shard(is_no_shard(opts) && param_dtype_of(opts) == torch::kFloat32),
       host_shared(path::host_shared_unit({opts.strategy, opts.device.is_cpu(), total_numel(slots), comm->world_size(),
                                           comm->shares_host_memory()})),
-      grads_in_peer_memory(host_shared && param_dtype == reduce_dtype),
+      grads_in_peer_memory(path::grads_in_peer_memory(host_shared, param_dtype == reduce_dtype)),
       n_grad_params(count_grad_params(slots)),
       params_(std::move(slots)) {
   // Back to back in the flat buffer; this rank's [lo, hi) of each.
