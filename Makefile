@@ -87,12 +87,15 @@ $(TEST_PIP_MARK): | $(TORCH_ENV)/.complete
 # of the same tree (make clean, a CI rerun in the same folder) compiles
 # nothing it compiled before. The shared precompiled header needs the
 # sloppiness below and -fpch-preprocess (cmake/build_speed.cmake adds it).
+# CCACHE_BASEDIR and CCACHE_NOHASHDIR let another checkout of the tree on the
+# same machine (a fresh clone, a worktree) hit what this one compiled; the
+# debug information of such a hit names the first checkout's paths.
 # CCACHE= (empty) builds without it.
 CCACHE ?= $(shell command -v ccache 2>/dev/null)
 CCACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/fsdp-cpp/ccache
 comma := ,
 CCACHE_SLOPPINESS := pch_defines$(comma)time_macros$(comma)include_file_mtime$(comma)include_file_ctime
-CCACHE_LAUNCHER = $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER='/usr/bin/env;CCACHE_DIR=$(CCACHE_DIR);CCACHE_SLOPPINESS=$(CCACHE_SLOPPINESS);$(CCACHE)')
+CCACHE_LAUNCHER = $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER='/usr/bin/env;CCACHE_DIR=$(CCACHE_DIR);CCACHE_SLOPPINESS=$(CCACHE_SLOPPINESS);CCACHE_BASEDIR=$(CURDIR);CCACHE_NOHASHDIR=1;$(CCACHE)')
 
 # Ninja where it is installed (`make deps` installs it): unlike CMake's
 # Makefiles, it compiles a target's files while the libraries below it are
