@@ -278,6 +278,16 @@ class TcpKv final : public Kv {
   }
   int64_t add(const std::string& key, int64_t delta) override { return s_->add(key, delta); }
   void erase(const std::string& key) override { s_->deleteKey(key); }
+  // Blocks until `key` exists or `timeout` passed (the store answers the
+  // moment a client sets it).
+  void wait_for(const std::string& key, std::chrono::milliseconds timeout) {
+    try {
+      s_->wait({key}, std::max(timeout, std::chrono::milliseconds(1)));
+    } catch (const c10::DistStoreError&) {
+      // Not set within the timeout: the store cancelled the wait, and the
+      // connection stays usable. (A broken one throws DistNetworkError.)
+    }
+  }
 
  private:
   c10::intrusive_ptr<c10d::TCPStore> s_;
@@ -289,7 +299,7 @@ struct Coordinator::Impl {
   CoordinatorOptions o;
   c10d::TCPStore* server = nullptr;
   int port = 0;
-  std::unique_ptr<Kv> kv;
+  std::unique_ptr<TcpKv> kv;
   std::unique_ptr<CoordinatorCore> core;
 };
 
@@ -326,31 +336,31 @@ int Coordinator::port() const { return impl_->port; }
 void Coordinator::run(const std::atomic<bool>& stop) {
   Impl& m = *impl_;
   // Every mailbox is read when the bell rang (a rank wrote one) or a tick
-  // passed (the heartbeats, the join window); in between, one check of the
-  // bell: every millisecond while messages come (a step's votes arrive
-  // within milliseconds of each other), every 4 ms when it is quiet, so
-  // the coordinator costs the ranks' host little while a step computes.
+  // passed (the heartbeats, the join window). In between, the coordinator
+  // waits on the bell in its store, which answers the moment a rank rings:
+  // a step's votes are decided without a polling delay, and a quiet
+  // coordinator costs the ranks' host one wake-up per tick.
   const auto tick = std::chrono::milliseconds(std::clamp<int64_t>(m.o.heartbeat_timeout.count() / 40, 5, 50));
-  auto last = Clock::now() - tick, rang_at = Clock::now();
+  auto last = Clock::now() - tick;
   std::string failing;  // the store's last error, logged once
   while (!stop.load()) {
     try {
       const bool rung = m.core->rang();
       const auto now = Clock::now();
-      if (rung) rang_at = now;
       if (rung || now - last >= tick) {
         last = now;
         m.core->pass(now);
       }
       failing.clear();
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(last + tick - Clock::now());
+      // Bounded by the tick, and by `stop` (checked at least every 50 ms).
+      m.kv->wait_for(m.core->keys().bell(), std::clamp(left, std::chrono::milliseconds(1), tick));
     } catch (const std::exception& e) {
       // Its own store failed a call: say so once, and try again.
       if (failing != e.what() && m.o.log) m.o.log(cat("a call to its own store failed (trying again): ", e.what()));
       failing = e.what();
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    std::this_thread::sleep_for(
-        std::chrono::milliseconds(Clock::now() - rang_at < std::chrono::milliseconds(50) ? 1 : 4));
   }
 }
 
