@@ -9,7 +9,8 @@
 namespace fsdp::comm {
 namespace {
 
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+// Named apart from rendezvous.cpp's bytes(): a unity batch may hold both files.
+std::vector<uint8_t> value_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -18,7 +19,7 @@ int64_t steady_ns() {
 
 }  // namespace
 
-void StoreSession::set(const std::string& key, const std::string& value) { store_.set(key, bytes(value)); }
+void StoreSession::set(const std::string& key, const std::string& value) { store_.set(key, value_bytes(value)); }
 
 int64_t StoreSession::add(const std::string& key, int64_t delta) {
   const int64_t v = store_.add(key, delta);
