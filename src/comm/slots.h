@@ -63,6 +63,22 @@ constexpr Range kPeerCopy{kCmaSecond.end, kCmaSecond.end + 1};
 
 static_assert(kPeerCopy.valid() && kPeerCopy.apart(kRing) && kPeerCopy.apart(kRingReduce),
               "a replica link's copies must not meet its all-reduces");
+
+// Quantized collectives (quantized.h): the ring all-gather of the quantized
+// bytes, in pieces (as kRing's), and the quantized reduce-scatter's
+// all-to-all, one message per pair of ranks (matched by peer and slot).
+constexpr Range kQuantGather{kPeerCopy.end, kPeerCopy.end + (1 << 17)};
+constexpr Range kQuantExchange{kQuantGather.end, kQuantGather.end + 1};
+
+static_assert(kQuantGather.valid() && kQuantExchange.valid() && kQuantGather.apart(kQuantExchange),
+              "the quantized collectives' two ranges must not meet");
+static_assert(kQuantGather.apart(kRing) && kQuantGather.apart(kRingReduce) && kQuantGather.apart(kCallCheck) &&
+                  kQuantGather.apart(kCma) && kQuantGather.apart(kCmaSecond) && kQuantGather.apart(kPeerCopy),
+              "the quantized all-gather's steps must not meet another algorithm's");
+static_assert(kQuantExchange.apart(kRing) && kQuantExchange.apart(kRingReduce) &&
+                  kQuantExchange.apart(kCallCheck) && kQuantExchange.apart(kCma) &&
+                  kQuantExchange.apart(kCmaSecond) && kQuantExchange.apart(kPeerCopy),
+              "the quantized reduce-scatter's steps must not meet another algorithm's");
 static_assert(kTransportHello.valid() && kTransportProbe.valid() && kTiersAgree.valid());
 static_assert(kShareSetup.valid() && kShareSetup.apart(kTransportHello) && kShareSetup.apart(kTransportProbe) &&
                   kShareSetup.apart(kTiersAgree),

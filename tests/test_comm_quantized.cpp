@@ -1,0 +1,200 @@
+// fsdp-cpp tests: the quantized all-gather and reduce-scatter (src/comm/quantized.*) at N = 2, 3
+// and 4 ranks, each a process (FSDP_IN_RANKS: the body runs in every rank, on a Gloo mesh of its
+// own, the algorithms called directly). Every rank's input is computable on every rank, so each
+// result is compared bit for bit with a local reference that quantizes every rank's block (chunk)
+// the same way and sums the decoded chunks in fp32 in rank order; the bytes sent are the formula's.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/checks.h"
+#include "comm/mesh.h"
+#include "comm/quantized.h"
+#include "comm/rendezvous.h"
+#include "comm/world_env.h"
+#include "fsdp/config.h"
+#include "test_util.h"
+
+namespace FSDP_TEST_ID {
+
+using fsdp::comm::QuantFormat;
+using fsdp::comm::QuantKind;
+using fsdp::comm::QuantTraffic;
+using fsdp::comm::wire_bytes;
+
+// The launcher's ranks on one Gloo mesh, as a communicator's own, without
+// a communicator: collectives numbered 1, 2, ... as a communicator would.
+class RawMesh {
+ public:
+  RawMesh() {
+    const auto env = fsdp::config::read_env();
+    world_ = fsdp::comm::world_of(env);
+    opts_ = fsdp::comm::resolve_options({}, env);
+    rdv_ = std::make_unique<fsdp::comm::Rendezvous>(world_, opts_);
+    mesh_ = rdv_->connect_gloo(opts_.ifname);
+  }
+  ~RawMesh() {
+    mesh_.reset();
+    rdv_->leave(std::chrono::seconds(20));
+  }
+  fsdp::comm::Wire wire() {
+    fsdp::comm::Wire w;
+    w.mesh = mesh_.get();
+    w.seq = ++seq_;
+    w.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    return w;
+  }
+  int rank() const { return mesh_->rank; }
+  int size() const { return mesh_->size; }
+
+ private:
+  fsdp::comm::WorldEnv world_;
+  fsdp::comm::ResolvedOptions opts_;
+  std::unique_ptr<fsdp::comm::Rendezvous> rdv_;
+  std::shared_ptr<fsdp::comm::Mesh> mesh_;
+  uint64_t seq_ = 0;
+};
+
+// Rank q's input of case `salt`: magnitudes that vary across blocks.
+torch::Tensor input_of(int q, int64_t n, int salt, c10::ScalarType dt) {
+  torch::manual_seed(7919 * salt + q);
+  return (torch::randn({n}) * torch::exp(torch::randn({n}) * 2)).to(dt);
+}
+
+// The decoded form of x, as every rank decodes it, in `dt`.
+torch::Tensor round_trip(const torch::Tensor& x, const QuantFormat& f, c10::ScalarType dt) {
+  return fsdp::comm::dequantize(fsdp::comm::quantize(x, f), f, x.numel()).to(dt);
+}
+
+int64_t sum(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
+// Equal blocks {0, 1, 7, 1000, 65539} and uneven ones: the ring's chunks of
+// 1, N-1 (tensors smaller than N: some ranks hold nothing), 1001 and 773,
+// and a ragged list.
+std::vector<std::vector<int64_t>> count_cases(int n) {
+  std::vector<std::vector<int64_t>> cases;
+  for (int64_t m : {0, 1, 7, 1000, 65539}) cases.push_back(std::vector<int64_t>(n, m));
+  for (int64_t numel : {int64_t(1), int64_t(n - 1), int64_t(1001), int64_t(3 * 256 + 5)})
+    cases.push_back(fsdp::comm::ring_chunks(numel, n).count);
+  std::vector<int64_t> ragged;
+  for (int q = 0; q < n; ++q) ragged.push_back((q * 389 + 11) % 600);
+  cases.push_back(ragged);
+  return cases;
+}
+
+std::vector<QuantFormat> formats() {
+  return {{QuantKind::INT8, 256, c10::kFloat},
+          {QuantKind::INT4, 7, c10::kBFloat16},
+          {QuantKind::FP8_E4M3, 64, c10::kFloat},
+          {QuantKind::INT8, 1, c10::kBFloat16}};
+}
+
+std::string describe(const QuantFormat& f, const std::vector<int64_t>& counts, c10::ScalarType dt) {
+  std::string s = f.describe() + " " + c10::toString(dt) + " counts";
+  for (int64_t c : counts) s += " " + std::to_string(c);
+  return s;
+}
+
+void expect_reference_bit_for_bit() {
+  RawMesh mesh;
+  const int n = mesh.size(), r = mesh.rank();
+  int salt = 0;
+  for (const QuantFormat& f : formats())
+    for (const auto& counts : count_cases(n))
+      for (c10::ScalarType dt : {c10::kFloat, c10::kBFloat16}) {
+        ++salt;
+        const std::string what = describe(f, counts, dt);
+        const int64_t total = sum(counts), es = static_cast<int64_t>(c10::elementSize(dt));
+        // all_gather: block q is rank q's input, decoded.
+        {
+          auto out = torch::full({total}, 99.0, dt);
+          QuantTraffic t = fsdp::comm::quantized_all_gather(mesh.wire(), input_of(r, counts[r], salt, dt), out,
+                                                            counts, f);
+          std::vector<torch::Tensor> blocks;
+          for (int q = 0; q < n; ++q) blocks.push_back(round_trip(input_of(q, counts[q], salt, dt), f, dt));
+          EXPECT_TRUE(torch::equal(out, torch::cat(blocks))) << "all_gather " << what;
+          int64_t wire = 0;
+          for (int q = 0; q < n; ++q)
+            if (q != (r + 1) % n) wire += wire_bytes(f, counts[q]);
+          EXPECT_EQ(t.wire, wire) << "all_gather " << what;
+          EXPECT_EQ(t.logical, (total - counts[(r + 1) % n]) * es) << "all_gather " << what;
+        }
+        // reduce_scatter, SUM and a mean: chunk r of every rank's input,
+        // decoded, added in fp32 in rank order, divided once.
+        for (int divisor : {1, n}) {
+          const int64_t lo = sum(std::vector<int64_t>(counts.begin(), counts.begin() + r));
+          auto out = torch::full({counts[r]}, 99.0, dt);
+          QuantTraffic t = fsdp::comm::quantized_reduce_scatter(mesh.wire(), input_of(r, total, salt + 1000, dt),
+                                                                out, counts, f, divisor);
+          torch::Tensor acc;
+          for (int q = 0; q < n; ++q) {
+            auto d = round_trip(input_of(q, total, salt + 1000, dt).slice(0, lo, lo + counts[r]), f, torch::kFloat);
+            acc = q == 0 ? d : acc + d;
+          }
+          if (divisor > 1) acc = acc / divisor;
+          EXPECT_TRUE(torch::equal(out, acc.to(dt))) << "reduce_scatter /" << divisor << " " << what;
+          int64_t wire = 0;
+          for (int q = 0; q < n; ++q)
+            if (q != r) wire += wire_bytes(f, counts[q]);
+          EXPECT_EQ(t.wire, wire) << "reduce_scatter " << what;
+          EXPECT_EQ(t.logical, (total - counts[r]) * es) << "reduce_scatter " << what;
+        }
+      }
+  // One case by its numbers: 1000 fp32 per rank, int8 with an fp32 scale per
+  // 256: 1000 + 4 x 4 = 1016 bytes a block against 4000; int4 with bf16
+  // scales, 500 + 4 x 2. (127 and 7 are their formats' qmax: scale 1, exact.)
+  auto out = torch::empty({n * 1000});
+  QuantTraffic t = fsdp::comm::quantized_all_gather(mesh.wire(), torch::full({1000}, 127.0f), out, 1000,
+                                                    {QuantKind::INT8, 256, c10::kFloat});
+  EXPECT_EQ(t.wire, (n - 1) * 1016);
+  EXPECT_EQ(t.logical, (n - 1) * 4000);
+  EXPECT_TRUE(torch::equal(out, torch::full({n * 1000}, 127.0f)));
+  auto rs = torch::empty({1000});
+  t = fsdp::comm::quantized_reduce_scatter(mesh.wire(), torch::full({n * 1000}, 7.0f), rs, 1000,
+                                           {QuantKind::INT4, 256, c10::kBFloat16}, n);
+  EXPECT_EQ(t.wire, (n - 1) * (500 + 4 * 2));
+  EXPECT_EQ(t.logical, (n - 1) * 4000);
+  EXPECT_TRUE(torch::equal(rs, torch::full({1000}, 7.0f)));
+}
+
+TEST(QuantComm, EqualsTheLocalReferenceBitForBitAt2Ranks) {
+  FSDP_IN_RANKS(2);
+  expect_reference_bit_for_bit();
+}
+TEST(QuantComm, EqualsTheLocalReferenceBitForBitAt3Ranks) {
+  FSDP_IN_RANKS(3);
+  expect_reference_bit_for_bit();
+}
+TEST(QuantComm, EqualsTheLocalReferenceBitForBitAt4Ranks) {
+  FSDP_IN_RANKS(4);
+  expect_reference_bit_for_bit();
+}
+
+// A non-finite gradient is refused before any byte moves, on the rank
+// that holds it, by quantize's message. (One rank: no peer waits on it.)
+TEST(QuantComm, NonFiniteInputIsRefusedBeforeSending) {
+  FSDP_IN_RANKS(1);
+  RawMesh mesh;
+  auto in = torch::ones({8});
+  in[5] = std::numeric_limits<float>::quiet_NaN();
+  auto out = torch::empty({8});
+  try {
+    fsdp::comm::quantized_reduce_scatter(mesh.wire(), in, out, 8, {QuantKind::INT8, 4, c10::kFloat}, 1);
+    FAIL() << "a NaN must be refused";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("element 5 of 8 (block 1, its element 1) is nan"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace FSDP_TEST_ID
