@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/checks.h"
@@ -193,6 +194,27 @@ TEST(QuantComm, NonFiniteInputIsRefusedBeforeSending) {
     FAIL() << "a NaN must be refused";
   } catch (const fsdp::Error& e) {
     EXPECT_NE(std::string(e.what()).find("element 5 of 8 (block 1, its element 1) is nan"), std::string::npos)
+        << e.what();
+  }
+}
+
+// A peer that never enters: the all-to-all's wait ends at the call's
+// deadline with an error naming the rank it waited for, not a hang.
+TEST(QuantComm, APeerThatNeverSendsIsNamedAtTheDeadline) {
+  FSDP_IN_RANKS(2);
+  RawMesh mesh;
+  if (mesh.rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::seconds(3));  // past rank 0's deadline
+    return;
+  }
+  auto w = mesh.wire();
+  w.deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  auto out = torch::empty({4});
+  try {
+    fsdp::comm::quantized_reduce_scatter(w, torch::ones({8}), out, 4, {QuantKind::INT8, 4, c10::kFloat}, 1);
+    FAIL() << "a peer that never sends must fail the call at its deadline";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("waiting to receive the quantized chunk of rank 1"), std::string::npos)
         << e.what();
   }
 }
