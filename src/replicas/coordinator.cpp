@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -299,7 +300,9 @@ struct Coordinator::Impl {
   CoordinatorOptions o;
   c10d::TCPStore* server = nullptr;
   int port = 0;
-  std::unique_ptr<TcpKv> kv;
+  std::unique_ptr<Kv> kv;
+  // Blocks until the key is set or the time passed (TcpKv::wait_for).
+  std::function<void(const std::string&, std::chrono::milliseconds)> wait_for;
   std::unique_ptr<CoordinatorCore> core;
 };
 
@@ -309,8 +312,10 @@ Coordinator::Coordinator(CoordinatorOptions o) : impl_(std::make_unique<Impl>())
   if (m.o.heartbeat_timeout.count() <= 0) throw Error("fsdp coordinator: the heartbeat timeout must be > 0");
   m.server = comm::host_store(m.o.host, m.o.port, std::chrono::seconds(30), m.o.bind_all);
   m.port = m.o.port;
-  m.kv = std::make_unique<TcpKv>(comm::connect_store_client(m.o.host == "0.0.0.0" ? "127.0.0.1" : m.o.host, m.port,
+  auto kv = std::make_unique<TcpKv>(comm::connect_store_client(m.o.host == "0.0.0.0" ? "127.0.0.1" : m.o.host, m.port,
                                                             std::chrono::seconds(10)));
+  m.wait_for = [k = kv.get()](const std::string& key, std::chrono::milliseconds t) { k->wait_for(key, t); };
+  m.kv = std::move(kv);
   std::random_device rd;
   const std::string epoch = std::to_string(rd()) + "-" + std::to_string(rd()) + "-" + std::to_string(getpid());
   const int64_t seed =
@@ -354,7 +359,7 @@ void Coordinator::run(const std::atomic<bool>& stop) {
       failing.clear();
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(last + tick - Clock::now());
       // Bounded by the tick, and by `stop` (checked at least every 50 ms).
-      m.kv->wait_for(m.core->keys().bell(), std::clamp(left, std::chrono::milliseconds(1), tick));
+      m.wait_for(m.core->keys().bell(), std::clamp(left, std::chrono::milliseconds(1), tick));
     } catch (const std::exception& e) {
       // Its own store failed a call: say so once, and try again.
       if (failing != e.what() && m.o.log) m.o.log(cat("a call to its own store failed (trying again): ", e.what()));
