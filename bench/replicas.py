@@ -4,6 +4,7 @@ fault tolerance, measured with GPT-mini on this machine.
 
   python3 bench/replicas.py heal      [--build build]   heal of make scale's 85.7 M model vs loading it
   python3 bench/replicas.py overhead  [--build build]   step time: 2 groups x 2 ranks vs HYBRID_SHARD, 4 ranks
+                                      [--group-ranks 1]  2 groups x 1 rank vs HYBRID_SHARD of 2 x 1
   python3 bench/replicas.py failures  [--build build]   3 groups, 200 steps, a rank killed every 20 steps
   python3 bench/replicas.py chaos     [--build build]   3 groups, 300 steps, a fault of any kind every ~20 steps
 
@@ -14,6 +15,8 @@ missed a goal. Run it on a quiet machine.
 """
 import argparse
 import contextlib
+import glob
+import json
 import os
 import random
 import re
@@ -138,29 +141,39 @@ def overhead(a):
     always inherit the first one's warm caches or its tail of load); the result is the median of the
     rounds' ratios, each round's ratio taken between runs seconds apart."""
     steps = str(a.steps)
+    n = a.group_ranks
+    # Both configurations run 2 x n ranks on this host: the same intra-op threads each, so that no
+    # configuration oversubscribes the cores (a group's ranks count only their own group's ranks).
+    threads = ["--threads", str(max(1, (os.cpu_count() or 1) // (2 * n)))]
     rounds = []
 
     def hybrid(work):
-        # HYBRID_SHARD: one job of 4 ranks, shard groups of 2.
-        h = subprocess.run(group_cmd(a.build, 4, [*SMALL, "--strategy", "hybrid", "--shard-group", "2",
-                                                  "--steps", steps, "--log-every", "1"]),
+        # HYBRID_SHARD: one job of 2 x n ranks, shard groups of n (traced too, as the groups are).
+        h = subprocess.run(group_cmd(a.build, 2 * n, [*SMALL, *threads, "--strategy", "hybrid", "--shard-group", str(n),
+                                                  "--steps", steps, "--log-every", "1",
+                                                  "--trace", os.path.join(work, "trace-hybrid")]),
                            capture_output=True, text=True, env={**os.environ, "FSDP_TRANSPORT": a.transport})
         if h.returncode or not step_ms(h.stdout)[2:]:
             sys.exit("replicas.py overhead: HYBRID_SHARD failed or printed no step times\n" + h.stdout[-3000:])
         return statistics.median(step_ms(h.stdout)[2:])
 
     def groups(work):
-        # The same as two replica groups of 2 ranks (FULL_SHARD inside).
+        # The same as two replica groups of n ranks (FULL_SHARD inside), traced: the protocol's own
+        # waits (spans quorum and vote) are read from the trace.
         c = Coordinator(a.build, work, timeout_s=30, min_groups=2)
-        ps = [subprocess.Popen(group_cmd(a.build, 2, [*SMALL, "--strategy", "full", "--steps", steps,
-                                                      "--log-every", "1", "--replicas", "2"]),
+        trace = os.path.join(work, "trace")
+        ps = [subprocess.Popen(group_cmd(a.build, n, [*SMALL, *threads, "--strategy", "full", "--steps", steps,
+                                                      "--log-every", "1", "--replicas", "2", "--trace", trace]),
                                env=c.env(g), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
               for g in (0, 1)]
         outs = [p.communicate()[0] for p in ps]
         c.stop()
         if any(p.returncode for p in ps) or not step_ms(outs[0])[2:]:
             sys.exit("replicas.py overhead: a replica group failed or printed no step times\n" + outs[0][-3000:])
+        waits.append(protocol_waits(trace))
         return statistics.median(step_ms(outs[0])[2:])
+
+    waits = []
 
     for r in range(a.rounds):
         with tempfile.TemporaryDirectory() as work:
@@ -178,6 +191,30 @@ def overhead(a):
     ratio = statistics.median(y / x for x, y in rounds)
     print(f"median over {a.rounds} rounds: HYBRID_SHARD {hy:.1f} ms/step, replica groups {ft:.1f} ms/step; "
           f"median of the rounds' ratios {ratio:.3f}")
+    q = statistics.median(w["quorum"] for w in waits)
+    v = statistics.median(w["vote"] for w in waits)
+    print(f"the protocol's own waits per step (every rank's median, median over rounds): quorum {q:.2f} ms, "
+          f"vote {v:.2f} ms; together {(q + v) / ft * 100:.2f} % of the replica groups' step")
+
+
+def protocol_waits(trace):
+    """The median duration in ms of the spans `quorum` and `vote` over the steps after the first two,
+    the median over every rank's trace under `trace`. A span missing from a rank's trace is an error."""
+    per = {"quorum": [], "vote": []}
+    files = []
+    for g in glob.glob(os.path.join(trace, "group*")):  # each rank's file; a group of one may have only trace.json
+        files += glob.glob(os.path.join(g, "trace-rank*.json")) or glob.glob(os.path.join(g, "trace.json"))
+    if not files:
+        sys.exit(f"replicas.py overhead: no rank trace under {trace}")
+    for f in files:
+        ev = json.load(open(f))
+        ev = ev.get("traceEvents", []) if isinstance(ev, dict) else ev
+        for name in per:
+            d = [e["dur"] / 1000 for e in ev if e.get("ph") == "X" and e.get("name") == name]
+            if len(d) < 3:
+                sys.exit(f"replicas.py overhead: {f} has {len(d)} spans {name!r}, expected one per step")
+            per[name].append(statistics.median(d[2:]))
+    return {k: statistics.median(v) for k, v in per.items()}
 
 
 def pid_of(build, group, rank):
@@ -405,6 +442,8 @@ def main():
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--group-ranks", type=int, default=2,
+                   help="overhead: ranks per group (2: 4 ranks in all; 1: 2 ranks, one per core on a 2-core host)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=3.0, help="the coordinator's heartbeat timeout (failures)")
     p.add_argument("--keep", default=None, help="keep every run's logs in this new folder (default: none kept)")
