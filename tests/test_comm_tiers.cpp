@@ -66,7 +66,8 @@ TEST(CommTiers, GridUnderTwoLaunchers) {
 }
 
 // FSDP_TRANSPORT=tcp and FSDP_TIERS=off keep the flat TCP ring; so do
-// hosts of unequal sizes (which FSDP_DEBUG=info names).
+// hosts of unequal sizes (which FSDP_DEBUG=info names). FSDP_COMPRESS is
+// ignored there, and FSDP_DEBUG=info says so.
 TEST(CommTiers, TcpTiersOffAndUnequalHostsStayFlat) {
   expect_grid(run_ranks(4, "comm_collectives", {}, {"FSDP_TEST_HOST_LAYOUT=a,a,b,b", "FSDP_TRANSPORT=tcp"}, 240), 4,
               "gloo/tcp");
@@ -74,6 +75,14 @@ TEST(CommTiers, TcpTiersOffAndUnequalHostsStayFlat) {
   EXPECT_EQ(off.exit_code, 0) << off.output;
   EXPECT_EQ(lines_with(off.output, "gloo/tcp world=4").size(), 4u) << off.output;
   EXPECT_FALSE(lines_with(off.output, "tiers not composed: FSDP_TIERS=off").empty()) << off.output;
+  // Compression asked for on the flat ring is ignored, and said so.
+  auto flat_compress = run_ranks(4, "comm_hello", {},
+                                 {"FSDP_TEST_HOST_LAYOUT=a,a,b,b", "FSDP_TIERS=off", "FSDP_COMPRESS=int8", "FSDP_DEBUG=info"});
+  EXPECT_EQ(flat_compress.exit_code, 0) << flat_compress.output;
+  EXPECT_FALSE(lines_with(flat_compress.output, "FSDP_COMPRESS=int8 ignored: only the tiers' inter-host ring is "
+                                                "compressed, the flat TCP ring is not yet")
+                   .empty())
+      << flat_compress.output;
   auto uneven = run_ranks(4, "comm_collectives", {}, {"FSDP_TEST_HOST_LAYOUT=a,a,a,b", "FSDP_DEBUG=info"}, 240);
   expect_grid(uneven, 4, "gloo/tcp");
   EXPECT_FALSE(lines_with(uneven.output, "tiers not composed: the hosts have different numbers of ranks").empty())
