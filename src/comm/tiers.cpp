@@ -259,7 +259,10 @@ Traffic reduce_across(const Wire& w, const Tiers& t, char* host_sums, void* out,
     }
     feedback.remember(q->key, meant, decoded);
     Traffic sent(inside + qt.wire, qt.wire);
-    sent.inter_logical = qt.logical;
+    // qt.logical counts `meant`'s fp32; the uncompressed ring would have
+    // sent the host sums in their own dtype.
+    sent.inter_logical = qt.logical / static_cast<int64_t>(meant.element_size()) *
+                         static_cast<int64_t>(c10::elementSize(dtype));
     return sent;
   }
   std::vector<int64_t> offset(H), count(H, m);
