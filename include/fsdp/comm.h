@@ -1,6 +1,6 @@
 // fsdp-cpp: the communicator, the one interface every stage talks to.
 //
-// defines: ReduceOp, CollectiveKind, CollectiveInfo, CommBackend, CommOptions, CommCounters,
+// defines: ReduceOp, CollectiveKind, CollectiveInfo, CommBackend, Compression, CommOptions, CommCounters,
 //          Work, SplitOptions, Communicator, make_communicator_from_env,
 //          make_local_communicator
 //

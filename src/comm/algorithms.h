@@ -1,6 +1,6 @@
 // fsdp-cpp: the path a Gloo communicator's collectives take, as one object
 // chosen once.
-// defines: Algorithms, divisor, PathInputs, ChosenPath, choose_algorithms
+// defines: Compressible, Algorithms, divisor, PathInputs, ChosenPath, choose_algorithms
 //
 // path::choose (common/collective_path.h) decides once per communicator how
 // its all_gather, reduce_scatter and all_reduce move bytes: the flat TCP

@@ -1,6 +1,6 @@
 // fsdp-cpp: collectives over two tiers: cross-memory attach inside each
 // host, Gloo TCP between hosts.
-// defines: TierLayout, tier_layout, Tiers, connect_tiers,
+// defines: TierLayout, tier_layout, Tiers, connect_tiers, TierCompression, tier_compression, QuantizedCall,
 //          tier_all_gather, tier_reduce_scatter, tier_all_reduce,
 //          tier_shared_all_gather, tier_shared_reduce_scatter
 //

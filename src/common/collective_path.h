@@ -1,6 +1,6 @@
 // fsdp-cpp: which path a communicator's collectives take, decided in one
 // place and torch-free.
-// defines: path::Path, path::words, path::Facts, path::Choice, path::choose,
+// defines: path::Path, path::words, path::Facts, path::Choice, path::choose, path::compression_words,
 //          path::UnitSharing, path::host_shared_unit, path::grads_in_peer_memory
 //
 // The communicator (src/comm/gloo_communicator.cpp) gathers the facts: the
