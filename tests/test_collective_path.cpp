@@ -144,4 +144,48 @@ TEST(CollectivePath, RingPiecesAndTrafficAreOneArithmetic) {
   EXPECT_EQ(traffic::inter_host_part(100, 4, 1), 0);
 }
 
+// Compression is decided with the path: taken on the tiers only, and the
+// reason says the formats; asked for elsewhere it is ignored, and the reason
+// says why (nothing fails).
+TEST(CollectivePath, CompressionOnlyOnTheTiers) {
+  Facts tiers = several_hosts();
+  tiers.tiers_shape = "2 hosts of 2 ranks";
+  tiers.compress = "int4";
+  auto c = choose(tiers);
+  EXPECT_EQ(c.path, Path::TIERS);
+  EXPECT_TRUE(c.compressed);
+  EXPECT_NE(c.reason.find("; between hosts compressible collectives travel quantized (FSDP_COMPRESS=int4: parameters "
+                          "int8, gradients int4 with error feedback, blocks of 256 with fp32 scales)"),
+            std::string::npos)
+      << c.reason;
+  tiers.compress = "fp8";
+  EXPECT_NE(choose(tiers).reason.find("parameters float8 e4m3, gradients int8"), std::string::npos);
+  tiers.compress = "off";
+  EXPECT_FALSE(choose(tiers).compressed);
+  EXPECT_EQ(choose(tiers).reason.find("FSDP_COMPRESS"), std::string::npos);
+
+  Facts flat = several_hosts();
+  flat.tiers = false;
+  flat.compress = "int8";
+  EXPECT_EQ(choose(flat).path, Path::TCP);
+  EXPECT_FALSE(choose(flat).compressed);
+  EXPECT_NE(choose(flat).reason.find("FSDP_COMPRESS=int8 ignored: only the tiers' inter-host ring is compressed, the "
+                                     "flat TCP ring is not yet"),
+            std::string::npos)
+      << choose(flat).reason;
+
+  Facts one;
+  one.ranks = 2;
+  one.compress = "int8";
+  EXPECT_EQ(choose(one).path, Path::CMA);
+  EXPECT_FALSE(choose(one).compressed);
+  EXPECT_NE(choose(one).reason.find("FSDP_COMPRESS=int8 ignored: every rank is on one host"), std::string::npos);
+
+  Facts tcp;
+  tcp.transport = "tcp";
+  tcp.compress = "int8";
+  EXPECT_FALSE(choose(tcp).compressed);
+  EXPECT_NE(choose(tcp).reason.find("ignored"), std::string::npos);
+}
+
 }  // namespace FSDP_TEST_ID

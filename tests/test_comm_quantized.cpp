@@ -19,6 +19,7 @@
 #include "comm/quantized.h"
 #include "comm/rendezvous.h"
 #include "comm/world_env.h"
+#include "fsdp/comm.h"
 #include "fsdp/config.h"
 #include "test_util.h"
 
@@ -217,6 +218,123 @@ TEST(QuantComm, APeerThatNeverSendsIsNamedAtTheDeadline) {
     EXPECT_NE(std::string(e.what()).find("waiting to receive the quantized chunk of rank 1"), std::string::npos)
         << e.what();
   }
+}
+
+// ------------------------------------------------ compressed tiers (stage 2)
+// The communicator with FSDP_COMPRESS on, at 2 hosts x 2 ranks (FSDP_HOST_ID:
+// ranks 0, 1 on host a, 2, 3 on host b; rank q has local index q % 2 and is
+// inter rank q / 2 of its local index's ring). A compressible all_gather
+// equals every rank's block quantized and decoded; a compressible
+// reduce_scatter equals, per host, the fp32 sum of its two ranks' chunks
+// (two addends: either order gives the same bits; bf16 rounded once) plus that
+// forwarding rank's residual, quantized per destination chunk, decoded and
+// added over the hosts in fp32 in host order, divided once; three calls
+// under one label carry the residual from call to call. Counters: the
+// quantized bytes on the wire across hosts, the uncompressed ones as
+// logical, the intra tier's as without compression. A call not marked
+// compressible stays exact. fp32 and bf16.
+void expect_compressed_tiers(fsdp::Communicator& c4, const char* compress, const QuantFormat& wf,
+                             const QuantFormat& gf, c10::ScalarType dt) {
+  auto* comm = &c4;
+  const int r = comm->rank();
+  const int n = 4, H = 2, S = 2;
+  const int64_t m = 1003;  // 3 blocks and a short one
+  const int64_t es = static_cast<int64_t>(c10::elementSize(dt));
+  const std::string what = std::string(compress) + " " + c10::toString(dt);
+  using fsdp::CollectiveKind;
+
+  // all_gather, compressible: every block decoded, this rank's too.
+  comm->reset_counters();
+  auto out = torch::full({n * m}, 99.0, dt);
+  comm->all_gather(input_of(r, m, 1, dt), out, {"unit.ag", true})->wait();
+  std::vector<torch::Tensor> blocks;
+  for (int q = 0; q < n; ++q) blocks.push_back(round_trip(input_of(q, m, 1, dt), wf, dt));
+  EXPECT_TRUE(torch::equal(out, torch::cat(blocks))) << what << " all_gather";
+  auto c = comm->counters()[CollectiveKind::ALL_GATHER];
+  EXPECT_EQ(c.bytes_inter_host, (H - 1) * wire_bytes(wf, m)) << what;
+  EXPECT_EQ(c.bytes_inter_host_logical, (H - 1) * m * es) << what;
+  EXPECT_EQ(c.bytes_intra_host(), (S - 1) * H * m * es) << what;
+
+  // all_gather, not compressible: exact, counted as without compression.
+  comm->reset_counters();
+  comm->all_gather(input_of(r, m, 2, dt), out, {"exact"})->wait();
+  for (int q = 0; q < n; ++q) blocks[q] = input_of(q, m, 2, dt);
+  EXPECT_TRUE(torch::equal(out, torch::cat(blocks))) << what << " exact all_gather";
+  c = comm->counters()[CollectiveKind::ALL_GATHER];
+  EXPECT_EQ(c.bytes_inter_host, (H - 1) * m * es) << what;
+  EXPECT_EQ(c.bytes_inter_host_logical, c.bytes_inter_host) << what;
+
+  // reduce_scatter (AVG), three calls under one label: error feedback.
+  const int s = r % S, me = r / S;
+  std::vector<torch::Tensor> residual(H, torch::zeros({H * m}));  // of the rank of local index s on host h
+  for (int call = 0; call < 3; ++call) {
+    const int salt = 100 + call;
+    comm->reset_counters();
+    auto mine = torch::full({m}, 99.0, dt);
+    comm->reduce_scatter(input_of(r, n * m, salt, dt), mine, fsdp::ReduceOp::AVG, {"unit.rs", true})
+        ->wait();
+    torch::Tensor acc;
+    for (int h = 0; h < H; ++h) {
+      // Host h's sums of the chunks its rank of local index s forwards:
+      // the chunks of ranks j * S + s, j = 0..H-1 (the inter ring's order).
+      std::vector<torch::Tensor> sums;
+      for (int j = 0; j < H; ++j) {
+        const int64_t at = (j * S + s) * m;
+        // Added in fp32, rounded once to the dtype (as the CMA sum does).
+        sums.push_back((input_of(h * S, n * m, salt, dt).slice(0, at, at + m).to(torch::kFloat) +
+                        input_of(h * S + 1, n * m, salt, dt).slice(0, at, at + m).to(torch::kFloat))
+                           .to(dt)
+                           .to(torch::kFloat));
+      }
+      const torch::Tensor meant = torch::cat(sums) + residual[h];
+      std::vector<torch::Tensor> decoded;
+      for (int j = 0; j < H; ++j)
+        decoded.push_back(round_trip(meant.slice(0, j * m, (j + 1) * m), gf, torch::kFloat));
+      const torch::Tensor sent = torch::cat(decoded);
+      residual[h] = meant - sent;
+      const torch::Tensor d = decoded[me];
+      acc = h == 0 ? d.clone() : acc + d;
+    }
+    acc = (acc / n).to(dt);
+    EXPECT_TRUE(torch::equal(mine, acc)) << what << " reduce_scatter call " << call << ": max diff "
+                                         << (mine.to(torch::kFloat) - acc.to(torch::kFloat)).abs().max().item<float>();
+    c = comm->counters()[CollectiveKind::REDUCE_SCATTER];
+    EXPECT_EQ(c.bytes_inter_host, (H - 1) * wire_bytes(gf, m)) << what;
+    EXPECT_EQ(c.bytes_inter_host_logical, (H - 1) * m * es) << what;
+    EXPECT_EQ(c.bytes_intra_host(), (S - 1) * H * m * es) << what;
+  }
+  // The residual is not zero after a call (the last one changed it), so the
+  // three calls above did test the feedback.
+  EXPECT_GT(residual[me].abs().max().item<float>(), 0.0f);
+}
+
+// One communicator per test (FSDP_COMPRESS is read when it is made).
+std::shared_ptr<fsdp::Communicator> compressed_world(const char* compress) {
+  const int r = std::atoi(std::getenv("RANK"));
+  setenv("FSDP_HOST_ID", r < 2 ? "quant-host-a" : "quant-host-b", 1);
+  setenv("FSDP_COMPRESS", compress, 1);
+  return fsdp::make_communicator_from_env();
+}
+
+TEST(QuantComm, TiersCompressedInt8EqualTheLocalReferenceBitForBit) {
+  if (!std::getenv("FSDP_RANK_TEST") && !fsdp::testing::cma_available())
+    GTEST_SKIP() << "this host forbids process_vm_readv";
+  FSDP_IN_RANKS(4);
+  auto comm = compressed_world("int8");
+  ASSERT_NE(comm->describe().find("cma+tcp tiers world=4"), std::string::npos) << comm->describe();
+  for (c10::ScalarType dt : {c10::kFloat, c10::kBFloat16})
+    expect_compressed_tiers(*comm, "int8", {QuantKind::INT8, 256, c10::kFloat}, {QuantKind::INT8, 256, c10::kFloat},
+                            dt);
+}
+TEST(QuantComm, TiersCompressedInt4EqualTheLocalReferenceBitForBit) {
+  if (!std::getenv("FSDP_RANK_TEST") && !fsdp::testing::cma_available())
+    GTEST_SKIP() << "this host forbids process_vm_readv";
+  FSDP_IN_RANKS(4);
+  auto comm = compressed_world("int4");
+  ASSERT_NE(comm->describe().find("cma+tcp tiers world=4"), std::string::npos) << comm->describe();
+  for (c10::ScalarType dt : {c10::kFloat, c10::kBFloat16})
+    expect_compressed_tiers(*comm, "int4", {QuantKind::INT8, 256, c10::kFloat}, {QuantKind::INT4, 256, c10::kFloat},
+                            dt);
 }
 
 }  // namespace FSDP_TEST_ID

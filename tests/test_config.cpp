@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "comm/world_env.h"
 #include "fsdp/comm.h"
 #include "fsdp/config.h"
 #include "fsdp/errors.h"
@@ -57,6 +58,7 @@ TEST(Config, DefaultsAndValuesAreTyped) {
   EXPECT_FALSE(d.timeout_ms.has_value());
   EXPECT_EQ(d.transport, "auto");
   EXPECT_TRUE(d.tiers);
+  EXPECT_EQ(d.compress, "");  // CommOptions::compress decides (off)
   EXPECT_FALSE(d.ring_piece_bytes.has_value());
   EXPECT_FALSE(d.heartbeat_interval_ms.has_value());
   EXPECT_FALSE(d.flight_recorder.has_value());
@@ -71,6 +73,7 @@ TEST(Config, DefaultsAndValuesAreTyped) {
                              {"FSDP_DEBUG", "DETAIL"},
                              {"FSDP_TRANSPORT", "Tcp"},
                              {"FSDP_TIERS", "off"},
+                             {"FSDP_COMPRESS", "INT4"},
                              {"FSDP_HOST_ID", "node-a"},
                              {"FSDP_STORE_HOSTED", "1"},
                              {"FSDP_RING_PIECE_KIB", "64"},
@@ -89,6 +92,8 @@ TEST(Config, DefaultsAndValuesAreTyped) {
   EXPECT_TRUE(c.debug_detail && c.debug_info);
   EXPECT_EQ(c.transport, "tcp");
   EXPECT_FALSE(c.tiers);
+  EXPECT_EQ(c.compress, "int4");
+  EXPECT_EQ(fsdp::comm::resolve_options({}, c).compress, fsdp::Compression::INT4);
   EXPECT_EQ(c.host_id, "node-a");
   EXPECT_TRUE(c.store_hosted);
   EXPECT_EQ(c.ring_piece_bytes.value(), 64 << 10);
@@ -116,6 +121,7 @@ TEST(Config, EveryVariableSetWrongIsOneErrorNamingIt) {
       {"FSDP_BACKEND", "mpi"},
       {"FSDP_TIERS", "maybe"},
       {"FSDP_SHARE_HOST", "maybe"},
+      {"FSDP_COMPRESS", "zstd"},
       {"FSDP_COORDINATOR", "nowhere"},
       {"FSDP_REPLICA_GROUP", "-1"},
       {"FSDP_RESTART_COUNT", "-2"},
@@ -140,6 +146,10 @@ TEST(Config, EveryVariableSetWrongIsOneErrorNamingIt) {
   // The messages the suite has always checked stay.
   EXPECT_TRUE(contains(error_of({{"FSDP_TRANSPORT", "shm"}}), "FSDP_TRANSPORT='shm' is not a known transport; expected auto"));
   EXPECT_TRUE(contains(error_of({{"FSDP_TIERS", "maybe"}}), "FSDP_TIERS='maybe' is not known; expected on"));
+  EXPECT_TRUE(contains(error_of({{"FSDP_COMPRESS", "zstd"}}),
+                       "FSDP_COMPRESS='zstd' is not a known compression; expected off (every byte exact), int8 "
+                       "(parameters and gradients int8), int4 (parameters int8, gradients int4) or fp8 (parameters "
+                       "float8 e4m3, gradients int8); unset it for the default"));
   EXPECT_TRUE(contains(error_of({{"FSDP_DEBUG", "verbose"}}), "FSDP_DEBUG='verbose' is not a known level; expected off or detail"));
   EXPECT_TRUE(contains(error_of({{"FSDP_PROGRESS", "sometimes"}}), "FSDP_PROGRESS='sometimes': expected off"));
   EXPECT_TRUE(contains(error_of({{"FSDP_JOB_TOKEN", "short"}}), "FSDP_JOB_TOKEN has 5 characters; expected 16 to 128"));

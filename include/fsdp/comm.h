@@ -1,6 +1,6 @@
 // fsdp-cpp: the communicator, the one interface every stage talks to.
 //
-// defines: ReduceOp, CollectiveKind, CollectiveInfo, CommBackend, CommOptions, CommCounters,
+// defines: ReduceOp, CollectiveKind, CollectiveInfo, CommBackend, Compression, CommOptions, CommCounters,
 //          Work, SplitOptions, Communicator, make_communicator_from_env,
 //          make_local_communicator
 //
@@ -46,6 +46,14 @@ const char* to_string(CollectiveKind k);
 // What a collective is for; travels with the call into errors and traces.
 struct CollectiveInfo {
   std::string label;  // e.g. the unit name "blocks.3" or "clip_grad_norm"
+  // The caller accepts a lossy result: with CommOptions::compress on, an
+  // all_gather or reduce_scatter of floating tensors may cross hosts
+  // quantized (docs/COMM.md, "Quantized formats"). The units set it for
+  // their parameters' all-gather and their gradients' reduce-scatter; every
+  // other call (state dicts, norms, checks) stays exact. The same on every
+  // rank. A reduce_scatter keeps its error feedback under the label, so a
+  // compressible label names one gradient buffer.
+  bool compressible = false;
 };
 
 // The backend that moves a communicator's bytes (docs/COMM.md).
@@ -59,6 +67,18 @@ struct CollectiveInfo {
 enum class CommBackend { GLOO, NCCL };
 // "gloo", "nccl".
 const char* to_string(CommBackend b);
+
+// What crosses hosts quantized when a collective is compressible
+// (CollectiveInfo::compressible) and the path composes tiers (docs/COMM.md,
+// "Quantized formats"): parameters' all-gather / gradients' reduce-scatter,
+// blocks of 256 elements with an fp32 scale each.
+//   OFF   nothing: every byte exact (the default)
+//   INT8  int8 / int8
+//   INT4  int8 / int4
+//   FP8   float8 e4m3 / int8
+enum class Compression { OFF, INT8, INT4, FP8 };
+// "off", "int8", "int4", "fp8".
+const char* to_string(Compression c);
 
 // How the communicator factories set a communicator up. The environment
 // variables named below override the fields.
@@ -88,6 +108,10 @@ struct CommOptions {
   // false: every rank keeps its own copies and collectives move bytes
   // (FSDP_SHARE_HOST=on|off overrides).
   bool share_host_memory = true;
+  // Quantize what crosses hosts between the tiers (Compression above; only
+  // compressible calls, only on the tiers path; FSDP_COMPRESS=off|int8|int4|fp8
+  // overrides). Gradients keep error feedback per buffer.
+  Compression compress = Compression::OFF;
 };
 
 // Per collective kind: how many calls, bytes this rank sent, seconds spent
@@ -103,6 +127,9 @@ struct CommCounters {
     // Bytes this rank sent, both tiers.
     int64_t bytes_sent = 0;
     int64_t bytes_inter_host = 0;  // part of bytes_sent
+    // What bytes_inter_host would have been uncompressed (CommOptions::
+    // compress): equal to it when nothing crossed hosts quantized.
+    int64_t bytes_inter_host_logical = 0;
     // Seconds spent inside the backend (on the communication thread).
     double seconds = 0;
     // The part of bytes_sent that stayed on this host.
@@ -118,6 +145,8 @@ struct CommCounters {
   int64_t total_bytes_sent() const;
   // Bytes sent over every kind to ranks on other hosts.
   int64_t total_bytes_inter_host() const;
+  // What total_bytes_inter_host would have been uncompressed.
+  int64_t total_bytes_inter_host_logical() const;
   // Bytes sent over every kind to ranks on this host.
   int64_t total_bytes_intra_host() const { return total_bytes_sent() - total_bytes_inter_host(); }
   // Element-wise sum (the traffic of several communicators, e.g. a model's

@@ -2,6 +2,7 @@
 // algorithms.h), and the one place a communicator picks among them.
 #include "comm/algorithms.h"
 
+#include <cstdio>
 #include <cstring>
 #include <optional>
 
@@ -18,7 +19,7 @@ namespace {
 // The flat ring on the communicator's TCP mesh (ring.h).
 class RingAlgorithms final : public Algorithms {
  public:
-  Traffic all_gather(const Wire& w, const void* in, void* out, int64_t block) override {
+  Traffic all_gather(const Wire& w, const void* in, void* out, int64_t block, const Compressible*) override {
     const int n = w.mesh->size, r = w.mesh->rank;
     char* o = static_cast<char*>(out);
     // In-place use (input is block r of output) needs no copy.
@@ -28,8 +29,8 @@ class RingAlgorithms final : public Algorithms {
     return ring_all_gather(w, o, offset, count);
   }
 
-  Traffic reduce_scatter(const Wire& w, const void* in, void* out, int64_t m, c10::ScalarType dtype,
-                         int divisor) override {
+  Traffic reduce_scatter(const Wire& w, const void* in, void* out, int64_t m, c10::ScalarType dtype, int divisor,
+                         const Compressible*) override {
     const int n = w.mesh->size;
     std::vector<int64_t> offset(n), count(n, m);
     for (int j = 0; j < n; ++j) offset[j] = j * m;
@@ -56,12 +57,12 @@ class CmaAlgorithms final : public Algorithms {
 
   // Every rank passes the same kind of buffer (the engine decides the same
   // on every rank), so every rank takes the same algorithm.
-  Traffic all_gather(const Wire& w, const void* in, void* out, int64_t block) override {
+  Traffic all_gather(const Wire& w, const void* in, void* out, int64_t block, const Compressible*) override {
     if (shared_ && shared_->is_common(out, block * w.mesh->size)) return shared_->all_gather(w, in, out, block);
     return cma_all_gather(w, peers_, in, out, block);
   }
-  Traffic reduce_scatter(const Wire& w, const void* in, void* out, int64_t m, c10::ScalarType dtype,
-                         int divisor) override {
+  Traffic reduce_scatter(const Wire& w, const void* in, void* out, int64_t m, c10::ScalarType dtype, int divisor,
+                         const Compressible*) override {
     if (shared_ && shared_->is_block(in, m * w.mesh->size * static_cast<int64_t>(c10::elementSize(dtype))))
       return shared_->reduce_scatter(w, in, out, m, dtype, divisor);
     return cma_reduce_scatter(w, peers_, in, out, m, dtype, divisor);
@@ -90,20 +91,33 @@ class CmaAlgorithms final : public Algorithms {
 // index (tiers.h). Owns the two tiers' meshes.
 class TierAlgorithms final : public Algorithms {
  public:
-  explicit TierAlgorithms(std::unique_ptr<Tiers> t) : t_(std::move(t)) {}
+  // `compress`: OFF, or the compression the path's choice took
+  // (path::Choice::compressed). `announce`: FSDP_DEBUG=info on this
+  // communicator's rank 0 (a line per new residual).
+  TierAlgorithms(std::unique_ptr<Tiers> t, Compression compress, bool announce)
+      : t_(std::move(t)), announce_(announce) {
+    if (compress != Compression::OFF) compression_ = std::make_unique<TierCompression>(tier_compression(compress));
+  }
 
   // As CmaAlgorithms: the host-shared forms for buffers that lie in the
-  // host's shared memory, the same on every rank.
-  Traffic all_gather(const Wire& w, const void* in, void* out, int64_t block) override {
+  // host's shared memory, the same on every rank (the all-gather never
+  // compressed, the reduce-scatter's inter tier as the plain one, tiers.h).
+  Traffic all_gather(const Wire& w, const void* in, void* out, int64_t block, const Compressible* lossy) override {
     if (t_->shared && t_->shared->is_common(out, block * w.mesh->size))
       return tier_shared_all_gather(w, *t_, in, out, block);
-    return tier_all_gather(w, *t_, in, out, block);
+    const auto q = quantized(lossy, block);
+    return tier_all_gather(w, *t_, in, out, block, q ? &*q : nullptr);
   }
-  Traffic reduce_scatter(const Wire& w, const void* in, void* out, int64_t m, c10::ScalarType dtype,
-                         int divisor) override {
-    if (t_->shared && t_->shared->is_block(in, m * w.mesh->size * static_cast<int64_t>(c10::elementSize(dtype))))
-      return tier_shared_reduce_scatter(w, *t_, in, out, m, dtype, divisor);
-    return tier_reduce_scatter(w, *t_, in, out, m, dtype, divisor);
+  Traffic reduce_scatter(const Wire& w, const void* in, void* out, int64_t m, c10::ScalarType dtype, int divisor,
+                         const Compressible* lossy) override {
+    const int64_t bytes = m * w.mesh->size * static_cast<int64_t>(c10::elementSize(dtype));
+    const auto q = quantized(lossy, bytes);
+    if (q && announce_ && !compression_->feedback.state().count(q->key))
+      std::fprintf(stderr, "fsdp: FSDP_DEBUG: error feedback keeps a residual for '%s' (%s)\n", lossy->label.c_str(),
+                   q->key.c_str());
+    if (t_->shared && t_->shared->is_block(in, bytes))
+      return tier_shared_reduce_scatter(w, *t_, in, out, m, dtype, divisor, q ? &*q : nullptr);
+    return tier_reduce_scatter(w, *t_, in, out, m, dtype, divisor, q ? &*q : nullptr);
   }
   std::shared_ptr<HostShared> host_shared() const override { return t_->shared; }
   void* map_common(const Wire& w, int64_t bytes) override { return t_->shared->map_common(t_->intra_wire(w), bytes); }
@@ -124,7 +138,27 @@ class TierAlgorithms final : public Algorithms {
   void leave(std::chrono::milliseconds budget) override { t_->leave(budget); }
 
  private:
+  // A compressible call of `bytes` (the all-gather's block, the
+  // reduce-scatter's input) when this path compresses; its residual's key
+  // is the label with the buffer's numel and dtype, so two buffers under
+  // one label never share a residual.
+  std::optional<QuantizedCall> quantized(const Compressible* lossy, int64_t bytes) const {
+    if (!compression_ || !lossy) return std::nullopt;
+    const c10::ScalarType dt = lossy->dtype;
+    if (dt != c10::kFloat && dt != c10::kBFloat16 && dt != c10::kHalf) return std::nullopt;
+    QuantizedCall q;
+    q.with = compression_.get();
+    q.dtype = dt;
+    q.key = detail::cat(lossy->label, " [", bytes / static_cast<int64_t>(c10::elementSize(dt)), " ",
+                        dtype_name(dt), "]");
+    return q;
+  }
+
   const std::unique_ptr<Tiers> t_;
+  const bool announce_;
+  // Null when not compressing; else the formats and residuals, touched only
+  // by the communicator's thread.
+  std::unique_ptr<TierCompression> compression_;
 };
 
 std::string ranks_text(const std::vector<int>& ranks) {
@@ -141,6 +175,7 @@ ChosenPath choose_algorithms(const PathInputs& in) {
   f.transport = in.opts.transport;
   f.tiers = in.opts.tiers;
   f.share_host = in.opts.share_host;
+  f.compress = to_string(in.opts.compress);
   f.ranks = n;
   if (in.opts.transport != "tcp") {
     if (in.transport.one_host)
@@ -172,7 +207,9 @@ ChosenPath choose_algorithms(const PathInputs& in) {
       f.tiers_shape = detail::cat(layout->hosts, " hosts of ", layout->per_host, " ranks");
       f.share_blocked = tiers->share_blocked;
       out.choice = path::choose(f);
-      out.algorithms = std::make_unique<TierAlgorithms>(std::move(tiers));
+      out.algorithms = std::make_unique<TierAlgorithms>(
+          std::move(tiers), out.choice.compressed ? in.opts.compress : Compression::OFF,
+          in.opts.debug_info && in.world.rank == 0);
     } else {
       f.tiers_blocked = why;
       out.choice = path::choose(f);
@@ -197,6 +234,7 @@ ChosenPath choose_algorithms(const PathInputs& in) {
                       {{"path", path::words(out.choice.path)},
                        {"reason", out.choice.reason},
                        {"host_shared", out.choice.host_shared},
+                       {"compress", out.choice.compressed ? to_string(in.opts.compress) : "off"},
                        {"ranks", in.global}});
   return out;
 }

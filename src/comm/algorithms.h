@@ -1,6 +1,6 @@
 // fsdp-cpp: the path a Gloo communicator's collectives take, as one object
 // chosen once.
-// defines: Algorithms, divisor, PathInputs, ChosenPath, choose_algorithms
+// defines: Compressible, Algorithms, divisor, PathInputs, ChosenPath, choose_algorithms
 //
 // path::choose (common/collective_path.h) decides once per communicator how
 // its all_gather, reduce_scatter and all_reduce move bytes: the flat TCP
@@ -41,6 +41,13 @@ namespace fsdp::comm {
 class Rendezvous;
 class HostShared;
 
+// A call that may cross hosts compressed (CollectiveInfo::compressible, of
+// fp32, bf16 or fp16): what a compressing path needs beside the bytes.
+struct Compressible {
+  std::string label;  // with numel and dtype, the key of a reduce-scatter's residual
+  c10::ScalarType dtype = c10::kFloat;
+};
+
 // One path's collectives over a communicator's ranks. Called only by the
 // communicator's thread, with a Wire on the communicator's own mesh.
 class Algorithms {
@@ -51,12 +58,15 @@ class Algorithms {
   // (Traffic::inter -1: count the ring neighbour's tier).
   // `in` holds this rank's block (block_bytes), which lands at
   // out + rank * block_bytes (in may be exactly there).
-  virtual Traffic all_gather(const Wire& w, const void* in, void* out, int64_t block_bytes) = 0;
+  // `lossy`: the call may travel compressed (only the tiers do, when their
+  // choice says compressed); null: exact. The same on every rank.
+  virtual Traffic all_gather(const Wire& w, const void* in, void* out, int64_t block_bytes,
+                             const Compressible* lossy = nullptr) = 0;
   // Writes the reduction of every rank's chunk `rank` (count elements) of
   // `in` to `out`, divided by `divisor` (divisor()); out may be that chunk
   // of `in`, nothing else of `in` is written.
   virtual Traffic reduce_scatter(const Wire& w, const void* in, void* out, int64_t count, c10::ScalarType dtype,
-                                 int divisor) = 0;
+                                 int divisor, const Compressible* lossy = nullptr) = 0;
   // In place, chunks as ring_chunks(numel, N).
   virtual Traffic all_reduce(const Wire& w, void* data, int64_t numel, c10::ScalarType dtype, int divisor) = 0;
 

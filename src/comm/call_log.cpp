@@ -62,11 +62,13 @@ CallLog::Entered::Entered(CallLog& log, const CallShape& shape, uint64_t ticket)
 
 void CallLog::finished(uint64_t ticket, const std::string& error) { flight::finish(ticket, error); }
 
-void CallLog::count(CollectiveKind kind, int64_t bytes, int64_t inter_host_bytes, double seconds) {
+void CallLog::count(CollectiveKind kind, int64_t bytes, int64_t inter_host_bytes, double seconds,
+                    int64_t inter_host_logical) {
   counters_.add(kind, [&](CommCounters::Entry& e) {
     e.calls += 1;
     e.bytes_sent += bytes;
     e.bytes_inter_host += inter_host_bytes;
+    e.bytes_inter_host_logical += inter_host_logical >= 0 ? inter_host_logical : inter_host_bytes;
     e.seconds += seconds;
   });
 }

@@ -90,7 +90,10 @@ class CallLog {
   // The flight recorder's end of `ticket`; a non-empty `error` marks it failed.
   void finished(uint64_t ticket, const std::string& error = "");
   // One collective's calls, bytes and seconds, here and in the ancestors.
-  void count(CollectiveKind kind, int64_t bytes, int64_t inter_host_bytes, double seconds);
+  // `inter_host_logical`: what the inter-host bytes would have been
+  // uncompressed; -1: inter_host_bytes (nothing crossed quantized).
+  void count(CollectiveKind kind, int64_t bytes, int64_t inter_host_bytes, double seconds,
+             int64_t inter_host_logical = -1);
   // Seconds known only later (NCCL: the GPU's time, once it completed).
   void add_seconds(CollectiveKind kind, double seconds);
 

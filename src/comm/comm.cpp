@@ -34,11 +34,18 @@ int64_t CommCounters::total_bytes_inter_host() const {
   return total;
 }
 
+int64_t CommCounters::total_bytes_inter_host_logical() const {
+  int64_t total = 0;
+  for (const auto& e : by_kind) total += e.bytes_inter_host_logical;
+  return total;
+}
+
 CommCounters& CommCounters::operator+=(const CommCounters& o) {
   for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
     by_kind[k].calls += o.by_kind[k].calls;
     by_kind[k].bytes_sent += o.by_kind[k].bytes_sent;
     by_kind[k].bytes_inter_host += o.by_kind[k].bytes_inter_host;
+    by_kind[k].bytes_inter_host_logical += o.by_kind[k].bytes_inter_host_logical;
     by_kind[k].seconds += o.by_kind[k].seconds;
   }
   return *this;
@@ -103,6 +110,16 @@ CommPtr make_communicator_from_env(const CommOptions& opts) {
 }
 
 const char* to_string(CommBackend b) { return b == CommBackend::NCCL ? "nccl" : "gloo"; }
+
+const char* to_string(Compression c) {
+  switch (c) {
+    case Compression::OFF: return "off";
+    case Compression::INT8: return "int8";
+    case Compression::INT4: return "int4";
+    case Compression::FP8: return "fp8";
+  }
+  return "?";
+}
 
 CommPtr make_local_communicator(const CommOptions& opts) {
   return comm::make_world_of_one(comm::resolve_options(opts, config::read_env()));

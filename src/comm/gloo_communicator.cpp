@@ -118,8 +118,10 @@ class GlooCommunicator final : public Communicator {
 
   WorkPtr all_gather(const torch::Tensor& input, torch::Tensor output, const CollectiveInfo& info) override {
     CallShape shape = checked([&] { return check_all_gather(input, output, world_.world_size, info); });
-    return submit(shape, [input, output, this](const Wire& w) {
-      return algorithms_->all_gather(w, input.data_ptr(), output.data_ptr(), input.numel() * input.element_size());
+    auto lossy = compressible(info, input.scalar_type());
+    return submit(shape, [input, output, lossy, this](const Wire& w) {
+      return algorithms_->all_gather(w, input.data_ptr(), output.data_ptr(), input.numel() * input.element_size(),
+                                     lossy.get());
     });
   }
 
@@ -128,9 +130,10 @@ class GlooCommunicator final : public Communicator {
     CallShape shape =
         checked([&] { return check_reduce_scatter(input, output, op, world_.world_size, info); });
     const int d = divisor(op, world_.world_size);
-    return submit(shape, [input, output, d, this](const Wire& w) {
+    auto lossy = compressible(info, input.scalar_type());
+    return submit(shape, [input, output, d, lossy, this](const Wire& w) {
       return algorithms_->reduce_scatter(w, input.data_ptr(), output.data_ptr(), output.numel(), input.scalar_type(),
-                                         d);
+                                         d, lossy.get());
     });
   }
 
@@ -255,6 +258,15 @@ class GlooCommunicator final : public Communicator {
   // A collective's bytes on the wire, run by the communication thread.
   using Algorithm = std::function<Traffic(const Wire&)>;
 
+  // What the path may compress of a call (algorithms.h): only calls the
+  // caller marked compressible, only floating dtypes the quantizer decodes
+  // into; null otherwise, and always when the path does not compress.
+  std::shared_ptr<const Compressible> compressible(const CollectiveInfo& info, c10::ScalarType dt) const {
+    if (!info.compressible || !choice_.compressed) return nullptr;
+    if (dt != c10::kFloat && dt != c10::kBFloat16 && dt != c10::kHalf) return nullptr;
+    return std::make_shared<const Compressible>(Compressible{info.label, dt});
+  }
+
   // Misuse is reported to the caller right away and poisons the queue: the
   // other ranks issued this call, so this rank is out of step for good.
   template <class Check>
@@ -307,7 +319,8 @@ class GlooCommunicator final : public Communicator {
       if (sent.inter >= 0 && algorithms_->path() == path::Path::TIERS) call.span.arg("tiers", 1);
       if (sent.host_shared) call.span.arg("host_shared", 1);
     }
-    log_.count(shape.kind, bytes, inter, call.seconds());
+    if (sent.inter_logical >= 0 && call.span.active()) call.span.arg("inter_host_logical_bytes", sent.inter_logical);
+    log_.count(shape.kind, bytes, inter, call.seconds(), sent.inter_logical);
   }
 
   // A failed collective leaves this communicator for good: the ranks of

@@ -83,6 +83,9 @@ struct Traffic {
   // The host-shared forms (host_shared.h): nothing moved inside a host (the
   // trace's span says so: "host_shared": 1).
   bool host_shared = false;
+  // What `inter` would have been uncompressed (quantized.h's logical bytes);
+  // -1: `inter` itself, nothing crossed hosts quantized.
+  int64_t inter_logical = -1;
   Traffic(int64_t b = 0, int64_t i = -1) : bytes(b), inter(i) {}  // NOLINT: an int64_t is a flat count
 };
 

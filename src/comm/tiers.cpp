@@ -8,6 +8,7 @@
 
 #include "comm/checks.h"
 #include "comm/host_shared.h"
+#include "comm/quantized.h"
 #include "comm/slots.h"
 #include "fsdp/errors.h"
 
@@ -157,26 +158,63 @@ int64_t gather_across(const Wire& w, const Tiers& t, const void* in, char* o, in
   return ring_all_gather(t.inter_wire(w), o, offset, count);
 }
 
+// gather_across, quantized (tiers.h, "Compressed"): the H decoded shards,
+// this rank's own too, staged in inter rank order, then copied to their
+// places. `in` may be this rank's place: it is quantized before any copy.
+QuantTraffic gather_across_quantized(const Wire& w, const Tiers& t, const void* in, char* o, int64_t b,
+                                     const QuantizedCall& q) {
+  const int H = t.layout.hosts;
+  const int64_t m = b / static_cast<int64_t>(c10::elementSize(q.dtype));
+  const auto as = torch::TensorOptions().dtype(q.dtype);
+  torch::Tensor mine = torch::from_blob(const_cast<void*>(in), {m}, as);
+  torch::Tensor gathered = torch::empty({H * m}, as);
+  const QuantTraffic sent = quantized_all_gather(t.inter_wire(w), mine, gathered, m, q.with->weights);
+  const auto& inter = t.inter_ranks();
+  const char* g = static_cast<const char*>(gathered.data_ptr());
+  for (int j = 0; j < H; ++j) std::memcpy(o + inter[j] * b, g + j * b, b);
+  return sent;
+}
+
+Traffic reduce_across(const Wire& w, const Tiers& t, char* host_sums, void* out, int64_t m, c10::ScalarType dtype,
+                      int divisor, const QuantizedCall* q, int64_t inside);
+
 }  // namespace
 
-Traffic tier_all_gather(const Wire& w, const Tiers& t, const void* in, void* out, int64_t b) {
+TierCompression tier_compression(Compression c) {
+  TierCompression tc;
+  tc.weights = {c == Compression::FP8 ? QuantKind::FP8_E4M3 : QuantKind::INT8, 256, c10::kFloat};
+  tc.grads = {c == Compression::INT4 ? QuantKind::INT4 : QuantKind::INT8, 256, c10::kFloat};
+  return tc;
+}
+
+Traffic tier_all_gather(const Wire& w, const Tiers& t, const void* in, void* out, int64_t b,
+                        const QuantizedCall* q) {
   const TierLayout& L = t.layout;
   const int S = L.per_host, n = L.hosts * S;
   char* o = static_cast<char*>(out);
   if (b == 0) return {0, 0};
   // 1. The shards of this rank's local index, one per host.
-  const int64_t across = gather_across(w, t, in, o, b);
+  int64_t across = 0, logical = -1;
+  if (q) {
+    const QuantTraffic qt = gather_across_quantized(w, t, in, o, b, *q);
+    across = qt.wire;
+    logical = qt.logical;
+  } else {
+    across = gather_across(w, t, in, o, b);
+  }
   // 2. Local rank q now holds the H blocks of local index q: read them
   // where they lie in its output.
   Segments seg(S);
   for (int q = 0; q < S; ++q)
     for (int g : L.inter[q]) seg[q].push_back({g * b, b});
   const int64_t inside = cma_gather_segments(t.intra_wire(w), t.peers, o, n * b, seg);
-  return {across + inside, across};
+  Traffic sent(across + inside, across);
+  sent.inter_logical = logical;
+  return sent;
 }
 
 Traffic tier_reduce_scatter(const Wire& w, const Tiers& t, const void* in, void* out, int64_t m,
-                            c10::ScalarType dtype, int divisor) {
+                            c10::ScalarType dtype, int divisor, const QuantizedCall* q) {
   const TierLayout& L = t.layout;
   const int H = L.hosts, S = L.per_host, n = H * S;
   if (m == 0) return {0, 0};
@@ -187,16 +225,53 @@ Traffic tier_reduce_scatter(const Wire& w, const Tiers& t, const void* in, void*
   torch::Tensor staged = torch::empty({H * m * es}, torch::kByte);
   char* host_sums = static_cast<char*>(staged.data_ptr());
   Segments seg(S);
-  for (int q = 0; q < S; ++q)
-    for (int g : L.inter[q]) seg[q].push_back({g * m, m});
+  for (int k = 0; k < S; ++k)
+    for (int g : L.inter[k]) seg[k].push_back({g * m, m});
   const int64_t inside = cma_reduce_segments(t.intra_wire(w), t.peers, in, n * m, host_sums, seg, dtype, 1);
   // 2. Across hosts: inter rank j gets the sum of every host's chunk j,
   // which is this rank's chunk.
+  return reduce_across(w, t, host_sums, out, m, dtype, divisor, q, inside);
+}
+
+namespace {
+
+// The second tier of both reduce-scatters: `host_sums` holds this host's
+// sums of the H chunks this rank forwards (inter rank order); the sum over
+// the hosts of chunk j lands in `out` of inter rank j. `inside`: the first
+// tier's bytes, for the total.
+Traffic reduce_across(const Wire& w, const Tiers& t, char* host_sums, void* out, int64_t m, c10::ScalarType dtype,
+                      int divisor, const QuantizedCall* q, int64_t inside) {
+  const int H = t.layout.hosts;
+  if (q) {
+    // Compressed: this buffer's residual joins the host sums before they
+    // are quantized; what the peers decode (the same quantization, blocks
+    // restarting at each chunk, deterministic) is subtracted after.
+    const auto as = torch::TensorOptions().dtype(dtype);
+    ErrorFeedback& feedback = q->with->feedback;
+    const QuantFormat& f = q->with->grads;
+    const torch::Tensor meant = feedback.compensate(q->key, torch::from_blob(host_sums, {H * m}, as));
+    const QuantTraffic qt =
+        quantized_reduce_scatter(t.inter_wire(w), meant, torch::from_blob(out, {m}, as), m, f, divisor);
+    torch::Tensor decoded = torch::empty_like(meant);
+    for (int j = 0; j < H; ++j) {
+      const torch::Tensor chunk = meant.slice(0, j * m, (j + 1) * m);
+      decoded.slice(0, j * m, (j + 1) * m).copy_(dequantize(quantize(chunk, f), f, m));
+    }
+    feedback.remember(q->key, meant, decoded);
+    Traffic sent(inside + qt.wire, qt.wire);
+    // qt.logical counts `meant`'s fp32; the uncompressed ring would have
+    // sent the host sums in their own dtype.
+    sent.inter_logical = qt.logical / static_cast<int64_t>(meant.element_size()) *
+                         static_cast<int64_t>(c10::elementSize(dtype));
+    return sent;
+  }
   std::vector<int64_t> offset(H), count(H, m);
   for (int j = 0; j < H; ++j) offset[j] = j * m;
   const int64_t across = ring_reduce_scatter(t.inter_wire(w), host_sums, out, offset, count, dtype, divisor);
   return {inside + across, across};
 }
+
+}  // namespace
 
 Traffic tier_all_reduce(const Wire& w, const Tiers& t, void* data, int64_t numel, c10::ScalarType dtype,
                         int divisor) {
@@ -254,7 +329,7 @@ Traffic tier_shared_all_gather(const Wire& w, const Tiers& t, const void* in, vo
 }
 
 Traffic tier_shared_reduce_scatter(const Wire& w, const Tiers& t, const void* in, void* out, int64_t m,
-                                   c10::ScalarType dtype, int divisor) {
+                                   c10::ScalarType dtype, int divisor, const QuantizedCall* q) {
   const TierLayout& L = t.layout;
   const int H = L.hosts, n = H * L.per_host;
   if (m == 0) return {0, 0};
@@ -266,11 +341,9 @@ Traffic tier_shared_reduce_scatter(const Wire& w, const Tiers& t, const void* in
   std::vector<int64_t> chunks;
   for (int g : t.inter_ranks()) chunks.push_back(g * m);
   const int64_t inside = t.shared->sum_chunks(t.intra_wire(w), in, n * m * es, chunks, m, host_sums, dtype, 1).bytes;
-  // 2. Across hosts, as tier_reduce_scatter.
-  std::vector<int64_t> offset(H), count(H, m);
-  for (int j = 0; j < H; ++j) offset[j] = j * m;
-  const int64_t across = ring_reduce_scatter(t.inter_wire(w), host_sums, out, offset, count, dtype, divisor);
-  Traffic sent(inside + across, across);
+  // 2. Across hosts, as tier_reduce_scatter (compressed too: `out` is this
+  // rank's own shard of the gradients, never the host's memory).
+  Traffic sent = reduce_across(w, t, host_sums, out, m, dtype, divisor, q, inside);
   sent.host_shared = true;
   return sent;
 }

@@ -1,6 +1,6 @@
 // fsdp-cpp: collectives over two tiers: cross-memory attach inside each
 // host, Gloo TCP between hosts.
-// defines: TierLayout, tier_layout, Tiers, connect_tiers,
+// defines: TierLayout, tier_layout, Tiers, connect_tiers, TierCompression, tier_compression, QuantizedCall,
 //          tier_all_gather, tier_reduce_scatter, tier_all_reduce,
 //          tier_shared_all_gather, tier_shared_reduce_scatter
 //
@@ -38,6 +38,26 @@
 //                   then the inter reduce-scatter as above.
 // Only the inter tier's bytes move; counted as without sharing.
 //
+// Compressed (CommOptions::compress, FSDP_COMPRESS; path::Choice::compressed):
+// a compressible call (CollectiveInfo::compressible) of fp32, bf16 or fp16
+// runs its inter tier through quantized.h and nothing else changes:
+//   all_gather      each rank quantizes its own shard (TierCompression::
+//                   weights), the quantized shards go round the inter ring,
+//                   every rank decodes all H of them, its own too, into
+//                   their places; then the intra tier copies those decoded
+//                   blocks, so every rank of the world holds the same bits;
+//   reduce_scatter  the intra tier's host sums (exact, as uncompressed) plus
+//                   this buffer's residual, quantized per destination
+//                   (grads), the all-to-all of quantized.h, decoded and summed
+//                   in fp32 in inter rank order, divided once; the residual
+//                   becomes what was meant minus what was sent (error feedback,
+//                   keyed by the call's label, numel and dtype).
+// Counted: the bytes sent (inter: quantized); Traffic::inter_logical the
+// uncompressed inter tier's. The host-shared reduce-scatter compresses its
+// inter tier the same way (its output is the rank's own shard). all_reduce
+// and the host-shared all-gather stay exact (the host's fp32 copy holds the
+// master shard itself, which a decoded copy must not overwrite).
+//
 // Summation: a chunk is summed first over the ranks of each host (in the
 // CMA ring order of that host), then over the hosts' partial sums (the TCP
 // ring order of the inter tier). Integers and values exact in the dtype
@@ -53,6 +73,7 @@
 
 #include "comm/cma.h"
 #include "comm/mesh.h"
+#include "comm/quantize.h"
 #include "comm/rendezvous.h"
 #include "comm/world_env.h"
 
@@ -115,12 +136,33 @@ std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& w
                                      const TierLayout& layout, const std::vector<int>& global,
                                      const ResolvedOptions& opts, std::string* why);
 
+// The inter tier's compression: formats, and the residuals of the
+// gradients' buffers. Owned by one communicator's path, used by its
+// thread only.
+struct TierCompression {
+  QuantFormat weights;  // the all-gather's
+  QuantFormat grads;    // the reduce-scatter's
+  ErrorFeedback feedback;
+};
+// The formats of FSDP_COMPRESS's values (fsdp/comm.h Compression; not OFF).
+TierCompression tier_compression(Compression c);
+
+// One compressible call on the tiers: its formats and residuals, and the
+// key of its buffer's residual.
+struct QuantizedCall {
+  TierCompression* with = nullptr;
+  std::string key;
+  c10::ScalarType dtype = c10::kFloat;  // fp32, bf16 or fp16
+};
+
 // The communicator's contracts (fsdp/comm.h, gloo_communicator.cpp).
 // Counted: the inter tier's ring bytes (all across hosts) plus what a ring
 // of the intra tier would send for the same blocks (cma.h's convention).
-Traffic tier_all_gather(const Wire& w, const Tiers& t, const void* in, void* out, int64_t block_bytes);
+// `q`: compressed (above); null: exact.
+Traffic tier_all_gather(const Wire& w, const Tiers& t, const void* in, void* out, int64_t block_bytes,
+                        const QuantizedCall* q = nullptr);
 Traffic tier_reduce_scatter(const Wire& w, const Tiers& t, const void* in, void* out, int64_t count,
-                            c10::ScalarType dtype, int divisor);
+                            c10::ScalarType dtype, int divisor, const QuantizedCall* q = nullptr);
 Traffic tier_all_reduce(const Wire& w, const Tiers& t, void* data, int64_t numel, c10::ScalarType dtype,
                         int divisor);
 // The host-shared forms (above), when t.shared and on every rank `out` is
@@ -128,6 +170,6 @@ Traffic tier_all_reduce(const Wire& w, const Tiers& t, void* data, int64_t numel
 // blocks (is_block). Counted as tier_all_gather / tier_reduce_scatter.
 Traffic tier_shared_all_gather(const Wire& w, const Tiers& t, const void* in, void* out, int64_t block_bytes);
 Traffic tier_shared_reduce_scatter(const Wire& w, const Tiers& t, const void* in, void* out, int64_t count,
-                                   c10::ScalarType dtype, int divisor);
+                                   c10::ScalarType dtype, int divisor, const QuantizedCall* q = nullptr);
 
 }  // namespace fsdp::comm

@@ -32,6 +32,11 @@ ResolvedOptions resolve_options(const CommOptions& opts, const config::EnvConfig
   r.transport = env.transport;
   r.tiers = env.tiers;
   r.share_host = env.share_host ? *env.share_host : opts.share_host_memory;
+  r.compress = env.compress == "off"    ? Compression::OFF
+               : env.compress == "int8" ? Compression::INT8
+               : env.compress == "int4" ? Compression::INT4
+               : env.compress == "fp8"  ? Compression::FP8
+                                        : opts.compress;
   r.backend = env.backend == "nccl" ? CommBackend::NCCL : env.backend == "gloo" ? CommBackend::GLOO : opts.backend;
   FSDP_USER_CHECK(opts.device_index >= -1, "CommOptions::device_index must be -1 (LOCAL_RANK) or a CUDA device, found ",
                   opts.device_index);

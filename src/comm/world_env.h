@@ -42,6 +42,7 @@ struct ResolvedOptions {
   int device_index = 0;       // NCCL: CommOptions::device_index, -1 resolved to LOCAL_RANK
   bool tiers = true;          // FSDP_TIERS: compose tiers across hosts
   bool share_host = true;     // CommOptions::share_host_memory, or FSDP_SHARE_HOST
+  Compression compress = Compression::OFF;  // CommOptions::compress, or FSDP_COMPRESS
   std::string job_token;      // FSDP_JOB_TOKEN, "" when unset
   std::string host_id;        // FSDP_HOST_ID, "" when unset (cma.h, host_identity)
   bool store_bind_all = false;  // FSDP_STORE_BIND=all

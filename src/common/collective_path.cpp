@@ -29,9 +29,8 @@ void share_or_not(const Facts& f, Choice& c) {
   }
 }
 
-}  // namespace
-
-Choice choose(const Facts& f) {
+// The path alone, before compression is considered.
+Choice choose_path_alone(const Facts& f) {
   Choice c;
   if (f.transport == "tcp") {
     c.reason = "FSDP_TRANSPORT=tcp";
@@ -66,6 +65,34 @@ Choice choose(const Facts& f) {
     c.refused = detail::cat(f.hosts_differ,
                             " and the tiers (cross-memory attach inside each host, TCP between) cannot compose: ",
                             blocked);
+  return c;
+}
+
+}  // namespace
+
+std::string compression_words(const std::string& compress) {
+  const char* weights = compress == "fp8" ? "float8 e4m3" : "int8";
+  const char* grads = compress == "int4" ? "int4" : "int8";
+  return detail::cat("parameters ", weights, ", gradients ", grads,
+                     " with error feedback, blocks of 256 with fp32 scales");
+}
+
+Choice choose(const Facts& f) {
+  Choice c = choose_path_alone(f);
+  if (f.compress.empty() || f.compress == "off") return c;
+  if (c.path == Path::TIERS) {
+    c.compressed = true;
+    c.reason += detail::cat("; between hosts compressible collectives travel quantized (FSDP_COMPRESS=", f.compress,
+                            ": ", compression_words(f.compress), ")");
+  } else if (f.transport == "tcp") {
+    c.reason += detail::cat("; FSDP_COMPRESS=", f.compress,
+                            " ignored: only the tiers' inter-host ring is compressed, the flat TCP ring is not yet");
+  } else if (f.hosts_differ.empty()) {
+    c.reason += detail::cat("; FSDP_COMPRESS=", f.compress, " ignored: every rank is on one host, no byte crosses a host");
+  } else {
+    c.reason += detail::cat("; FSDP_COMPRESS=", f.compress,
+                            " ignored: only the tiers' inter-host ring is compressed, the flat TCP ring is not yet");
+  }
   return c;
 }
 

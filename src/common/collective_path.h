@@ -1,6 +1,6 @@
 // fsdp-cpp: which path a communicator's collectives take, decided in one
 // place and torch-free.
-// defines: path::Path, path::words, path::Facts, path::Choice, path::choose,
+// defines: path::Path, path::words, path::Facts, path::Choice, path::choose, path::compression_words,
 //          path::UnitSharing, path::host_shared_unit, path::grads_in_peer_memory
 //
 // The communicator (src/comm/gloo_communicator.cpp) gathers the facts: the
@@ -52,6 +52,8 @@ struct Facts {
   // One host, or each host of the tiers: why its ranks cannot map each
   // other's memory ("" they can, or not probed yet).
   std::string share_blocked;
+  // FSDP_COMPRESS / CommOptions::compress: "off", "int8", "int4" or "fp8".
+  std::string compress = "off";
 };
 
 struct Choice {
@@ -65,6 +67,11 @@ struct Choice {
   // reduce gradients where they lie (comm/host_shared.h;
   // Communicator::shares_host_memory).
   bool host_shared = false;
+  // TIERS with compression on: compressible all-gathers and reduce-scatters
+  // cross hosts quantized (comm/quantized.h; docs/COMM.md "Quantized
+  // formats"). The reason then says the formats; compression asked for on
+  // another path is ignored, and the reason says why.
+  bool compressed = false;
 };
 
 // The one decision:
@@ -77,7 +84,16 @@ struct Choice {
 //                                                      each host: as on one host)
 //   several hosts, otherwise                        -> TCP (cma with ranks
 //                                                      sharing a host: refused)
+// and, with compression asked for, compressed only on TIERS: there the
+// inter-host tier is one TCP ring per local index, the bytes that cross the
+// slow link and nothing else. On one host nothing crosses a host; the flat
+// TCP ring across hosts mixes links inside and across hosts and is not
+// compressed yet (the reason says so; nothing fails).
 Choice choose(const Facts& f);
+
+// The words of one compression for the reason and messages: "parameters
+// int8, gradients int4 (error feedback), blocks of 256 with fp32 scales".
+std::string compression_words(const std::string& compress);
 
 // What decides whether one unit keeps its parameters once per host.
 struct UnitSharing {

@@ -80,6 +80,10 @@ const std::vector<Variable>& variables() {
        "ranks of one host (or of each host of the tiers) keep one copy of each unit's parameters and reduce "
        "gradients where they lie "
        "(docs/COMM.md, \"Host-shared units\")"},
+      {"FSDP_COMPRESS", "off, int8, int4 or fp8", "CommOptions::compress (off)",
+       "quantize what crosses hosts between the tiers: parameters' all-gather / gradients' reduce-scatter in "
+       "int8/int8, int8/int4 or fp8 e4m3/int8, blocks of 256 with fp32 scales, gradients with error feedback "
+       "(docs/COMM.md, \"Quantized formats\")"},
       {"FSDP_COORDINATOR", "host:port", "ReplicaOptions::coordinator (none)",
        "the coordinator of replica groups (`fsdp coordinator`; fsdp/replicas.h)"},
       {"FSDP_REPLICA_GROUP", "an integer in [0, 1048576)", "ReplicaOptions::group (none)",
@@ -273,6 +277,9 @@ EnvConfig parse(const Lookup& lookup, const Lineage& lineage) {
     c.share_host = r.on_off("FSDP_SHARE_HOST", true,
                             "on, the default: ranks of one host share one copy of each unit's parameters; off: each "
                             "rank keeps its own and collectives move bytes");
+  c.compress = r.choice("FSDP_COMPRESS", {"off", "int8", "int4", "fp8"}, "", "a known compression",
+                        "off (every byte exact), int8 (parameters and gradients int8), int4 (parameters int8, "
+                        "gradients int4) or fp8 (parameters float8 e4m3, gradients int8)");
   if (const char* t = r.raw("FSDP_JOB_TOKEN")) {
     const std::string tok = t;
     bool ok = tok.size() >= 16 && tok.size() <= 128;

@@ -110,7 +110,10 @@ void Unit::unshard(bool prefetch) {
     }
     // The input must stay alive until the gather completes.
     gather_input_ = param_dtype == torch::kFloat32 ? shard : shard.to(param_dtype);
-    gather_work_ = comm->all_gather(gather_input_, full, {display_name()});
+    // Compressible: only this compute copy may cross hosts quantized; the
+    // shard itself is never written (the host-shared form above is never
+    // compressed: its fp32 slice is the shard).
+    gather_work_ = comm->all_gather(gather_input_, full, {display_name(), /*compressible=*/true});
   });
   state_ = UnitState::UNSHARDING;
   if (prefetch) prefetched_ = true;
@@ -327,7 +330,8 @@ PendingReduce Unit::reduce(torch::Tensor grads) {
       p.work = comm->all_reduce(grads, ReduceOp::AVG, {display_name()});
     } else {
       p.output = torch::empty({shard_numel}, grads.options());
-      p.work = comm->reduce_scatter(grads, p.output, ReduceOp::AVG, {display_name()});
+      // Compressible: the unit's name keys its gradients' error feedback.
+      p.work = comm->reduce_scatter(grads, p.output, ReduceOp::AVG, {display_name(), /*compressible=*/true});
     }
   });
   if (owner->streams.active()) p.input = std::move(grads);

@@ -7,7 +7,8 @@
 //   MODE: plain (1 micro-step) | nosync (3, no_sync on the first two) |
 //         rs (3, reduce-scatter every micro-step)
 //   PREFETCH: none | pre | post | fwd (forward + backward pre)
-//   DTYPE: fp32 | bf16 (bf16: loose tolerance, checks it trains)
+//   DTYPE: fp32 | bf16 (bf16: loose tolerance, checks it trains; so does
+//          FSDP_COMPRESS other than off)
 //   SHARD_GROUP (optional): FsdpOptions::shard_group_size for hybrid*
 #include <cmath>
 #include <cstdio>
@@ -129,7 +130,15 @@ FSDP_SCENARIO(core_parity) {
     max_abs = std::max(max_abs, d);
     ++i;
   }
-  const double tol = dtype == "bf16" ? 5e-2 : 1e-5;
+  // FSDP_COMPRESS on (across hosts): the gathered weights carry up to half a
+  // quantization step of their block's max, and AdamW's normalised update
+  // turns a gradient's quantization error into at most about one learning
+  // rate (2e-3) per element per step: within 1e-2 of the largest parameter
+  // after 3 steps. The loose check bf16 gets (5e-2) keeps a margin over
+  // that and still fails a wrong or missing reduction (errors of 1e-1 and up).
+  const char* compress = std::getenv("FSDP_COMPRESS");
+  const bool lossy = compress && std::string(compress) != "off";
+  const double tol = dtype == "bf16" || lossy ? 5e-2 : 1e-5;
   std::printf("PARITY strategy=%s mode=%s prefetch=%s dtype=%s N=%d max_rel=%.3g max_abs=%.3g %s\n",
               strategy.c_str(), mode.c_str(), prefetch.c_str(), dtype.c_str(), N, max_rel, max_abs,
               max_rel <= tol ? "OK" : "MISMATCH");
