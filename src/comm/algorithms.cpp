@@ -143,9 +143,8 @@ class TierAlgorithms final : public Algorithms {
   // is the label with the buffer's numel and dtype, so two buffers under
   // one label never share a residual.
   std::optional<QuantizedCall> quantized(const Compressible* lossy, int64_t bytes) const {
-    if (!compression_ || !lossy) return std::nullopt;
+    if (!compression_ || !lossy) return std::nullopt;  // lossy: floating only (the communicator's compressible())
     const c10::ScalarType dt = lossy->dtype;
-    if (dt != c10::kFloat && dt != c10::kBFloat16 && dt != c10::kHalf) return std::nullopt;
     QuantizedCall q;
     q.with = compression_.get();
     q.dtype = dt;

@@ -129,11 +129,16 @@ QuantTraffic quantized_all_gather(const Wire& w, const at::Tensor& in_block, con
 }
 
 QuantTraffic quantized_reduce_scatter(const Wire& w, const at::Tensor& in, const at::Tensor& out,
-                                      const std::vector<int64_t>& counts, const QuantFormat& f, int divisor) {
+                                      const std::vector<int64_t>& counts, const QuantFormat& f, int divisor,
+                                      const at::Tensor& sent) {
   const int n = w.mesh->size, r = w.mesh->rank;
   check_quantized_args("quantized reduce_scatter", w, counts, in, total_of(counts), out, counts.at(r), f);
   FSDP_USER_CHECK(divisor >= 1, "quantized reduce_scatter: divisor ", divisor,
                   "; expected >= 1 (1: a sum, the world size: a mean)");
+  FSDP_USER_CHECK(!sent.defined() || (sent.numel() == total_of(counts) && sent.is_contiguous() &&
+                                      sent.scalar_type() == at::kFloat),
+                  "quantized reduce_scatter: `sent` of ", sent.defined() ? sent.numel() : 0,
+                  " elements; expected ", total_of(counts), " contiguous fp32 elements (or none)");
   const std::vector<int64_t> elem_off = prefix_sums(counts);
   at::Tensor flat = in.reshape({-1});
   // What this rank sends: every destination's chunk, quantized with blocks
@@ -181,6 +186,12 @@ QuantTraffic quantized_reduce_scatter(const Wire& w, const at::Tensor& in, const
     t.logical = (total_of(counts) - counts[r]) * static_cast<int64_t>(in.element_size());
   }
 
+  // What each destination decodes (its chunk's bytes are deterministic).
+  if (sent.defined())
+    for (int q = 0; q < n; ++q)
+      if (counts[q] > 0)
+        dequantize_into(outgoing.slice(0, send_l.offset[q], send_l.offset[q] + send_l.bytes[q]), f,
+                        sent.view({-1}).slice(0, elem_off[q], elem_off[q] + counts[q]));
   // The sum, in fp32, in rank order, on the output's device; one division,
   // one rounding to the output's dtype.
   if (counts[r] == 0) return t;
@@ -192,8 +203,8 @@ QuantTraffic quantized_reduce_scatter(const Wire& w, const at::Tensor& in, const
 }
 
 QuantTraffic quantized_reduce_scatter(const Wire& w, const at::Tensor& in, const at::Tensor& out, int64_t count,
-                                      const QuantFormat& f, int divisor) {
-  return quantized_reduce_scatter(w, in, out, std::vector<int64_t>(w.mesh->size, count), f, divisor);
+                                      const QuantFormat& f, int divisor, const at::Tensor& sent) {
+  return quantized_reduce_scatter(w, in, out, std::vector<int64_t>(w.mesh->size, count), f, divisor, sent);
 }
 
 }  // namespace fsdp::comm

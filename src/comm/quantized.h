@@ -68,11 +68,15 @@ QuantTraffic quantized_all_gather(const Wire& w, const at::Tensor& in_block, con
 // `in`: sum(counts) elements (floating, contiguous, any device), rank q's
 // chunk at the prefix sum of counts before q; `out`: counts[r] elements,
 // contiguous, fp32, bf16 or fp16. divisor >= 1 (N turns the sum into a
-// mean). Throws as quantized_all_gather.
+// mean). `sent`, when defined: sum(counts) contiguous fp32 elements that
+// receive what every chunk of `in` decodes to at its destination (error
+// feedback's residual is in - sent; no second quantization). Throws as
+// quantized_all_gather.
 QuantTraffic quantized_reduce_scatter(const Wire& w, const at::Tensor& in, const at::Tensor& out,
-                                      const std::vector<int64_t>& counts, const QuantFormat& f, int divisor);
+                                      const std::vector<int64_t>& counts, const QuantFormat& f, int divisor,
+                                      const at::Tensor& sent = {});
 // Equal chunks: `in` has N x count elements, `out` count.
 QuantTraffic quantized_reduce_scatter(const Wire& w, const at::Tensor& in, const at::Tensor& out, int64_t count,
-                                      const QuantFormat& f, int divisor);
+                                      const QuantFormat& f, int divisor, const at::Tensor& sent = {});
 
 }  // namespace fsdp::comm

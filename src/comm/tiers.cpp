@@ -244,19 +244,15 @@ Traffic reduce_across(const Wire& w, const Tiers& t, char* host_sums, void* out,
   const int H = t.layout.hosts;
   if (q) {
     // Compressed: this buffer's residual joins the host sums before they
-    // are quantized; what the peers decode (the same quantization, blocks
-    // restarting at each chunk, deterministic) is subtracted after.
+    // are quantized; what the peers decode (the collective's `sent`, decoded
+    // from the very bytes it sent) is subtracted after.
     const auto as = torch::TensorOptions().dtype(dtype);
     ErrorFeedback& feedback = q->with->feedback;
     const QuantFormat& f = q->with->grads;
     const torch::Tensor meant = feedback.compensate(q->key, torch::from_blob(host_sums, {H * m}, as));
-    const QuantTraffic qt =
-        quantized_reduce_scatter(t.inter_wire(w), meant, torch::from_blob(out, {m}, as), m, f, divisor);
     torch::Tensor decoded = torch::empty_like(meant);
-    for (int j = 0; j < H; ++j) {
-      const torch::Tensor chunk = meant.slice(0, j * m, (j + 1) * m);
-      decoded.slice(0, j * m, (j + 1) * m).copy_(dequantize(quantize(chunk, f), f, m));
-    }
+    const QuantTraffic qt =
+        quantized_reduce_scatter(t.inter_wire(w), meant, torch::from_blob(out, {m}, as), m, f, divisor, decoded);
     feedback.remember(q->key, meant, decoded);
     Traffic sent(inside + qt.wire, qt.wire);
     // qt.logical counts `meant`'s fp32; the uncompressed ring would have

@@ -84,10 +84,7 @@ Choice choose(const Facts& f) {
     c.compressed = true;
     c.reason += detail::cat("; between hosts compressible collectives travel quantized (FSDP_COMPRESS=", f.compress,
                             ": ", compression_words(f.compress), ")");
-  } else if (f.transport == "tcp") {
-    c.reason += detail::cat("; FSDP_COMPRESS=", f.compress,
-                            " ignored: only the tiers' inter-host ring is compressed, the flat TCP ring is not yet");
-  } else if (f.hosts_differ.empty()) {
+  } else if (f.transport != "tcp" && f.hosts_differ.empty()) {
     c.reason += detail::cat("; FSDP_COMPRESS=", f.compress, " ignored: every rank is on one host, no byte crosses a host");
   } else {
     c.reason += detail::cat("; FSDP_COMPRESS=", f.compress,

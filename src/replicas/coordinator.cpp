@@ -313,7 +313,7 @@ Coordinator::Coordinator(CoordinatorOptions o) : impl_(std::make_unique<Impl>())
   m.server = comm::host_store(m.o.host, m.o.port, std::chrono::seconds(30), m.o.bind_all);
   m.port = m.o.port;
   auto kv = std::make_unique<TcpKv>(comm::connect_store_client(m.o.host == "0.0.0.0" ? "127.0.0.1" : m.o.host, m.port,
-                                                            std::chrono::seconds(10)));
+                                                               std::chrono::seconds(10)));
   m.wait_for = [k = kv.get()](const std::string& key, std::chrono::milliseconds t) { k->wait_for(key, t); };
   m.kv = std::move(kv);
   std::random_device rd;
