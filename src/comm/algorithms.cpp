@@ -136,6 +136,7 @@ class TierAlgorithms final : public Algorithms {
     return t_->peers.pid[L.local[q]];
   }
   void leave(std::chrono::milliseconds budget) override { t_->leave(budget); }
+  ErrorFeedback* feedback() override { return compression_ ? &compression_->feedback : nullptr; }
 
  private:
   // A compressible call of `bytes` (the all-gather's block, the

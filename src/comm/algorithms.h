@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "comm/cma.h"
+#include "comm/quantize.h"
 #include "comm/ring.h"
 #include "comm/world_env.h"
 #include "common/collective_path.h"
@@ -88,6 +89,11 @@ class Algorithms {
   // A clean shutdown of what the path connected beside the communicator's
   // own mesh (the tiers' meshes and their store keys).
   virtual void leave(std::chrono::milliseconds budget) {}
+
+  // The residuals of error feedback (quantize.h) this path keeps for its
+  // compressed calls (CommOptions::compress), keyed by buffer; null when it
+  // compresses nothing. Touched by the communicator's thread only.
+  virtual ErrorFeedback* feedback() { return nullptr; }
 
   // The memory this path's ranks share (host_shared.h), when the choice
   // says so (path::Choice::host_shared); null otherwise.
