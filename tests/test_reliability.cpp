@@ -84,6 +84,22 @@ TEST(ReliabilityDebug, DetailCheckTurnsASizeMismatchIntoAnErrorOnEveryRank) {
   EXPECT_TRUE(lines_with(r.output, "timed out after").empty()) << r.output;
 }
 
+// The compressible mark is part of the call: a rank that would send
+// quantized bytes where the others send exact ones is named as the size is.
+TEST(ReliabilityDebug, DetailCheckComparesTheCompressibleMark) {
+  auto r = run_ranks(2, "rel_mismatch", {"1", "lossy"}, {"FSDP_DEBUG=detail", "FSDP_TIMEOUT=20"}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto errors = lines_with(r.output, "mismatch error:");
+  ASSERT_EQ(errors.size(), 2u) << r.output;
+  for (auto& e : errors) {
+    EXPECT_TRUE(contains(e, "rank 0: all_reduce 'blocks.1' #2 (fp32, 1000 elements, SUM)|")) << e;
+    EXPECT_TRUE(contains(e, "rank 1: all_reduce 'blocks.1' #2 (fp32, 1000 elements, SUM, compressible)   <-- differs"))
+        << e;
+    EXPECT_TRUE(contains(e, "root, reduce op and compressible mark")) << e;
+  }
+  EXPECT_TRUE(lines_with(r.output, "timed out after").empty()) << r.output;
+}
+
 TEST(ReliabilityDebug, WithoutDetailTheSameMismatchIsNamedOnlyAfterItFails) {
   // Without the check nothing compares the calls before they run: the
   // mismatched all_reduce (999 vs 1000 elements) is issued, fails in the

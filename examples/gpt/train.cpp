@@ -510,6 +510,7 @@ struct StepResult {
   double norm = 0, lr = 0;
   int64_t sent = 0;        // bytes sent inside the step's span
   int64_t sent_inter = 0;  // of which to ranks on another host
+  int64_t sent_inter_logical = 0;  // what sent_inter would have been uncompressed (FSDP_COMPRESS)
   Clock::time_point t0;    // the step's start (its time runs to after the checkpoint)
   double waited0 = 0;      // the wait clock at t0
   bool applied = true;     // false: the replica groups dropped the step
@@ -518,7 +519,8 @@ struct StepResult {
 // Bytes this rank sent in the training steps (the ledger's traffic lines).
 struct Sent {
   int64_t total = 0, inter_host = 0;  // of which to ranks on another host
-  void add(const StepResult& r) { total += r.sent, inter_host += r.sent_inter; }
+  int64_t inter_logical = 0;          // what inter_host would have been uncompressed
+  void add(const StepResult& r) { total += r.sent, inter_host += r.sent_inter, inter_logical += r.sent_inter_logical; }
 };
 
 // One optimizer step inside its trace span: K micro-steps, clip, AdamW.
@@ -532,6 +534,7 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
   StepResult r;
   const int64_t sent0 = run.comm->counters().total_bytes_sent();
   const int64_t inter0 = run.comm->counters().total_bytes_inter_host();
+  const int64_t logical0 = run.comm->counters().total_bytes_inter_host_logical();
   r.t0 = Clock::now();
   r.waited0 = run.waits->seconds();
   if (hooks.step) hooks.step(run.rank, step);
@@ -581,6 +584,7 @@ StepResult train_step(const Args& a, const Run& run, Model& model, torch::optim:
   step_span.end();
   r.sent = run.comm->counters().total_bytes_sent() - sent0;
   r.sent_inter = run.comm->counters().total_bytes_inter_host() - inter0;
+  r.sent_inter_logical = run.comm->counters().total_bytes_inter_host_logical() - logical0;
   return r;
 }
 
@@ -718,7 +722,7 @@ fsdp::Ledger print_ledger(const Run& run, Model& model, torch::optim::Optimizer&
   }
   // Exact integers for the tests (tests/test_hybrid.cpp): bytes rank 0 sent
   // in the training steps, by tier (hosts as the same-host transport sees them).
-  std::printf("%s", examples::traffic_by_tier_line(sent.total, sent.inter_host, steps_run).c_str());
+  std::printf("%s", examples::traffic_by_tier_line(sent.total, sent.inter_host, sent.inter_logical, steps_run).c_str());
   if (plan) {
     std::printf("plan vs measured (rank 0): peak %s predicted, %s measured (%.3f); traffic %s/step predicted, "
                 "%s/step measured in the training steps (%.3f)\n",

@@ -110,10 +110,11 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& f) {
 // every step's bytes (the traffic lines at the end).
 struct Sent {
   fsdp::CommCounters before, after;  // around the last step
-  int64_t total = 0, inter_host = 0, steps = 0;
+  int64_t total = 0, inter_host = 0, inter_logical = 0, steps = 0;
   void add_step() {
     total += after.total_bytes_sent() - before.total_bytes_sent();
     inter_host += after.total_bytes_inter_host() - before.total_bytes_inter_host();
+    inter_logical += after.total_bytes_inter_host_logical() - before.total_bytes_inter_host_logical();
     ++steps;
   }
 };
@@ -149,7 +150,7 @@ void print_traffic(const fsdp::FullyShardedModel& model, const Flags& f, const S
                 format_bytes(last).c_str(), format_bytes(last - inter).c_str(), format_bytes(inter).c_str(),
                 format_bytes(plan.all_gather + plan.reduce_scatter).c_str(), format_bytes(plan.all_reduce).c_str());
   }
-  std::printf("%s", examples::traffic_by_tier_line(sent.total, sent.inter_host, sent.steps).c_str());
+  std::printf("%s", examples::traffic_by_tier_line(sent.total, sent.inter_host, sent.inter_logical, sent.steps).c_str());
 }
 
 // One run of the demo, its flags parsed. Collective; returns the exit code.

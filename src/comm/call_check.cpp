@@ -16,7 +16,9 @@ struct CallRecord {
   uint64_t seq;
   int32_t kind, dtype, root, reduce_op;
   int64_t numel;
-  char label[48];  // truncated, NUL-terminated
+  char label[47];     // truncated, NUL-terminated
+  uint8_t lossy;      // CallShape::compressible: the ranks must agree, or one
+                      // would send quantized bytes another reads as exact
 };
 static_assert(sizeof(CallRecord) == 80, "CallRecord must have no hidden padding");
 
@@ -29,13 +31,14 @@ CallRecord record_of(const CallShape& s, uint64_t seq) {
   r.root = s.root;
   r.reduce_op = s.reduce_op;
   r.numel = s.numel;
+  r.lossy = s.compressible ? 1 : 0;
   std::strncpy(r.label, s.label.c_str(), sizeof r.label - 1);
   return r;
 }
 
 bool same_call(const CallRecord& a, const CallRecord& b) {
   return a.kind == b.kind && a.dtype == b.dtype && a.numel == b.numel && a.root == b.root &&
-         a.reduce_op == b.reduce_op;
+         a.reduce_op == b.reduce_op && a.lossy == b.lossy;
 }
 
 std::string describe_record(const CallRecord& r) {
@@ -46,6 +49,7 @@ std::string describe_record(const CallRecord& r) {
   out += detail::cat(" (", dtype_name(static_cast<c10::ScalarType>(r.dtype)), ", ", r.numel, " elements");
   if (r.reduce_op >= 0) out += r.reduce_op == static_cast<int>(ReduceOp::SUM) ? ", SUM" : ", AVG";
   if (r.root >= 0) out += detail::cat(", root ", r.root);
+  if (r.lossy) out += ", compressible";
   return out + ")";
 }
 
@@ -66,8 +70,8 @@ void check_same_call(const Wire& w, const CallShape& shape, const Naming& names)
   for (int q = 0; q < n; ++q)
     msg += detail::cat("\n  ", names.name_of(q), ": ", describe_record(all[q]),
                        same_call(all[q], all[0]) ? "" : "   <-- differs from rank 0");
-  msg += "\nExpected every rank to issue the same kind, dtype, element count, root and reduce op "
-         "at each sequence number. What to do: find where the differing rank's code path diverges "
+  msg += "\nExpected every rank to issue the same kind, dtype, element count, root, reduce op and "
+         "compressible mark at each sequence number. What to do: find where the differing rank's code path diverges "
          "(a rank-dependent branch, an uneven shard size, a skipped unit) and make every rank issue "
          "the same collectives in the same order.";
   throw CallMismatch(msg);

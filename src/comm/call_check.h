@@ -3,7 +3,7 @@
 // defines: CallMismatch, check_same_call
 //
 // Before each collective the ranks all-gather a fixed-size record of the
-// call (kind, dtype, element count, root, reduce op, label) on the
+// call (kind, dtype, element count, root, reduce op, label, compressible mark) on the
 // collective's own slots (slots::kCallCheck, so it can never match a
 // message of the collective itself). A difference becomes one
 // CollectiveError on every rank (they all see the same records) listing

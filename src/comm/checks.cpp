@@ -63,6 +63,7 @@ CallShape shape(CollectiveKind k, const CollectiveInfo& info, const torch::Tenso
   CallShape s;
   s.kind = k;
   s.label = info.label;
+  s.compressible = info.compressible;
   s.dtype = t.scalar_type();
   s.numel = t.numel();
   s.elem_size = static_cast<int64_t>(t.element_size());

@@ -26,6 +26,7 @@ struct CallShape {
   int64_t elem_size = 0;
   int root = -1;      // broadcast and gather
   int reduce_op = -1; // ReduceOp of reduce_scatter / all_reduce, -1 otherwise
+  bool compressible = false;  // CollectiveInfo::compressible (a lossy path may take it)
 };
 
 // Throw CollectiveError on misuse; return the call's shape.

@@ -1,7 +1,8 @@
 // fsdp-cpp tests: rank-side scenarios for reliability (tests/test_reliability.cpp).
 //
 // rel_trace       collectives under a trace: "comm" spans with unit/bytes/seq
-// rel_mismatch    FSDP_DEBUG=detail: one rank issues a different size
+// rel_mismatch    FSDP_DEBUG=detail: one rank issues a different size (or marks
+//                 the call compressible where the others do not)
 // rel_latency     per-call latency of small all_reduces (cost of the detail check)
 // rel_straggler   one rank works longer every step (on its own clock); StragglerMonitor names it
 // rel_store_bind  where rank 0's rendezvous store listens
@@ -48,16 +49,18 @@ FSDP_SCENARIO(rel_trace) {
   return 0;
 }
 
-// args: <rank that issues a different size>
+// args: <rank that differs> [size|lossy]: it issues 999 elements instead of
+// 1000 (size, the default), or marks the call compressible (lossy)
 FSDP_SCENARIO(rel_mismatch) {
   const int odd = std::stoi(args.at(0));
+  const bool lossy = args.size() > 1 && args[1] == "lossy";
   auto c = fsdp::make_communicator_from_env();
   auto warm = torch::ones({8}, torch::kFloat);
   c->all_reduce(warm, ReduceOp::SUM, {"warmup"})->wait();
-  auto t = torch::ones({c->rank() == odd ? 999 : 1000}, torch::kFloat);
+  auto t = torch::ones({c->rank() == odd && !lossy ? 999 : 1000}, torch::kFloat);
   auto t0 = Clock::now();
   try {
-    c->all_reduce(t, ReduceOp::SUM, {"blocks.1"})->wait();
+    c->all_reduce(t, ReduceOp::SUM, {"blocks.1", /*compressible=*/lossy && c->rank() == odd})->wait();
     std::printf("unexpected: the mismatched collective completed\n");
     std::fflush(stdout);
     return 1;
