@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -733,6 +734,49 @@ TEST(Report, HeadlessChromiumDrawsReplicaGroups) {
   EXPECT_NE(dom.output.find("40.0 ms"), std::string::npos) << "the heal's duration";
   EXPECT_NE(dom.output.find("6.00 ms"), std::string::npos) << "the heal's wait for the source";
   std::system(("rm -rf '" + profile + "'").c_str());
+}
+
+// Compressed across hosts (FSDP_COMPRESS=int8 on the tiers, 2 x 2): each
+// step says what crossed quantized and what would have crossed, and the
+// latter is the uncompressed formula (3 (H-1) shards per rank per step, as
+// CommTiers.TraceAndReportSeeTheComposedTiers checks without compression; a
+// shard: the padded fp32 elements' bytes over 4 ranks):
+// the counters' and the report's figures agree byte for byte.
+TEST(Report, CompressedStepsShowTheBytesUncompressedBeside) {
+  const std::string dir = fresh_dir("compressed");
+  auto r = fsdp::testing::run_ranks(4, "hybrid_traffic", {"full"},
+                     {"FSDP_TEST_HOSTS=2", "FSDP_TEST_TRACE=" + dir, "FSDP_COMPRESS=int8"}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto lines = fsdp::testing::lines_with(r.output, "TRAFFIC rank=0 ");
+  ASSERT_EQ(lines.size(), 1u) << r.output;
+  auto f = fsdp::testing::parse_kv(lines[0]);
+  ASSERT_TRUE(f.has("inter_logical")) << lines[0];
+  const long long shard = f["padded"] * 4 / 4, crossed = f["ag_inter"] + f["rs_inter"] + f["ar_inter"];
+  EXPECT_EQ(f["inter_logical"], 3 * shard) << lines[0];
+  EXPECT_LT(crossed, f["inter_logical"]) << "nothing crossed quantized: " << lines[0];
+  json m = fsdp::report::analyze(dir);
+  ASSERT_EQ(m["ranks"].size(), 4u);
+  for (auto& rk : m["ranks"]) {
+    if (rk["rank"] != 0) continue;
+    ASSERT_EQ(rk["steps"].size(), 2u);
+    EXPECT_EQ(rk["steps"][1]["inter_bytes"].get<double>(), double(crossed));
+    EXPECT_EQ(rk["steps"][1]["inter_logical_bytes"].get<double>(), double(3 * shard));
+  }
+  // The page's traffic table says both, and sets the formula against the
+  // uncompressed bytes (the run's steps: warm-up and one more).
+  auto html = fsdp::testing::run_command({fsdp::testing::bin_path("fsdp"), "report", dir, "-o", dir + "/r.html"}, {},
+                                         120);
+  ASSERT_EQ(html.exit_code, 0) << html.output;
+  if (access(kChromium, X_OK) != 0) std::filesystem::remove_all(dir);
+  FSDP_SKIP_WITHOUT_CHROMIUM();  // the counters' and report's checks above ran
+  auto args = headless_chromium(dir + "/chromium-profile");
+  args.push_back("--dump-dom");
+  args.push_back("file://" + dir + "/r.html");
+  auto dom = fsdp::testing::run_command(args, {}, 120);
+  ASSERT_EQ(dom.exit_code, 0) << dom.output.substr(0, 2000);
+  ASSERT_NE(dom.output.find("data-rendered=\"ok\""), std::string::npos) << dom.output.substr(0, 4000);
+  EXPECT_NE(dom.output.find(" uncompressed)</td>"), std::string::npos) << "the table's inter-host cell";
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace FSDP_TEST_ID

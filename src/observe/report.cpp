@@ -348,7 +348,9 @@ struct RankEvents {
   std::map<int, std::string> thread_names;
   struct StepSpan { double t0, t1; json args; };
   std::vector<StepSpan> step_spans;
-  struct Comm { double t; std::string name; double bytes, inter; };
+  // inter_logical: what `inter` would have been uncompressed (FSDP_COMPRESS;
+  // the span's inter_host_logical_bytes, else inter).
+  struct Comm { double t; std::string name; double bytes, inter, inter_logical; };
   std::vector<Comm> comms;
   std::vector<std::pair<double, double>> mem_points;  // (t, current) for step peaks
   double peak = 0, peak_counter = 0, cached_peak = 0;
@@ -376,7 +378,10 @@ RankEvents collect_events(const RankTrace& rt, double t_origin) {
       if (unit.empty()) unit = str(args, "label");
       double bytes = num(args, "bytes");
       if (cat == "step") r.step_spans.push_back({t, t + dur, args});
-      if (cat == "comm") r.comms.push_back({t, name, bytes, num(args, "inter_host_bytes")});
+      if (cat == "comm") {
+        const double inter = num(args, "inter_host_bytes");
+        r.comms.push_back({t, name, bytes, inter, num(args, "inter_host_logical_bytes", inter)});
+      }
       if (cat == "ckpt")
         r.ckpt.push_back({{"t", t}, {"dur", dur}, {"name", name}, {"path", str(args, "path")},
                           {"bytes", bytes}, {"step", args.value("step", json(nullptr))}});
@@ -411,13 +416,14 @@ json step_table(RankEvents& r) {
   std::sort(r.comms.begin(), r.comms.end(), [](auto& a, auto& b) { return a.t < b.t; });
   for (size_t i = 0; i < r.step_spans.size(); ++i) {
     auto& s = r.step_spans[i];
-    double ag = 0, rs = 0, ar = 0, other = 0, inter = 0;
+    double ag = 0, rs = 0, ar = 0, other = 0, inter = 0, inter_logical = 0;
     int n_ag = 0, n_rs = 0, n_ar = 0;
     // The collectives that start inside the step (comms sorted by start).
     auto first = std::lower_bound(r.comms.begin(), r.comms.end(), s.t0, [](auto& c, double t) { return c.t < t; });
     for (auto it = first; it != r.comms.end() && it->t <= s.t1; ++it) {
       auto& c = *it;
       inter += c.inter;
+      inter_logical += c.inter_logical;
       if (c.name == "all_gather") ag += c.bytes, ++n_ag;
       else if (c.name == "reduce_scatter") rs += c.bytes, ++n_rs;
       else if (c.name == "all_reduce") ar += c.bytes, ++n_ar;
@@ -429,6 +435,7 @@ json step_table(RankEvents& r) {
     json st = {{"index", (int)i}, {"step", s.args.value("step", json((int)i))}, {"t0", s.t0}, {"t1", s.t1},
                {"ag_bytes", ag},  {"rs_bytes", rs}, {"ar_bytes", ar}, {"other_bytes", other},
                {"total_bytes", ag + rs + ar + other}, {"inter_bytes", inter},
+               {"inter_logical_bytes", inter_logical},
                {"intra_bytes", ag + rs + ar + other - inter}, {"n_ag", n_ag}, {"n_rs", n_rs}, {"n_ar", n_ar},
                {"peak_mem", mpk}};
     if (s.args.contains("loss")) st["loss"] = s.args["loss"];

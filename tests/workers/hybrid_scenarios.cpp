@@ -5,6 +5,9 @@
 // step by kind and tier (the world's counters, which include its groups'),
 // and the sizes the formulas need:
 //   TRAFFIC rank=R N=.. S=.. R=.. padded=.. ag=.. ag_inter=.. rs=.. rs_inter=.. ar=.. ar_inter=..
+//     inter_logical=..
+// inter_logical: what the inter-host bytes would have been uncompressed
+// (FSDP_COMPRESS; equal to their sum otherwise).
 // padded: the units' padded elements over the shard group (S ranks; N for
 // the other strategies). FSDP_TEST_HOSTS=H makes this one launcher look like
 // H hosts (rank r on host r / (N/H), by FSDP_HOST_ID); under two launchers
@@ -66,10 +69,10 @@ FSDP_SCENARIO(hybrid_traffic) {
   const int S = model->shard_group()->world_size();
   const int R = model->replica_group() ? model->replica_group()->world_size() : 1;
   std::printf("TRAFFIC rank=%d N=%d S=%d R=%d padded=%lld ag=%lld ag_inter=%lld rs=%lld rs_inter=%lld ar=%lld "
-              "ar_inter=%lld\n",
+              "ar_inter=%lld inter_logical=%lld\n",
               comm->rank(), comm->world_size(), S, R, (long long)padded, (long long)ag.bytes_sent,
               (long long)ag.bytes_inter_host, (long long)rs.bytes_sent, (long long)rs.bytes_inter_host,
-              (long long)ar.bytes_sent, (long long)ar.bytes_inter_host);
+              (long long)ar.bytes_sent, (long long)ar.bytes_inter_host, (long long)t.total_bytes_inter_host_logical());
   std::fflush(stdout);
   if (trace_dir) {
     trace::stop();
