@@ -14,7 +14,7 @@
 #   SHAPED_DTYPES="fp32 bf16" SHAPED_ROUNDS=2 SHAPED_STEPS=8
 #   SHAPED_CONFIGS="full hybrid"   each STRATEGY[:COMPRESS[:SHARE]]: FSDP_COMPRESS
 #                                  (off, int8, int4, fp8) and FSDP_SHARE_HOST
-#                                  (auto, off) of that run, e.g.
+#                                  (on, the default, or off) of that run, e.g.
 #                                  "full hybrid hybrid:int8 hybrid:int4 full:int4:off"
 # With more configurations than "full hybrid", a table follows per dtype:
 # each configuration's step on the unshaped link and at each rate, its
@@ -79,7 +79,7 @@ run_gpt() {  # config dtype -> "seconds_per_step inter_bytes_per_step logical_pe
   port=$((port + 1))
   local cfg=$1 d=$2 s compress share
   IFS=: read -r s compress share <<<"$cfg"
-  compress=${compress:-off} share=${share:-auto}
+  compress=${compress:-off} share=${share:-on}
   local name=${cfg//:/-} before after
   before=$(veth_bytes)
   for k in 0 1; do
