@@ -180,8 +180,15 @@ int cmd_ckpt(int argc, char** argv) {
     return 2;
   }
   if (world > 0) {
+    // Per-rank tensors (error feedback's residuals) belong to the old ranks:
+    // reshard_offline drops them; say so.
+    int per_rank = 0;
+    for (auto& t : read_info(path).tensors) per_rank += t.section == "per_rank";
     std::string out = reshard_offline(path, world, to);
     std::printf("wrote %s (world size %d)\n", out.c_str(), world);
+    if (per_rank > 0)
+      std::printf("dropped %d per-rank tensor(s) (error feedback's residuals of the old ranks): a compressed run "
+                  "loading it starts them at zero\n", per_rank);
     return 0;
   }
   int64_t bytes = convert_to_full(path, to, section);

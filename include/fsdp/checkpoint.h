@@ -5,7 +5,7 @@
 //          ckpt::SafetensorsWriter, ckpt::SafetensorsReader (range reads),
 //          ckpt::SaveOptions, ckpt::SaveResult, ckpt::save_sharded,
 //          ckpt::BackgroundSave,
-//          ckpt::LoadOptions, ckpt::LoadResult, ckpt::load_sharded,
+//          ckpt::LoadOptions, ckpt::LoadResult, ckpt::load_sharded, ckpt::load_per_rank,
 //          ckpt::resolve_checkpoint, ckpt::write_full_safetensors,
 //          ckpt::load_full_safetensors, ckpt::CheckpointInfo, ckpt::read_info
 //
@@ -238,9 +238,14 @@ struct SaveResult {
 // Replicated tensors (NO_SHARD): pass each replica's part from one rank only
 // (e.g. shard_range(numel, rank, world)) so the bytes are written once; the
 // loader accepts overlapping pieces too.
+// `per_rank`: this rank's own tensors (error feedback's residuals), each
+// saved whole as "rank-RRRRR/<name>" in the section "per_rank" and given
+// back only to the same rank of a world of the same size (load_per_rank);
+// ranks may pass different names, or none.
 SaveResult save_sharded(Communicator& comm, const std::string& root, int64_t step,
                         const std::vector<Slice>& model, const std::vector<Slice>& optim,
-                        const nlohmann::json& train_state, const SaveOptions& opts = {});
+                        const nlohmann::json& train_state, const SaveOptions& opts = {},
+                        const std::map<std::string, torch::Tensor>& per_rank = {});
 
 // Who copies a BackgroundSave's snapshot.
 enum class SnapshotCopy {
@@ -271,10 +276,12 @@ enum class SnapshotCopy {
 class BackgroundSave {
  public:
   // Collective over `comm` (on the thread): every rank starts one with its
-  // own slices, in the same order as its other saves.
+  // own slices, in the same order as its other saves. `per_rank`: as
+  // save_sharded's, part of the snapshot like the slices.
   BackgroundSave(CommPtr comm, std::string root, int64_t step, const std::vector<Slice>& model,
                  const std::vector<Slice>& optim, nlohmann::json train_state, SaveOptions opts = {},
-                 SnapshotCopy copy = SnapshotCopy::IN_CALLER);
+                 SnapshotCopy copy = SnapshotCopy::IN_CALLER,
+                 const std::map<std::string, torch::Tensor>& per_rank = {});
   // Waits for the thread; an error that wait() never returned is printed
   // to stderr (the checkpoint was not written; the previous one is intact).
   ~BackgroundSave();
@@ -342,6 +349,15 @@ struct LoadResult {
 LoadResult load_sharded(Communicator& comm, const std::string& path_or_root,
                         std::vector<Slice>& model, std::vector<Slice>& optim,
                         const LoadOptions& opts = {});
+
+// Collective: this rank's per_rank tensors (save_sharded's), by the names
+// it saved them under, read from checkpoint directory `checkpoint_dir`
+// (LoadResult::path: no `latest` is followed) with every chunk checked;
+// empty when it saved none. All or nothing like load_sharded. Throws
+// fsdp::Error on every rank when the checkpoint was saved at another world
+// size (its rank r is not this rank r) or any rank fails to read.
+std::map<std::string, torch::Tensor> load_per_rank(Communicator& comm, const std::string& checkpoint_dir,
+                                                   const LoadOptions& opts = {});
 
 // "root" (has `latest` or step-* dirs) or a checkpoint dir (has metadata.json)
 // -> the checkpoint dir; "" when root has no checkpoint. Throws when `path`
@@ -420,7 +436,8 @@ int64_t load_full_safetensors(Communicator& comm, const std::string& path, std::
 int64_t convert_to_full(const std::string& checkpoint_dir, const std::string& out_file,
                         const std::string& section = "model");
 // Writes the checkpoint again for `new_world` ranks, as a checkpoint under
-// `out_root`; returns its directory.
+// `out_root`; returns its directory. The per_rank section (save_sharded's
+// per_rank: the old ranks' own tensors) is not written.
 std::string reshard_offline(const std::string& checkpoint_dir, int new_world,
                             const std::string& out_root);
 

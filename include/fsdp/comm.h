@@ -1,7 +1,7 @@
 // fsdp-cpp: the communicator, the one interface every stage talks to.
 //
 // defines: ReduceOp, CollectiveKind, CollectiveInfo, CommBackend, Compression, CommOptions, CommCounters,
-//          Work, SplitOptions, Communicator, make_communicator_from_env,
+//          Work, SplitOptions, Residuals, Communicator, make_communicator_from_env,
 //          make_local_communicator
 //
 // A Communicator runs the collectives that FSDP needs over a backend
@@ -25,6 +25,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -177,6 +178,20 @@ struct SplitOptions {
   std::chrono::milliseconds timeout{0};
 };
 
+// Error feedback's state of one communicator (CommOptions::compress,
+// docs/COMM.md "Compression on the tiers"): what each compressed buffer's
+// last send dropped, added to its next send. Checkpoints save it per rank
+// (fsdp::save_checkpoint), so a compressed run resumes bit for bit.
+struct Residuals {
+  // The compression whose sends left them; OFF: the communicator compresses
+  // nothing (the option is off, or its path ignores it) and keeps none.
+  Compression compress = Compression::OFF;
+  // By the buffer's key (a compressible call's label with the buffer's numel
+  // and dtype, e.g. "blocks.3 [1536 fp32]"): fp32, flat, copies of the
+  // communicator's own. Empty before the first compressed send.
+  std::map<std::string, torch::Tensor> by_buffer;
+};
+
 class Communicator;
 // Shared: the program, a wrapped model and the groups split from it hold
 // the same communicator, which lives until the last of them lets go.
@@ -280,6 +295,20 @@ class Communicator {
   // communicator ends). Resident, but not the allocator's: the memory
   // ledger counts it apart (Ledger::peer_memory). 0 when !shares_host_memory().
   virtual int64_t peer_memory_bytes() const { return 0; }
+
+  // --- Error feedback (CommOptions::compress) ---
+
+  // A copy of this communicator's residuals, taken after every collective
+  // issued before the call has finished (the Gloo communicator reads them on
+  // its communication thread, in issue order, and waits; it sends nothing).
+  // Throws that collective's error when one failed. The default: none, OFF.
+  virtual Residuals residuals();
+  // Replaces every residual with `by_buffer` (copied; floating tensors, each
+  // flat with its buffer's numel; empty: every buffer starts at zero again),
+  // in issue order like residuals(), and waits. Throws fsdp::Error for a
+  // non-floating tensor, and for a non-empty map when this communicator
+  // keeps no residuals (residuals().compress is OFF).
+  virtual void load_residuals(const std::map<std::string, torch::Tensor>& by_buffer);
 };
 
 // Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,

@@ -58,7 +58,11 @@ struct CheckpointOptions {
 // original parameter (their state tensors, e.g. exp_avg and exp_avg_sq, and
 // the step); any other optimizer (LBFGS: one state for all parameters) is
 // refused before anything is written. `train_state` is stored as given (step,
-// data position, RNG state...).
+// data position, RNG state...), with "optimizer" and, when a communicator
+// compresses (CommOptions::compress), "error_feedback" added. Each rank's
+// error-feedback residuals (Communicator::residuals of the model's
+// communicators) are saved as its own (docs/CHECKPOINT_FORMAT.md,
+// "Per-rank tensors"); a background save's snapshot holds them too.
 ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::Optimizer* opt,
                                  const std::string& root, int64_t step, const nlohmann::json& train_state,
                                  const CheckpointOptions& opts = {});
@@ -88,7 +92,11 @@ std::optional<ckpt::SaveResult> wait_for_checkpoint(FullyShardedModel& model);
 // Collective. `path_or_root`: a checkpoint directory or a root with `latest`.
 // Returns found=false (and changes nothing) when the root holds no checkpoint
 // yet. On any error every rank throws fsdp::Error and neither the model nor
-// the optimizer changed.
+// the optimizer changed. Error feedback's residuals come back to each rank
+// bit for bit at the same world size, strategy, compression and units (a
+// compressed run resumes exactly); otherwise they start at zero and
+// LoadResult::note says why (rank 0 prints it on stderr): the load itself
+// never fails for them.
 ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimizer* opt,
                                  const std::string& path_or_root, const ckpt::LoadOptions& lopts = {});
 

@@ -34,7 +34,7 @@ struct BackgroundSave::State {
   CommPtr comm;
   std::string root, path;
   int64_t step = 0;
-  std::vector<Slice> model, optim;
+  std::vector<Slice> model, optim, per_rank;  // per_rank: detail::per_rank_slices
   nlohmann::json train_state;
   SaveOptions opts;
   int64_t snapshot_bytes = 0;
@@ -82,7 +82,7 @@ struct BackgroundSave::State {
 
   void copy_snapshot() {
     try {
-      for (auto* list : {&model, &optim})
+      for (auto* list : {&model, &optim, &per_rank})
         for (Slice& s : *list)
           if (s.data.defined() && s.data.numel() > 0) s.data = s.data.detach().clone(at::MemoryFormat::Contiguous);
     } catch (const std::exception& e) {
@@ -109,7 +109,7 @@ struct BackgroundSave::State {
     if (on_thread) copy_snapshot();
     ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
     try {
-      result = detail::save_sharded_checked(*comm, root, step, model, optim, train_state, opts,
+      result = detail::save_sharded_checked(*comm, root, step, model, optim, per_rank, train_state, opts,
                                             on_thread ? std::function<std::string()>([this] { return check(); })
                                                       : std::function<std::string()>());
     } catch (...) {
@@ -117,6 +117,7 @@ struct BackgroundSave::State {
     }
     model.clear();  // the snapshot goes as soon as it is written
     optim.clear();
+    per_rank.clear();
     {
       std::lock_guard<std::mutex> lock(mu);
       originals.clear();
@@ -134,7 +135,7 @@ int64_t data_bytes(const Slice& s) {
 
 BackgroundSave::BackgroundSave(CommPtr comm, std::string root, int64_t step, const std::vector<Slice>& model,
                                const std::vector<Slice>& optim, nlohmann::json train_state, SaveOptions opts,
-                               SnapshotCopy copy)
+                               SnapshotCopy copy, const std::map<std::string, torch::Tensor>& per_rank)
     : state_(std::make_shared<State>()) {
   FSDP_USER_CHECK(comm, "BackgroundSave: the communicator is null; expected one that carries nothing else "
                         "while the save runs (split it from the training communicator)");
@@ -147,17 +148,18 @@ BackgroundSave::BackgroundSave(CommPtr comm, std::string root, int64_t step, con
   st.opts = std::move(opts);
   st.model = model;
   st.optim = optim;
+  st.per_rank = detail::per_rank_slices(st.comm->rank(), per_rank);
   // Only the CPU's tensors are copied on the thread: a device's copy is
   // quick where it is, and stays on the caller's stream.
   bool on_thread = copy == SnapshotCopy::ON_THREAD;
   // The copies made here belong to the save, as its thread's do.
   memory::BackgroundWork background;
-  for (auto* list : {&st.model, &st.optim})
+  for (auto* list : {&st.model, &st.optim, &st.per_rank})
     for (const Slice& s : *list) {
       st.snapshot_bytes += s.data.defined() && s.data.numel() > 0 ? data_bytes(s) : 0;
       if (s.data.defined() && s.data.numel() > 0 && !s.data.device().is_cpu()) on_thread = false;
     }
-  for (auto* list : {&st.model, &st.optim})
+  for (auto* list : {&st.model, &st.optim, &st.per_rank})
     for (Slice& s : *list) {
       if (!s.data.defined() || s.data.numel() == 0) continue;
       if (on_thread) {

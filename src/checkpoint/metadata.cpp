@@ -44,6 +44,12 @@ std::string rank_index_name(int rank) {
 }
 std::string piece_key(const std::string& section, const std::string& name) { return section + "/" + name; }
 
+std::string per_rank_prefix(int rank) {
+  char b[32];
+  std::snprintf(b, sizeof b, "rank-%05d/", rank);
+  return b;
+}
+
 int64_t TensorMeta::numel() const { return checked_numel(shape); }
 
 std::string model_fingerprint(const std::map<std::string, std::vector<int64_t>>& shapes) {

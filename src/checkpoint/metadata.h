@@ -1,7 +1,7 @@
 // fsdp-cpp checkpoints: metadata.json of a sharded checkpoint and the per-rank
 // index each rank leaves for rank 0 (docs/CHECKPOINT_FORMAT.md).
 // defines: kFormatName, kFormatVersion, PieceMeta, TensorMeta, FileMeta,
-//          RankIndex, Metadata, model_fingerprint, checkpoint dir names
+//          RankIndex, Metadata, model_fingerprint, checkpoint dir names, per_rank_prefix
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -23,12 +23,16 @@ constexpr int64_t kMaxMetadataBytes = int64_t(1) << 30;  // sanity bound before 
 // Sections of a checkpoint: one name space each.
 constexpr const char* kModel = "model";
 constexpr const char* kOptim = "optim";
+// Each rank's own tensors, named "rank-00003/<name>" and held whole by that
+// rank (save_sharded's per_rank; load_per_rank): error feedback's residuals.
+constexpr const char* kPerRank = "per_rank";
 
 std::string step_dir_name(int64_t step);                // "step-000010"
 bool parse_step_dir_name(const std::string& name, int64_t* step);
 std::string rank_file_name(int rank, int world);        // "rank-00001-of-00004.safetensors"
 std::string rank_index_name(int rank);                  // "rank-00001.index.json" (temporary)
 std::string piece_key(const std::string& section, const std::string& name);  // "model/fc1.weight"
+std::string per_rank_prefix(int rank);                  // "rank-00003/": a per_rank tensor's name begins so
 
 // Elements [lo, hi) of a tensor stored under `key` in files[file].
 struct PieceMeta {

@@ -135,11 +135,14 @@ std::string reshard_offline(const std::string& path, int new_world, const std::s
   d::remove_tree(tmp);
   d::make_dirs(tmp);
   // One rank at a time, as FSDP would shard each tensor at the new world size.
+  // The per_rank section (error feedback's residuals) belongs to the old
+  // ranks and is dropped: a load at the new size starts them afresh.
   for (int r = 0; r < new_world; ++r) {
     std::vector<d::RankIndex::Entry> entries;
     std::vector<const d::TensorMeta*> src;
     for (auto& [sec, tensors] : m.sections)
       for (auto& [name, t] : tensors) {
+        if (sec == d::kPerRank) continue;
         auto [lo, hi] = shard_range(t.numel(), r, new_world);
         entries.push_back({sec, name, "", t.shape, t.dtype, lo, hi});
         src.push_back(&t);

@@ -132,6 +132,30 @@ void commit(std::vector<Staged>& staged) {
 
 namespace {
 
+// One section's wanted slices checked against metadata.json and read into
+// temporaries (`staged`), every chunk verified by `reader`.
+void read_section(const std::string& ctx, d::PieceReader& reader, const d::Metadata& meta, const char* section,
+                  std::vector<Slice>& wanted, const LoadOptions& opts, const std::string& other_model,
+                  std::vector<Staged>* staged) {
+  static const std::map<std::string, d::TensorMeta> kNone;
+  auto it = meta.sections.find(section);
+  const auto& tensors = it == meta.sections.end() ? kNone : it->second;
+  std::map<std::string, Available> avail;
+  for (auto& [name, t] : tensors) avail[name] = {t.shape, t.dtype};
+  check_keys(ctx, section, wanted, avail, opts, other_model);
+  for (auto& s : wanted) {
+    if (s.hi == s.lo) continue;
+    const d::TensorMeta& t = tensors.at(s.name);
+    std::string what = cat(ctx, ": ", section, " tensor '", s.name, "'");
+    auto tmp = torch::empty({s.hi - s.lo}, torch::TensorOptions().dtype(t.dtype));
+    char* base = static_cast<char*>(tmp.data_ptr());
+    int64_t es = d::element_size(t.dtype);
+    for (auto& op : d::plan_reads(what, t, s.lo, s.hi))
+      reader.read(section, s.name, t, t.pieces[op.piece], op.src_lo, op.src_hi, base + op.dst_offset * es);
+    staged->push_back({&s, tmp});
+  }
+}
+
 // Phase 2 of a load from checkpoint directory res->path: read and check
 // everything into `staged`. Returns this rank's error ("" when none).
 std::string read_checkpoint(Communicator& comm, LoadResult* res, std::vector<Slice>& model, std::vector<Slice>& optim,
@@ -158,26 +182,12 @@ std::string read_checkpoint(Communicator& comm, LoadResult* res, std::vector<Sli
                           ", this model ", fp, "): ");
     }
     d::PieceReader reader(res->path, meta, opts.verify_checksums);
+    // The per_rank section is not read here (load_per_rank reads it).
     for (auto sec : {std::make_pair(d::kModel, &model), std::make_pair(d::kOptim, &optim)}) {
       std::vector<Slice>& wanted = *sec.second;
       if (wanted.empty()) continue;  // e.g. weights only: the optimizer section is skipped
-      static const std::map<std::string, d::TensorMeta> kNone;
-      auto it = meta.sections.find(sec.first);
-      const auto& tensors = it == meta.sections.end() ? kNone : it->second;
-      std::map<std::string, Available> avail;
-      for (auto& [name, t] : tensors) avail[name] = {t.shape, t.dtype};
-      check_keys(ctx, sec.first, wanted, avail, opts, sec.first == std::string(d::kModel) ? other_model : "");
-      for (auto& s : wanted) {
-        if (s.hi == s.lo) continue;
-        const d::TensorMeta& t = tensors.at(s.name);
-        std::string what = cat(ctx, ": ", sec.first, " tensor '", s.name, "'");
-        auto tmp = torch::empty({s.hi - s.lo}, torch::TensorOptions().dtype(t.dtype));
-        char* base = static_cast<char*>(tmp.data_ptr());
-        int64_t es = d::element_size(t.dtype);
-        for (auto& op : d::plan_reads(what, t, s.lo, s.hi))
-          reader.read(sec.first, s.name, t, t.pieces[op.piece], op.src_lo, op.src_hi, base + op.dst_offset * es);
-        staged->push_back({&s, tmp});
-      }
+      read_section(ctx, reader, meta, sec.first, wanted, opts, sec.first == std::string(d::kModel) ? other_model : "",
+                   staged);
     }
     res->bytes_read = reader.bytes_read();
     res->train_state = meta.train_state;
@@ -314,6 +324,44 @@ LoadResult load_sharded(Communicator& comm, const std::string& path_or_root, std
   // Phase 3: every rank has everything; now, and only now, write destinations.
   commit(staged);
   return res;
+}
+
+std::map<std::string, torch::Tensor> load_per_rank(Communicator& comm, const std::string& checkpoint_dir,
+                                                   const LoadOptions& opts) {
+  const int rank = comm.rank(), world = comm.world_size();
+  const std::string prefix = d::per_rank_prefix(rank);
+  std::vector<Slice> wanted;  // every rank's names (so none is unexpected); this rank's whole, the others empty
+  std::vector<Staged> staged;
+  std::string err;
+  try {
+    d::Metadata meta = d::Metadata::load(checkpoint_dir);
+    const std::string ctx = cat("checkpoint '", checkpoint_dir, "' (step ", meta.step, ", saved at world size ",
+                                meta.world_size, " with ", meta.strategy, "; loading at world size ", world, ")");
+    if (meta.world_size != world)
+      throw Error(cat(ctx, ": its per-rank tensors belong to the ranks of a world of ", meta.world_size,
+                      ", not to this world of ", world, ". Expected the same world size; at another, start them "
+                      "afresh instead of loading them"));
+    auto it = meta.sections.find(d::kPerRank);
+    if (it != meta.sections.end()) {
+      wanted.reserve(it->second.size());  // staged keeps pointers into it
+      for (auto& [name, t] : it->second) {
+        const bool mine = name.rfind(prefix, 0) == 0;
+        wanted.push_back({name, t.shape, t.dtype, 0, mine ? t.numel() : 0,
+                          mine ? torch::empty({t.numel()}, torch::TensorOptions().dtype(t.dtype)) : torch::Tensor()});
+      }
+      d::PieceReader reader(checkpoint_dir, meta, opts.verify_checksums);
+      read_section(ctx, reader, meta, d::kPerRank, wanted, opts, "", &staged);
+    }
+  } catch (const std::exception& e) {
+    staged.clear();
+    err = cat("rank ", rank, ": ", e.what());
+  }
+  d::fail_together_at(comm, "loading per-rank tensors", err, "none was loaded");
+  commit(staged);
+  std::map<std::string, torch::Tensor> out;
+  for (auto& s : wanted)
+    if (s.hi > s.lo) out[s.name.substr(prefix.size())] = s.data;
+  return out;
 }
 
 int64_t load_full_safetensors(Communicator& comm, const std::string& path, std::vector<Slice>& wanted,

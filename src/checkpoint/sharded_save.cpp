@@ -59,6 +59,16 @@ void check_slices(const char* section, const std::vector<Slice>& slices, bool fo
   }
 }
 
+std::vector<Slice> per_rank_slices(int rank, const std::map<std::string, torch::Tensor>& per_rank) {
+  std::vector<Slice> out;
+  for (const auto& [name, t] : per_rank) {
+    if (!t.defined()) throw Error(cat("per_rank tensor '", name, "' is undefined; expected a tensor to save whole."));
+    const torch::Tensor flat = t.detach().reshape(-1);
+    out.push_back({per_rank_prefix(rank) + name, {flat.numel()}, flat.scalar_type(), 0, flat.numel(), flat});
+  }
+  return out;
+}
+
 RankIndex write_rank_shard(const std::string& dir, int rank, int world, std::vector<RankIndex::Entry> entries,
                            const std::function<void(size_t, SafetensorsWriter&)>& write_entry, bool fsync) {
   RankIndex idx;
@@ -143,14 +153,16 @@ std::string commit_checkpoint(const std::string& root, const std::string& tmp_di
 }  // namespace detail
 
 SaveResult save_sharded(Communicator& comm, const std::string& root, int64_t step, const std::vector<Slice>& model,
-                        const std::vector<Slice>& optim, const nlohmann::json& train_state, const SaveOptions& opts) {
-  return detail::save_sharded_checked(comm, root, step, model, optim, train_state, opts, nullptr);
+                        const std::vector<Slice>& optim, const nlohmann::json& train_state, const SaveOptions& opts,
+                        const std::map<std::string, torch::Tensor>& per_rank) {
+  return detail::save_sharded_checked(comm, root, step, model, optim, detail::per_rank_slices(comm.rank(), per_rank),
+                                      train_state, opts, nullptr);
 }
 
 SaveResult detail::save_sharded_checked(Communicator& comm, const std::string& root, int64_t step,
                                         const std::vector<Slice>& model, const std::vector<Slice>& optim,
-                                        const nlohmann::json& train_state, const SaveOptions& opts,
-                                        const std::function<std::string()>& check) {
+                                        const std::vector<Slice>& per_rank, const nlohmann::json& train_state,
+                                        const SaveOptions& opts, const std::function<std::string()>& check) {
   // The caller's check: this rank's error unless one came first.
   auto checked = [&](std::string& err) {
     if (!check || !err.empty()) return;
@@ -176,6 +188,7 @@ SaveResult detail::save_sharded_checked(Communicator& comm, const std::string& r
                       " expected >= 0 (0: no limit)."));
     detail::check_slices(detail::kModel, model, false);
     detail::check_slices(detail::kOptim, optim, false);
+    detail::check_slices(detail::kPerRank, per_rank, false);
     if (rank == 0) {
       detail::make_dirs(root, opts.fsync);
       for (auto& n : detail::list_dir(root))  // leftovers of saves killed part-way
@@ -194,9 +207,10 @@ SaveResult detail::save_sharded_checked(Communicator& comm, const std::string& r
   try {
     std::vector<detail::RankIndex::Entry> entries;
     std::vector<const Slice*> src;
-    for (auto* list : {&model, &optim})
+    for (auto* list : {&model, &optim, &per_rank})
       for (auto& s : *list) {
-        entries.push_back({list == &model ? detail::kModel : detail::kOptim, s.name, "", s.full_shape, s.dtype, s.lo, s.hi});
+        const char* section = list == &model ? detail::kModel : list == &optim ? detail::kOptim : detail::kPerRank;
+        entries.push_back({section, s.name, "", s.full_shape, s.dtype, s.lo, s.hi});
         src.push_back(&s);
       }
     // Progress of rank 0's shard (the ranks write in parallel), shown when

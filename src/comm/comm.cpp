@@ -71,6 +71,16 @@ torch::Tensor Communicator::peer_tensor(int64_t, torch::ScalarType) {
                           "FSDP_SHARE_HOST on); ask it before calling"));
 }
 
+Residuals Communicator::residuals() { return {}; }
+
+void Communicator::load_residuals(const std::map<std::string, torch::Tensor>& by_buffer) {
+  if (by_buffer.empty()) return;  // none to keep, none kept
+  throw Error(detail::cat("load_residuals: this communicator (", describe(), ") compresses nothing, so it keeps no "
+                          "error-feedback residuals, but ", by_buffer.size(), " were given (the first '",
+                          by_buffer.begin()->first, "'). Expected: a communicator whose residuals().compress is not "
+                          "off (CommOptions::compress / FSDP_COMPRESS on a path that compresses), or an empty map"));
+}
+
 CommPtr Communicator::split(int color, const SplitOptions& opts) {
   FSDP_USER_CHECK(color >= 0, "Communicator::split: the color must be >= 0, found ", color,
                   " (every rank names the group it joins by a color >= 0)");

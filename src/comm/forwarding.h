@@ -58,6 +58,10 @@ class ForwardingCommunicator : public Communicator {
     return inner_->peer_tensor(numel, dtype);
   }
   int64_t peer_memory_bytes() const override { return inner_->peer_memory_bytes(); }
+  Residuals residuals() override { return inner_->residuals(); }
+  void load_residuals(const std::map<std::string, torch::Tensor>& by_buffer) override {
+    inner_->load_residuals(by_buffer);
+  }
 
  protected:
   // The communicator every call goes to; constant after construction.

@@ -224,6 +224,33 @@ class GlooCommunicator final : public Communicator {
     return hs ? hs->block_bytes() : 0;
   }
 
+  // Error feedback lives on the path (Algorithms::feedback) and is touched
+  // by the communication thread alone: both calls run there as queued tasks,
+  // after every collective issued before them, and wait. They move no bytes,
+  // take no sequence number and are not logged as collectives.
+  Residuals residuals() override {
+    auto out = std::make_shared<Residuals>();
+    queue_->submit([this, out] {
+      const ErrorFeedback* ef = algorithms_->feedback();
+      if (!ef) return;
+      out->compress = opts_.compress;
+      for (const auto& [key, r] : ef->state()) out->by_buffer[key] = r.clone();
+    })->wait();
+    return std::move(*out);
+  }
+
+  void load_residuals(const std::map<std::string, torch::Tensor>& by_buffer) override {
+    // Checked here, so the task cannot throw and poison the queue.
+    for (const auto& [key, t] : by_buffer)
+      FSDP_USER_CHECK(t.defined() && at::isFloatingType(t.scalar_type()), "load_residuals: the residual of '", key,
+                      "' is ", t.defined() ? dtype_name(t.scalar_type()) : std::string("undefined"),
+                      "; expected a floating tensor (fp32, as residuals() gives it)");
+    if (!by_buffer.empty() && !algorithms_->feedback()) return Communicator::load_residuals(by_buffer);
+    queue_->submit([this, by_buffer] {
+      if (ErrorFeedback* ef = algorithms_->feedback()) ef->load(by_buffer);
+    })->wait();
+  }
+
   CommPtr split(int color, const SplitOptions& so) override {
     FSDP_USER_CHECK(color >= 0, "Communicator::split: the color must be >= 0, found ", color,
                     " on rank ", global_[world_.rank], " (every rank names the group it joins by a color >= 0)");

@@ -4,7 +4,14 @@
 // A shard view is elements [lo, hi) of its flattened original parameter, the
 // exact notion of ckpt::Slice, so every strategy saves and loads the same
 // way and resharding N -> M is the checkpoint layer's interval overlap.
+//
+// Error feedback's residuals (Communicator::residuals; CommOptions::compress)
+// are each rank's own: saved per rank (ckpt's per_rank section) as
+// "residual/<communicator>/<buffer key>", and given back only to the same
+// rank of a run that would key its buffers alike (same world size,
+// strategy, compression and units); otherwise dropped with a note.
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <unordered_map>
 #include <unordered_set>
@@ -177,6 +184,126 @@ void fail_together_saving(Communicator& comm, const std::string& error, const st
                     [&](const std::vector<int>&) { return what + " failed on rank 0"; });
 }
 
+// The strategy as checkpoints record it (ckpt::SaveOptions::strategy).
+std::string strategy_text(const FullyShardedModel& m) {
+  std::string s = to_string(m.options().strategy);
+  if (m.replica_group())
+    s += detail::cat(" (shard groups of ", m.shard_group()->world_size(), " x ", m.replica_group()->world_size(),
+                     " replicas; replica group 0 wrote the shards)");
+  return s;
+}
+
+// ---------------------------------------------------------------- error feedback's residuals
+
+// The communicators the model's collectives run on, each once, by the name
+// its residuals are saved under: "world" (comm()), and under HYBRID_SHARD
+// "shard" and "replica". Every compressing path keeps its residuals on its
+// communicator (Communicator::residuals), so this list is all of them.
+std::vector<std::pair<std::string, Communicator*>> feedback_comms(const FullyShardedModel& m) {
+  std::vector<std::pair<std::string, Communicator*>> out{{"world", m.comm().get()}};
+  for (auto [name, c] : {std::make_pair("shard", m.shard_group().get()), std::make_pair("replica", m.replica_group().get())})
+    if (c && c != m.comm().get()) out.emplace_back(name, c);
+  return out;
+}
+
+// What keys the residuals besides the communicator: each unit's name, its
+// padded flat size and the dtype its gradients are reduced in (a
+// compressible call's label, numel and dtype), as 16 hex digits of FNV-1a 64.
+std::string units_signature(const FullyShardedModel& m) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  };
+  for (const detail::Unit* u : EngineAccess(m).units())
+    mix(detail::cat(u->display_name(), ":", u->padded_numel, ":", c10::toString(u->reduce_dtype), ";"));
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(h));
+  return b;
+}
+
+// This rank's residuals of every communicator into `per_rank`; returns what
+// train_state["error_feedback"] records of them ({"compress": {"world":
+// "int8"}, "units": signature}), or null when no communicator compresses.
+nlohmann::json snapshot_residuals(const FullyShardedModel& m, std::map<std::string, torch::Tensor>& per_rank) {
+  nlohmann::json compress = nlohmann::json::object();
+  for (auto& [name, c] : feedback_comms(m)) {
+    Residuals r = c->residuals();  // copies, after every collective issued so far
+    if (r.compress == Compression::OFF) continue;
+    compress[name] = to_string(r.compress);
+    for (auto& [key, t] : r.by_buffer) per_rank["residual/" + name + "/" + key] = t;
+  }
+  if (compress.empty()) return nullptr;
+  return {{"compress", compress}, {"units", units_signature(m)}};
+}
+
+// What a load does with the residuals: read before anything of the model
+// changes (load_per_rank is collective and may fail), given to the
+// communicators after.
+struct ResidualsPlan {
+  bool restore = false;  // false: every compressing communicator starts at zero
+  std::map<std::string, std::map<std::string, torch::Tensor>> by_comm;  // name -> key -> residual
+  std::string note;      // why they were not restored ("" when they were, or none are kept)
+};
+
+// Collective. The decision depends only on the checkpoint's metadata and on
+// settings every rank shares, so every rank takes the same branch.
+ResidualsPlan plan_residuals(const FullyShardedModel& m, const ckpt::LoadResult& r, const ckpt::LoadOptions& lopts) {
+  ResidualsPlan plan;
+  nlohmann::json here = nlohmann::json::object();
+  for (auto& [name, c] : feedback_comms(m)) {
+    const Compression k = c->residuals().compress;
+    if (k != Compression::OFF) here[name] = to_string(k);
+  }
+  const nlohmann::json* saved = r.train_state.contains("error_feedback") && r.train_state["error_feedback"].is_object()
+                                    ? &r.train_state["error_feedback"]
+                                    : nullptr;
+  const int world = m.comm()->world_size();
+  std::string why;
+  if (!saved && here.empty()) return plan;
+  if (!saved)
+    why = "the checkpoint holds none (it was saved without compression)";
+  else if (here.empty())
+    why = "this run compresses nothing (CommOptions::compress / FSDP_COMPRESS off, or its path ignores it)";
+  else if (r.saved_world_size != world)
+    why = detail::cat("they belong to the ranks of a world of ", r.saved_world_size, ", this one has ", world);
+  else if (r.saved_strategy != strategy_text(m))
+    why = "it was saved with " + r.saved_strategy + ", this run is " + strategy_text(m);
+  else if (const nlohmann::json was = saved->contains("compress") ? saved->at("compress") : nlohmann::json(); was != here)
+    why = "it was saved with compression " + was.dump() + ", this run has " + here.dump();
+  else if (saved->value("units", std::string()) != units_signature(m))
+    why = "this run's units (their names, sizes or reduce dtypes) differ from the saved run's, so its buffers "
+          "have other keys";
+  if (!why.empty()) {
+    plan.note = "error feedback's residuals were not restored: " + why +
+                "; every compressed buffer's starts at zero (the run is not bit for bit the one that was saved)";
+    return plan;
+  }
+  plan.restore = true;
+  for (auto& [name, t] : ckpt::load_per_rank(*m.comm(), r.path, lopts)) {
+    const std::string prefix = "residual/";
+    if (name.rfind(prefix, 0) != 0) continue;
+    const size_t slash = name.find('/', prefix.size());
+    if (slash == std::string::npos) continue;
+    plan.by_comm[name.substr(prefix.size(), slash - prefix.size())][name.substr(slash + 1)] = t;
+  }
+  // Recorded, but none of this rank's came back (e.g. resharded offline at
+  // the same size, which drops the per_rank section).
+  if (plan.by_comm.empty())
+    plan.note = "error feedback's residuals were not restored: the checkpoint holds none of this rank's; every "
+                "compressed buffer's starts at zero (the run is not bit for bit the one that was saved)";
+  return plan;
+}
+
+// Every compressing communicator gets its saved residuals, or none (zero).
+void apply_residuals(const FullyShardedModel& m, const ResidualsPlan& plan) {
+  static const std::map<std::string, torch::Tensor> kNone;
+  for (auto& [name, c] : feedback_comms(m)) {
+    if (c->residuals().compress == Compression::OFF) continue;
+    auto it = plan.by_comm.find(name);
+    c->load_residuals(plan.restore && it != plan.by_comm.end() ? it->second : kNone);
+  }
+}
+
 }  // namespace
 
 std::vector<ckpt::Slice> model_slices(const FullyShardedModel& m) {
@@ -247,20 +374,22 @@ ckpt::SaveResult save_checkpoint(FullyShardedModel& model, const torch::optim::O
   }
   nlohmann::json ts = train_state;
   ts["optimizer"] = {{"type", type_of(k)}, {"step", steps}};
+  // This rank's residuals: copies already, so a background save's snapshot
+  // holds them as they are now.
+  std::map<std::string, torch::Tensor> residuals;
+  if (nlohmann::json ef = snapshot_residuals(model, residuals); !ef.is_null()) ts["error_feedback"] = ef;
   ckpt::SaveOptions so;
   so.keep_last = copts.keep_last;
   so.fsync = copts.fsync;
   so.max_write_bytes_per_second = copts.max_write_bytes_per_second;
   so.progress = copts.progress;
-  so.strategy = to_string(model.options().strategy);
-  if (model.replica_group())
-    so.strategy += detail::cat(" (shard groups of ", model.shard_group()->world_size(), " x ",
-                               model.replica_group()->world_size(), " replicas; replica group 0 wrote the shards)");
-  if (!copts.async) return ckpt::save_sharded(*model.comm(), root, step, model_slices(model), optim, ts, so);
+  so.strategy = strategy_text(model);
+  if (!copts.async)
+    return ckpt::save_sharded(*model.comm(), root, step, model_slices(model), optim, ts, so, residuals);
   const EngineAccess access(model);
   auto bg = std::make_unique<ckpt::BackgroundSave>(
       access.checkpoint_comm(), root, step, model_slices(model), optim, std::move(ts), so,
-      copts.snapshot_on_thread ? ckpt::SnapshotCopy::ON_THREAD : ckpt::SnapshotCopy::IN_CALLER);
+      copts.snapshot_on_thread ? ckpt::SnapshotCopy::ON_THREAD : ckpt::SnapshotCopy::IN_CALLER, residuals);
   ckpt::SaveResult r;
   r.path = bg->path();
   r.in_background = true;
@@ -313,6 +442,15 @@ ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimiz
   if (k && saved_type != type_of(k))
     throw Error("checkpoint " + r.path + " holds " + saved_type + " optimizer state, but the optimizer given is " +
                 type_of(k) + ". Fix: build the same optimizer type as when saving.");
+  // Read before the model changes: a failure here still leaves it as it was.
+  const ResidualsPlan residuals = plan_residuals(model, r, lopts);
+  if (!residuals.note.empty()) {
+    r.note = r.note.empty() ? residuals.note : r.note + "; " + residuals.note;
+    if (model.comm()->rank() == 0) {
+      std::fprintf(stderr, "fsdp: loading %s: %s.\n", r.path.c_str(), residuals.note.c_str());
+      std::fflush(stderr);
+    }
+  }
   torch::NoGradGuard ng;
   for (auto& [s, t] : param_tmp) s->shard_view.detach().copy_(t);
   if (k) {
@@ -327,6 +465,7 @@ ckpt::LoadResult load_checkpoint(FullyShardedModel& model, torch::optim::Optimiz
       });
     }
   }
+  apply_residuals(model, residuals);
   // NO_SHARD in low precision refreshes its compute copy at the next forward.
   return r;
 }

@@ -81,6 +81,17 @@ class DelayedCommunicator : public comm::ForwardingCommunicator {
     return submit([=, this] { inner()->gather(input, output, root, info)->wait(); });
   }
 
+  // Error feedback's residuals in issue order too: after the delayed
+  // collectives issued before, as the communicator's own promise says.
+  Residuals residuals() override {
+    Residuals out;
+    submit([&out, this] { out = inner()->residuals(); })->wait();
+    return out;
+  }
+  void load_residuals(const std::map<std::string, torch::Tensor>& by_buffer) override {
+    submit([by_buffer, this] { inner()->load_residuals(by_buffer); })->wait();
+  }
+
   // Counters, timeouts and the ranks are inner's (forwarded).
   std::string describe() const override {
     return inner()->describe() + " +" + std::to_string(delay_.count()) + " ms per collective";
