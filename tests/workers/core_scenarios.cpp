@@ -142,6 +142,16 @@ FSDP_SCENARIO(core_parity) {
   std::printf("PARITY strategy=%s mode=%s prefetch=%s dtype=%s N=%d max_rel=%.3g max_abs=%.3g %s\n",
               strategy.c_str(), mode.c_str(), prefetch.c_str(), dtype.c_str(), N, max_rel, max_abs,
               max_rel <= tol ? "OK" : "MISMATCH");
+  // The bits of this rank's shards (FNV-1a of their bytes): HYBRID's
+  // replicas of one shard must hold the same (test_hybrid.cpp).
+  uint64_t hash = 1469598103934665603ull;
+  for (const auto& p : model->parameters()) {
+    const auto t = p.detach().contiguous();
+    const auto* b = static_cast<const unsigned char*>(t.data_ptr());
+    for (int64_t i = 0; i < t.numel() * static_cast<int64_t>(t.element_size()); ++i)
+      hash = (hash ^ b[i]) * 1099511628211ull;
+  }
+  std::printf("SHARDS rank=%d hash=%016llx\n", r, static_cast<unsigned long long>(hash));
   return max_rel <= tol ? 0 : 1;
 }
 
