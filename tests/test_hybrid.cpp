@@ -80,9 +80,14 @@ TEST(HybridParityOptions, UnevenGroupsOfThree) {
 // shard group one host: each replica group has one rank per host, so with
 // FSDP_COMPRESS=int8 its flat ring compresses the replica all-reduce
 // (quantized reduce-scatter int8 with error feedback, reduced chunks int8).
-// The parameters end within the loose tolerance core_parity gives lossy
-// runs (5e-2, as CommTiers.FullShardCompressedInt8TrainsCloseToTheReference)
-// and not within the exact one (1e-5): the compression changed the bits.
+// The parameters end within 3e-3 of the reference's (1.5 AdamW learning
+// rates; measured 2.4e-3 with and without feedback) and not within the
+// exact relative 1e-5: the compression changed the bits. Not the relative
+// 5e-2 of CommTiers.FullShardCompressedInt8TrainsCloseToTheReference: the
+// replica all-reduce quantizes each gradient twice, and an element whose
+// gradient rounds to zero misses AdamW's first sign-sized step, about 0.1
+// of the largest value of the small tensors (measured max_rel 0.097;
+// core_scenarios.cpp, FSDP_TEST_LOSSY_ABS).
 // Every rank decodes the same bytes, so the replicas of a shard hold the same
 // bits after training (SHARDS lines: ranks 0 and 2, 1 and 3). The replica
 // groups' path says it compressed and names a residual per unit; with
@@ -90,7 +95,7 @@ TEST(HybridParityOptions, UnevenGroupsOfThree) {
 void expect_compressed_replicas(const std::string& feedback) {
   auto r = run_ranks(4, "core_parity", {"hybrid", "plain", "none", "fp32", "2"},
                      {"FSDP_TEST_HOST_LAYOUT=a,a,b,b", "FSDP_COMPRESS=int8", "FSDP_COMPRESS_FEEDBACK=" + feedback,
-                      "FSDP_DEBUG=info"},
+                      "FSDP_DEBUG=info", "FSDP_TEST_LOSSY_ABS=3e-3"},
                      240);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto ok = lines_with(r.output, "PARITY");
