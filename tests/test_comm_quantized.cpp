@@ -406,6 +406,41 @@ void expect_compressed_tiers(fsdp::Communicator& c4, const char* compress, const
   // The residual is not zero after a call (the last one changed it), so the
   // three calls above did test the feedback.
   EXPECT_GT(residual[me].abs().max().item<float>(), 0.0f);
+
+  // all_reduce (AVG), twice under one label: chunk s of ring_chunks(numel,
+  // S) summed inside each host (fp32, rounded once to the dtype), then the
+  // quantized all_reduce of the H host sums (AllReduceReference, divided by
+  // the world size), every rank the whole result.
+  const int64_t numel = 2 * m + 1;
+  const auto cs = fsdp::comm::ring_chunks(numel, S);
+  std::vector<AllReduceReference> refs(S, AllReduceReference(H));
+  for (int call = 0; call < 2; ++call) {
+    const int salt = 200 + call;
+    auto data = input_of(r, numel, salt, dt);
+    comm->reset_counters();
+    comm->all_reduce(data, fsdp::ReduceOp::AVG, {"unit.ar", true})->wait();
+    std::vector<torch::Tensor> chunks;
+    for (int k = 0; k < S; ++k) {
+      std::vector<torch::Tensor> host_sums;
+      for (int h = 0; h < H; ++h)
+        host_sums.push_back((input_of(h * S, numel, salt, dt).to(torch::kFloat) +
+                             input_of(h * S + 1, numel, salt, dt).to(torch::kFloat))
+                                .slice(0, cs.offset[k], cs.offset[k] + cs.count[k])
+                                .to(dt));
+      chunks.push_back(refs[k].run(host_sums, gf, {QuantKind::INT8, 256, c10::kFloat}, n, true));
+    }
+    EXPECT_TRUE(torch::equal(data, torch::cat(chunks))) << what << " all_reduce call " << call;
+    const auto e = fsdp::comm::ring_chunks(cs.count[s], H);
+    int64_t wire = 0;
+    for (int j = 0; j < H; ++j) {
+      if (j != me) wire += wire_bytes(gf, e.count[j]);
+      if (j != (me + 1) % H) wire += wire_bytes({QuantKind::INT8, 256, c10::kFloat}, e.count[j]);
+    }
+    c = comm->counters()[CollectiveKind::ALL_REDUCE];
+    EXPECT_EQ(c.bytes_inter_host, wire) << what << " all_reduce";
+    EXPECT_EQ(c.bytes_inter_host_logical, (2 * cs.count[s] - e.count[me] - e.count[(me + 1) % H]) * es)
+        << what << " all_reduce";
+  }
 }
 
 // One communicator per test (FSDP_COMPRESS is read when it is made).
