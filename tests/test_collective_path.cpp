@@ -144,10 +144,10 @@ TEST(CollectivePath, RingPiecesAndTrafficAreOneArithmetic) {
   EXPECT_EQ(traffic::inter_host_part(100, 4, 1), 0);
 }
 
-// Compression is decided with the path: taken on the tiers only, and the
-// reason says the formats; asked for elsewhere it is ignored, and the reason
-// says why (nothing fails).
-TEST(CollectivePath, CompressionOnlyOnTheTiers) {
+// Compression is decided with the path: taken on the tiers and on a flat
+// ring of one rank per host, and the reason says the formats; asked for
+// elsewhere it is ignored, and the reason says why (nothing fails).
+TEST(CollectivePath, CompressionOnlyWhereEveryByteOfARingCrossesAHost) {
   Facts tiers = several_hosts();
   tiers.tiers_shape = "2 hosts of 2 ranks";
   tiers.compress = "int4";
@@ -169,10 +169,43 @@ TEST(CollectivePath, CompressionOnlyOnTheTiers) {
   flat.compress = "int8";
   EXPECT_EQ(choose(flat).path, Path::TCP);
   EXPECT_FALSE(choose(flat).compressed);
-  EXPECT_NE(choose(flat).reason.find("FSDP_COMPRESS=int8 ignored: only the tiers' inter-host ring is compressed, the "
-                                     "flat TCP ring is not yet"),
+  EXPECT_NE(choose(flat).reason.find("FSDP_COMPRESS=int8 ignored: 4 ranks share a host with another, so the flat "
+                                     "TCP ring mixes links inside and across hosts"),
             std::string::npos)
       << choose(flat).reason;
+  // Hosts of unequal sizes: the flat ring, some ranks sharing a host.
+  Facts uneven = several_hosts();
+  uneven.ranks_sharing_a_host = 3;
+  uneven.layout_blocked = "the hosts have different numbers of ranks";
+  uneven.compress = "int8";
+  EXPECT_EQ(choose(uneven).path, Path::TCP);
+  EXPECT_FALSE(choose(uneven).compressed);
+  EXPECT_NE(choose(uneven).reason.find("ignored: 3 ranks share a host"), std::string::npos) << choose(uneven).reason;
+
+  // One rank per host (HYBRID's replica groups, FULL_SHARD with one rank a
+  // host): every byte of the flat ring crosses a host, compressed whatever
+  // FSDP_TIERS and FSDP_TRANSPORT say.
+  Facts apart = several_hosts();
+  apart.ranks_sharing_a_host = 0;
+  apart.layout_blocked = "every host has one rank: nothing moves inside a host";
+  apart.compress = "int4";
+  for (const char* transport : {"auto", "tcp", "cma"})
+    for (bool tiers_on : {true, false}) {
+      apart.transport = transport;
+      apart.tiers = tiers_on;
+      const auto a = choose(apart);
+      EXPECT_EQ(a.path, Path::TCP) << transport;
+      EXPECT_TRUE(a.refused.empty()) << transport << ": " << a.refused;
+      EXPECT_TRUE(a.compressed) << transport << " tiers " << tiers_on << ": " << a.reason;
+      EXPECT_NE(a.reason.find("; every rank is on a host of its own, so every byte of the flat ring crosses a host: "
+                              "compressible collectives travel quantized (FSDP_COMPRESS=int4: parameters int8, "
+                              "gradients int4 with error feedback, blocks of 256 with fp32 scales)"),
+                std::string::npos)
+          << a.reason;
+    }
+  apart.compress = "off";
+  EXPECT_FALSE(choose(apart).compressed);
+  EXPECT_EQ(choose(apart).reason.find("FSDP_COMPRESS"), std::string::npos);
 
   Facts one;
   one.ranks = 2;
@@ -185,7 +218,7 @@ TEST(CollectivePath, CompressionOnlyOnTheTiers) {
   tcp.transport = "tcp";
   tcp.compress = "int8";
   EXPECT_FALSE(choose(tcp).compressed);
-  EXPECT_NE(choose(tcp).reason.find("ignored"), std::string::npos);
+  EXPECT_NE(choose(tcp).reason.find("ignored: every rank is on one host"), std::string::npos);
 }
 
 }  // namespace FSDP_TEST_ID

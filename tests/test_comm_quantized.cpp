@@ -220,6 +220,106 @@ TEST(QuantComm, APeerThatNeverSendsIsNamedAtTheDeadline) {
   }
 }
 
+// ------------------------------------------------------ quantized all_reduce
+// The reference of quantized_all_reduce over `inputs` (every rank's, in
+// rank order), as quantized.h specifies it: chunks of ring_chunks; each
+// rank's input (plus its residual) quantized per chunk in `gf`; chunk c the
+// decoded contributions summed in fp32 in rank order, divided once; the
+// owner's sum (plus its "gather" residual) quantized in `af`; every rank
+// decodes it into the dtype. `res`, `res_gather`: the residuals of each rank
+// (undefined: none yet), updated when `feedback`.
+struct AllReduceReference {
+  std::vector<torch::Tensor> res, res_gather;
+  explicit AllReduceReference(int n) : res(n), res_gather(n) {}
+
+  torch::Tensor run(const std::vector<torch::Tensor>& inputs, const QuantFormat& gf, const QuantFormat& af,
+                    int divisor, bool feedback) {
+    const int n = static_cast<int>(inputs.size());
+    const auto c = fsdp::comm::ring_chunks(inputs[0].numel(), n);
+    std::vector<std::vector<torch::Tensor>> decoded(n);  // [q][chunk]
+    for (int q = 0; q < n; ++q) {
+      torch::Tensor meant = inputs[q].to(torch::kFloat);
+      if (feedback && res[q].defined()) meant = meant + res[q];
+      for (int k = 0; k < n; ++k)
+        decoded[q].push_back(round_trip(meant.slice(0, c.offset[k], c.offset[k] + c.count[k]), gf, torch::kFloat));
+      if (feedback) res[q] = meant - torch::cat(decoded[q]);
+    }
+    std::vector<torch::Tensor> out;
+    for (int k = 0; k < n; ++k) {
+      torch::Tensor acc = decoded[0][k].clone();
+      for (int q = 1; q < n; ++q) acc = acc + decoded[q][k];
+      if (divisor > 1) acc = acc / divisor;
+      if (feedback && res_gather[k].defined()) acc = acc + res_gather[k];
+      const torch::Tensor d = round_trip(acc, af, torch::kFloat);
+      if (feedback) res_gather[k] = acc - d;
+      out.push_back(d);
+    }
+    return torch::cat(out).to(inputs[0].scalar_type());
+  }
+};
+
+// quantized_all_reduce equals the reference bit for bit on every rank (so
+// every rank holds the same bits), for sizes that cut uneven chunks and
+// tensors smaller than N, fp32 and bf16, SUM and a mean; three calls in a
+// row under one key with error feedback carry both residuals; the bytes
+// sent are the formula's (quantized.h).
+void expect_all_reduce_reference() {
+  RawMesh mesh;
+  const int n = mesh.size(), r = mesh.rank();
+  const QuantFormat af{QuantKind::INT8, 256, c10::kFloat};
+  int salt = 5000;
+  for (const QuantFormat& gf : {QuantFormat{QuantKind::INT8, 256, c10::kFloat}, QuantFormat{QuantKind::INT4, 7,
+                                                                                            c10::kBFloat16}})
+    for (int64_t numel : {int64_t(0), int64_t(1), int64_t(n - 1), int64_t(1001), int64_t(3 * 256 * n + 5)})
+      for (c10::ScalarType dt : {c10::kFloat, c10::kBFloat16})
+        for (int divisor : {1, n})
+          for (bool feedback : {false, true}) {
+            const std::string what = gf.describe() + " " + c10::toString(dt) + " numel " + std::to_string(numel) +
+                                     " /" + std::to_string(divisor) + (feedback ? " feedback" : "");
+            fsdp::comm::ErrorFeedback ef;
+            AllReduceReference ref(n);
+            for (int call = 0; call < (feedback ? 3 : 1); ++call) {
+              ++salt;
+              std::vector<torch::Tensor> inputs;
+              for (int q = 0; q < n; ++q) inputs.push_back(input_of(q, numel, salt, dt));
+              auto data = inputs[r].clone();
+              QuantTraffic t = fsdp::comm::quantized_all_reduce(mesh.wire(), data, gf, af, divisor,
+                                                                feedback ? &ef : nullptr, "unit [x]");
+              const torch::Tensor want = ref.run(inputs, gf, af, divisor, feedback);
+              EXPECT_TRUE(torch::equal(data, want)) << what << " call " << call;
+              const auto c = fsdp::comm::ring_chunks(numel, n);
+              int64_t wire = 0;
+              for (int q = 0; q < n; ++q) {
+                if (q != r) wire += wire_bytes(gf, c.count[q]);
+                if (q != (r + 1) % n) wire += wire_bytes(af, c.count[q]);
+              }
+              EXPECT_EQ(t.wire, wire) << what;
+              const int64_t es = static_cast<int64_t>(c10::elementSize(dt));
+              EXPECT_EQ(t.logical, (2 * numel - c.count[r] - c.count[(r + 1) % n]) * es) << what;
+            }
+            // The residuals are this rank's: its input's and its chunk's.
+            EXPECT_EQ(ef.state().size(), feedback ? 2u : 0u) << what;
+            if (feedback) {
+              EXPECT_TRUE(torch::equal(ef.state().at("unit [x]"), ref.res[r])) << what;
+              EXPECT_TRUE(torch::equal(ef.state().at("unit [x] gather"), ref.res_gather[r])) << what;
+              if (numel > 1000) EXPECT_GT(ref.res[r].abs().max().item<float>(), 0.0f) << what;
+            }
+          }
+}
+
+TEST(QuantComm, AllReduceEqualsTheLocalReferenceBitForBitAt2Ranks) {
+  FSDP_IN_RANKS(2);
+  expect_all_reduce_reference();
+}
+TEST(QuantComm, AllReduceEqualsTheLocalReferenceBitForBitAt3Ranks) {
+  FSDP_IN_RANKS(3);
+  expect_all_reduce_reference();
+}
+TEST(QuantComm, AllReduceEqualsTheLocalReferenceBitForBitAt4Ranks) {
+  FSDP_IN_RANKS(4);
+  expect_all_reduce_reference();
+}
+
 // ------------------------------------------------ compressed tiers (stage 2)
 // The communicator with FSDP_COMPRESS on, at 2 hosts x 2 ranks (FSDP_HOST_ID:
 // ranks 0, 1 on host a, 2, 3 on host b; rank q has local index q % 2 and is
@@ -306,6 +406,41 @@ void expect_compressed_tiers(fsdp::Communicator& c4, const char* compress, const
   // The residual is not zero after a call (the last one changed it), so the
   // three calls above did test the feedback.
   EXPECT_GT(residual[me].abs().max().item<float>(), 0.0f);
+
+  // all_reduce (AVG), twice under one label: chunk s of ring_chunks(numel,
+  // S) summed inside each host (fp32, rounded once to the dtype), then the
+  // quantized all_reduce of the H host sums (AllReduceReference, divided by
+  // the world size), every rank the whole result.
+  const int64_t numel = 2 * m + 1;
+  const auto cs = fsdp::comm::ring_chunks(numel, S);
+  std::vector<AllReduceReference> refs(S, AllReduceReference(H));
+  for (int call = 0; call < 2; ++call) {
+    const int salt = 200 + call;
+    auto data = input_of(r, numel, salt, dt);
+    comm->reset_counters();
+    comm->all_reduce(data, fsdp::ReduceOp::AVG, {"unit.ar", true})->wait();
+    std::vector<torch::Tensor> chunks;
+    for (int k = 0; k < S; ++k) {
+      std::vector<torch::Tensor> host_sums;
+      for (int h = 0; h < H; ++h)
+        host_sums.push_back((input_of(h * S, numel, salt, dt).to(torch::kFloat) +
+                             input_of(h * S + 1, numel, salt, dt).to(torch::kFloat))
+                                .slice(0, cs.offset[k], cs.offset[k] + cs.count[k])
+                                .to(dt));
+      chunks.push_back(refs[k].run(host_sums, gf, {QuantKind::INT8, 256, c10::kFloat}, n, true));
+    }
+    EXPECT_TRUE(torch::equal(data, torch::cat(chunks))) << what << " all_reduce call " << call;
+    const auto e = fsdp::comm::ring_chunks(cs.count[s], H);
+    int64_t wire = 0;
+    for (int j = 0; j < H; ++j) {
+      if (j != me) wire += wire_bytes(gf, e.count[j]);
+      if (j != (me + 1) % H) wire += wire_bytes({QuantKind::INT8, 256, c10::kFloat}, e.count[j]);
+    }
+    c = comm->counters()[CollectiveKind::ALL_REDUCE];
+    EXPECT_EQ(c.bytes_inter_host, wire) << what << " all_reduce";
+    EXPECT_EQ(c.bytes_inter_host_logical, (2 * cs.count[s] - e.count[me] - e.count[(me + 1) % H]) * es)
+        << what << " all_reduce";
+  }
 }
 
 // One communicator per test (FSDP_COMPRESS is read when it is made).
@@ -335,6 +470,133 @@ TEST(QuantComm, TiersCompressedInt4EqualTheLocalReferenceBitForBit) {
   for (c10::ScalarType dt : {c10::kFloat, c10::kBFloat16})
     expect_compressed_tiers(*comm, "int4", {QuantKind::INT8, 256, c10::kFloat}, {QuantKind::INT4, 256, c10::kFloat},
                             dt);
+}
+
+// ------------------------------------------------ compressed flat ring
+// The communicator with FSDP_COMPRESS on and every rank on a host of its own
+// (FSDP_HOST_ID): the flat TCP ring, compressed (path::choose), every byte
+// across a host. A compressible all_gather equals every rank's block
+// quantized and decoded; a compressible reduce_scatter (AVG) equals every
+// rank's input plus its residual quantized per chunk, decoded, summed in
+// fp32 in rank order, divided once; a compressible all_reduce equals
+// AllReduceReference. Three calls under one label carry the residuals
+// (FSDP_COMPRESS_FEEDBACK on), or keep none (off: the same inputs give the
+// same outputs every call). Counters: bytes_inter_host is all of
+// bytes_sent, the quantized bytes (quantized.h's formulas), below
+// bytes_inter_host_logical, the exact ring's. A call not marked
+// compressible stays exact.
+void expect_compressed_flat_ring(fsdp::Communicator& comm, const QuantFormat& wf, const QuantFormat& gf,
+                                 c10::ScalarType dt, bool feedback) {
+  using fsdp::CollectiveKind;
+  const int n = comm.world_size(), r = comm.rank();
+  const int64_t m = 1003, es = static_cast<int64_t>(c10::elementSize(dt));
+  const std::string what = gf.describe() + " " + c10::toString(dt) + (feedback ? " feedback" : " no feedback");
+  auto expect_counted = [&](CollectiveKind k, int64_t wire, int64_t logical, const std::string& call) {
+    const auto c = comm.counters()[k];
+    EXPECT_EQ(c.bytes_sent, wire) << what << " " << call;
+    EXPECT_EQ(c.bytes_inter_host, wire) << what << " " << call;
+    EXPECT_EQ(c.bytes_inter_host_logical, logical) << what << " " << call;
+    EXPECT_LT(c.bytes_inter_host, c.bytes_inter_host_logical) << what << " " << call;
+  };
+
+  // all_gather, compressible: every block decoded, this rank's too.
+  comm.reset_counters();
+  auto out = torch::full({n * m}, 99.0, dt);
+  comm.all_gather(input_of(r, m, 1, dt), out, {"unit.ag", true})->wait();
+  std::vector<torch::Tensor> blocks;
+  for (int q = 0; q < n; ++q) blocks.push_back(round_trip(input_of(q, m, 1, dt), wf, dt));
+  EXPECT_TRUE(torch::equal(out, torch::cat(blocks))) << what << " all_gather";
+  expect_counted(CollectiveKind::ALL_GATHER, (n - 1) * wire_bytes(wf, m), (n - 1) * m * es, "all_gather");
+
+  // all_gather, not compressible: exact, counted as without compression.
+  comm.reset_counters();
+  comm.all_gather(input_of(r, m, 2, dt), out, {"exact"})->wait();
+  for (int q = 0; q < n; ++q) blocks[q] = input_of(q, m, 2, dt);
+  EXPECT_TRUE(torch::equal(out, torch::cat(blocks))) << what << " exact all_gather";
+  auto c = comm.counters()[CollectiveKind::ALL_GATHER];
+  EXPECT_EQ(c.bytes_inter_host, (n - 1) * m * es) << what;
+  EXPECT_EQ(c.bytes_inter_host_logical, c.bytes_inter_host) << what;
+
+  // reduce_scatter (AVG) and all_reduce (AVG), three calls each under one
+  // label; without feedback the same inputs every call.
+  std::vector<torch::Tensor> residual(n);
+  AllReduceReference ref(n);
+  std::vector<torch::Tensor> first_rs, first_ar;
+  for (int call = 0; call < 3; ++call) {
+    const int salt = feedback ? 100 + call : 100;
+    comm.reset_counters();
+    auto mine = torch::full({m}, 99.0, dt);
+    comm.reduce_scatter(input_of(r, n * m, salt, dt), mine, fsdp::ReduceOp::AVG, {"unit.rs", true})->wait();
+    torch::Tensor acc;
+    for (int q = 0; q < n; ++q) {
+      torch::Tensor meant = input_of(q, n * m, salt, dt).to(torch::kFloat);
+      if (feedback && residual[q].defined()) meant = meant + residual[q];
+      std::vector<torch::Tensor> decoded;
+      for (int j = 0; j < n; ++j) decoded.push_back(round_trip(meant.slice(0, j * m, (j + 1) * m), gf, torch::kFloat));
+      if (feedback) residual[q] = meant - torch::cat(decoded);
+      acc = q == 0 ? decoded[r].clone() : acc + decoded[r];
+    }
+    acc = (acc / n).to(dt);
+    EXPECT_TRUE(torch::equal(mine, acc)) << what << " reduce_scatter call " << call;
+    expect_counted(CollectiveKind::REDUCE_SCATTER, (n - 1) * wire_bytes(gf, m), (n - 1) * m * es, "reduce_scatter");
+
+    const int64_t numel = n * m + 1;  // uneven chunks
+    std::vector<torch::Tensor> inputs;
+    for (int q = 0; q < n; ++q) inputs.push_back(input_of(q, numel, salt + 50, dt));
+    auto data = inputs[r].clone();
+    comm.reset_counters();
+    comm.all_reduce(data, fsdp::ReduceOp::AVG, {"unit.ar", true})->wait();
+    EXPECT_TRUE(torch::equal(data, ref.run(inputs, gf, {QuantKind::INT8, 256, c10::kFloat}, n, feedback)))
+        << what << " all_reduce call " << call;
+    const auto ch = fsdp::comm::ring_chunks(numel, n);
+    int64_t wire = 0;
+    for (int q = 0; q < n; ++q) {
+      if (q != r) wire += wire_bytes(gf, ch.count[q]);
+      if (q != (r + 1) % n) wire += wire_bytes({QuantKind::INT8, 256, c10::kFloat}, ch.count[q]);
+    }
+    expect_counted(CollectiveKind::ALL_REDUCE, wire, (2 * numel - ch.count[r] - ch.count[(r + 1) % n]) * es,
+                   "all_reduce");
+    // Without feedback nothing carries over: every call the first's bits.
+    if (call == 0) {
+      first_rs.push_back(mine);
+      first_ar.push_back(data);
+    } else if (!feedback) {
+      EXPECT_TRUE(torch::equal(mine, first_rs[0])) << what;
+      EXPECT_TRUE(torch::equal(data, first_ar[0])) << what;
+    }
+  }
+  if (feedback) EXPECT_GT(residual[r].abs().max().item<float>(), 0.0f) << what;
+}
+
+// One communicator per test (the variables are read when it is made).
+std::shared_ptr<fsdp::Communicator> one_rank_per_host(const char* compress, const char* feedback) {
+  setenv("FSDP_HOST_ID", (std::string("quant-flat-host-") + std::getenv("RANK")).c_str(), 1);
+  setenv("FSDP_COMPRESS", compress, 1);
+  setenv("FSDP_COMPRESS_FEEDBACK", feedback, 1);
+  return fsdp::make_communicator_from_env();
+}
+
+TEST(QuantComm, FlatRingOfOneRankPerHostCompressedInt8EqualsTheReferenceBitForBit) {
+  FSDP_IN_RANKS(2);
+  auto comm = one_rank_per_host("int8", "on");
+  ASSERT_NE(comm->describe().find("gloo/tcp world=2"), std::string::npos) << comm->describe();
+  for (c10::ScalarType dt : {c10::kFloat, c10::kBFloat16})
+    expect_compressed_flat_ring(*comm, {QuantKind::INT8, 256, c10::kFloat}, {QuantKind::INT8, 256, c10::kFloat}, dt,
+                                true);
+}
+TEST(QuantComm, FlatRingOfOneRankPerHostCompressedInt4At3RanksEqualsTheReferenceBitForBit) {
+  FSDP_IN_RANKS(3);
+  auto comm = one_rank_per_host("int4", "on");
+  ASSERT_NE(comm->describe().find("gloo/tcp world=3"), std::string::npos) << comm->describe();
+  expect_compressed_flat_ring(*comm, {QuantKind::INT8, 256, c10::kFloat}, {QuantKind::INT4, 256, c10::kFloat},
+                              c10::kFloat, true);
+}
+TEST(QuantComm, FlatRingWithoutErrorFeedbackKeepsNoResidual) {
+  FSDP_IN_RANKS(2);
+  auto comm = one_rank_per_host("fp8", "off");
+  for (c10::ScalarType dt : {c10::kFloat, c10::kBFloat16})
+    expect_compressed_flat_ring(*comm, {QuantKind::FP8_E4M3, 256, c10::kFloat}, {QuantKind::INT8, 256, c10::kFloat},
+                                dt, false);
 }
 
 }  // namespace FSDP_TEST_ID

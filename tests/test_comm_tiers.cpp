@@ -79,8 +79,8 @@ TEST(CommTiers, TcpTiersOffAndUnequalHostsStayFlat) {
   auto flat_compress = run_ranks(4, "comm_hello", {},
                                  {"FSDP_TEST_HOST_LAYOUT=a,a,b,b", "FSDP_TIERS=off", "FSDP_COMPRESS=int8", "FSDP_DEBUG=info"});
   EXPECT_EQ(flat_compress.exit_code, 0) << flat_compress.output;
-  EXPECT_FALSE(lines_with(flat_compress.output, "FSDP_COMPRESS=int8 ignored: only the tiers' inter-host ring is "
-                                                "compressed, the flat TCP ring is not yet")
+  EXPECT_FALSE(lines_with(flat_compress.output, "FSDP_COMPRESS=int8 ignored: 4 ranks share a host with another, so "
+                                                "the flat TCP ring mixes links inside and across hosts")
                    .empty())
       << flat_compress.output;
   auto uneven = run_ranks(4, "comm_collectives", {}, {"FSDP_TEST_HOST_LAYOUT=a,a,a,b", "FSDP_DEBUG=info"}, 240);
@@ -189,6 +189,28 @@ TEST(CommTiers, DetailCheckRunsBeforeTheTiers) {
   // the check's message (above) is the event; none timed out.
   EXPECT_EQ(lines_with(r.output, "elapsed=").size(), 4u) << r.output;
   EXPECT_TRUE(lines_with(r.output, "timed out after").empty()) << r.output;
+}
+
+// One rank per host: every byte of the flat ring crosses a host, so
+// FSDP_COMPRESS compresses it, and FSDP_DEBUG=info says so (the bits and
+// bytes: QuantComm.FlatRingOfOneRankPerHost*); with two ranks sharing a host
+// among several hosts the flat ring mixes both tiers: ignored, and said why.
+TEST(CommTiers, FlatRingCompressedOnlyWithOneRankPerHost) {
+  auto apart = run_ranks(2, "comm_hello", {}, {"FSDP_TEST_HOST_LAYOUT=a,b", "FSDP_COMPRESS=int8", "FSDP_DEBUG=info"});
+  EXPECT_EQ(apart.exit_code, 0) << apart.output;
+  EXPECT_EQ(lines_with(apart.output, "gloo/tcp world=2").size(), 2u) << apart.output;
+  EXPECT_FALSE(lines_with(apart.output, "every rank is on a host of its own, so every byte of the flat ring crosses a "
+                                        "host: compressible collectives travel quantized (FSDP_COMPRESS=int8: "
+                                        "parameters int8, gradients int8 with error feedback")
+                   .empty())
+      << apart.output;
+  auto mixed = run_ranks(3, "comm_hello", {}, {"FSDP_TEST_HOST_LAYOUT=a,a,b", "FSDP_COMPRESS=int8", "FSDP_DEBUG=info"});
+  EXPECT_EQ(mixed.exit_code, 0) << mixed.output;
+  EXPECT_FALSE(lines_with(mixed.output, "FSDP_COMPRESS=int8 ignored: 2 ranks share a host with another, so the flat "
+                                        "TCP ring mixes links inside and across hosts")
+                   .empty())
+      << mixed.output;
+  EXPECT_TRUE(lines_with(mixed.output, "travel quantized").empty()) << mixed.output;
 }
 
 // ---------------------------------------------------------------- training

@@ -59,6 +59,8 @@ TEST(Config, DefaultsAndValuesAreTyped) {
   EXPECT_EQ(d.transport, "auto");
   EXPECT_TRUE(d.tiers);
   EXPECT_EQ(d.compress, "");  // CommOptions::compress decides (off)
+  EXPECT_FALSE(d.compress_feedback.has_value());  // CommOptions::error_feedback decides (on)
+  EXPECT_TRUE(fsdp::comm::resolve_options({}, d).error_feedback);
   EXPECT_FALSE(d.ring_piece_bytes.has_value());
   EXPECT_FALSE(d.heartbeat_interval_ms.has_value());
   EXPECT_FALSE(d.flight_recorder.has_value());
@@ -74,6 +76,7 @@ TEST(Config, DefaultsAndValuesAreTyped) {
                              {"FSDP_TRANSPORT", "Tcp"},
                              {"FSDP_TIERS", "off"},
                              {"FSDP_COMPRESS", "INT4"},
+                             {"FSDP_COMPRESS_FEEDBACK", "off"},
                              {"FSDP_HOST_ID", "node-a"},
                              {"FSDP_STORE_HOSTED", "1"},
                              {"FSDP_RING_PIECE_KIB", "64"},
@@ -94,6 +97,8 @@ TEST(Config, DefaultsAndValuesAreTyped) {
   EXPECT_FALSE(c.tiers);
   EXPECT_EQ(c.compress, "int4");
   EXPECT_EQ(fsdp::comm::resolve_options({}, c).compress, fsdp::Compression::INT4);
+  EXPECT_EQ(c.compress_feedback, false);
+  EXPECT_FALSE(fsdp::comm::resolve_options({}, c).error_feedback);
   EXPECT_EQ(c.host_id, "node-a");
   EXPECT_TRUE(c.store_hosted);
   EXPECT_EQ(c.ring_piece_bytes.value(), 64 << 10);
@@ -122,6 +127,7 @@ TEST(Config, EveryVariableSetWrongIsOneErrorNamingIt) {
       {"FSDP_TIERS", "maybe"},
       {"FSDP_SHARE_HOST", "maybe"},
       {"FSDP_COMPRESS", "zstd"},
+      {"FSDP_COMPRESS_FEEDBACK", "maybe"},
       {"FSDP_COORDINATOR", "nowhere"},
       {"FSDP_REPLICA_GROUP", "-1"},
       {"FSDP_RESTART_COUNT", "-2"},

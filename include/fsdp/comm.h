@@ -48,12 +48,13 @@ const char* to_string(CollectiveKind k);
 struct CollectiveInfo {
   std::string label;  // e.g. the unit name "blocks.3" or "clip_grad_norm"
   // The caller accepts a lossy result: with CommOptions::compress on, an
-  // all_gather or reduce_scatter of floating tensors may cross hosts
-  // quantized (docs/COMM.md, "Quantized formats"). The units set it for
-  // their parameters' all-gather and their gradients' reduce-scatter; every
-  // other call (state dicts, norms, checks) stays exact. The same on every
-  // rank. A reduce_scatter keeps its error feedback under the label, so a
-  // compressible label names one gradient buffer.
+  // all_gather, reduce_scatter or all_reduce of floating tensors may cross
+  // hosts quantized (docs/COMM.md, "Quantized formats"). The units set it
+  // for their parameters' all-gather and their gradients' reduce-scatter or
+  // all-reduce (NO_SHARD, HYBRID's replicas); every other call (state
+  // dicts, norms, checks) stays exact. The same on every rank. A
+  // reduce_scatter or all_reduce keeps its error feedback under the label,
+  // so a compressible label names one gradient buffer.
   bool compressible = false;
 };
 
@@ -70,9 +71,10 @@ enum class CommBackend { GLOO, NCCL };
 const char* to_string(CommBackend b);
 
 // What crosses hosts quantized when a collective is compressible
-// (CollectiveInfo::compressible) and the path composes tiers (docs/COMM.md,
-// "Quantized formats"): parameters' all-gather / gradients' reduce-scatter,
-// blocks of 256 elements with an fp32 scale each.
+// (CollectiveInfo::compressible) and the path composes tiers or is a flat
+// ring of one rank per host (docs/COMM.md, "Quantized formats"): parameters'
+// all-gather / gradients' reduce-scatter and all-reduce (whose reduced
+// chunks then travel int8), blocks of 256 elements with an fp32 scale each.
 //   OFF   nothing: every byte exact (the default)
 //   INT8  int8 / int8
 //   INT4  int8 / int4
@@ -109,10 +111,16 @@ struct CommOptions {
   // false: every rank keeps its own copies and collectives move bytes
   // (FSDP_SHARE_HOST=on|off overrides).
   bool share_host_memory = true;
-  // Quantize what crosses hosts between the tiers (Compression above; only
-  // compressible calls, only on the tiers path; FSDP_COMPRESS=off|int8|int4|fp8
-  // overrides). Gradients keep error feedback per buffer.
+  // Quantize what crosses hosts (Compression above; only compressible
+  // calls, only on the tiers path and on a flat ring of one rank per host;
+  // FSDP_COMPRESS=off|int8|int4|fp8 overrides). Gradients keep error
+  // feedback per buffer.
   Compression compress = Compression::OFF;
+  // With compress: gradients keep error feedback (a residual per buffer,
+  // added to its next send). false sends plain quantized values and keeps
+  // no residual, which shows the bias feedback removes
+  // (FSDP_COMPRESS_FEEDBACK=on|off overrides).
+  bool error_feedback = true;
 };
 
 // Per collective kind: how many calls, bytes this rank sent, seconds spent

@@ -72,6 +72,7 @@ struct EnvConfig {
   bool tiers = true;                             // FSDP_TIERS
   std::optional<bool> share_host;                // FSDP_SHARE_HOST, unset: CommOptions::share_host_memory
   std::string compress;                          // FSDP_COMPRESS: off, int8, int4 or fp8; "": CommOptions::compress
+  std::optional<bool> compress_feedback;         // FSDP_COMPRESS_FEEDBACK, unset: CommOptions::error_feedback
   std::string job_token;                         // FSDP_JOB_TOKEN, "" unset
   std::string host_id;                           // FSDP_HOST_ID, "" unset
   std::string coordinator;                       // FSDP_COORDINATOR ("host:port"), "" unset

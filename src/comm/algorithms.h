@@ -59,8 +59,9 @@ class Algorithms {
   // (Traffic::inter -1: count the ring neighbour's tier).
   // `in` holds this rank's block (block_bytes), which lands at
   // out + rank * block_bytes (in may be exactly there).
-  // `lossy`: the call may travel compressed (only the tiers do, when their
-  // choice says compressed); null: exact. The same on every rank.
+  // `lossy`: the call may travel compressed (only where the path's choice
+  // says compressed: the tiers' inter tier, the flat ring of one rank per
+  // host); null: exact. The same on every rank.
   virtual Traffic all_gather(const Wire& w, const void* in, void* out, int64_t block_bytes,
                              const Compressible* lossy = nullptr) = 0;
   // Writes the reduction of every rank's chunk `rank` (count elements) of
@@ -69,7 +70,8 @@ class Algorithms {
   virtual Traffic reduce_scatter(const Wire& w, const void* in, void* out, int64_t count, c10::ScalarType dtype,
                                  int divisor, const Compressible* lossy = nullptr) = 0;
   // In place, chunks as ring_chunks(numel, N).
-  virtual Traffic all_reduce(const Wire& w, void* data, int64_t numel, c10::ScalarType dtype, int divisor) = 0;
+  virtual Traffic all_reduce(const Wire& w, void* data, int64_t numel, c10::ScalarType dtype, int divisor,
+                             const Compressible* lossy = nullptr) = 0;
 
   virtual path::Path path() const = 0;
   // How describe() names the path: "gloo/tcp", "cma+gloo", "cma+tcp tiers".
@@ -91,8 +93,10 @@ class Algorithms {
   virtual void leave(std::chrono::milliseconds budget) {}
 
   // The residuals of error feedback (quantize.h) this path keeps for its
-  // compressed calls (CommOptions::compress), keyed by buffer; null when it
-  // compresses nothing. Touched by the communicator's thread only.
+  // compressed calls (CommOptions::compress), keyed by buffer (an
+  // all_reduce's two: its key and key + " gather"); null when it compresses
+  // nothing, empty with CommOptions::error_feedback off. Touched by the
+  // communicator's thread only.
   virtual ErrorFeedback* feedback() { return nullptr; }
 
   // The memory this path's ranks share (host_shared.h), when the choice

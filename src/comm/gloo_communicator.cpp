@@ -140,8 +140,9 @@ class GlooCommunicator final : public Communicator {
   WorkPtr all_reduce(torch::Tensor tensor, ReduceOp op, const CollectiveInfo& info) override {
     CallShape shape = checked([&] { return check_all_reduce(tensor, op, info); });
     const int d = divisor(op, world_.world_size);
-    return submit(shape, [tensor, d, this](const Wire& w) {
-      return algorithms_->all_reduce(w, tensor.data_ptr(), tensor.numel(), tensor.scalar_type(), d);
+    auto lossy = compressible(info, tensor.scalar_type());
+    return submit(shape, [tensor, d, lossy, this](const Wire& w) {
+      return algorithms_->all_reduce(w, tensor.data_ptr(), tensor.numel(), tensor.scalar_type(), d, lossy.get());
     });
   }
 

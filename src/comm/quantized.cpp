@@ -103,9 +103,13 @@ void wait_transfer(const Wire& w, Transfer& t, int peer, int64_t nbytes, bool re
 }  // namespace
 
 QuantTraffic quantized_all_gather(const Wire& w, const at::Tensor& in_block, const at::Tensor& out,
-                                  const std::vector<int64_t>& counts, const QuantFormat& f) {
+                                  const std::vector<int64_t>& counts, const QuantFormat& f, const at::Tensor& sent) {
   const int n = w.mesh->size, r = w.mesh->rank;
   check_quantized_args("quantized all_gather", w, counts, in_block, counts.at(r), out, total_of(counts), f);
+  FSDP_USER_CHECK(!sent.defined() || (sent.numel() == counts[r] && sent.is_contiguous() &&
+                                      sent.scalar_type() == at::kFloat),
+                  "quantized all_gather: `sent` of ", sent.defined() ? sent.numel() : 0, " elements; expected ",
+                  counts[r], " contiguous fp32 elements (or none)");
   const std::vector<int64_t> elem_off = prefix_sums(counts);
   const Staging l = staging_of(counts, f);
   auto staging = at::empty({l.total}, at::TensorOptions().dtype(at::kByte));
@@ -120,6 +124,9 @@ QuantTraffic quantized_all_gather(const Wire& w, const at::Tensor& in_block, con
   for (int q = 0; q < n; ++q)
     dequantize_into(staging.slice(0, l.offset[q], l.offset[q] + l.bytes[q]), f,
                     flat.slice(0, elem_off[q], elem_off[q] + counts[q]));
+  // What our block decodes to, in fp32: out may round it.
+  if (sent.defined() && counts[r] > 0)
+    dequantize_into(staging.slice(0, l.offset[r], l.offset[r] + l.bytes[r]), f, sent.view({-1}));
   return t;
 }
 
@@ -205,6 +212,39 @@ QuantTraffic quantized_reduce_scatter(const Wire& w, const at::Tensor& in, const
 QuantTraffic quantized_reduce_scatter(const Wire& w, const at::Tensor& in, const at::Tensor& out, int64_t count,
                                       const QuantFormat& f, int divisor, const at::Tensor& sent) {
   return quantized_reduce_scatter(w, in, out, std::vector<int64_t>(w.mesh->size, count), f, divisor, sent);
+}
+
+QuantTraffic quantized_all_reduce(const Wire& w, const at::Tensor& data, const QuantFormat& grads,
+                                  const QuantFormat& gathered, int divisor, ErrorFeedback* feedback,
+                                  const std::string& key) {
+  const int n = w.mesh->size, r = w.mesh->rank;
+  FSDP_USER_CHECK(data.is_contiguous(), "quantized all_reduce (", grads.describe(),
+                  "): a tensor that is not contiguous; expected a contiguous one (it is reduced in place)");
+  const int64_t numel = data.numel();
+  const std::vector<int64_t> counts = ring_chunks(numel, n).count;
+  const auto fp32 = data.options().dtype(at::kFloat);
+  // 1. Chunk r's mean, in fp32, from every rank's input plus its residual;
+  // the residual becomes what was meant minus what each chunk decoded to.
+  const at::Tensor flat = data.view({-1});
+  const at::Tensor meant = feedback ? feedback->compensate(key, flat) : flat;
+  const at::Tensor decoded = feedback ? at::empty({numel}, fp32) : at::Tensor();
+  at::Tensor reduced = at::empty({counts[r]}, fp32);
+  const QuantTraffic scattered = quantized_reduce_scatter(w, meant, reduced, counts, grads, divisor, decoded);
+  if (feedback) feedback->remember(key, meant, decoded);
+  // 2. The owner's chunk, plus its own residual, quantized once and sent
+  // round the ring; every rank decodes every chunk into `data`, its own too.
+  const std::string server = key + " gather";
+  if (feedback) reduced = feedback->compensate(server, reduced);
+  const at::Tensor owned = feedback ? at::empty({counts[r]}, fp32) : at::Tensor();
+  const QuantTraffic spread = quantized_all_gather(w, reduced, flat, counts, gathered, owned);
+  if (feedback) feedback->remember(server, reduced, owned);
+  QuantTraffic t;
+  t.wire = scattered.wire + spread.wire;
+  // As the ring's all_reduce sends, in the data's dtype (stage 1's input was
+  // fp32 under feedback, stage 2's always).
+  if (n > 1)
+    t.logical = (2 * numel - counts[r] - counts[(r + 1) % n]) * static_cast<int64_t>(data.element_size());
+  return t;
 }
 
 }  // namespace fsdp::comm

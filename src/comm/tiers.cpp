@@ -180,10 +180,14 @@ Traffic reduce_across(const Wire& w, const Tiers& t, char* host_sums, void* out,
 
 }  // namespace
 
-TierCompression tier_compression(Compression c) {
+TierCompression tier_compression(Compression c, bool error_feedback) {
   TierCompression tc;
   tc.weights = {c == Compression::FP8 ? QuantKind::FP8_E4M3 : QuantKind::INT8, 256, c10::kFloat};
   tc.grads = {c == Compression::INT4 ? QuantKind::INT4 : QuantKind::INT8, 256, c10::kFloat};
+  // The reduced chunks are what every rank keeps: int8 for every value (fp8's
+  // gradients are int8 too), never int4.
+  tc.reduced = {QuantKind::INT8, 256, c10::kFloat};
+  tc.error_feedback = error_feedback;
   return tc;
 }
 
@@ -246,14 +250,16 @@ Traffic reduce_across(const Wire& w, const Tiers& t, char* host_sums, void* out,
     // Compressed: this buffer's residual joins the host sums before they
     // are quantized; what the peers decode (the collective's `sent`, decoded
     // from the very bytes it sent) is subtracted after.
+    // Without error feedback the host sums go as they are.
     const auto as = torch::TensorOptions().dtype(dtype);
-    ErrorFeedback& feedback = q->with->feedback;
+    ErrorFeedback* feedback = q->with->residuals();
     const QuantFormat& f = q->with->grads;
-    const torch::Tensor meant = feedback.compensate(q->key, torch::from_blob(host_sums, {H * m}, as));
-    torch::Tensor decoded = torch::empty_like(meant);
+    const torch::Tensor sums = torch::from_blob(host_sums, {H * m}, as);
+    const torch::Tensor meant = feedback ? feedback->compensate(q->key, sums) : sums;
+    torch::Tensor decoded = feedback ? torch::empty({H * m}) : torch::Tensor();
     const QuantTraffic qt =
         quantized_reduce_scatter(t.inter_wire(w), meant, torch::from_blob(out, {m}, as), m, f, divisor, decoded);
-    feedback.remember(q->key, meant, decoded);
+    if (feedback) feedback->remember(q->key, meant, decoded);
     Traffic sent(inside + qt.wire, qt.wire);
     // qt.logical counts `meant`'s fp32; the uncompressed ring would have
     // sent the host sums in their own dtype.
@@ -270,7 +276,7 @@ Traffic reduce_across(const Wire& w, const Tiers& t, char* host_sums, void* out,
 }  // namespace
 
 Traffic tier_all_reduce(const Wire& w, const Tiers& t, void* data, int64_t numel, c10::ScalarType dtype,
-                        int divisor) {
+                        int divisor, const QuantizedCall* q) {
   const TierLayout& L = t.layout;
   const int H = L.hosts, S = L.per_host, local = L.local[t.rank];
   if (numel == 0) return {0, 0};
@@ -287,9 +293,16 @@ Traffic tier_all_reduce(const Wire& w, const Tiers& t, void* data, int64_t numel
   char* mine = d + c.offset[local] * es;
   int64_t inside = cma_reduce_segments(t.intra_wire(w), t.peers, d, numel, mine, seg, dtype, 1);
   // 2. That chunk over the hosts: ring reduce-scatter + all-gather, in
-  // place, as the flat all_reduce does on the whole tensor.
-  int64_t across = 0;
-  if (c.count[local] > 0) {
+  // place, as the flat all_reduce does on the whole tensor (compressed:
+  // quantized.h's all-reduce, its residuals under the call's key).
+  int64_t across = 0, logical = q ? 0 : -1;
+  if (q && c.count[local] > 0) {
+    const QuantTraffic qt = quantized_all_reduce(
+        t.inter_wire(w), torch::from_blob(mine, {c.count[local]}, torch::TensorOptions().dtype(dtype)),
+        q->with->grads, q->with->reduced, divisor, q->with->residuals(), q->key);
+    across = qt.wire;
+    logical = qt.logical;
+  } else if (c.count[local] > 0) {
     const Wire x = t.inter_wire(w);
     const int j = x.mesh->rank;
     Chunks e = ring_chunks(c.count[local], H);
@@ -305,7 +318,9 @@ Traffic tier_all_reduce(const Wire& w, const Tiers& t, void* data, int64_t numel
   Wire second = t.intra_wire(w);
   second.cma_steps = slots::kCmaSecond;
   inside += cma_gather_segments(second, t.peers, d, numel * es, seg_bytes);
-  return {inside + across, across};
+  Traffic sent(inside + across, across);
+  sent.inter_logical = logical;
+  return sent;
 }
 
 Traffic tier_shared_all_gather(const Wire& w, const Tiers& t, const void* in, void* out, int64_t b) {

@@ -52,10 +52,17 @@
 //                   in fp32 in inter rank order, divided once; the residual
 //                   becomes what was meant minus what was sent (error feedback,
 //                   keyed by the call's label, numel and dtype).
+//   all_reduce      the intra tier's host sum of chunk s (exact), then
+//                   quantized_all_reduce of it over the inter ring (grads,
+//                   then the reduced chunks in int8; two residuals, quantized.h),
+//                   then the intra tier copies the decoded chunks: every rank
+//                   of the world holds the same bits.
+// With error feedback off (TierCompression::error_feedback) the same
+// without residuals.
 // Counted: the bytes sent (inter: quantized); Traffic::inter_logical the
 // uncompressed inter tier's. The host-shared reduce-scatter compresses its
-// inter tier the same way (its output is the rank's own shard). all_reduce
-// and the host-shared all-gather stay exact (the host's fp32 copy holds the
+// inter tier the same way (its output is the rank's own shard). The
+// host-shared all-gather stays exact (the host's fp32 copy holds the
 // master shard itself, which a decoded copy must not overwrite).
 //
 // Summation: a chunk is summed first over the ranks of each host (in the
@@ -136,16 +143,23 @@ std::unique_ptr<Tiers> connect_tiers(const Rendezvous& parent, const WorldEnv& w
                                      const TierLayout& layout, const std::vector<int>& global,
                                      const ResolvedOptions& opts, std::string* why);
 
-// The inter tier's compression: formats, and the residuals of the
-// gradients' buffers. Owned by one communicator's path, used by its
-// thread only.
+// The compression of a path's bytes across hosts (the tiers' inter tier, or
+// the flat ring of one rank per host, algorithms.h): formats, and the
+// residuals of the gradients' buffers. Owned by one communicator's path,
+// used by its thread only.
 struct TierCompression {
   QuantFormat weights;  // the all-gather's
-  QuantFormat grads;    // the reduce-scatter's
+  QuantFormat grads;    // the reduce-scatter's, and the all-reduce's first stage
+  QuantFormat reduced;  // the all-reduce's second stage (the reduced chunks' all-gather): int8 always
+  // CommOptions::error_feedback (FSDP_COMPRESS_FEEDBACK): false sends plain
+  // quantized values and keeps no residual.
+  bool error_feedback = true;
   ErrorFeedback feedback;
+  // The residuals' store when error feedback is on, else null.
+  ErrorFeedback* residuals() { return error_feedback ? &feedback : nullptr; }
 };
 // The formats of FSDP_COMPRESS's values (fsdp/comm.h Compression; not OFF).
-TierCompression tier_compression(Compression c);
+TierCompression tier_compression(Compression c, bool error_feedback = true);
 
 // One compressible call on the tiers: its formats and residuals, and the
 // key of its buffer's residual.
@@ -164,7 +178,7 @@ Traffic tier_all_gather(const Wire& w, const Tiers& t, const void* in, void* out
 Traffic tier_reduce_scatter(const Wire& w, const Tiers& t, const void* in, void* out, int64_t count,
                             c10::ScalarType dtype, int divisor, const QuantizedCall* q = nullptr);
 Traffic tier_all_reduce(const Wire& w, const Tiers& t, void* data, int64_t numel, c10::ScalarType dtype,
-                        int divisor);
+                        int divisor, const QuantizedCall* q = nullptr);
 // The host-shared forms (above), when t.shared and on every rank `out` is
 // one of its common mappings (HostShared::is_common) / `in` one of its
 // blocks (is_block). Counted as tier_all_gather / tier_reduce_scatter.

@@ -37,6 +37,7 @@ ResolvedOptions resolve_options(const CommOptions& opts, const config::EnvConfig
                : env.compress == "int4" ? Compression::INT4
                : env.compress == "fp8"  ? Compression::FP8
                                         : opts.compress;
+  r.error_feedback = env.compress_feedback ? *env.compress_feedback : opts.error_feedback;
   r.backend = env.backend == "nccl" ? CommBackend::NCCL : env.backend == "gloo" ? CommBackend::GLOO : opts.backend;
   FSDP_USER_CHECK(opts.device_index >= -1, "CommOptions::device_index must be -1 (LOCAL_RANK) or a CUDA device, found ",
                   opts.device_index);

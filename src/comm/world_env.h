@@ -43,6 +43,7 @@ struct ResolvedOptions {
   bool tiers = true;          // FSDP_TIERS: compose tiers across hosts
   bool share_host = true;     // CommOptions::share_host_memory, or FSDP_SHARE_HOST
   Compression compress = Compression::OFF;  // CommOptions::compress, or FSDP_COMPRESS
+  bool error_feedback = true;  // CommOptions::error_feedback, or FSDP_COMPRESS_FEEDBACK
   std::string job_token;      // FSDP_JOB_TOKEN, "" when unset
   std::string host_id;        // FSDP_HOST_ID, "" when unset (cma.h, host_identity)
   bool store_bind_all = false;  // FSDP_STORE_BIND=all

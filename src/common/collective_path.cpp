@@ -80,15 +80,23 @@ std::string compression_words(const std::string& compress) {
 Choice choose(const Facts& f) {
   Choice c = choose_path_alone(f);
   if (f.compress.empty() || f.compress == "off") return c;
+  const std::string formats = detail::cat("(FSDP_COMPRESS=", f.compress, ": ", compression_words(f.compress), ")");
   if (c.path == Path::TIERS) {
     c.compressed = true;
-    c.reason += detail::cat("; between hosts compressible collectives travel quantized (FSDP_COMPRESS=", f.compress,
-                            ": ", compression_words(f.compress), ")");
-  } else if (f.transport != "tcp" && f.hosts_differ.empty()) {
+    c.reason += "; between hosts compressible collectives travel quantized " + formats;
+  } else if (f.hosts_differ.empty()) {
     c.reason += detail::cat("; FSDP_COMPRESS=", f.compress, " ignored: every rank is on one host, no byte crosses a host");
+  } else if (c.path == Path::TCP && f.ranks_sharing_a_host == 0) {
+    // One rank per host (HYBRID's replica groups, FULL_SHARD with one rank
+    // a host): every byte of the flat ring crosses a host.
+    c.compressed = true;
+    c.reason += "; every rank is on a host of its own, so every byte of the flat ring crosses a host: compressible "
+                "collectives travel quantized " + formats;
   } else {
-    c.reason += detail::cat("; FSDP_COMPRESS=", f.compress,
-                            " ignored: only the tiers' inter-host ring is compressed, the flat TCP ring is not yet");
+    c.reason += detail::cat("; FSDP_COMPRESS=", f.compress, " ignored: ", f.ranks_sharing_a_host,
+                            " ranks share a host with another, so the flat TCP ring mixes links inside and across "
+                            "hosts; only the tiers' inter-host ring and a flat ring of one rank per host are "
+                            "compressed");
   }
   return c;
 }

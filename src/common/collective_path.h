@@ -67,10 +67,11 @@ struct Choice {
   // reduce gradients where they lie (comm/host_shared.h;
   // Communicator::shares_host_memory).
   bool host_shared = false;
-  // TIERS with compression on: compressible all-gathers and reduce-scatters
-  // cross hosts quantized (comm/quantized.h; docs/COMM.md "Quantized
-  // formats"). The reason then says the formats; compression asked for on
-  // another path is ignored, and the reason says why.
+  // TIERS, or TCP across hosts with one rank per host, with compression on:
+  // compressible all-gathers, reduce-scatters and all-reduces cross hosts
+  // quantized (comm/quantized.h; docs/COMM.md "Quantized formats"). The
+  // reason then says the formats; compression asked for on another path is
+  // ignored, and the reason says why.
   bool compressed = false;
 };
 
@@ -84,11 +85,13 @@ struct Choice {
 //                                                      each host: as on one host)
 //   several hosts, otherwise                        -> TCP (cma with ranks
 //                                                      sharing a host: refused)
-// and, with compression asked for, compressed only on TIERS: there the
-// inter-host tier is one TCP ring per local index, the bytes that cross the
-// slow link and nothing else. On one host nothing crosses a host; the flat
-// TCP ring across hosts mixes links inside and across hosts and is not
-// compressed yet (the reason says so; nothing fails).
+// and, with compression asked for, compressed on TIERS (the inter-host tier
+// is one TCP ring per local index, the bytes that cross the slow link and
+// nothing else) and on TCP across hosts when no two ranks share a host
+// (ranks_sharing_a_host == 0, whatever FSDP_TRANSPORT and FSDP_TIERS say:
+// every byte of that ring crosses a host). On one host nothing crosses a
+// host; a flat ring with ranks sharing a host mixes links inside and across
+// hosts and is not compressed (the reason says so; nothing fails).
 Choice choose(const Facts& f);
 
 // The words of one compression for the reason and messages: "parameters

@@ -81,9 +81,13 @@ const std::vector<Variable>& variables() {
        "gradients where they lie "
        "(docs/COMM.md, \"Host-shared units\")"},
       {"FSDP_COMPRESS", "off, int8, int4 or fp8", "CommOptions::compress (off)",
-       "quantize what crosses hosts between the tiers: parameters' all-gather / gradients' reduce-scatter in "
-       "int8/int8, int8/int4 or fp8 e4m3/int8, blocks of 256 with fp32 scales, gradients with error feedback "
-       "(docs/COMM.md, \"Quantized formats\")"},
+       "quantize what crosses hosts (the tiers' inter-host ring, or a flat ring of one rank per host): "
+       "parameters' all-gather / gradients' reduce-scatter and all-reduce in int8/int8, int8/int4 or fp8 "
+       "e4m3/int8, blocks of 256 with fp32 scales, gradients with error feedback (docs/COMM.md, \"Quantized "
+       "formats\")"},
+      {"FSDP_COMPRESS_FEEDBACK", "on or off", "CommOptions::error_feedback (on)",
+       "with FSDP_COMPRESS: off sends the gradients' plain quantized values and keeps no residual, to show the "
+       "bias error feedback removes (docs/COMM.md, \"Quantized formats\")"},
       {"FSDP_COORDINATOR", "host:port", "ReplicaOptions::coordinator (none)",
        "the coordinator of replica groups (`fsdp coordinator`; fsdp/replicas.h)"},
       {"FSDP_REPLICA_GROUP", "an integer in [0, 1048576)", "ReplicaOptions::group (none)",
@@ -280,6 +284,10 @@ EnvConfig parse(const Lookup& lookup, const Lineage& lineage) {
   c.compress = r.choice("FSDP_COMPRESS", {"off", "int8", "int4", "fp8"}, "", "a known compression",
                         "off (every byte exact), int8 (parameters and gradients int8), int4 (parameters int8, "
                         "gradients int4) or fp8 (parameters float8 e4m3, gradients int8)");
+  if (r.raw("FSDP_COMPRESS_FEEDBACK"))
+    c.compress_feedback = r.on_off("FSDP_COMPRESS_FEEDBACK", true,
+                                   "on, the default: compressed gradients keep error feedback; off: plain quantized "
+                                   "values, no residual");
   if (const char* t = r.raw("FSDP_JOB_TOKEN")) {
     const std::string tok = t;
     bool ok = tok.size() >= 16 && tok.size() <= 128;

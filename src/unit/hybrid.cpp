@@ -73,7 +73,10 @@ void Engine::issue_stages() {
     const bool hybrid = replicated(replica_comm, p);
     if (hybrid && !p.replica_work && older_replica && p.work->is_completed()) {
       p.work->wait();  // rethrows the reduce-scatter's error before the output is used
-      p.replica_work = replica_comm->all_reduce(p.output, ReduceOp::AVG, {p.unit->display_name()});
+      // Compressible: one rank per host, so with FSDP_COMPRESS its bytes
+      // cross hosts quantized; the unit's name keys its residuals.
+      p.replica_work =
+          replica_comm->all_reduce(p.output, ReduceOp::AVG, {p.unit->display_name(), /*compressible=*/true});
     }
     older_replica = older_replica && (!hybrid || p.replica_work);
     if (across && !p.across_work && older_across) {

@@ -327,7 +327,8 @@ PendingReduce Unit::reduce(torch::Tensor grads) {
   owner->streams.on_reduce([&] {
     if (keeps_unsharded) {
       p.output = grads;
-      p.work = comm->all_reduce(grads, ReduceOp::AVG, {display_name()});
+      // Compressible (NO_SHARD): the unit's name keys its residuals.
+      p.work = comm->all_reduce(grads, ReduceOp::AVG, {display_name(), /*compressible=*/true});
     } else {
       p.output = torch::empty({shard_numel}, grads.options());
       // Compressible: the unit's name keys its gradients' error feedback.

@@ -12,6 +12,7 @@
 //   SHARD_GROUP (optional): FsdpOptions::shard_group_size for hybrid*
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "../core_model.h"
@@ -139,10 +140,28 @@ FSDP_SCENARIO(core_parity) {
   const char* compress = std::getenv("FSDP_COMPRESS");
   const bool lossy = compress && std::string(compress) != "off";
   const double tol = dtype == "bf16" || lossy ? 5e-2 : 1e-5;
+  // FSDP_TEST_LOSSY_ABS=X (lossy runs only): judge by the largest absolute
+  // difference instead. HYBRID's compressed replica all-reduce quantizes
+  // each gradient twice, and an element whose gradient rounds to zero misses
+  // AdamW's first (sign-sized) step of 2e-3 outright: on the small tensors
+  // that is ~0.1 of their largest value, so the relative check cannot hold,
+  // while the absolute difference stays near one learning rate.
+  const char* lossy_abs = std::getenv("FSDP_TEST_LOSSY_ABS");
+  const bool ok = lossy && lossy_abs ? max_abs <= std::atof(lossy_abs) : max_rel <= tol;
   std::printf("PARITY strategy=%s mode=%s prefetch=%s dtype=%s N=%d max_rel=%.3g max_abs=%.3g %s\n",
               strategy.c_str(), mode.c_str(), prefetch.c_str(), dtype.c_str(), N, max_rel, max_abs,
-              max_rel <= tol ? "OK" : "MISMATCH");
-  return max_rel <= tol ? 0 : 1;
+              ok ? "OK" : "MISMATCH");
+  // The bits of this rank's shards (FNV-1a of their bytes): HYBRID's
+  // replicas of one shard must hold the same (test_hybrid.cpp).
+  uint64_t hash = 1469598103934665603ull;
+  for (const auto& p : model->parameters()) {
+    const auto t = p.detach().contiguous();
+    const auto* b = static_cast<const unsigned char*>(t.data_ptr());
+    for (int64_t i = 0; i < t.numel() * static_cast<int64_t>(t.element_size()); ++i)
+      hash = (hash ^ b[i]) * 1099511628211ull;
+  }
+  std::printf("SHARDS rank=%d hash=%016llx\n", r, static_cast<unsigned long long>(hash));
+  return ok ? 0 : 1;
 }
 
 }  // namespace FSDP_TEST_ID
