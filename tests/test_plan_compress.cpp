@@ -287,4 +287,28 @@ TEST(PlanCompress, CommandTakesTheRunsCompressionAndRefusesAnUnknownOne) {
       << rate.output;
 }
 
+// --budget with the run's compression: recommend() weighs the step as the
+// run sends it, quantized where the path compresses.
+TEST(PlanCompress, TheRecommendationWeighsTheRunsCompression) {
+  auto weighed = [](const std::vector<std::string>& more) {
+    auto r = plan(more);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    auto j = nlohmann::json::parse(r.output);
+    for (auto& c : j["recommendation"]["candidates"])
+      if (c["strategy"] == "FULL_SHARD" && c["wrap"] == "block") return c["total_comm"].get<double>();
+    ADD_FAILURE() << "no FULL_SHARD block candidate";
+    return 0.0;
+  };
+  const std::vector<std::string> args{"--inter-bw", "200Mbit/s", "--strategy", "auto", "--budget", "8GiB", "--json"};
+  std::vector<std::string> int8 = args, off = args;
+  int8.insert(int8.end(), {"--compress", "int8"});
+  off.insert(off.end(), {"--compress", "off"});
+  const double exact = weighed(off), compressed = weighed(int8);
+  EXPECT_LT(compressed, exact / 2);
+  auto text = plan({"--inter-bw", "200Mbit/s", "--strategy", "auto", "--budget", "8GiB", "--compress", "int8"});
+  EXPECT_TRUE(contains(text.output, "; FSDP_COMPRESS=int8: the collectives its path compresses weigh their quantized "
+                                    "bytes and the time to quantize and decode them"))
+      << text.output;
+}
+
 }  // namespace FSDP_TEST_ID
