@@ -316,7 +316,6 @@ std::vector<UnitSpec> units_from(const std::vector<UnitInfo>& infos);
 //     inter = the shard's all-reduce across replicas, every rank; the S ranks
 //     of a host share its link, so time = intra / intra_bw + S x inter / inter_bw.
 //     (One host: the replicas' all-reduce stays inside it too.)
-
 //
 // Compressed (PlanOptions::compress, FSDP_COMPRESS; docs/COMM.md,
 // "Compression on the tiers"): each communicator of the strategy (the
