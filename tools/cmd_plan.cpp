@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -142,11 +143,22 @@ int cmd_plan(int argc, char** argv) {
                  "ranks that fsdp run starts here do (on, unless FSDP_SHARE_HOST=off or FSDP_TRANSPORT=tcp); off: "
                  "each rank keeps its own, as on GPUs")
       ->capture_default_str();
+  std::string compress_text, quant_rate_text;
+  app.add_option("--compress", compress_text,
+                 "off|int8|int4|fp8: the FSDP_COMPRESS of the run (docs/COMM.md, \"Compression on the tiers\"): with "
+                 "--hosts H > 1 each strategy's bytes across hosts and comm time compressed beside the exact ones, "
+                 "and whether it pays; the recommendation (--budget) weighs the compressed collectives. Default: "
+                 "FSDP_COMPRESS when set, else int8 and int4 compared (the recommendation then weighs exact bytes)");
+  app.add_option("--quant-rate", quant_rate_text,
+                 "elements per second one rank quantizes or decodes, e.g. 2e9 (default: 1 / 6.5 ns, measured with "
+                 "comm/quantize.h on this project's 2-core CPU machine; a GPU is far faster)");
   app.add_flag("--json", as_json, "print JSON instead of tables");
   if (const std::optional<int> rc = fsdp::cli::parse(app, argc, argv)) return *rc;
   // Everything below checks the user's input: a bad value is a usage error (exit 2).
   PlanOptions o;
   std::optional<fsdp::ShardingStrategy> chosen;  // none: auto
+  std::vector<std::string> formats;  // compressions the tier table compares
+  std::string compress_from;         // where o.compress came from ("": nowhere, int8 and int4 compared)
   int64_t budget = 0;
   std::optional<ProcessBudget> process;
   try {
@@ -225,6 +237,34 @@ int cmd_plan(int argc, char** argv) {
     gpt_units(s, wrap);  // checks --wrap
     gpt::recompute_every(ac);  // checks --ac
     if (!compute_text.empty()) o.compute_seconds = gpt_flops(s, ac, micro_steps) / parse_flop_rate(compute_text);
+    // Compression: --compress, else the environment's FSDP_COMPRESS (the run's), else int8 and int4 compared.
+    if (!compress_text.empty()) {
+      if (compress_text != "off" && compress_text != "int8" && compress_text != "int4" && compress_text != "fp8")
+        throw fsdp::UsageError("--compress: expected off, int8, int4 or fp8 (FSDP_COMPRESS's values), found '" +
+                               compress_text + "'");
+      o.compress = compress_text;
+      compress_from = "--compress " + compress_text;
+    } else if (const std::string env = fsdp::config::read_env().compress; !env.empty()) {
+      o.compress = env;
+      compress_from = "FSDP_COMPRESS=" + env + " in the environment";
+    }
+    if (!compress_from.empty())
+      formats = o.compress == "off" ? std::vector<std::string>{} : std::vector<std::string>{o.compress};
+    else
+      formats = {"int8", "int4"};
+    if (!quant_rate_text.empty()) {
+      double rate = 0;
+      size_t used = 0;
+      try {
+        rate = std::stod(quant_rate_text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != quant_rate_text.size() || !(rate > 0) || !std::isfinite(rate))
+        throw fsdp::UsageError("--quant-rate: expected elements per second, a number > 0 such as 2e9, found '" +
+                               quant_rate_text + "'");
+      o.quant_seconds_per_element = 1 / rate;
+    }
   } catch (const fsdp::UsageError&) {
     throw;
   } catch (const fsdp::Error& e) {
@@ -290,16 +330,49 @@ int cmd_plan(int argc, char** argv) {
   const bool tiered = hosts > 1 || o.intra_bandwidth > 0 || o.inter_bandwidth > 0;
   if (tiered) {
     // Bytes and times per tier for every strategy; the choice is the recommendation's (with --budget).
-    const auto tiers = compare_tiers(gpt_units(s, wrap), o);
+    const auto tiers = compare_tiers(gpt_units(s, wrap), o, hosts > 1 ? formats : std::vector<std::string>{});
     text += tiers_str(tiers, o);
+    if (hosts > 1 && !compress_from.empty()) text += "  (compression: " + compress_from + ")\n";
     if (budget <= 0) text += "  (a recommendation weighs memory too: --strategy auto --budget SIZE)\n";
     nlohmann::json rows = nlohmann::json::array();
-    for (auto& r : tiers.rows)
-      rows.push_back({{"strategy", fsdp::to_string(r.strategy)}, {"intra_bytes", r.intra}, {"inter_bytes", r.inter},
-                      {"rest", r.rest}, {"comm_seconds", r.seconds}});
+    for (auto& r : tiers.rows) {
+      nlohmann::json row = {{"strategy", fsdp::to_string(r.strategy)}, {"intra_bytes", r.intra},
+                            {"inter_bytes", r.inter}, {"rest", r.rest}, {"comm_seconds", r.seconds}};
+      // The first format compared, flat; every one under "compressed".
+      row["compress"] = r.compressed.empty() ? "off" : r.compressed.front().compress;
+      row["inter_bytes_compressed"] = r.compressed.empty() ? r.inter : r.compressed.front().inter;
+      row["comm_seconds_compressed"] = r.compressed.empty() ? r.seconds : r.compressed.front().seconds;
+      nlohmann::json each = nlohmann::json::array();
+      for (auto& c : r.compressed)
+        each.push_back({{"compress", c.compress}, {"applies", c.applies}, {"why", c.why}, {"inter_bytes", c.inter},
+                        {"quantized", c.quantized}, {"decoded", c.decoded}, {"quant_seconds", c.quant_seconds},
+                        {"comm_seconds", c.seconds}});
+      row["compressed"] = each;
+      const CompressionAdvice a = compression_advice(r);
+      row["compression_pays"] = a.pays;
+      row["compression_advice"] = a.line;
+      rows.push_back(row);
+    }
     j["tiers"] = {{"hosts", hosts}, {"shard_group", o.group()}, {"intra_bandwidth", o.intra_bandwidth},
-                  {"inter_bandwidth", o.inter_bandwidth}, {"rows", rows}};
+                  {"inter_bandwidth", o.inter_bandwidth}, {"formats", tiers.formats},
+                  {"quant_seconds_per_element",
+                   o.quant_seconds_per_element > 0 ? o.quant_seconds_per_element : kQuantSecondsPerElement},
+                  {"rows", rows}};
   }
+  // Whether compression pays for the strategy planned (the one recommended
+  // with --budget, its wrapping): the line after the verdict.
+  auto compression_for = [&](fsdp::ShardingStrategy strategy, const std::string& units_wrap) {
+    if (hosts <= 1 || formats.empty()) return;
+    const auto c = compare_tiers(gpt_units(s, units_wrap), o, formats);
+    for (auto& r : c.rows) {
+      if (r.strategy != strategy) continue;
+      const CompressionAdvice a = compression_advice(r);
+      text += "compression: " + a.line + "\n";
+      j["compression"] = {{"strategy", fsdp::to_string(strategy)}, {"wrap", units_wrap}, {"pays", a.pays},
+                          {"compress", a.compress}, {"exact_seconds", a.exact_seconds},
+                          {"compressed_seconds", a.compressed_seconds}, {"line", a.line}};
+    }
+  };
   if (budget > 0) {
     // --strategy X given: X alone is weighed; auto (or no --strategy): every strategy.
     const bool only = chosen && app.count("--strategy") > 0;
@@ -318,6 +391,7 @@ int cmd_plan(int argc, char** argv) {
                              {"max_memory_mib", process->tensors() >> 20}};
     }
     text += "\n" + r.table + "\n" + r.why + "\n=> " + r.verdict() + "\n";
+    compression_for(r.strategy, r.wrap);
     const bool timed = r.comm.timed;
     nlohmann::json rows = nlohmann::json::array();
     for (auto& f : r.candidates)
@@ -332,6 +406,7 @@ int cmd_plan(int argc, char** argv) {
                            {"total_comm", r.comm.total}, {"compute_seconds", o.compute_seconds},
                            {"candidates", rows}};
   }
+  if (budget <= 0 && chosen) compression_for(*chosen, wrap);
   j["model"] = {{"family", "gpt"}, {"layers", s.layers}, {"dim", s.dim}, {"heads", s.heads}, {"vocab", s.vocab},
                 {"seq", s.seq}, {"batch", s.batch}, {"num_params", s.num_params()}};
   j["activations"] = {{"total", act.total}, {"per_block", act.per_block}, {"attention", act.attention},

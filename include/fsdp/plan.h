@@ -6,7 +6,9 @@
 //          plan::Candidate, plan::CommCost, plan::comm_cost, plan::CandidateFit,
 //          plan::Recommendation, plan::recommend, plan::units_from,
 //          plan::measure_loopback_bandwidth, plan::parse_bandwidth, plan::parse_flop_rate,
-//          plan::TierTraffic, plan::tier_traffic, plan::compare_tiers, plan::tiers_str
+//          plan::TierTraffic, plan::tier_traffic, plan::compare_tiers, plan::tiers_str,
+//          plan::kQuantSecondsPerElement, plan::CompressedTraffic, plan::CompressionAdvice,
+//          plan::compression_advice
 //
 // Needs only the standard library (no torch): a planner runs where no engine
 // is linked in. GPT-mini described by its flags is cli/gpt/plan_gpt.h.
@@ -144,6 +146,16 @@ struct PlanOptions {
   // keeps its own copies, as with FSDP_SHARE_HOST=off or on GPUs; `fsdp plan`
   // (--share-host), the ledger and the examples set it as their run does.
   bool share_host = false;
+  // FSDP_COMPRESS of the run planned: off, int8, int4 or fp8 (docs/COMM.md,
+  // "Compression on the tiers"). Not off: where path::choose compresses a
+  // communicator's collectives (asked with these facts), comm_cost weighs
+  // them quantized, and tier_traffic predicts them beside the exact ones
+  // (TierTraffic::compressed). off (the default): every byte exact.
+  std::string compress = "off";
+  // Seconds one rank spends per element it quantizes or decodes (the
+  // compressed collectives' compute, beside the link's time); 0:
+  // kQuantSecondsPerElement (`fsdp plan --quant-rate` sets 1 / its rate).
+  double quant_seconds_per_element = 0;
   // The shard group's size S: shard_group, else the ranks of one host.
   int group() const { return shard_group > 0 ? shard_group : world / hosts; }
   // Throws fsdp::Error naming the field.
@@ -304,26 +316,104 @@ std::vector<UnitSpec> units_from(const std::vector<UnitInfo>& infos);
 //     inter = the shard's all-reduce across replicas, every rank; the S ranks
 //     of a host share its link, so time = intra / intra_bw + S x inter / inter_bw.
 //     (One host: the replicas' all-reduce stays inside it too.)
+//
+// Compressed (PlanOptions::compress, FSDP_COMPRESS; docs/COMM.md,
+// "Compression on the tiers"): each communicator of the strategy (the
+// world's; HYBRID's shard group and replica group) is asked of path::choose
+// with the plan's facts and the compression. Where it compresses, the
+// collective's cross-host hop sends quantized bytes, wire(n) = ceil(n/256)
+// fp32 scales + the payload (n bytes; int4: ceil(n/2)), blocks restarting at
+// each block or chunk (comm/quantize.h's wire_bytes), per call of a unit
+// (m = its padded numel / the communicator's ranks, h its hosts):
+//   all_gather      (h-1) wire_w(m); quantizes m, decodes h m elements.
+//                   Host-shared units' all-gathers stay exact
+//                   (path::host_shared_unit).
+//   reduce_scatter  (h-1) wire_g(m); quantizes h m, decodes 2 h m (its
+//                   peers' contributions and, for error feedback, what it
+//                   sent).
+//   all_reduce      (NO_SHARD's gradients, HYBRID's replicas) of n elements:
+//                   rank 0's chunk c = ring_chunks(n, ranks per host)[0], cut
+//                   in h chunks e = ring_chunks(c, h): a quantized
+//                   reduce-scatter (all-to-all, grads' format) and a
+//                   quantized all-gather (ring, int8), sum over k != 0 of
+//                   wire_g(e_k) + sum over k != 1 of wire_int8(e_k);
+//                   quantizes c + e_0, decodes 2c + h e_0.
+// (wire_w: the parameters' format, int8 or fp8, the same bytes; wire_g: the
+// gradients', int8 or int4.) Time: the same tiers' time of the exact
+// intra bytes and these inter bytes, plus (quantized + decoded) x
+// PlanOptions::quant_seconds_per_element. Elsewhere the bytes stay exact.
+
+// Seconds one rank spends quantizing or decoding one fp32 element with
+// comm/quantize.h on one CPU core, as measured on this project's machine (the
+// measurement beside its definition, src/plan/tier_traffic.cpp); a GPU's or
+// another CPU's: `fsdp plan --quant-rate`.
+extern const double kQuantSecondsPerElement;
+
+// One strategy's step under one FSDP_COMPRESS value, as the run sends it.
+struct CompressedTraffic {
+  // The FSDP_COMPRESS value: int8, int4 or fp8.
+  std::string compress;
+  // Whether any of the strategy's collectives crosses hosts quantized.
+  bool applies = false;
+  // Which collectives travel quantized, or why none does (path::choose's reason).
+  std::string why;
+  // Bytes rank 0 sends across hosts per step: quantized where compressed, exact elsewhere.
+  int64_t inter = 0;
+  // Elements rank 0 quantizes and decodes per step.
+  int64_t quantized = 0, decoded = 0;
+  // (quantized + decoded) x the seconds per element.
+  double quant_seconds = 0;
+  // Communication time per step: the tiers' time of intra and `inter`, plus
+  // quant_seconds; 0 when a rate is unknown.
+  double seconds = 0;
+};
 
 // One strategy's bytes per step inside a host and across hosts, and their time.
 struct TierTraffic {
   // The strategy.
   ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
-  int64_t intra = 0, inter = 0;  // bytes sent per step by the rank above
+  int64_t intra = 0, inter = 0;  // bytes sent per step by the rank above, every byte exact
   int64_t rest = 0;              // its (P+G+O) at rest (memory side of the trade)
-  double seconds = 0;            // communication time per step; 0 when a rate is unknown
+  double seconds = 0;            // communication time per step, exact; 0 when a rate is unknown
+  // The same step compressed, one per FSDP_COMPRESS value compared (none: off).
+  std::vector<CompressedTraffic> compressed;
 };
-// One strategy's TierTraffic for these units, over opts.hosts hosts.
+// One strategy's TierTraffic for these units, over opts.hosts hosts;
+// compressed with opts.compress (unless off).
 TierTraffic tier_traffic(ShardingStrategy s, const std::vector<UnitSpec>& units, const PlanOptions& opts);
 // The strategies side by side across hosts: bytes and time per tier. It
 // picks nothing; recommend() does, for every path that recommends.
 struct TierComparison {
   // One per strategy, FULL_SHARD first.
   std::vector<TierTraffic> rows;
+  // The FSDP_COMPRESS values every row's `compressed` holds, in order.
+  std::vector<std::string> formats;
 };
-// Every strategy's TierTraffic for these units.
-TierComparison compare_tiers(const std::vector<UnitSpec>& units, const PlanOptions& opts);
+// Every strategy's TierTraffic for these units, each compressed with every
+// one of `formats` (int8, int4, fp8; empty: opts.compress unless off).
+// Throws fsdp::Error naming a format it does not know.
+TierComparison compare_tiers(const std::vector<UnitSpec>& units, const PlanOptions& opts,
+                             const std::vector<std::string>& formats = {});
 std::string tiers_str(const TierComparison& c, const PlanOptions& opts);  // the table `fsdp plan --hosts` prints
+
+// Whether compression pays for one strategy: the format whose predicted
+// communication per step is the shortest, where it is shorter than the
+// exact one by more than 1%.
+struct CompressionAdvice {
+  // The strategy.
+  ShardingStrategy strategy = ShardingStrategy::FULL_SHARD;
+  // Whether FSDP_COMPRESS=compress shortens the step (by more than 1%).
+  bool pays = false;
+  // The format that pays most ("" where none pays).
+  std::string compress;
+  // Communication per step exact and with `compress` (or the best format
+  // weighed); seconds, 0 when a rate is unknown.
+  double exact_seconds = 0, compressed_seconds = 0;
+  // "FULL_SHARD: FSDP_COMPRESS=int4 pays: ..." or "...: compression does not pay: ...".
+  std::string line;
+};
+// The advice for one row of compare_tiers (its `compressed` weighed).
+CompressionAdvice compression_advice(const TierTraffic& row);
 
 // ---------------------------------------------------------------------------
 // Communication that cannot hide behind compute (what recommend() weighs).
@@ -345,6 +435,9 @@ std::string tiers_str(const TierComparison& c, const PlanOptions& opts);  // the
 //     cover; without it exposed = exposed_min (communication beyond compute
 //     is not weighed).
 // micro_steps: every micro-step gathers and reduces, the same at each.
+// With PlanOptions::compress the collectives a communicator compresses cost
+// their quantized bytes, and with the rates the time they quantize and
+// decode too ("Compressed" above).
 struct CommCost {
   // Seconds (the rates are known), else bytes weighted as above.
   bool timed = false;

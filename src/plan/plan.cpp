@@ -94,6 +94,11 @@ void PlanOptions::validate() const {
                   "number of ranks); found ", hosts, " hosts for a world of ", world);
   FSDP_USER_CHECK(shard_group >= 0 && (shard_group == 0 || world % shard_group == 0),
                   "plan: --shard-group must divide --world; found ", shard_group, " for a world of ", world);
+  FSDP_USER_CHECK(compress == "off" || compress == "int8" || compress == "int4" || compress == "fp8",
+                  "plan: --compress: expected off, int8, int4 or fp8 (FSDP_COMPRESS's values), found '", compress,
+                  "'");
+  FSDP_USER_CHECK(quant_seconds_per_element >= 0, "plan: the seconds per quantized element must be >= 0 (0: ",
+                  "the measured default), found ", quant_seconds_per_element);
 }
 
 Traffic traffic(ShardingStrategy s, int64_t padded, const PlanOptions& o) {

@@ -151,8 +151,12 @@ Recommendation recommend(const std::vector<Candidate>& cands, int64_t A, const P
   else
     table << "no budget: every candidate counts as fitting";
   table << "; communication per step in " << (timed ? "ms" : "bytes (no link rates: --intra-bw/--inter-bw or "
-                                                                "--bandwidth time it)")
-        << "\n";
+                                                                "--bandwidth time it)");
+  // Weighed as the run sends it: quantized where its path compresses (comm_cost).
+  if (base.compress != "off")
+    table << "; FSDP_COMPRESS=" << base.compress << ": the collectives its path compresses weigh their quantized "
+          << "bytes" << (timed ? " and the time to quantize and decode them" : "");
+  table << "\n";
   // What does not fit, per strategy: its wrappings that do not, or (none
   // does) its lowest peak.
   for (ShardingStrategy s : allowed(base, only)) {
