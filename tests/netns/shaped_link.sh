@@ -22,7 +22,10 @@
 # counters: what crossed, and what would have crossed uncompressed), and
 # the bytes the veth carried per step (tc's counters on both ends, divided
 # by the steps: the counters' 4 ranks plus TCP/IP headers and the
-# rendezvous; the check that the counters count what crosses).
+# rendezvous; the check that the counters count what crosses), and the
+# planner's step at the rate: the configuration's unshaped step plus the
+# planner's extra communication time (`fsdp plan ... --compress C
+# --share-host S`, comm_seconds or comm_seconds_compressed).
 # Exit: 0 done, 77 skipped (no namespaces or no tc here; the reason is
 # printed). Needs root, iproute2 (ip, tc). A measurement, not a test: run it
 # on a quiet machine.
@@ -109,6 +112,18 @@ plan_comm() {  # dtype inter-rate -> "full_seconds hybrid_seconds"
   "$BIN/fsdp" plan --world 4 --hosts 2 "${MODEL[@]}" --dtype "$1" --intra-bw 2GB/s --inter-bw "$2" --json |
     python3 -c 'import json,sys; r={x["strategy"]: x["comm_seconds"] for x in json.load(sys.stdin)["tiers"]["rows"]}; print(r["FULL_SHARD"], r["HYBRID_SHARD"])'
 }
+plan_config() {  # config dtype inter-rate -> the planner's comm seconds per step of that configuration
+  local s compress share
+  IFS=: read -r s compress share <<<"$1"
+  compress=${compress:-off} share=${share:-on}
+  "$BIN/fsdp" plan --world 4 --hosts 2 "${MODEL[@]}" --dtype "$2" --intra-bw 2GB/s --inter-bw "$3" \
+    --compress "$compress" --share-host "$share" --json |
+    python3 -c '
+import json, sys
+want = {"full": "FULL_SHARD", "hybrid": "HYBRID_SHARD", "grad_op": "SHARD_GRAD_OP", "none": "NO_SHARD"}[sys.argv[1]]
+row = [x for x in json.load(sys.stdin)["tiers"]["rows"] if x["strategy"] == want][0]
+print(row["comm_seconds_compressed"] if sys.argv[2] != "off" else row["comm_seconds"])' "$s" "$compress"
+}
 mean() {  # column $1 (1-based) of stdin's lines
   awk -v c="${1:-1}" '{s += $c; n++} END {if (n) printf "%.4f", s / n; else print "nan"}'
 }
@@ -145,18 +160,24 @@ PY
     done
   fi
   [ "${CONFIGS[*]}" = "full hybrid" ] && continue
-  echo "  $d: config | link | s/step | x own unshaped | inter-host MiB/step (uncompressed) | veth MiB/step"
+  echo "  $d: | config | link | s/step | x own unshaped | predicted s/step (apart) | inter-host MiB/step (uncompressed) | veth MiB/step |"
   for c in "${CONFIGS[@]}"; do
     f=${c//:/-}
     t0=$(mean 1 <"$OUT/r-none-$f")
+    base=$(plan_config "$c" "$d" 2GB/s)
     for RATE in none "${RATES[@]}"; do
+      comm=$base
+      [ "$RATE" = none ] || comm=$(plan_config "$c" "$d" "$(rate_name "$RATE")")
       python3 - "$c" "$RATE" "$t0" "$(mean 1 <"$OUT/r-$RATE-$f")" "$(mean 2 <"$OUT/r-$RATE-$f")" \
-        "$(mean 3 <"$OUT/r-$RATE-$f")" "$(mean 4 <"$OUT/r-$RATE-$f")" <<'PY'
+        "$(mean 3 <"$OUT/r-$RATE-$f")" "$(mean 4 <"$OUT/r-$RATE-$f")" "$comm" "$base" <<'PY'
 import sys
 c, rate = sys.argv[1], sys.argv[2]
-t0, t, inter, logical, veth = map(float, sys.argv[3:])
+t0, t, inter, logical, veth, comm, base = map(float, sys.argv[3:])
 M = 1 << 20
-print(f"  | {c} | {'unshaped' if rate == 'none' else rate} | {t:.4f} | {t / t0:.2f} | "
+# The planner's step: the unshaped step plus its extra communication time at the rate.
+pred = t0 + comm - base
+apart = "-" if rate == "none" else f"{pred:.4f} ({abs(t / pred - 1) * 100:.0f}%)"
+print(f"  | {c} | {'unshaped' if rate == 'none' else rate} | {t:.4f} | {t / t0:.2f} | {apart} | "
       f"{inter / M:.2f} ({logical / M:.2f}) | {veth / M:.2f} |")
 PY
     done

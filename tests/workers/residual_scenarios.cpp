@@ -2,7 +2,7 @@
 // error feedback's residuals in checkpoints, so a compressed run resumes
 // bit for bit.
 //
-// core_residuals PHASE STEPS CKPT_DIR OUT
+// core_residuals PHASE STEPS CKPT_DIR OUT [STRATEGY]
 //   straight:    train STEPS steps, save_full(OUT.model.safetensors) and
 //                save_full_optim(OUT.optim.safetensors)
 //   first:       train STEPS/2 steps, save_checkpoint(CKPT_DIR); prints
@@ -17,6 +17,10 @@
 // The model, batches and optimizer are those of core_resume
 // (state_scenarios.cpp); compression, hosts and sharing come from the
 // environment (FSDP_COMPRESS, FSDP_TEST_HOST_LAYOUT, FSDP_SHARE_HOST).
+// STRATEGY: full (the default) or hybrid (shard groups of N/2 ranks, one host; the
+// replica group's all-reduce is what compresses, on its own communicator).
+// RESIDUALS counts those of the world's and, under hybrid, the replica
+// group's communicator; second_zero empties both.
 #include <cstdio>
 
 #include "../core_model.h"
@@ -46,12 +50,15 @@ FSDP_SCENARIO(core_residuals) {
   const std::string phase = args.at(0);
   const int steps = std::stoi(args.at(1));
   const std::string dir = args.at(2), out = args.at(3);
+  const std::string strategy = args.size() > 4 ? args[4] : "full";
   auto comm = make_communicator_from_env();
   const int N = comm->world_size(), r = comm->rank();
   torch::manual_seed(7);
   Net net;
   FsdpOptions o;
   o.wrap = WrapPolicy::module_type<BlockImpl>("Block");
+  o.strategy = parse_strategy(strategy);
+  if (strategy == "hybrid") o.shard_group_size = N / 2;  // one host of FSDP_TEST_HOST_LAYOUT=a,a,b,b
   auto model = fully_shard(net, comm, o);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   const bool first = phase == "first" || phase == "first_async";
@@ -61,13 +68,19 @@ FSDP_SCENARIO(core_residuals) {
     auto res = load_checkpoint(*model, &opt, dir);
     FSDP_USER_CHECK(res.found, "no checkpoint in ", dir);
     start = res.train_state.at("step").get<int>();
-    if (phase == "second_zero") comm->load_residuals({});
+    if (phase == "second_zero") {
+      comm->load_residuals({});
+      if (model->replica_group()) model->replica_group()->load_residuals({});
+    }
     std::printf("NOTE rank=%d %s\n", r, res.note.c_str());
   }
   for (int s = start; s < end; ++s) train_step(model, opt, s, N, r);
   if (first) {
-    std::printf("RESIDUALS rank=%d count=%zu compress=%s\n", r, comm->residuals().by_buffer.size(),
-                to_string(comm->residuals().compress));
+    const Residuals world = comm->residuals();
+    const Residuals replica = model->replica_group() ? model->replica_group()->residuals() : Residuals{};
+    std::printf("RESIDUALS rank=%d count=%zu compress=%s replica_count=%zu replica_compress=%s\n", r,
+                world.by_buffer.size(), to_string(world.compress), replica.by_buffer.size(),
+                to_string(replica.compress));
     CheckpointOptions co;
     co.async = phase == "first_async";
     auto res = save_checkpoint(*model, &opt, dir, end, {{"step", end}}, co);
