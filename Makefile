@@ -234,7 +234,7 @@ endif
 # at every world size, checkpoints across processes and from the 1.13 build,
 # the watchdog's stopped and killed ranks, construction, the transports,
 # the process-wide state, the report and the planner (`fsdp report`, `fsdp plan`).
-ASAN_CI_FILTER := WorldSizes/CommCollectives*:Grid/CoreParity*:CheckpointCompat*:CheckpointProcesses*:ProcessState*:CommTransport*:Construct*:ReliabilityStore*:Watchdog.ASigstopped*:Watchdog.ASigkilled*:Report.*:Plan.*:HybridPlan.*:StateDict/BackgroundSnapshot.*:StateDict.AChangeBeforeTheSnapshot*:StateDict.BackgroundSaves*:StateDict.AKill*:UnitLayout.*:*HostShared*:ReplicaGroups.*:Quant*
+ASAN_CI_FILTER := WorldSizes/CommCollectives*:Grid/CoreParity*:CheckpointCompat*:CheckpointProcesses*:ProcessState*:CommTransport*:Construct*:ReliabilityStore*:Watchdog.ASigstopped*:Watchdog.ASigkilled*:Report.*:Plan.*:HybridPlan.*:StateDict/BackgroundSnapshot.*:StateDict.AChangeBeforeTheSnapshot*:StateDict.BackgroundSaves*:StateDict.AKill*:UnitLayout.*:*HostShared*:ReplicaGroups.*:Quant*:HybridCompressed*:CkptResiduals*:PlanCompress*:CommTiers.FlatRing*
 test-asan-ci:
 	$(MAKE) test-asan ASAN_QUICK=1 ASAN_FILTER='$(ASAN_CI_FILTER)'
 
