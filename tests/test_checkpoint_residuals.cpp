@@ -44,77 +44,56 @@ std::vector<std::string> notes(const ProcResult& r) { return lines_with(r.output
 // Saved at step 3 of 6, resumed in new processes: parameters and AdamW's
 // state equal an uninterrupted compressed run bit for bit. The same resume
 // with the residuals replaced by none is not equal: they are what makes it
-// exact. The checkpoint holds every rank's own residuals (per_rank section).
-TEST(CkptResiduals, CompressedResumeIsBitwiseOnlyWithTheResiduals) {
-  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
-  const auto d = temp_dir("residuals-resume");
-  run_ok(4, {"straight", "6", d + "/ck", d + "/straight"}, kCompressed);
-  auto first = run_ok(4, {"first", "6", d + "/ck", ""}, kCompressed);
+// exact. The checkpoint holds every rank's own residuals (per_rank section)
+// under "residual/<comm>/": `comm` is the communicator that compresses
+// ("world", or HYBRID's "replica"), `prefix` its RESIDUALS fields' ("" or
+// "replica_").
+void expect_bitwise_resume(const std::string& strategy, const std::string& comm, const std::string& prefix) {
+  const auto d = temp_dir("residuals-" + strategy);
+  run_ok(4, {"straight", "6", d + "/ck", d + "/straight", strategy}, kCompressed);
+  auto first = run_ok(4, {"first", "6", d + "/ck", "", strategy}, kCompressed);
   auto saved = lines_with(first.output, "RESIDUALS rank=");
   ASSERT_EQ(saved.size(), 4u) << first.output;
   std::map<long long, long long> count;  // rank -> residuals it saved
   for (auto& l : saved) {
-    EXPECT_TRUE(contains(l, "compress=int8")) << l;
-    EXPECT_GT(parse_kv(l)["count"], 0) << l;
-    count[parse_kv(l)["rank"]] = parse_kv(l)["count"];
+    EXPECT_TRUE(contains(l, " " + prefix + "compress=int8")) << l;
+    EXPECT_GT(parse_kv(l)[prefix + "count"], 0) << l;
+    count[parse_kv(l)["rank"]] = parse_kv(l)[prefix + "count"];
   }
   const ckpt::CheckpointInfo info = ckpt::read_info(d + "/ck");
   for (int r = 0; r < 4; ++r) {
     int mine = 0;
-    const std::string prefix = "rank-0000" + std::to_string(r) + "/residual/world/";
-    for (auto& t : info.tensors) mine += t.section == "per_rank" && t.name.rfind(prefix, 0) == 0;
+    const std::string name = "rank-0000" + std::to_string(r) + "/residual/" + comm + "/";
+    for (auto& t : info.tensors) mine += t.section == "per_rank" && t.name.rfind(name, 0) == 0;
     EXPECT_EQ(mine, count[r]) << "rank " << r << "'s residuals in " << info.path;
   }
   EXPECT_TRUE(info.train_state.contains("error_feedback")) << info.train_state.dump();
 
-  auto resumed = run_ok(4, {"second", "6", d + "/ck", d + "/resumed"}, kCompressed);
+  auto resumed = run_ok(4, {"second", "6", d + "/ck", d + "/resumed", strategy}, kCompressed);
   for (auto& l : notes(resumed)) EXPECT_FALSE(contains(l, "residuals")) << l;
   EXPECT_TRUE(same_bits(d + "/straight.model.safetensors", d + "/resumed.model.safetensors"))
-      << "6 compressed steps != 3 + save + load + 3 (parameters)";
+      << strategy << ": 6 compressed steps != 3 + save + load + 3 (parameters)";
   EXPECT_TRUE(same_bits(d + "/straight.optim.safetensors", d + "/resumed.optim.safetensors"))
-      << "6 compressed steps != 3 + save + load + 3 (optimizer state)";
+      << strategy << ": 6 compressed steps != 3 + save + load + 3 (optimizer state)";
 
-  run_ok(4, {"second_zero", "6", d + "/ck", d + "/zeroed"}, kCompressed);
+  run_ok(4, {"second_zero", "6", d + "/ck", d + "/zeroed", strategy}, kCompressed);
   EXPECT_FALSE(same_bits(d + "/straight.model.safetensors", d + "/zeroed.model.safetensors"))
-      << "the resume without residuals equals the uninterrupted run: the test proves nothing";
+      << strategy << ": the resume without residuals equals the uninterrupted run: the test proves nothing";
   fs::remove_all(d);
+}
+
+TEST(CkptResiduals, CompressedResumeIsBitwiseOnlyWithTheResiduals) {
+  if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
+  expect_bitwise_resume("full", "world", "");
 }
 
 // HYBRID_SHARD over 2 hosts x 2 ranks: each replica group has one rank per
 // host, so its all-reduce compresses (two residuals per unit: the input's
 // and the owner's reduced chunk's) on the replica group's communicator,
-// which the checkpoint saves under "replica". Resumed, the run equals the
-// uninterrupted one bit for bit; without the residuals it does not.
+// which the checkpoint saves under "replica".
 TEST(CkptResiduals, HybridReplicaResidualsResumeBitwise) {
   if (!cma_available()) GTEST_SKIP() << "this host forbids process_vm_readv";
-  const auto d = temp_dir("residuals-hybrid");
-  run_ok(4, {"straight", "6", d + "/ck", d + "/straight", "hybrid"}, kCompressed);
-  auto first = run_ok(4, {"first", "6", d + "/ck", "", "hybrid"}, kCompressed);
-  auto saved = lines_with(first.output, "RESIDUALS rank=");
-  ASSERT_EQ(saved.size(), 4u) << first.output;
-  std::map<long long, long long> count;  // rank -> the replica group's residuals it saved
-  for (auto& l : saved) {
-    EXPECT_TRUE(contains(l, "replica_compress=int8")) << l;
-    EXPECT_GT(parse_kv(l)["replica_count"], 0) << l;
-    count[parse_kv(l)["rank"]] = parse_kv(l)["replica_count"];
-  }
-  const ckpt::CheckpointInfo info = ckpt::read_info(d + "/ck");
-  for (int r = 0; r < 4; ++r) {
-    int mine = 0;
-    const std::string prefix = "rank-0000" + std::to_string(r) + "/residual/replica/";
-    for (auto& t : info.tensors) mine += t.section == "per_rank" && t.name.rfind(prefix, 0) == 0;
-    EXPECT_EQ(mine, count[r]) << "rank " << r << "'s replica residuals in " << info.path;
-  }
-  auto resumed = run_ok(4, {"second", "6", d + "/ck", d + "/resumed", "hybrid"}, kCompressed);
-  for (auto& l : notes(resumed)) EXPECT_FALSE(contains(l, "residuals")) << l;
-  EXPECT_TRUE(same_bits(d + "/straight.model.safetensors", d + "/resumed.model.safetensors"))
-      << "6 compressed HYBRID steps != 3 + save + load + 3 (parameters)";
-  EXPECT_TRUE(same_bits(d + "/straight.optim.safetensors", d + "/resumed.optim.safetensors"))
-      << "6 compressed HYBRID steps != 3 + save + load + 3 (optimizer state)";
-  run_ok(4, {"second_zero", "6", d + "/ck", d + "/zeroed", "hybrid"}, kCompressed);
-  EXPECT_FALSE(same_bits(d + "/straight.model.safetensors", d + "/zeroed.model.safetensors"))
-      << "the HYBRID resume without residuals equals the uninterrupted run: the test proves nothing";
-  fs::remove_all(d);
+  expect_bitwise_resume("hybrid", "replica", "replica_");
 }
 
 // A background save's snapshot holds the residuals as they were at the
