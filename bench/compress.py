@@ -17,9 +17,8 @@ quantized (host-shared all-gathers stay exact: docs/COMM.md). Each config:
   X-noef      the same with FSDP_COMPRESS_FEEDBACK=off: plain quantized
               gradients, no residuals (what error feedback removes)
   X+share     FSDP_SHARE_HOST=on (host-shared units: their all-gather stays
-              exact). off+share is the control: the same exact training
-              summed in another order, so its gap is the noise floor of a
-              500-step trajectory
+              exact); off+share is a control of the exact path (at fp32 it
+              has matched off bit for bit)
 Every run trains GPT-mini (d=128 L=2 h=4, seq 64, batch 4 per rank, the
 repository's docs as text, copied once at the start so that every
 configuration reads the same bytes (their CRC is printed: runs of two
