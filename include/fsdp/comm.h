@@ -195,8 +195,11 @@ struct Residuals {
   // nothing (the option is off, or its path ignores it) and keeps none.
   Compression compress = Compression::OFF;
   // By the buffer's key (a compressible call's label with the buffer's numel
-  // and dtype, e.g. "blocks.3 [1536 fp32]"): fp32, flat, copies of the
-  // communicator's own. Empty before the first compressed send.
+  // and dtype, e.g. "blocks.3 [1536 fp32]"; an all-reduce's owner residual
+  // adds " gather"): fp32, flat, copies of the communicator's own, each of
+  // the elements this rank quantizes for that buffer (on the tiers the part
+  // it sends across hosts, not the whole buffer). Empty before the first
+  // compressed send.
   std::map<std::string, torch::Tensor> by_buffer;
 };
 
@@ -312,7 +315,9 @@ class Communicator {
   // Throws that collective's error when one failed. The default: none, OFF.
   virtual Residuals residuals();
   // Replaces every residual with `by_buffer` (copied; floating tensors, each
-  // flat with its buffer's numel; empty: every buffer starts at zero again),
+  // flat and of the size residuals() gave for its key, which may be a part
+  // of the buffer: what this rank sends across hosts; empty: every buffer
+  // starts at zero again),
   // in issue order like residuals(), and waits. Throws fsdp::Error for a
   // non-floating tensor, and for a non-empty map when this communicator
   // keeps no residuals (residuals().compress is OFF).
